@@ -1,0 +1,915 @@
+//! The acquire algorithm: one all-or-nothing decision over several buckets.
+//!
+//! 1. Rejection cache: a fresh image proving every shard of some bucket short refuses
+//!    with no store call.
+//! 2. Fast path: one conditional debit per bucket, concurrently, on a drawn shard.
+//! 3. Each refused debit is classified from its old image and resolved on its own: fast
+//!    rejection when a refill would not help, `wcu` projection and doubling, retry on up
+//!    to two other shards, or a slow path on a chosen shard.
+//! 4. Slow path: one read of every unresolved bucket, refill in memory, one atomic
+//!    commit under the `rf` lock with additive deltas (creates are conditional), and the
+//!    consumption-only retry when a lock or a create race is lost.
+//! 5. If anything refuses, debits already applied are refunded: nothing is taken.
+
+use futures::future::join_all;
+
+use super::bucket::{self, refill, LimitParams, MILLI};
+use super::{
+    Acquire, BucketClaim, BucketOutcome, Decision, Engine, EngineError, EngineStats,
+    LimitOutcome, MAX_SHARD_COUNT,
+};
+use crate::store::{
+    BucketItem, BucketKey, BucketStore, BumpOutcome, CommitOutcome, Credit, Debit, DebitMode,
+    DebitOutcome, LimitState, LimitWrite, StoreError, Write, WCU_LIMIT,
+};
+
+/// Why the fast path refused, judged from the old image alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refusal {
+    /// Expired, a claimed limit missing, parameters changed, or no `wcu`: only a slow
+    /// pass can fix the item.
+    Stale,
+    WcuExhausted,
+    BothExhausted,
+    LimitExhausted,
+}
+
+/// Where a refused bucket goes next.
+#[derive(Debug)]
+enum Resolution {
+    /// A retry on another shard succeeded.
+    Applied { shard: u32, image: BucketItem },
+    /// The image proves a gated claim cannot fit.
+    Rejected { shard: u32, image: BucketItem },
+    /// Needs the slow path on this shard, sized for this count.
+    Slow { shard: u32, count: u32 },
+}
+
+/// State of one bucket while a request is being decided.
+#[derive(Debug)]
+enum Progress {
+    Applied { shard: u32, image: BucketItem },
+    Rejected { shard: u32, image: BucketItem },
+    Slow { shard: u32, count: u32 },
+}
+
+/// A slow-path plan for one bucket.
+struct BucketPlan {
+    write: Write,
+    fits: bool,
+    admitted: BucketOutcome,
+    refused: BucketOutcome,
+}
+
+fn now_s(now_ms: i64) -> i64 {
+    now_ms.div_euclid(1_000)
+}
+
+fn wrap(b: &BucketClaim) -> impl Fn(StoreError) -> EngineError + '_ {
+    move |source| EngineError::Store {
+        entity: b.entity.clone(),
+        resource: b.resource.clone(),
+        source,
+    }
+}
+
+impl<S: BucketStore> Engine<S> {
+    /// Decides `req`: debits every gated claim (and every forced one), or nothing.
+    pub async fn acquire(&self, req: &Acquire) -> Result<Decision, EngineError> {
+        if req.buckets.is_empty() {
+            return Ok(Decision {
+                admitted: true,
+                buckets: Vec::new(),
+            });
+        }
+        let now = self.clock.now_ms();
+
+        let mut avoid: Vec<Vec<u32>> = vec![Vec::new(); req.buckets.len()];
+        if self.rejections.enabled() {
+            for (i, b) in req.buckets.iter().enumerate() {
+                if let Some(decision) = self.cached_refusal(req, i, &mut avoid[i], now) {
+                    EngineStats::bump(&self.stats.rejection_cache_hits);
+                    return Ok(decision);
+                }
+                let _ = b;
+            }
+        }
+
+        // Fast path, every bucket concurrently.
+        let shards: Vec<u32> = req
+            .buckets
+            .iter()
+            .zip(&avoid)
+            .map(|(b, a)| {
+                let count = self.shards.get(&b.entity, &b.resource);
+                self.draw.draw(count, a)
+            })
+            .collect();
+        let fast = join_all(
+            req.buckets
+                .iter()
+                .zip(&shards)
+                .map(|(b, &s)| self.fast_debit(b, s, now)),
+        )
+        .await;
+
+        let mut progress = Vec::with_capacity(req.buckets.len());
+        let mut first_error = None;
+        for ((b, &shard), result) in req.buckets.iter().zip(&shards).zip(fast) {
+            match result {
+                Ok(DebitOutcome::Applied(image)) => {
+                    EngineStats::bump(&self.stats.fast_path_hits);
+                    progress.push(Some(Progress::Applied { shard, image }));
+                }
+                Ok(DebitOutcome::Refused(image)) => {
+                    progress.push(None);
+                    let idx = progress.len() - 1;
+                    match self.resolve(b, shard, image, &avoid[idx], now).await {
+                        Ok(r) => {
+                            progress[idx] = Some(match r {
+                                Resolution::Applied { shard, image } => {
+                                    Progress::Applied { shard, image }
+                                }
+                                Resolution::Rejected { shard, image } => {
+                                    Progress::Rejected { shard, image }
+                                }
+                                Resolution::Slow { shard, count } => {
+                                    Progress::Slow { shard, count }
+                                }
+                            })
+                        }
+                        Err(e) => first_error = first_error.or(Some(e)),
+                    }
+                }
+                Err(e) => {
+                    progress.push(None);
+                    first_error = first_error.or(Some(wrap(b)(e)));
+                }
+            }
+        }
+        if let Some(e) = first_error {
+            self.refund_applied(req, &progress, now).await;
+            return Err(e);
+        }
+        let progress: Vec<Progress> = progress.into_iter().map(|p| p.expect("set")).collect();
+
+        if progress.iter().any(|p| matches!(p, Progress::Rejected { .. })) {
+            EngineStats::bump(&self.stats.fast_rejections);
+            let opt: Vec<Option<Progress>> = progress.into_iter().map(Some).collect();
+            self.refund_applied(req, &opt, now).await;
+            return Ok(self.refused_decision(req, &opt, now));
+        }
+
+        let slow: Vec<(usize, u32, u32)> = progress
+            .iter()
+            .enumerate()
+            .filter_map(|(i, p)| match p {
+                Progress::Slow { shard, count } => Some((i, *shard, *count)),
+                _ => None,
+            })
+            .collect();
+        if slow.is_empty() {
+            let buckets = req
+                .buckets
+                .iter()
+                .zip(&progress)
+                .map(|(b, p)| match p {
+                    Progress::Applied { shard, image } => {
+                        self.outcome_from_image(b, *shard, image, now, true)
+                    }
+                    _ => unreachable!("only applied buckets remain"),
+                })
+                .collect();
+            return Ok(Decision {
+                admitted: true,
+                buckets,
+            });
+        }
+
+        EngineStats::bump(&self.stats.slow_paths);
+        match self.slow_path(req, &slow).await {
+            Ok((admitted, outcomes)) => {
+                let opt: Vec<Option<Progress>> = progress.into_iter().map(Some).collect();
+                let now = self.clock.now_ms();
+                if !admitted {
+                    self.refund_applied(req, &opt, now).await;
+                }
+                let mut outcomes = outcomes.into_iter();
+                let buckets = req
+                    .buckets
+                    .iter()
+                    .zip(&opt)
+                    .map(|(b, p)| match p {
+                        Some(Progress::Applied { shard, image }) => {
+                            self.outcome_from_image(b, *shard, image, now, admitted)
+                        }
+                        _ => outcomes.next().expect("one outcome per slow bucket"),
+                    })
+                    .collect();
+                Ok(Decision { admitted, buckets })
+            }
+            Err(e) => {
+                let opt: Vec<Option<Progress>> = progress.into_iter().map(Some).collect();
+                self.refund_applied(req, &opt, now).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Answers `req` from the store without writing: what each bucket would say now.
+    pub async fn peek(&self, req: &Acquire) -> Result<Decision, EngineError> {
+        let now = self.clock.now_ms();
+        let keys: Vec<BucketKey> = req
+            .buckets
+            .iter()
+            .map(|b| BucketKey::new(&b.entity, &b.resource, 0))
+            .collect();
+        let images = self
+            .store
+            .read(&keys)
+            .await
+            .map_err(|e| wrap(&req.buckets[0])(e))?;
+        let buckets: Vec<BucketOutcome> = req
+            .buckets
+            .iter()
+            .zip(&images)
+            .map(|(b, img)| {
+                let count = img
+                    .as_ref()
+                    .map_or(1, |i| i.shard_count)
+                    .max(self.shards.get(&b.entity, &b.resource));
+                let plan = self.plan_bucket(b, &keys[0].with_shard(0), img.as_ref(), count, now);
+                plan.refused
+            })
+            .collect();
+        let admitted = buckets
+            .iter()
+            .zip(&req.buckets)
+            .all(|(o, b)| o.limits.iter().zip(&b.limits).all(|(l, c)| l.fits || c.forced));
+        Ok(Decision { admitted, buckets })
+    }
+
+    /// Gives back what an admitted decision took (best effort; used when a request turns
+    /// out refused after its debits, e.g. every quota-mode descriptor over).
+    pub async fn refund(&self, req: &Acquire, decision: &Decision) {
+        if !decision.admitted {
+            return;
+        }
+        let now = self.clock.now_ms();
+        join_all(
+            req.buckets
+                .iter()
+                .zip(&decision.buckets)
+                .map(|(b, o)| self.credit_bucket(b, o.shard, o.shard_count, now)),
+        )
+        .await;
+    }
+
+    /// A refusal from the rejection cache for bucket `i`, if every shard of it is proven
+    /// short; otherwise fills `avoid` with the shards known short.
+    fn cached_refusal(
+        &self,
+        req: &Acquire,
+        i: usize,
+        avoid: &mut Vec<u32>,
+        now: i64,
+    ) -> Option<Decision> {
+        let b = &req.buckets[i];
+        if b.limits.iter().any(|c| c.forced) {
+            return None;
+        }
+        let mut count = self.shards.get(&b.entity, &b.resource);
+        let mut best: Option<(i64, u32, BucketItem)> = None;
+        let mut shard = 0;
+        while shard < count {
+            let key = BucketKey::new(&b.entity, &b.resource, shard);
+            let image = self.rejections.fresh(&key, now)?;
+            count = count.max(image.shard_count);
+            let outcome = self.outcome_from_image(b, shard, &image, now, false);
+            if outcome.limits.iter().all(|l| l.fits) {
+                return None;
+            }
+            avoid.push(shard);
+            let wait = outcome
+                .limits
+                .iter()
+                .map(|l| l.wait_ms.unwrap_or(i64::MAX))
+                .max()
+                .unwrap_or(0);
+            if best.as_ref().is_none_or(|(w, _, _)| wait < *w) {
+                best = Some((wait, shard, image));
+            }
+            shard += 1;
+        }
+        let (_, shard, image) = best?;
+        let buckets = req
+            .buckets
+            .iter()
+            .enumerate()
+            .map(|(j, other)| {
+                if j == i {
+                    return self.outcome_from_image(b, shard, &image, now, false);
+                }
+                let key = BucketKey::new(&other.entity, &other.resource, 0);
+                match self.rejections.fresh(&key, now) {
+                    Some(img) => self.outcome_from_image(other, 0, &img, now, false),
+                    None => self.unknown_outcome(other),
+                }
+            })
+            .collect();
+        Some(Decision {
+            admitted: false,
+            buckets,
+        })
+    }
+
+    /// What to report for a bucket nothing is known about (a request refused elsewhere
+    /// before it was looked at): its full share.
+    fn unknown_outcome(&self, b: &BucketClaim) -> BucketOutcome {
+        BucketOutcome {
+            shard: 0,
+            shard_count: 1,
+            limits: b
+                .limits
+                .iter()
+                .map(|c| {
+                    let share = c.params.share(1);
+                    LimitOutcome {
+                        fits: share.ceiling >= c.amount,
+                        remaining: share.ceiling,
+                        share,
+                        ra: c.params.ra,
+                        wait_ms: bucket::wait_for(share.ceiling, c.amount, share, c.params.ra),
+                    }
+                })
+                .collect(),
+        }
+    }
+
+    async fn fast_debit(
+        &self,
+        b: &BucketClaim,
+        shard: u32,
+        now: i64,
+    ) -> Result<DebitOutcome, StoreError> {
+        let key = BucketKey::new(&b.entity, &b.resource, shard);
+        let debits: Vec<Debit> = b
+            .limits
+            .iter()
+            .map(|c| Debit {
+                limit: c.limit.clone(),
+                amount: c.amount,
+                gated: true,
+                params: Some(c.params),
+            })
+            .collect();
+        let out = self
+            .store
+            .debit(&key, &debits, DebitMode::Fast { now_s: now_s(now) })
+            .await?;
+        match &out {
+            DebitOutcome::Applied(image) | DebitOutcome::Refused(Some(image)) => {
+                self.shards.learn(&b.entity, &b.resource, image.shard_count);
+                self.rejections.remember(&key, image, now);
+            }
+            DebitOutcome::Refused(None) => {}
+        }
+        Ok(out)
+    }
+
+    fn classify(&self, b: &BucketClaim, image: &BucketItem, now: i64) -> Refusal {
+        if image.ttl.is_some_and(|t| t <= now_s(now)) {
+            return Refusal::Stale;
+        }
+        let mut short = false;
+        for c in &b.limits {
+            match image.limit(&c.limit) {
+                Some(st) if st.params() == c.params => short |= st.tk < c.amount,
+                _ => return Refusal::Stale,
+            }
+        }
+        match image.limit(WCU_LIMIT) {
+            None => Refusal::Stale,
+            Some(w) if w.tk < MILLI => {
+                if short {
+                    Refusal::BothExhausted
+                } else {
+                    Refusal::WcuExhausted
+                }
+            }
+            Some(_) => Refusal::LimitExhausted,
+        }
+    }
+
+    /// True when refilling the image to `now` would still leave a gated claim short.
+    fn refill_would_not_help(&self, b: &BucketClaim, shard: u32, image: &BucketItem, now: i64) -> bool {
+        let outcome = self.outcome_from_image(b, shard, image, now, false);
+        let mut refused = false;
+        for (l, c) in outcome.limits.iter().zip(&b.limits) {
+            if !l.fits && !c.forced {
+                refused = true;
+                if c.amount > l.share.ceiling {
+                    EngineStats::bump(&self.stats.per_shard_ceiling_rejections);
+                    tracing::warn!(
+                        resource = %b.resource,
+                        limit = %c.limit,
+                        requested_milli = c.amount,
+                        shard_share_milli = l.share.ceiling,
+                        shard_count = outcome.shard_count,
+                        "request larger than one shard's share can never be admitted"
+                    );
+                }
+            }
+        }
+        refused
+    }
+
+    async fn resolve(
+        &self,
+        b: &BucketClaim,
+        shard: u32,
+        image: Option<BucketItem>,
+        avoid: &[u32],
+        now: i64,
+    ) -> Result<Resolution, EngineError> {
+        let known = self.shards.get(&b.entity, &b.resource);
+        let Some(image) = image else {
+            return Ok(Resolution::Slow {
+                shard,
+                count: known,
+            });
+        };
+        let count = known.max(image.shard_count);
+        match self.classify(b, &image, now) {
+            Refusal::Stale => Ok(Resolution::Slow { shard, count }),
+            Refusal::WcuExhausted | Refusal::BothExhausted => {
+                // A bucket at its own limit never drives doubling.
+                if self.refill_would_not_help(b, shard, &image, now) {
+                    return Ok(Resolution::Rejected { shard, image });
+                }
+                let wcu = image.limit(WCU_LIMIT).expect("classified with wcu");
+                let (projected, _) = refill(wcu.tk, image.rf, now, wcu.params().share(1));
+                if projected >= MILLI {
+                    // Not a hot partition: the slow pass refills `wcu`.
+                    return Ok(Resolution::Slow { shard, count });
+                }
+                let grown = self.double(b, count).await?;
+                if grown > count {
+                    let old: Vec<u32> = (0..count).collect();
+                    let fresh = self.draw.draw(grown, &old);
+                    Ok(Resolution::Slow {
+                        shard: fresh,
+                        count: grown,
+                    })
+                } else {
+                    Ok(Resolution::Slow { shard, count })
+                }
+            }
+            Refusal::LimitExhausted => {
+                let mut tried: Vec<u32> = avoid.to_vec();
+                tried.push(shard);
+                if count > 1 && b.cascades {
+                    // A cascading child takes the slow path on an untried shard instead
+                    // of a child-only retry (the reference engine's rule).
+                    if self.refill_would_not_help(b, shard, &image, now) {
+                        return Ok(Resolution::Rejected { shard, image });
+                    }
+                    let other = self.draw.draw(count, &tried);
+                    return Ok(Resolution::Slow {
+                        shard: other,
+                        count,
+                    });
+                }
+                if count > 1 {
+                    for _ in 0..2 {
+                        if (0..count).all(|s| tried.contains(&s)) {
+                            break;
+                        }
+                        let other = self.draw.draw(count, &tried);
+                        tried.push(other);
+                        EngineStats::bump(&self.stats.shard_retries);
+                        match self.fast_debit(b, other, now).await.map_err(wrap(b))? {
+                            DebitOutcome::Applied(image) => {
+                                return Ok(Resolution::Applied {
+                                    shard: other,
+                                    image,
+                                })
+                            }
+                            DebitOutcome::Refused(None) => {
+                                return Ok(Resolution::Slow {
+                                    shard: other,
+                                    count,
+                                })
+                            }
+                            DebitOutcome::Refused(Some(img)) => {
+                                if self.classify(b, &img, now) == Refusal::Stale {
+                                    return Ok(Resolution::Slow {
+                                        shard: other,
+                                        count: count.max(img.shard_count),
+                                    });
+                                }
+                            }
+                        }
+                    }
+                }
+                if self.refill_would_not_help(b, shard, &image, now) {
+                    Ok(Resolution::Rejected { shard, image })
+                } else {
+                    Ok(Resolution::Slow { shard, count })
+                }
+            }
+        }
+    }
+
+    /// Doubles the bucket's shard count on shard 0 (compare-and-set), propagates the new
+    /// count to the existing shards, and returns the count now in force.
+    async fn double(&self, b: &BucketClaim, count: u32) -> Result<u32, EngineError> {
+        if count >= MAX_SHARD_COUNT {
+            EngineStats::bump(&self.stats.doubling_refused_at_max);
+            return Ok(count);
+        }
+        let new = (count * 2).min(MAX_SHARD_COUNT);
+        let outcome = self
+            .store
+            .bump_shard_count(&b.entity, &b.resource, count, new)
+            .await
+            .map_err(wrap(b))?;
+        match outcome {
+            BumpOutcome::Won => {
+                EngineStats::bump(&self.stats.shard_doublings);
+                tracing::info!(resource = %b.resource, from = count, to = new, "bucket doubled its shards");
+                let results = join_all((1..count).map(|s| {
+                    let key = BucketKey::new(&b.entity, &b.resource, s);
+                    async move { self.store.raise_shard_count(&key, new).await }
+                }))
+                .await;
+                for r in results {
+                    r.map_err(wrap(b))?;
+                }
+                self.shards.learn(&b.entity, &b.resource, new);
+                Ok(new)
+            }
+            BumpOutcome::Lost(current) => {
+                self.shards.learn(&b.entity, &b.resource, current);
+                Ok(count.max(current))
+            }
+            BumpOutcome::Missing => Ok(count),
+        }
+    }
+
+    /// The slow path over the buckets `targets` (index into `req`, shard, count).
+    /// Returns whether everything fit and was committed, and their outcomes.
+    async fn slow_path(
+        &self,
+        req: &Acquire,
+        targets: &[(usize, u32, u32)],
+    ) -> Result<(bool, Vec<BucketOutcome>), EngineError> {
+        let keys: Vec<BucketKey> = targets
+            .iter()
+            .map(|&(i, s, _)| BucketKey::new(&req.buckets[i].entity, &req.buckets[i].resource, s))
+            .collect();
+        let first = &req.buckets[targets[0].0];
+        let images = self.store.read(&keys).await.map_err(wrap(first))?;
+        let now = self.clock.now_ms();
+        let plans: Vec<BucketPlan> = targets
+            .iter()
+            .zip(&keys)
+            .zip(&images)
+            .map(|((&(i, _, count), key), img)| {
+                let b = &req.buckets[i];
+                if let Some(img) = img {
+                    self.shards.learn(&b.entity, &b.resource, img.shard_count);
+                }
+                self.plan_bucket(b, key, img.as_ref(), count, now)
+            })
+            .collect();
+
+        if !plans.iter().all(|p| p.fits) {
+            for (key, img) in keys.iter().zip(&images) {
+                if let Some(img) = img {
+                    self.rejections.remember(key, img, now);
+                }
+            }
+            return Ok((false, plans.into_iter().map(|p| p.refused).collect()));
+        }
+
+        let mut writes: Vec<Write> = plans.iter().map(|p| p.write.clone()).collect();
+        for round in 0..3 {
+            match self.store.commit(&writes).await.map_err(wrap(first))? {
+                CommitOutcome::Committed(_) => {
+                    return Ok((true, plans.into_iter().map(|p| p.admitted).collect()));
+                }
+                CommitOutcome::Conflict(failed) => {
+                    if round == 2 {
+                        break;
+                    }
+                    EngineStats::bump(&self.stats.consumption_only_retries);
+                    for (idx, current) in failed {
+                        let (i, shard, _) = targets[idx];
+                        let b = &req.buckets[i];
+                        if let Write::Debit { .. } = writes[idx] {
+                            // The balance no longer covers the request.
+                            let mut outcomes: Vec<BucketOutcome> =
+                                plans.into_iter().map(|p| p.refused).collect();
+                            if let Some(img) = &current {
+                                outcomes[idx] = self.outcome_from_image(b, shard, img, now, false);
+                                self.rejections.remember(&keys[idx], img, now);
+                            }
+                            return Ok((false, outcomes));
+                        }
+                        writes[idx] = match current {
+                            // Lost the lock or the create race: take the tokens only if the
+                            // item as it stands covers them, with no refill.
+                            Some(_) => Write::Debit {
+                                key: keys[idx].clone(),
+                                debits: b
+                                    .limits
+                                    .iter()
+                                    .map(|c| Debit {
+                                        limit: c.limit.clone(),
+                                        amount: c.amount,
+                                        gated: !c.forced,
+                                        params: None,
+                                    })
+                                    .collect(),
+                            },
+                            // The item vanished (evicted) since the read: create it again.
+                            None => self
+                                .plan_bucket(b, &keys[idx], None, targets[idx].2, now)
+                                .write,
+                        };
+                    }
+                }
+            }
+        }
+        // Persistent contention: refuse rather than spin.
+        Ok((false, plans.into_iter().map(|p| p.refused).collect()))
+    }
+
+    /// Plans the slow-path write of one bucket from its image (or its creation).
+    fn plan_bucket(
+        &self,
+        b: &BucketClaim,
+        key: &BucketKey,
+        image: Option<&BucketItem>,
+        count: u32,
+        now: i64,
+    ) -> BucketPlan {
+        let mut fits = true;
+        let mut admitted = Vec::with_capacity(b.limits.len());
+        let mut refused = Vec::with_capacity(b.limits.len());
+        let mut record = |c: &super::LimitClaim, before: i64, share: bucket::ShardShare, fits: &mut bool| {
+            let ok = before >= c.amount;
+            *fits &= ok || c.forced;
+            let after = if ok || c.forced { before - c.amount } else { before };
+            admitted.push(LimitOutcome {
+                fits: ok,
+                remaining: after,
+                share,
+                ra: c.params.ra,
+                wait_ms: if ok { Some(0) } else { bucket::wait_for(before, c.amount, share, c.params.ra) },
+            });
+            refused.push(LimitOutcome {
+                fits: ok,
+                remaining: before,
+                share,
+                ra: c.params.ra,
+                wait_ms: bucket::wait_for(before, c.amount, share, c.params.ra),
+            });
+            after
+        };
+
+        let (write, count) = match image {
+            None => {
+                let mut item = BucketItem {
+                    rf: now,
+                    shard_count: count,
+                    ttl: None,
+                    limits: Default::default(),
+                };
+                for c in &b.limits {
+                    let share = c.params.share(count);
+                    let after = record(c, share.ceiling, share, &mut fits);
+                    item.limits.insert(c.limit.clone(), LimitState::new(c.params, after, c.amount));
+                }
+                item.limits
+                    .insert(WCU_LIMIT.to_string(), LimitState::new(self.wcu, self.wcu.cp, 0));
+                item.ttl = Some(self.ttl_s(item.limits.values().map(|s| s.params()), now));
+                (
+                    Write::Create {
+                        key: key.clone(),
+                        item,
+                    },
+                    count,
+                )
+            }
+            Some(item) => {
+                let count = count.max(item.shard_count);
+                let rf = item.rf;
+                let mut writes = Vec::new();
+                let mut params_after: Vec<LimitParams> = Vec::new();
+                for c in &b.limits {
+                    let share = c.params.share(count);
+                    match item.limit(&c.limit) {
+                        Some(st) if st.params() == c.params => {
+                            let (before, _) = refill(st.tk, rf, now, share);
+                            let after = record(c, before, share, &mut fits);
+                            let gained = before - st.tk;
+                            let taken = before - after;
+                            writes.push(LimitWrite::Add {
+                                limit: c.limit.clone(),
+                                tk_delta: after - st.tk,
+                                tc_delta: taken,
+                                floor: (!c.forced && taken - gained > 0).then_some(taken - gained),
+                                cap: (gained > 0).then_some(st.tk),
+                            });
+                        }
+                        Some(st) => {
+                            // The rule changed: keep what the shard held (refilled under the
+                            // old parameters), clamped to the new share.
+                            let (old, _) = refill(st.tk, rf, now, st.params().share(count));
+                            let before = old.min(share.ceiling);
+                            let after = record(c, before, share, &mut fits);
+                            writes.push(LimitWrite::Set {
+                                limit: c.limit.clone(),
+                                state: LimitState::new(c.params, after, st.tc + (before - after)),
+                            });
+                        }
+                        None => {
+                            let after = record(c, share.ceiling, share, &mut fits);
+                            writes.push(LimitWrite::Set {
+                                limit: c.limit.clone(),
+                                state: LimitState::new(c.params, after, share.ceiling - after),
+                            });
+                        }
+                    }
+                    params_after.push(c.params);
+                }
+                // Limits of this item the request does not name (and `wcu`) are refilled
+                // and clamped, so the one write carries every limit's materialisation.
+                for (name, st) in &item.limits {
+                    if b.limits.iter().any(|c| &c.limit == name) {
+                        continue;
+                    }
+                    let share = st.params().share(if name == WCU_LIMIT { 1 } else { count });
+                    let (now_tk, _) = refill(st.tk, rf, now, share);
+                    if now_tk != st.tk {
+                        writes.push(LimitWrite::Add {
+                            limit: name.clone(),
+                            tk_delta: now_tk - st.tk,
+                            tc_delta: 0,
+                            floor: None,
+                            cap: (now_tk > st.tk).then_some(st.tk),
+                        });
+                    }
+                    params_after.push(st.params());
+                }
+                if item.limit(WCU_LIMIT).is_none() {
+                    writes.push(LimitWrite::Set {
+                        limit: WCU_LIMIT.to_string(),
+                        state: LimitState::new(self.wcu, self.wcu.cp, 0),
+                    });
+                }
+                (
+                    Write::Update {
+                        key: key.clone(),
+                        expected_rf: rf,
+                        rf: now.max(rf),
+                        ttl: Some(self.ttl_s(params_after.into_iter(), now)),
+                        limits: writes,
+                    },
+                    count,
+                )
+            }
+        };
+        BucketPlan {
+            write,
+            fits,
+            admitted: BucketOutcome {
+                shard: key.shard,
+                shard_count: count,
+                limits: admitted,
+            },
+            refused: BucketOutcome {
+                shard: key.shard,
+                shard_count: count,
+                limits: refused,
+            },
+        }
+    }
+
+    /// `ttl` (epoch s) for an item with these limits: the multiplier × the longest
+    /// time-to-full, so an expired item would be full again anyway.
+    fn ttl_s(&self, params: impl Iterator<Item = LimitParams>, now: i64) -> i64 {
+        let longest = params.filter_map(|p| p.seconds_to_full()).max().unwrap_or(86_400);
+        now_s(now).saturating_add(self.options.ttl_multiplier.saturating_mul(longest))
+    }
+
+    /// The outcome of bucket `b` according to an image; `debited` says whether the image
+    /// already includes this request's debit.
+    fn outcome_from_image(
+        &self,
+        b: &BucketClaim,
+        shard: u32,
+        image: &BucketItem,
+        now: i64,
+        debited: bool,
+    ) -> BucketOutcome {
+        let count = image.shard_count.max(self.shards.get(&b.entity, &b.resource));
+        let limits = b
+            .limits
+            .iter()
+            .map(|c| {
+                let share = c.params.share(count);
+                let tk = image.limit(&c.limit).map_or(share.ceiling, |s| s.tk);
+                let (now_tk, _) = refill(tk, image.rf, now, share);
+                if debited {
+                    LimitOutcome {
+                        fits: true,
+                        remaining: now_tk,
+                        share,
+                        ra: c.params.ra,
+                        wait_ms: Some(0),
+                    }
+                } else {
+                    LimitOutcome {
+                        fits: now_tk >= c.amount,
+                        remaining: now_tk,
+                        share,
+                        ra: c.params.ra,
+                        wait_ms: bucket::wait_for(now_tk, c.amount, share, c.params.ra),
+                    }
+                }
+            })
+            .collect();
+        BucketOutcome {
+            shard,
+            shard_count: count,
+            limits,
+        }
+    }
+
+    /// The decision for a request refused after some buckets were looked at.
+    fn refused_decision(&self, req: &Acquire, progress: &[Option<Progress>], now: i64) -> Decision {
+        let buckets = req
+            .buckets
+            .iter()
+            .zip(progress)
+            .map(|(b, p)| match p {
+                Some(Progress::Applied { shard, image }) => {
+                    // Report the balance as it was before the refunded debit.
+                    let mut o = self.outcome_from_image(b, *shard, image, now, false);
+                    for (l, c) in o.limits.iter_mut().zip(&b.limits) {
+                        l.remaining = l.remaining.saturating_add(c.amount).min(l.share.ceiling);
+                        l.fits = true;
+                        l.wait_ms = Some(0);
+                    }
+                    o
+                }
+                Some(Progress::Rejected { shard, image }) => {
+                    self.outcome_from_image(b, *shard, image, now, false)
+                }
+                _ => self.unknown_outcome(b),
+            })
+            .collect();
+        Decision {
+            admitted: false,
+            buckets,
+        }
+    }
+
+    /// Refunds every bucket of `progress` that was debited.
+    async fn refund_applied(&self, req: &Acquire, progress: &[Option<Progress>], now: i64) {
+        join_all(req.buckets.iter().zip(progress).filter_map(|(b, p)| match p {
+            Some(Progress::Applied { shard, image }) => {
+                Some(self.credit_bucket(b, *shard, image.shard_count, now))
+            }
+            _ => None,
+        }))
+        .await;
+    }
+
+    async fn credit_bucket(&self, b: &BucketClaim, shard: u32, count: u32, _now: i64) {
+        let key = BucketKey::new(&b.entity, &b.resource, shard);
+        let count = count.max(self.shards.get(&b.entity, &b.resource));
+        let credits: Vec<Credit> = b
+            .limits
+            .iter()
+            .filter(|c| c.amount > 0)
+            .map(|c| Credit {
+                limit: c.limit.clone(),
+                amount: c.amount,
+                ceiling: c.params.share(count).ceiling,
+            })
+            .collect();
+        self.rejections.forget(&key);
+        if credits.is_empty() {
+            return;
+        }
+        EngineStats::bump(&self.stats.refunds);
+        if let Err(e) = self.store.credit(&key, &credits).await {
+            // A lost refund costs this bucket one request's tokens; never an over-admission.
+            tracing::warn!(resource = %b.resource, error = %e, "refund of a voided debit failed");
+        }
+    }
+}

@@ -1,0 +1,275 @@
+//! Token-bucket arithmetic: integer millitokens, lazy refill, clamping, retry-after.
+//!
+//! Pure functions only: no clock, no store, no allocation. Every product that can exceed
+//! `i64` (elapsed × rate, deficit × period) is computed in `i128`. Balances may be negative
+//! (debt); division of a possibly negative balance floors (`div_euclid`).
+
+/// Tokens are stored and computed in thousandths.
+pub const MILLI: i64 = 1_000;
+
+/// Parameters of one limit as stored on a bucket item: capacity and refill amount in
+/// millitokens (undivided by the shard count), refill period in milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LimitParams {
+    pub cp: i64,
+    pub ra: i64,
+    pub rp: i64,
+}
+
+/// The view one shard has of a limit: its ceiling and refill rate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShardShare {
+    /// Most millitokens this shard may hold.
+    pub ceiling: i64,
+    /// Millitokens added per `rp` milliseconds on this shard.
+    pub ra: i64,
+    pub rp: i64,
+}
+
+impl LimitParams {
+    /// A limit of `capacity` tokens refilled by `refill` tokens every `period_ms`.
+    pub fn new(capacity: u64, refill: u64, period_ms: u64) -> LimitParams {
+        LimitParams {
+            cp: to_milli(capacity),
+            ra: to_milli(refill),
+            rp: period_ms.max(1).min(i64::MAX as u64) as i64,
+        }
+    }
+
+    /// The share of one of `shard_count` shards: capacity and rate divided, period not.
+    pub fn share(&self, shard_count: u32) -> ShardShare {
+        let s = i64::from(shard_count.max(1));
+        ShardShare {
+            ceiling: self.cp / s,
+            ra: self.ra / s,
+            rp: self.rp,
+        }
+    }
+
+    /// Seconds until an empty bucket is full again (the basis of the item TTL); `None`
+    /// for a limit that never refills.
+    pub fn seconds_to_full(&self) -> Option<i64> {
+        if self.ra <= 0 {
+            return None;
+        }
+        let ms = div_ceil_i128(i128::from(self.cp) * i128::from(self.rp), i128::from(self.ra));
+        Some(saturate(div_ceil_i128(ms, 1000)))
+    }
+}
+
+fn to_milli(tokens: u64) -> i64 {
+    (i128::from(tokens) * i128::from(MILLI)).min(i128::from(i64::MAX)) as i64
+}
+
+fn saturate(v: i128) -> i64 {
+    v.clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64
+}
+
+fn div_ceil_i128(a: i128, b: i128) -> i128 {
+    // Both operands are non-negative wherever this is used.
+    (a + b - 1) / b
+}
+
+/// Lazy refill of a balance `tk` last materialised at `rf` (epoch ms), up to `now`.
+///
+/// Returns the refilled balance, clamped to the share's ceiling (the clamp applies even
+/// with no elapsed time, and never raises debt), and the refill baseline advanced by the
+/// time that produced the added tokens (drift compensation: the fraction is kept, and the
+/// same interval is never counted twice).
+pub fn refill(tk: i64, rf: i64, now: i64, share: ShardShare) -> (i64, i64) {
+    let elapsed = now.saturating_sub(rf);
+    if elapsed <= 0 || share.ra <= 0 {
+        return (tk.min(share.ceiling), rf);
+    }
+    let ra = i128::from(share.ra);
+    let rp = i128::from(share.rp);
+    let add = i128::from(elapsed) * ra / rp;
+    if add == 0 {
+        return (tk.min(share.ceiling), rf);
+    }
+    // Rounded up: when the rate exceeds one millitoken per ms, flooring could report
+    // zero time used and let the same interval be counted twice.
+    let used = (add * rp + ra - 1) / ra;
+    let refilled = (i128::from(tk) + add).min(i128::from(share.ceiling));
+    (saturate(refilled), saturate(i128::from(rf) + used))
+}
+
+/// Whole tokens in a balance, floored (a debt of 1.5 tokens is -2).
+pub fn whole_tokens(tk: i64) -> i64 {
+    tk.div_euclid(MILLI)
+}
+
+/// Milliseconds until a balance `tk` (already refilled to now) covers `amount`
+/// millitokens at the share's rate, plus one millisecond of rounding guard; `Some(0)` if
+/// it already does, `None` if it never will (no refill, or above the ceiling).
+pub fn wait_for(tk: i64, amount: i64, share: ShardShare, undivided_ra: i64) -> Option<i64> {
+    if tk >= amount {
+        return Some(0);
+    }
+    if amount > share.ceiling {
+        return None;
+    }
+    // A share whose rate floors to zero refills at the undivided rate (as the reference).
+    let rate = if share.ra > 0 { share.ra } else { undivided_ra };
+    if rate <= 0 {
+        return None;
+    }
+    let deficit = i128::from(amount) - i128::from(tk);
+    Some(saturate(deficit * i128::from(share.rp) / i128::from(rate) + 1))
+}
+
+/// Milliseconds until a balance `tk` is back at the ceiling (0 if it is already there).
+pub fn time_to_full(tk: i64, share: ShardShare) -> i64 {
+    if tk >= share.ceiling || share.ra <= 0 {
+        return 0;
+    }
+    let missing = i128::from(share.ceiling) - i128::from(tk);
+    saturate(div_ceil_i128(missing * i128::from(share.rp), i128::from(share.ra)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn share(ceiling: i64, ra: i64, rp: i64) -> ShardShare {
+        ShardShare { ceiling, ra, rp }
+    }
+
+    // S01
+    #[test]
+    fn partial_refill() {
+        let s = share(100_000_000, 100_000_000, 60_000);
+        assert_eq!(refill(0, 0, 30_000, s).0, 50_000_000);
+    }
+
+    // S02
+    #[test]
+    fn drift_compensation_keeps_the_fraction() {
+        let s = share(10_000, 1_000, 60_000);
+        assert_eq!(refill(0, 0, 59, s), (0, 0));
+        assert_eq!(refill(0, 0, 61, s), (1, 60));
+    }
+
+    // S03
+    #[test]
+    fn clamp_without_elapsed_time_and_debt_untouched() {
+        let s = share(100_000, 100_000, 60_000);
+        assert_eq!(refill(150_000, 1_000, 1_000, s), (100_000, 1_000));
+        assert_eq!(refill(150_000, 1_000, 900, s), (100_000, 1_000));
+        assert_eq!(refill(-5_000, 1_000, 1_000, s), (-5_000, 1_000));
+    }
+
+    // S04
+    #[test]
+    fn debt_repays_at_the_refill_rate() {
+        let s = share(100_000_000, 100_000_000, 60_000);
+        assert_eq!(refill(-50_000_000, 0, 30_000, s).0, 0);
+    }
+
+    // S05
+    #[test]
+    fn retry_after_formula() {
+        let p = LimitParams { cp: 10_000, ra: 10_000, rp: 60_000 };
+        assert_eq!(wait_for(0, 1_000, p.share(1), p.ra), Some(6_001));
+    }
+
+    #[test]
+    fn floored_tokens_for_debt() {
+        assert_eq!(whole_tokens(-1_500_500), -1_501);
+        assert_eq!(whole_tokens(1_999), 1);
+    }
+
+    #[test]
+    fn per_shard_ceiling_never_fits() {
+        let p = LimitParams { cp: 10_000, ra: 10_000, rp: 60_000 };
+        assert_eq!(wait_for(2_500, 3_000, p.share(4), p.ra), None);
+    }
+
+    #[test]
+    fn huge_elapsed_does_not_overflow() {
+        let s = share(i64::MAX / 2, i64::MAX / 4, 1);
+        let (tk, _) = refill(0, 0, i64::MAX / 2, s);
+        assert_eq!(tk, i64::MAX / 2);
+    }
+
+    #[test]
+    fn seconds_to_full_matches_reference_ttl_basis() {
+        // rpm 10/min: 60 s; tpm 10000/min burst 15000: 90 s.
+        assert_eq!(LimitParams::new(10, 10, 60_000).seconds_to_full(), Some(60));
+        assert_eq!(LimitParams::new(15_000, 10_000, 60_000).seconds_to_full(), Some(90));
+        assert_eq!(LimitParams::new(5, 0, 60_000).seconds_to_full(), None);
+    }
+
+    proptest! {
+        #[test]
+        fn refill_never_exceeds_the_ceiling(
+            tk in -1_000_000_000i64..1_000_000_000,
+            rf in 0i64..1_000_000,
+            dt in 0i64..10_000_000_000,
+            ceiling in 0i64..1_000_000_000,
+            ra in 0i64..1_000_000_000,
+            rp in 1i64..100_000_000,
+        ) {
+            let (out, _) = refill(tk, rf, rf + dt, share(ceiling, ra, rp));
+            prop_assert!(out <= ceiling.max(tk.min(ceiling)));
+            prop_assert!(out <= ceiling);
+        }
+
+        #[test]
+        fn refill_is_never_faster_than_the_rate(
+            tk in -1_000_000_000i64..0,
+            dt in 0i64..10_000_000,
+            ra in 1i64..1_000_000,
+            rp in 1i64..100_000,
+        ) {
+            // Debt repays at exactly the refill rate, never faster.
+            let (out, rf2) = refill(tk, 0, dt, share(i64::MAX / 4, ra, rp));
+            let added = i128::from(out) - i128::from(tk);
+            prop_assert!(added * i128::from(rp) <= i128::from(dt) * i128::from(ra));
+            prop_assert!(rf2 <= dt && rf2 >= 0);
+        }
+
+        #[test]
+        fn splitting_time_never_adds_tokens(
+            dt1 in 0i64..1_000_000,
+            dt2 in 0i64..1_000_000,
+            ra in 1i64..1_000_000,
+            rp in 1i64..100_000,
+        ) {
+            let s = share(i64::MAX / 4, ra, rp);
+            let (a, rf_a) = refill(0, 0, dt1, s);
+            let (b, _) = refill(a, rf_a, dt1 + dt2, s);
+            let (c, _) = refill(0, 0, dt1 + dt2, s);
+            prop_assert!(b <= c, "refilling in two steps gave {} > {} in one", b, c);
+        }
+
+        /// Admitted tokens over any interval <= capacity + rate x interval, for an
+        /// arbitrary sequence of requests against one bucket.
+        #[test]
+        fn admitted_never_exceeds_capacity_plus_rate(
+            cap in 1u64..1_000,
+            rate in 1u64..1_000,
+            period in 1u64..100_000,
+            steps in proptest::collection::vec((0i64..5_000, 0u64..50), 1..200),
+        ) {
+            let p = LimitParams::new(cap, rate, period);
+            let s = p.share(1);
+            let (mut tk, mut rf, mut now) = (p.cp, 0i64, 0i64);
+            let mut admitted: i128 = 0;
+            for (dt, want) in steps {
+                now += dt;
+                let (t, r) = refill(tk, rf, now, s);
+                tk = t;
+                rf = r;
+                let amount = (want as i64) * MILLI;
+                if tk >= amount {
+                    tk -= amount;
+                    admitted += i128::from(amount);
+                }
+            }
+            let bound = i128::from(p.cp) + i128::from(now) * i128::from(p.ra) / i128::from(p.rp);
+            prop_assert!(admitted <= bound, "admitted {} > bound {}", admitted, bound);
+        }
+    }
+}

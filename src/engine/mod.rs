@@ -1,0 +1,238 @@
+//! The pre-shard token-bucket engine: token-bucket math, plans, and the acquire algorithm
+//! (fast path, failure classification, slow path, consumption-only retry, `wcu`, shard
+//! doubling, lazy shard creation, retry on another shard, cascade, rejection cache).
+//!
+//! The engine is written once against the [`BucketStore`] contract and never knows which
+//! store it runs on, nor anything about gRPC. Time comes from a [`Clock`] so that tests
+//! can freeze it.
+
+mod acquire;
+pub mod bucket;
+mod clock;
+pub mod plan;
+mod rejection;
+mod shard;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use thiserror::Error;
+
+pub use bucket::{LimitParams, ShardShare};
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use shard::{RandomDraw, ScriptedDraw, ShardDraw};
+
+use crate::store::{BucketStore, StoreError};
+
+/// Most shards one bucket is spread over.
+pub const MAX_SHARD_COUNT: u32 = 32;
+
+/// Writes per second one shard item absorbs before the engine spreads the bucket wider:
+/// DynamoDB's per-partition write ceiling.
+pub const DEFAULT_PARTITION_WRITE_BUDGET: u64 = 1_000;
+
+/// A budget so large it never triggers doubling (the memory store's default: one process
+/// has no partitions to protect).
+pub const UNLIMITED_PARTITION_WRITE_BUDGET: u64 = 1_000_000_000_000;
+
+/// How long a refused image may answer repeat refusals without a store call.
+pub const DEFAULT_REJECTION_CACHE_MS: i64 = 1_000;
+
+/// One limit of a bucket that a request draws on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LimitClaim {
+    /// The limit's name inside the bucket item.
+    pub limit: String,
+    pub params: LimitParams,
+    /// Millitokens to take; 0 checks without consuming (fails while in debt).
+    pub amount: i64,
+    /// Overdraft: always debited, may drive the balance negative; reported over when the
+    /// balance was short.
+    pub forced: bool,
+}
+
+/// Everything one request takes from one (entity, resource) bucket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BucketClaim {
+    pub entity: String,
+    pub resource: String,
+    /// Distinct limit names.
+    pub limits: Vec<LimitClaim>,
+    /// This bucket is a cascading child: it never takes the child-only shard retry.
+    pub cascades: bool,
+}
+
+/// One all-or-nothing acquisition: every gated claim fits and is debited, or none is.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Acquire {
+    /// Distinct (entity, resource) pairs.
+    pub buckets: Vec<BucketClaim>,
+}
+
+/// How one limit came out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LimitOutcome {
+    /// The limit covered its amount (for a forced claim: before the debit).
+    pub fits: bool,
+    /// Millitokens left on the shard after this request (refilled to now; not debited when
+    /// the request was refused).
+    pub remaining: i64,
+    /// The shard's share of the limit.
+    pub share: ShardShare,
+    /// Undivided refill amount (the fallback rate for a share that floors to zero).
+    pub ra: i64,
+    /// Milliseconds until the claimed amount fits (`Some(0)` if it fits, `None` if never:
+    /// the per-shard request ceiling or a limit that does not refill).
+    pub wait_ms: Option<i64>,
+}
+
+/// How one bucket came out: the shard that answered and its limits, in claim order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BucketOutcome {
+    pub shard: u32,
+    pub shard_count: u32,
+    pub limits: Vec<LimitOutcome>,
+}
+
+/// The engine's answer to an [`Acquire`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    /// Every gated claim was debited (and nothing otherwise).
+    pub admitted: bool,
+    /// Per bucket, in request order.
+    pub buckets: Vec<BucketOutcome>,
+}
+
+/// Engine failures: the store failed, with the bucket it concerned.
+#[derive(Debug, Error)]
+pub enum EngineError {
+    #[error("bucket {entity}/{resource}: {source}")]
+    Store {
+        entity: String,
+        resource: String,
+        #[source]
+        source: StoreError,
+    },
+    #[error("invalid acquire: {0}")]
+    Invalid(String),
+}
+
+/// Tunables of the engine.
+#[derive(Debug, Clone)]
+pub struct EngineOptions {
+    /// Writes/s one shard absorbs (the reserved `wcu` limit's capacity and refill).
+    pub partition_write_budget: u64,
+    /// Rejection cache lifetime in ms (0 disables it).
+    pub rejection_cache_ms: i64,
+    /// Rejection cache size in entries.
+    pub rejection_cache_entries: usize,
+    /// Item TTL = this × the longest time-to-full of its limits.
+    pub ttl_multiplier: i64,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        EngineOptions {
+            partition_write_budget: DEFAULT_PARTITION_WRITE_BUDGET,
+            rejection_cache_ms: DEFAULT_REJECTION_CACHE_MS,
+            rejection_cache_entries: 10_000,
+            ttl_multiplier: 7,
+        }
+    }
+}
+
+/// Counters the engine keeps (exposed for tests and metrics).
+#[derive(Debug, Default)]
+pub struct EngineStats {
+    pub fast_path_hits: AtomicU64,
+    pub slow_paths: AtomicU64,
+    pub fast_rejections: AtomicU64,
+    pub rejection_cache_hits: AtomicU64,
+    pub shard_retries: AtomicU64,
+    pub shard_doublings: AtomicU64,
+    pub doubling_refused_at_max: AtomicU64,
+    pub per_shard_ceiling_rejections: AtomicU64,
+    pub consumption_only_retries: AtomicU64,
+    pub refunds: AtomicU64,
+}
+
+impl EngineStats {
+    pub fn get(counter: &AtomicU64) -> u64 {
+        counter.load(Ordering::Relaxed)
+    }
+
+    fn bump(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// The engine: one per process, shared by every request.
+pub struct Engine<S: BucketStore> {
+    store: Arc<S>,
+    clock: Arc<dyn Clock>,
+    draw: Arc<dyn ShardDraw>,
+    options: EngineOptions,
+    wcu: LimitParams,
+    shards: shard::ShardCounts,
+    rejections: rejection::RejectionCache,
+    stats: EngineStats,
+}
+
+impl<S: BucketStore> std::fmt::Debug for Engine<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: BucketStore> Engine<S> {
+    pub fn new(store: Arc<S>, options: EngineOptions) -> Engine<S> {
+        Self::with_parts(store, options, Arc::new(SystemClock), Arc::new(RandomDraw))
+    }
+
+    /// An engine with an explicit clock and shard draw (tests freeze both).
+    pub fn with_parts(
+        store: Arc<S>,
+        options: EngineOptions,
+        clock: Arc<dyn Clock>,
+        draw: Arc<dyn ShardDraw>,
+    ) -> Engine<S> {
+        let budget = options.partition_write_budget.max(1);
+        Engine {
+            store,
+            clock,
+            draw,
+            wcu: LimitParams::new(budget, budget, 1_000),
+            shards: shard::ShardCounts::default(),
+            rejections: rejection::RejectionCache::new(
+                options.rejection_cache_ms,
+                options.rejection_cache_entries,
+            ),
+            options,
+            stats: EngineStats::default(),
+        }
+    }
+
+    pub fn store(&self) -> &Arc<S> {
+        &self.store
+    }
+
+    pub fn stats(&self) -> &EngineStats {
+        &self.stats
+    }
+
+    pub fn options(&self) -> &EngineOptions {
+        &self.options
+    }
+
+    /// The shard count this process knows for (entity, resource).
+    pub fn known_shard_count(&self, entity: &str, resource: &str) -> u32 {
+        self.shards.get(entity, resource)
+    }
+
+    /// Teaches the shard count cache (tests set up scenarios with it).
+    pub fn learn_shard_count(&self, entity: &str, resource: &str, count: u32) {
+        self.shards.learn(entity, resource, count);
+    }
+}

@@ -1,0 +1,137 @@
+//! Plans: from matched rules to one [`Acquire`] — one bucket claim per (entity, resource),
+//! several limits of one bucket folded into one item write, cascade parents added as
+//! buckets of their own.
+//!
+//! A plan knows rules and request entries, never the store.
+
+use thiserror::Error;
+
+use super::bucket::MILLI;
+use super::{Acquire, BucketClaim, LimitClaim, LimitParams};
+use crate::config::{DescriptorEntry, RateLimit, Rule, RuleLimit};
+
+/// Where one descriptor's limit sits in the plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Slot {
+    pub bucket: usize,
+    pub limit: usize,
+    /// The cascade parent's limit, if the rule cascades.
+    pub parent: Option<(usize, usize)>,
+}
+
+/// A request amount that does not fit the engine's integer range.
+#[derive(Debug, Error, PartialEq, Eq)]
+#[error("hits {hits} for limit '{limit}' of entity '{entity}' is too large")]
+pub struct AmountOverflow {
+    pub hits: u64,
+    pub limit: String,
+    pub entity: String,
+}
+
+/// An acquire under construction, with the slot of every descriptor added to it.
+#[derive(Debug, Default, Clone)]
+pub struct Plan {
+    pub acquire: Acquire,
+}
+
+/// Token-bucket parameters of a rule's limit.
+pub fn params_of(limit: &RateLimit) -> LimitParams {
+    LimitParams::new(
+        limit.capacity(),
+        u64::from(limit.requests_per_unit),
+        limit.unit.seconds() * 1_000,
+    )
+}
+
+impl Plan {
+    pub fn new() -> Plan {
+        Plan::default()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.acquire.buckets.is_empty()
+    }
+
+    /// Adds a descriptor that matched `rule` (a limited rule) with `hits` tokens.
+    pub fn add<E: DescriptorEntry>(
+        &mut self,
+        rule: &Rule,
+        entries: &[E],
+        hits: u64,
+    ) -> Result<Slot, AmountOverflow> {
+        let RuleLimit::Limited(limit) = &rule.limit else {
+            unreachable!("unlimited rules never reach a plan");
+        };
+        let entity = rule.entity_for(entries);
+        let (bucket, idx) =
+            self.claim(&entity, &rule.resource, rule.limit_name(), limit, hits, rule.cascade_parent.is_some())?;
+        let parent = match &rule.cascade_parent {
+            Some(parent) => match &parent.limit {
+                RuleLimit::Limited(pl) => {
+                    let pe = parent.entity_for(&entries[..parent.depth()]);
+                    Some(self.claim(&pe, &parent.resource, parent.limit_name(), pl, hits, false)?)
+                }
+                RuleLimit::Unlimited => None,
+            },
+            None => None,
+        };
+        Ok(Slot {
+            bucket,
+            limit: idx,
+            parent,
+        })
+    }
+
+    fn claim(
+        &mut self,
+        entity: &str,
+        resource: &str,
+        limit_name: &str,
+        limit: &RateLimit,
+        hits: u64,
+        cascades: bool,
+    ) -> Result<(usize, usize), AmountOverflow> {
+        let overflow = || AmountOverflow {
+            hits,
+            limit: limit_name.to_string(),
+            entity: entity.to_string(),
+        };
+        let amount = i64::try_from(hits)
+            .ok()
+            .and_then(|h| h.checked_mul(MILLI))
+            .ok_or_else(overflow)?;
+        let forced = limit.overdraft && amount > 0;
+        let bi = match self
+            .acquire
+            .buckets
+            .iter()
+            .position(|b| b.entity == entity && b.resource == resource)
+        {
+            Some(i) => i,
+            None => {
+                self.acquire.buckets.push(BucketClaim {
+                    entity: entity.to_string(),
+                    resource: resource.to_string(),
+                    limits: Vec::new(),
+                    cascades: false,
+                });
+                self.acquire.buckets.len() - 1
+            }
+        };
+        let bucket = &mut self.acquire.buckets[bi];
+        bucket.cascades |= cascades;
+        if let Some(li) = bucket.limits.iter().position(|l| l.limit == limit_name) {
+            let l = &mut bucket.limits[li];
+            l.amount = l.amount.checked_add(amount).ok_or_else(overflow)?;
+            l.forced |= forced;
+            return Ok((bi, li));
+        }
+        bucket.limits.push(LimitClaim {
+            limit: limit_name.to_string(),
+            params: params_of(limit),
+            amount,
+            forced,
+        });
+        Ok((bi, bucket.limits.len() - 1))
+    }
+}

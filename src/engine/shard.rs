@@ -1,0 +1,135 @@
+//! Shard counts this process has learnt, and how a shard is drawn.
+//!
+//! Counts only grow (a lagging item never lowers them). The cache is bounded: when a
+//! partition fills up it is cleared, which is harmless because every store answer carries
+//! the item's count and teaches it back.
+
+use std::collections::hash_map::DefaultHasher;
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::sync::Mutex;
+
+use rand::Rng;
+
+const PARTITIONS: usize = 16;
+const ENTRIES_PER_PARTITION: usize = 16_384;
+
+/// Per (entity, resource) shard counts, monotone.
+#[derive(Debug)]
+pub(crate) struct ShardCounts {
+    parts: Vec<Mutex<HashMap<(String, String), u32>>>,
+}
+
+impl Default for ShardCounts {
+    fn default() -> Self {
+        ShardCounts {
+            parts: (0..PARTITIONS).map(|_| Mutex::new(HashMap::new())).collect(),
+        }
+    }
+}
+
+impl ShardCounts {
+    fn part(&self, entity: &str, resource: &str) -> &Mutex<HashMap<(String, String), u32>> {
+        let mut h = DefaultHasher::new();
+        (entity, resource).hash(&mut h);
+        &self.parts[(h.finish() as usize) % PARTITIONS]
+    }
+
+    /// The known count, 1 if none is known. Only buckets that ever sharded are cached.
+    pub(crate) fn get(&self, entity: &str, resource: &str) -> u32 {
+        let g = self.part(entity, resource).lock().unwrap_or_else(|e| e.into_inner());
+        // A borrowed-key lookup would need a custom key type; the map holds only sharded
+        // buckets, so it is usually empty and the allocation-free fast exit matters more.
+        if g.is_empty() {
+            return 1;
+        }
+        g.get(&(entity.to_string(), resource.to_string())).copied().unwrap_or(1)
+    }
+
+    /// Learns `count` if it is larger than what is known.
+    pub(crate) fn learn(&self, entity: &str, resource: &str, count: u32) {
+        if count <= 1 {
+            return;
+        }
+        let mut g = self.part(entity, resource).lock().unwrap_or_else(|e| e.into_inner());
+        if g.len() >= ENTRIES_PER_PARTITION {
+            g.clear();
+        }
+        let slot = g.entry((entity.to_string(), resource.to_string())).or_insert(1);
+        *slot = (*slot).max(count);
+    }
+}
+
+/// Chooses a shard in `0..count`, avoiding `avoid` when it can.
+pub trait ShardDraw: Send + Sync {
+    fn draw(&self, count: u32, avoid: &[u32]) -> u32;
+}
+
+/// Uniform random draw (production).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct RandomDraw;
+
+impl ShardDraw for RandomDraw {
+    fn draw(&self, count: u32, avoid: &[u32]) -> u32 {
+        if count <= 1 {
+            return 0;
+        }
+        let free = (0..count).filter(|s| !avoid.contains(s)).count() as u32;
+        let mut rng = rand::rng();
+        if free == 0 {
+            return rng.random_range(0..count);
+        }
+        let nth = rng.random_range(0..free) as usize;
+        (0..count).filter(|s| !avoid.contains(s)).nth(nth).unwrap_or(0)
+    }
+}
+
+/// A draw that follows a script, then falls back to the lowest allowed shard (tests).
+#[derive(Debug, Default)]
+pub struct ScriptedDraw(Mutex<std::collections::VecDeque<u32>>);
+
+impl ScriptedDraw {
+    pub fn new(script: impl IntoIterator<Item = u32>) -> ScriptedDraw {
+        ScriptedDraw(Mutex::new(script.into_iter().collect()))
+    }
+
+    pub fn push(&self, shard: u32) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).push_back(shard);
+    }
+}
+
+impl ShardDraw for ScriptedDraw {
+    fn draw(&self, count: u32, avoid: &[u32]) -> u32 {
+        let mut q = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        while let Some(s) = q.pop_front() {
+            if s < count.max(1) {
+                return s;
+            }
+        }
+        (0..count).find(|s| !avoid.contains(s)).unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_are_monotone() {
+        let c = ShardCounts::default();
+        assert_eq!(c.get("e", "r"), 1);
+        c.learn("e", "r", 4);
+        c.learn("e", "r", 2);
+        assert_eq!(c.get("e", "r"), 4);
+    }
+
+    #[test]
+    fn random_draw_avoids() {
+        for _ in 0..200 {
+            let s = RandomDraw.draw(4, &[0, 1, 3]);
+            assert_eq!(s, 2);
+            assert!(RandomDraw.draw(4, &[]) < 4);
+        }
+        assert!(RandomDraw.draw(2, &[0, 1]) < 2);
+    }
+}

@@ -1,0 +1,275 @@
+//! The bucket store contract: conditional primitives shaped after DynamoDB's conditional
+//! writes, so the engine's one algorithm runs unchanged on every store.
+//!
+//! A store keeps bucket items and applies exactly the conditions described here,
+//! atomically per call. It makes no limiting decision: it never refills, never chooses a
+//! shard, never decides admission. `memory.rs` is the embedded default.
+
+pub mod memory;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+
+use thiserror::Error;
+
+use crate::engine::LimitParams;
+
+/// The name of the reserved limit that measures a shard's write pressure.
+pub const WCU_LIMIT: &str = "wcu";
+
+/// Address of one bucket item: one shard of one (entity, resource).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BucketKey {
+    pub entity: String,
+    pub resource: String,
+    pub shard: u32,
+}
+
+impl BucketKey {
+    pub fn new(entity: impl Into<String>, resource: impl Into<String>, shard: u32) -> BucketKey {
+        BucketKey {
+            entity: entity.into(),
+            resource: resource.into(),
+            shard,
+        }
+    }
+
+    /// The same bucket, another shard.
+    pub fn with_shard(&self, shard: u32) -> BucketKey {
+        BucketKey {
+            shard,
+            ..self.clone()
+        }
+    }
+}
+
+impl std::fmt::Display for BucketKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}#{}#{}", self.entity, self.resource, self.shard)
+    }
+}
+
+/// State of one limit on an item (`b_{limit}_*` on DynamoDB): balance and consumed
+/// counter in millitokens, parameters undivided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LimitState {
+    pub tk: i64,
+    pub cp: i64,
+    pub ra: i64,
+    pub rp: i64,
+    pub tc: i64,
+}
+
+impl LimitState {
+    /// A limit with these parameters holding `tk`, having consumed `tc`.
+    pub fn new(params: LimitParams, tk: i64, tc: i64) -> LimitState {
+        LimitState {
+            tk,
+            cp: params.cp,
+            ra: params.ra,
+            rp: params.rp,
+            tc,
+        }
+    }
+
+    pub fn params(&self) -> LimitParams {
+        LimitParams {
+            cp: self.cp,
+            ra: self.ra,
+            rp: self.rp,
+        }
+    }
+}
+
+/// One bucket item: every limit of one (entity, resource) shard, the refill baseline and
+/// lock `rf` (epoch ms), the shard count it knows, and its expiry `ttl` (epoch s).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BucketItem {
+    pub rf: i64,
+    pub shard_count: u32,
+    pub ttl: Option<i64>,
+    pub limits: BTreeMap<String, LimitState>,
+}
+
+impl BucketItem {
+    pub fn limit(&self, name: &str) -> Option<&LimitState> {
+        self.limits.get(name)
+    }
+}
+
+/// One limit's part of a debit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Debit {
+    pub limit: String,
+    /// Millitokens to subtract (and add to `tc`).
+    pub amount: i64,
+    /// When true the debit requires `tk >= amount`; when false it may drive `tk` negative.
+    pub gated: bool,
+    /// Fast path only: the stored parameters must equal these (after a config change the
+    /// first request on each shard falls to the slow path, which rewrites them).
+    pub params: Option<LimitParams>,
+}
+
+/// Which conditions a debit carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DebitMode {
+    /// The fast path: the item exists, is not expired (`ttl > now_s`), every named limit
+    /// exists with exactly the given parameters and covers its gated amount, and the `wcu`
+    /// limit holds at least one token, which is debited too.
+    Fast { now_s: i64 },
+    /// The consumption-only retry after a lost lock or create race: the item exists and
+    /// every gated amount is covered. No `wcu`, no parameter or expiry terms.
+    RetryOnly,
+}
+
+/// Result of a debit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DebitOutcome {
+    /// Applied; the item as it is after the write.
+    Applied(BucketItem),
+    /// A condition failed; the item as it was (`None`: no such item). Nothing written.
+    Refused(Option<BucketItem>),
+}
+
+/// What a slow-path commit does to one limit of an existing item.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LimitWrite {
+    /// Additive change, commutative with concurrent debits.
+    Add {
+        limit: String,
+        tk_delta: i64,
+        tc_delta: i64,
+        /// Require `tk >= floor` (the debit still fits after concurrent debits).
+        floor: Option<i64>,
+        /// Require `tk <= cap` (no credit landed since the read that a refill would stack on).
+        cap: Option<i64>,
+    },
+    /// Seeds a limit the item lacks, or rewrites one whose parameters changed. Only safe
+    /// because the fast path cannot debit such a limit concurrently (its parameter term
+    /// fails), so nothing is overwritten.
+    Set { limit: String, state: LimitState },
+}
+
+impl LimitWrite {
+    pub fn limit(&self) -> &str {
+        match self {
+            LimitWrite::Add { limit, .. } | LimitWrite::Set { limit, .. } => limit,
+        }
+    }
+}
+
+/// One item of an atomic commit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Write {
+    /// Create the item if it does not exist (`attribute_not_exists(PK)`).
+    Create { key: BucketKey, item: BucketItem },
+    /// Update an existing item under the optimistic lock `rf == expected_rf`.
+    Update {
+        key: BucketKey,
+        expected_rf: i64,
+        rf: i64,
+        ttl: Option<i64>,
+        limits: Vec<LimitWrite>,
+    },
+    /// A consumption-only retry debit (see [`DebitMode::RetryOnly`]).
+    Debit { key: BucketKey, debits: Vec<Debit> },
+}
+
+impl Write {
+    pub fn key(&self) -> &BucketKey {
+        match self {
+            Write::Create { key, .. } | Write::Update { key, .. } | Write::Debit { key, .. } => key,
+        }
+    }
+}
+
+/// Result of an atomic commit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CommitOutcome {
+    /// Every write applied; the items as they are after the commit, in write order.
+    Committed(Vec<BucketItem>),
+    /// Nothing applied: these writes' conditions failed, with each item as it is now.
+    Conflict(Vec<(usize, Option<BucketItem>)>),
+}
+
+/// Result of a shard-count bump on shard 0.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BumpOutcome {
+    /// Our compare-and-set won.
+    Won,
+    /// Someone else moved it first; this is the count shard 0 holds now.
+    Lost(u32),
+    /// Shard 0 does not exist.
+    Missing,
+}
+
+/// A refund of millitokens a voided debit took: applied only while `tk + amount <=
+/// ceiling`, so a refund can never lift a shard above its share.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Credit {
+    pub limit: String,
+    pub amount: i64,
+    pub ceiling: i64,
+}
+
+/// Errors a store reports. They carry the bucket they concern where there is one.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum StoreError {
+    #[error("store unavailable for {key}: {reason}")]
+    Unavailable { key: String, reason: String },
+    #[error("corrupt bucket item {key}: {reason}")]
+    Corrupt { key: String, reason: String },
+    #[error("invalid store request for {key}: {reason}")]
+    Invalid { key: String, reason: String },
+}
+
+/// Most items one commit may carry (DynamoDB's transaction limit).
+pub const MAX_COMMIT_ITEMS: usize = 100;
+
+/// The store contract. Every method is atomic on its own; see each type for the exact
+/// conditions.
+pub trait BucketStore: Send + Sync + 'static {
+    /// Fast path or consumption-only retry on one item.
+    fn debit(
+        &self,
+        key: &BucketKey,
+        debits: &[Debit],
+        mode: DebitMode,
+    ) -> impl Future<Output = Result<DebitOutcome, StoreError>> + Send;
+
+    /// Images of several items in one call (`None` for a missing item), in key order.
+    fn read(
+        &self,
+        keys: &[BucketKey],
+    ) -> impl Future<Output = Result<Vec<Option<BucketItem>>, StoreError>> + Send;
+
+    /// Up to [`MAX_COMMIT_ITEMS`] writes, all or nothing.
+    fn commit(
+        &self,
+        writes: &[Write],
+    ) -> impl Future<Output = Result<CommitOutcome, StoreError>> + Send;
+
+    /// `SET shard_count = new` on shard 0 of (entity, resource) if it holds `old`.
+    fn bump_shard_count(
+        &self,
+        entity: &str,
+        resource: &str,
+        old: u32,
+        new: u32,
+    ) -> impl Future<Output = Result<BumpOutcome, StoreError>> + Send;
+
+    /// `SET shard_count = new` on an existing item whose count is lower (propagation).
+    /// Returns whether it wrote.
+    fn raise_shard_count(
+        &self,
+        key: &BucketKey,
+        new: u32,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Refund voided debits (best effort; see [`Credit`]). Returns the credits applied.
+    fn credit(
+        &self,
+        key: &BucketKey,
+        credits: &[Credit],
+    ) -> impl Future<Output = Result<Vec<Credit>, StoreError>> + Send;
+}
