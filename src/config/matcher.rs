@@ -1,11 +1,282 @@
-//! placeholder until the config module lands
-use super::Rule;
+//! The compiled descriptor tree of one domain and the walk that matches a request
+//! descriptor to its rule (config.md §3): exact child, else the first matching wildcard
+//! in file order, else the key-only child; no backtracking.
+//!
+//! Compiling builds the [`Rule`]s (inherited resource, cascade parent, stats key); the
+//! walk is O(depth) and must not allocate, since it runs for every request descriptor.
+
+use std::collections::HashMap;
 use std::sync::Arc;
-pub trait DescriptorEntry { fn key(&self) -> &str; fn value(&self) -> &str; }
-impl DescriptorEntry for (&str, &str) { fn key(&self) -> &str { self.0 } fn value(&self) -> &str { self.1 } }
+
+use super::model::{DescriptorModel, DocumentModel};
+use super::validate::composite_part;
+use super::{FailureMode, Level, Rule};
+
+/// One entry of a request descriptor. The service implements it for Envoy's proto entry.
+pub trait DescriptorEntry {
+    fn key(&self) -> &str;
+    fn value(&self) -> &str;
+}
+
+impl DescriptorEntry for (&str, &str) {
+    fn key(&self) -> &str {
+        self.0
+    }
+    fn value(&self) -> &str {
+        self.1
+    }
+}
+
+impl DescriptorEntry for (String, String) {
+    fn key(&self) -> &str {
+        &self.0
+    }
+    fn value(&self) -> &str {
+        &self.1
+    }
+}
+
+impl<T: DescriptorEntry + ?Sized> DescriptorEntry for &T {
+    fn key(&self) -> &str {
+        (**self).key()
+    }
+    fn value(&self) -> &str {
+        (**self).value()
+    }
+}
+
+/// Index of a node in [`Tree::nodes`].
+type NodeId = u32;
+
+/// The children of one node that share a key.
 #[derive(Debug, Default)]
-pub struct Tree { rules: Vec<Arc<Rule>> }
+struct KeyChildren {
+    exact: HashMap<Box<str>, NodeId>,
+    /// Patterns containing `*`, in file order.
+    wildcards: Vec<(Box<str>, NodeId)>,
+    key_only: Option<NodeId>,
+}
+
+impl KeyChildren {
+    fn find(&self, value: &str) -> Option<NodeId> {
+        self.exact
+            .get(value)
+            .copied()
+            .or_else(|| {
+                self.wildcards
+                    .iter()
+                    .find(|(pattern, _)| glob_match(pattern, value))
+                    .map(|(_, id)| *id)
+            })
+            .or(self.key_only)
+    }
+}
+
+#[derive(Debug, Default)]
+struct TreeNode {
+    rule: Option<Arc<Rule>>,
+    children: HashMap<Box<str>, KeyChildren>,
+}
+
+/// A domain's descriptor tree; node 0 is the root.
+#[derive(Debug)]
+pub(crate) struct Tree {
+    nodes: Vec<TreeNode>,
+    /// Every rule, in file order.
+    rules: Vec<Arc<Rule>>,
+}
+
+/// What compiling a node inherits from its ancestors.
+struct Inherited<'a> {
+    levels: Vec<Level>,
+    stats_key: String,
+    resource: &'a str,
+    /// The nearest ancestor rule (the cascade parent of a `cascade: true` child).
+    nearest_rule: Option<Arc<Rule>>,
+}
+
+struct Compiler<'a> {
+    domain: &'a Arc<str>,
+    file: &'a str,
+    failure_mode: FailureMode,
+    tree: Tree,
+}
+
 impl Tree {
-    pub fn lookup<E: DescriptorEntry>(&self, _e: &[E]) -> Option<&Arc<Rule>> { None }
-    pub fn rules(&self) -> impl Iterator<Item = &Arc<Rule>> { self.rules.iter() }
+    /// Builds the tree of a validated document (validation guarantees every invariant
+    /// relied on here, such as a cascade parent existing).
+    pub(crate) fn compile(domain: &Arc<str>, file: &str, doc: &DocumentModel) -> Tree {
+        let mut c = Compiler {
+            domain,
+            file,
+            failure_mode: doc.failure_mode.unwrap_or_default(),
+            tree: Tree {
+                nodes: vec![TreeNode::default()],
+                rules: Vec::new(),
+            },
+        };
+        let root = Inherited {
+            levels: Vec::new(),
+            stats_key: domain.to_string(),
+            resource: domain,
+            nearest_rule: None,
+        };
+        c.add_children(0, &doc.descriptors, &root);
+        c.tree
+    }
+
+    pub(crate) fn lookup<E: DescriptorEntry>(&self, entries: &[E]) -> Option<&Arc<Rule>> {
+        let last = entries.len().checked_sub(1)?;
+        let mut node = &self.nodes[0];
+        for (i, entry) in entries.iter().enumerate() {
+            let id = node.children.get(entry.key())?.find(entry.value())?;
+            node = &self.nodes[id as usize];
+            if i == last {
+                return node.rule.as_ref();
+            }
+        }
+        None
+    }
+
+    pub(crate) fn rules(&self) -> impl Iterator<Item = &Arc<Rule>> {
+        self.rules.iter()
+    }
+}
+
+impl Compiler<'_> {
+    fn add_children(&mut self, parent: usize, descriptors: &[DescriptorModel], up: &Inherited) {
+        for d in descriptors {
+            let mut levels = up.levels.clone();
+            levels.push(Level {
+                key: d.key.clone(),
+                value: d.value.clone(),
+                share_threshold: d.share_threshold,
+            });
+            let stats_key = format!("{}.{}", up.stats_key, composite_part(&d.key, &d.value));
+            let resource = d.resource.as_deref().unwrap_or(up.resource);
+            let rule = d.rate_limit.as_ref().map(|rl| {
+                Arc::new(Rule {
+                    domain: Arc::clone(self.domain),
+                    levels: levels.clone(),
+                    limit: rl.limit.clone(),
+                    name: rl.name.clone(),
+                    replaces: rl.replaces.clone(),
+                    shadow_mode: d.shadow_mode,
+                    quota_mode: d.quota_mode,
+                    detailed_metric: d.detailed_metric,
+                    value_to_metric: d.value_to_metric,
+                    metadata: d.metadata.clone(),
+                    entity: d.entity.clone(),
+                    resource: resource.to_string(),
+                    cascade_parent: if d.cascade {
+                        up.nearest_rule.clone()
+                    } else {
+                        None
+                    },
+                    failure_mode: d.failure_mode.unwrap_or(self.failure_mode),
+                    stats_key: stats_key.clone(),
+                    source: format!("{}:{}", self.file, d.pos.line).into(),
+                })
+            });
+
+            let id = NodeId::try_from(self.tree.nodes.len()).expect("fewer than 2^32 descriptors");
+            self.tree.nodes.push(TreeNode {
+                rule: rule.clone(),
+                children: HashMap::new(),
+            });
+            let siblings = self.tree.nodes[parent]
+                .children
+                .entry(d.key.as_str().into())
+                .or_default();
+            // Validation rejected duplicate siblings, so nothing is overwritten here.
+            match &d.value {
+                None => siblings.key_only = Some(id),
+                Some(v) if v.contains('*') => siblings.wildcards.push((v.as_str().into(), id)),
+                Some(v) => {
+                    siblings.exact.insert(v.as_str().into(), id);
+                }
+            }
+            if let Some(r) = &rule {
+                self.tree.rules.push(Arc::clone(r));
+            }
+
+            let below = Inherited {
+                levels,
+                stats_key,
+                resource,
+                nearest_rule: rule.or_else(|| up.nearest_rule.clone()),
+            };
+            self.add_children(id as usize, &d.children, &below);
+        }
+    }
+}
+
+/// Whether `value` matches `pattern`, where each `*` matches any run of characters
+/// (also empty). Greedy with backtracking to the last `*`: O(len²) worst case, no
+/// allocation. Byte-wise is exact for UTF-8, since literal runs start on char boundaries.
+pub(crate) fn glob_match(pattern: &str, value: &str) -> bool {
+    let (p, v) = (pattern.as_bytes(), value.as_bytes());
+    let (mut pi, mut vi) = (0, 0);
+    // Position after the last `*` seen, and where in `value` it started matching.
+    let mut star: Option<(usize, usize)> = None;
+    while vi < v.len() {
+        if pi < p.len() && p[pi] == b'*' {
+            star = Some((pi + 1, vi));
+            pi += 1;
+        } else if pi < p.len() && p[pi] == v[vi] {
+            pi += 1;
+            vi += 1;
+        } else if let Some((after_star, start)) = star {
+            // Let the last `*` swallow one more byte and retry.
+            pi = after_star;
+            vi = start + 1;
+            star = Some((after_star, start + 1));
+        } else {
+            return false;
+        }
+    }
+    p[pi..].iter().all(|&b| b == b'*')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// The obvious recursive definition, to check the iterative matcher against.
+    fn reference(p: &[u8], v: &[u8]) -> bool {
+        match p.split_first() {
+            None => v.is_empty(),
+            Some((b'*', rest)) => (0..=v.len()).any(|i| reference(rest, &v[i..])),
+            Some((c, rest)) => v.first() == Some(c) && reference(rest, &v[1..]),
+        }
+    }
+
+    #[test]
+    fn glob_examples() {
+        assert!(glob_match("foo*", "foo"));
+        assert!(glob_match("foo*", "foo1"));
+        assert!(glob_match("bar*b", "barb"));
+        assert!(glob_match("bar*b", "bar123b"));
+        assert!(!glob_match("bar*b", "bara"));
+        assert!(!glob_match("bar*b", "xbarb"));
+        assert!(glob_match("foo*bar*baz", "foo1bar2baz"));
+        assert!(glob_match("foo*bar*baz", "foobarbaz"));
+        assert!(!glob_match("foo*bar*baz", "foobazbar"));
+        assert!(glob_match("*", ""));
+        assert!(glob_match("**a**", "a"));
+        assert!(glob_match("é*ü", "éàü"));
+    }
+
+    proptest! {
+        #[test]
+        fn glob_agrees_with_reference(p in "[ab*]{0,8}", v in "[ab]{0,10}") {
+            prop_assert_eq!(glob_match(&p, &v), reference(p.as_bytes(), v.as_bytes()));
+        }
+
+        #[test]
+        fn glob_agrees_on_any_text(p in "(\\*|[a-c]|é){0,6}", v in "([a-c]|é|\\*){0,8}") {
+            prop_assert_eq!(glob_match(&p, &v), reference(p.as_bytes(), v.as_bytes()));
+        }
+    }
 }

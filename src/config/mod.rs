@@ -15,8 +15,8 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
-pub use entity::{encode_component, EntityTemplate};
-pub use load::{ConfigError, ConfigErrors};
+pub use entity::{encode_component, EntityTemplate, TemplateError};
+pub use load::{ConfigError, ConfigErrorKind, ConfigErrors};
 pub use matcher::DescriptorEntry;
 
 /// Time unit of a rule, as in envoyproxy/ratelimit.
@@ -211,7 +211,7 @@ impl Domain {
 #[derive(Debug, Default)]
 pub struct Config {
     domains: HashMap<String, Domain>,
-    /// Hex SHA-256-like content hash of the sources, for `/rlconfig` and metrics.
+    /// FNV-1a 64 content hash of the sources (16 hex digits), for `/rlconfig` and metrics.
     hash: String,
 }
 

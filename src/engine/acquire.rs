@@ -15,8 +15,8 @@ use futures::future::join_all;
 
 use super::bucket::{self, refill, LimitParams, MILLI};
 use super::{
-    Acquire, BucketClaim, BucketOutcome, Decision, Engine, EngineError, EngineStats,
-    LimitOutcome, MAX_SHARD_COUNT,
+    Acquire, BucketClaim, BucketOutcome, Decision, Engine, EngineError, EngineStats, LimitOutcome,
+    MAX_SHARD_COUNT,
 };
 use crate::store::{
     BucketItem, BucketKey, BucketStore, BumpOutcome, CommitOutcome, Credit, Debit, DebitMode,
@@ -153,7 +153,10 @@ impl<S: BucketStore> Engine<S> {
         }
         let progress: Vec<Progress> = progress.into_iter().map(|p| p.expect("set")).collect();
 
-        if progress.iter().any(|p| matches!(p, Progress::Rejected { .. })) {
+        if progress
+            .iter()
+            .any(|p| matches!(p, Progress::Rejected { .. }))
+        {
             EngineStats::bump(&self.stats.fast_rejections);
             let opt: Vec<Option<Progress>> = progress.into_iter().map(Some).collect();
             self.refund_applied(req, &opt, now).await;
@@ -242,10 +245,12 @@ impl<S: BucketStore> Engine<S> {
                 plan.refused
             })
             .collect();
-        let admitted = buckets
-            .iter()
-            .zip(&req.buckets)
-            .all(|(o, b)| o.limits.iter().zip(&b.limits).all(|(l, c)| l.fits || c.forced));
+        let admitted = buckets.iter().zip(&req.buckets).all(|(o, b)| {
+            o.limits
+                .iter()
+                .zip(&b.limits)
+                .all(|(l, c)| l.fits || c.forced)
+        });
         Ok(Decision { admitted, buckets })
     }
 
@@ -402,7 +407,13 @@ impl<S: BucketStore> Engine<S> {
     }
 
     /// True when refilling the image to `now` would still leave a gated claim short.
-    fn refill_would_not_help(&self, b: &BucketClaim, shard: u32, image: &BucketItem, now: i64) -> bool {
+    fn refill_would_not_help(
+        &self,
+        b: &BucketClaim,
+        shard: u32,
+        image: &BucketItem,
+        now: i64,
+    ) -> bool {
         let outcome = self.outcome_from_image(b, shard, image, now, false);
         let mut refused = false;
         for (l, c) in outcome.limits.iter().zip(&b.limits) {
@@ -634,9 +645,10 @@ impl<S: BucketStore> Engine<S> {
                                     .collect(),
                             },
                             // The item vanished (evicted) since the read: create it again.
-                            None => self
-                                .plan_bucket(b, &keys[idx], None, targets[idx].2, now)
-                                .write,
+                            None => {
+                                self.plan_bucket(b, &keys[idx], None, targets[idx].2, now)
+                                    .write
+                            }
                         };
                     }
                 }
@@ -658,26 +670,35 @@ impl<S: BucketStore> Engine<S> {
         let mut fits = true;
         let mut admitted = Vec::with_capacity(b.limits.len());
         let mut refused = Vec::with_capacity(b.limits.len());
-        let mut record = |c: &super::LimitClaim, before: i64, share: bucket::ShardShare, fits: &mut bool| {
-            let ok = before >= c.amount;
-            *fits &= ok || c.forced;
-            let after = if ok || c.forced { before - c.amount } else { before };
-            admitted.push(LimitOutcome {
-                fits: ok,
-                remaining: after,
-                share,
-                ra: c.params.ra,
-                wait_ms: if ok { Some(0) } else { bucket::wait_for(before, c.amount, share, c.params.ra) },
-            });
-            refused.push(LimitOutcome {
-                fits: ok,
-                remaining: before,
-                share,
-                ra: c.params.ra,
-                wait_ms: bucket::wait_for(before, c.amount, share, c.params.ra),
-            });
-            after
-        };
+        let mut record =
+            |c: &super::LimitClaim, before: i64, share: bucket::ShardShare, fits: &mut bool| {
+                let ok = before >= c.amount;
+                *fits &= ok || c.forced;
+                let after = if ok || c.forced {
+                    before - c.amount
+                } else {
+                    before
+                };
+                admitted.push(LimitOutcome {
+                    fits: ok,
+                    remaining: after,
+                    share,
+                    ra: c.params.ra,
+                    wait_ms: if ok {
+                        Some(0)
+                    } else {
+                        bucket::wait_for(before, c.amount, share, c.params.ra)
+                    },
+                });
+                refused.push(LimitOutcome {
+                    fits: ok,
+                    remaining: before,
+                    share,
+                    ra: c.params.ra,
+                    wait_ms: bucket::wait_for(before, c.amount, share, c.params.ra),
+                });
+                after
+            };
 
         let (write, count) = match image {
             None => {
@@ -690,10 +711,13 @@ impl<S: BucketStore> Engine<S> {
                 for c in &b.limits {
                     let share = c.params.share(count);
                     let after = record(c, share.ceiling, share, &mut fits);
-                    item.limits.insert(c.limit.clone(), LimitState::new(c.params, after, c.amount));
+                    item.limits
+                        .insert(c.limit.clone(), LimitState::new(c.params, after, c.amount));
                 }
-                item.limits
-                    .insert(WCU_LIMIT.to_string(), LimitState::new(self.wcu, self.wcu.cp, 0));
+                item.limits.insert(
+                    WCU_LIMIT.to_string(),
+                    LimitState::new(self.wcu, self.wcu.cp, 0),
+                );
                 item.ttl = Some(self.ttl_s(item.limits.values().map(|s| s.params()), now));
                 (
                     Write::Create {
@@ -801,7 +825,10 @@ impl<S: BucketStore> Engine<S> {
     /// `ttl` (epoch s) for an item with these limits: the multiplier × the longest
     /// time-to-full, so an expired item would be full again anyway.
     fn ttl_s(&self, params: impl Iterator<Item = LimitParams>, now: i64) -> i64 {
-        let longest = params.filter_map(|p| p.seconds_to_full()).max().unwrap_or(86_400);
+        let longest = params
+            .filter_map(|p| p.seconds_to_full())
+            .max()
+            .unwrap_or(86_400);
         now_s(now).saturating_add(self.options.ttl_multiplier.saturating_mul(longest))
     }
 
@@ -815,7 +842,9 @@ impl<S: BucketStore> Engine<S> {
         now: i64,
         debited: bool,
     ) -> BucketOutcome {
-        let count = image.shard_count.max(self.shards.get(&b.entity, &b.resource));
+        let count = image
+            .shard_count
+            .max(self.shards.get(&b.entity, &b.resource));
         let limits = b
             .limits
             .iter()
@@ -880,12 +909,17 @@ impl<S: BucketStore> Engine<S> {
 
     /// Refunds every bucket of `progress` that was debited.
     async fn refund_applied(&self, req: &Acquire, progress: &[Option<Progress>], now: i64) {
-        join_all(req.buckets.iter().zip(progress).filter_map(|(b, p)| match p {
-            Some(Progress::Applied { shard, image }) => {
-                Some(self.credit_bucket(b, *shard, image.shard_count, now))
-            }
-            _ => None,
-        }))
+        join_all(
+            req.buckets
+                .iter()
+                .zip(progress)
+                .filter_map(|(b, p)| match p {
+                    Some(Progress::Applied { shard, image }) => {
+                        Some(self.credit_bucket(b, *shard, image.shard_count, now))
+                    }
+                    _ => None,
+                }),
+        )
         .await;
     }
 

@@ -52,7 +52,10 @@ impl LimitParams {
         if self.ra <= 0 {
             return None;
         }
-        let ms = div_ceil_i128(i128::from(self.cp) * i128::from(self.rp), i128::from(self.ra));
+        let ms = div_ceil_i128(
+            i128::from(self.cp) * i128::from(self.rp),
+            i128::from(self.ra),
+        );
         Some(saturate(div_ceil_i128(ms, 1000)))
     }
 }
@@ -115,7 +118,9 @@ pub fn wait_for(tk: i64, amount: i64, share: ShardShare, undivided_ra: i64) -> O
         return None;
     }
     let deficit = i128::from(amount) - i128::from(tk);
-    Some(saturate(deficit * i128::from(share.rp) / i128::from(rate) + 1))
+    Some(saturate(
+        deficit * i128::from(share.rp) / i128::from(rate) + 1,
+    ))
 }
 
 /// Milliseconds until a balance `tk` is back at the ceiling (0 if it is already there).
@@ -124,7 +129,10 @@ pub fn time_to_full(tk: i64, share: ShardShare) -> i64 {
         return 0;
     }
     let missing = i128::from(share.ceiling) - i128::from(tk);
-    saturate(div_ceil_i128(missing * i128::from(share.rp), i128::from(share.ra)))
+    saturate(div_ceil_i128(
+        missing * i128::from(share.rp),
+        i128::from(share.ra),
+    ))
 }
 
 #[cfg(test)]
@@ -170,7 +178,11 @@ mod tests {
     // S05
     #[test]
     fn retry_after_formula() {
-        let p = LimitParams { cp: 10_000, ra: 10_000, rp: 60_000 };
+        let p = LimitParams {
+            cp: 10_000,
+            ra: 10_000,
+            rp: 60_000,
+        };
         assert_eq!(wait_for(0, 1_000, p.share(1), p.ra), Some(6_001));
     }
 
@@ -182,7 +194,11 @@ mod tests {
 
     #[test]
     fn per_shard_ceiling_never_fits() {
-        let p = LimitParams { cp: 10_000, ra: 10_000, rp: 60_000 };
+        let p = LimitParams {
+            cp: 10_000,
+            ra: 10_000,
+            rp: 60_000,
+        };
         assert_eq!(wait_for(2_500, 3_000, p.share(4), p.ra), None);
     }
 
@@ -197,7 +213,10 @@ mod tests {
     fn seconds_to_full_matches_reference_ttl_basis() {
         // rpm 10/min: 60 s; tpm 10000/min burst 15000: 90 s.
         assert_eq!(LimitParams::new(10, 10, 60_000).seconds_to_full(), Some(60));
-        assert_eq!(LimitParams::new(15_000, 10_000, 60_000).seconds_to_full(), Some(90));
+        assert_eq!(
+            LimitParams::new(15_000, 10_000, 60_000).seconds_to_full(),
+            Some(90)
+        );
         assert_eq!(LimitParams::new(5, 0, 60_000).seconds_to_full(), None);
     }
 

@@ -63,13 +63,31 @@ impl Plan {
             unreachable!("unlimited rules never reach a plan");
         };
         let entity = rule.entity_for(entries);
-        let (bucket, idx) =
-            self.claim(&entity, &rule.resource, rule.limit_name(), limit, hits, rule.cascade_parent.is_some())?;
+        // Usage under an overdraft rule already happened: it is recorded on the parent too.
+        let forced = limit.overdraft && hits > 0;
+        let cascades = rule.cascade_parent.is_some();
+        let (bucket, idx) = self.claim(
+            &entity,
+            &rule.resource,
+            rule.limit_name(),
+            limit,
+            hits,
+            forced,
+            cascades,
+        )?;
         let parent = match &rule.cascade_parent {
             Some(parent) => match &parent.limit {
                 RuleLimit::Limited(pl) => {
                     let pe = parent.entity_for(&entries[..parent.depth()]);
-                    Some(self.claim(&pe, &parent.resource, parent.limit_name(), pl, hits, false)?)
+                    Some(self.claim(
+                        &pe,
+                        &parent.resource,
+                        parent.limit_name(),
+                        pl,
+                        hits,
+                        forced,
+                        false,
+                    )?)
                 }
                 RuleLimit::Unlimited => None,
             },
@@ -82,6 +100,7 @@ impl Plan {
         })
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn claim(
         &mut self,
         entity: &str,
@@ -89,6 +108,7 @@ impl Plan {
         limit_name: &str,
         limit: &RateLimit,
         hits: u64,
+        forced: bool,
         cascades: bool,
     ) -> Result<(usize, usize), AmountOverflow> {
         let overflow = || AmountOverflow {
@@ -100,7 +120,6 @@ impl Plan {
             .ok()
             .and_then(|h| h.checked_mul(MILLI))
             .ok_or_else(overflow)?;
-        let forced = limit.overdraft && amount > 0;
         let bi = match self
             .acquire
             .buckets

@@ -23,7 +23,9 @@ pub(crate) struct ShardCounts {
 impl Default for ShardCounts {
     fn default() -> Self {
         ShardCounts {
-            parts: (0..PARTITIONS).map(|_| Mutex::new(HashMap::new())).collect(),
+            parts: (0..PARTITIONS)
+                .map(|_| Mutex::new(HashMap::new()))
+                .collect(),
         }
     }
 }
@@ -37,13 +39,18 @@ impl ShardCounts {
 
     /// The known count, 1 if none is known. Only buckets that ever sharded are cached.
     pub(crate) fn get(&self, entity: &str, resource: &str) -> u32 {
-        let g = self.part(entity, resource).lock().unwrap_or_else(|e| e.into_inner());
+        let g = self
+            .part(entity, resource)
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         // A borrowed-key lookup would need a custom key type; the map holds only sharded
         // buckets, so it is usually empty and the allocation-free fast exit matters more.
         if g.is_empty() {
             return 1;
         }
-        g.get(&(entity.to_string(), resource.to_string())).copied().unwrap_or(1)
+        g.get(&(entity.to_string(), resource.to_string()))
+            .copied()
+            .unwrap_or(1)
     }
 
     /// Learns `count` if it is larger than what is known.
@@ -51,11 +58,16 @@ impl ShardCounts {
         if count <= 1 {
             return;
         }
-        let mut g = self.part(entity, resource).lock().unwrap_or_else(|e| e.into_inner());
+        let mut g = self
+            .part(entity, resource)
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         if g.len() >= ENTRIES_PER_PARTITION {
             g.clear();
         }
-        let slot = g.entry((entity.to_string(), resource.to_string())).or_insert(1);
+        let slot = g
+            .entry((entity.to_string(), resource.to_string()))
+            .or_insert(1);
         *slot = (*slot).max(count);
     }
 }
@@ -80,7 +92,10 @@ impl ShardDraw for RandomDraw {
             return rng.random_range(0..count);
         }
         let nth = rng.random_range(0..free) as usize;
-        (0..count).filter(|s| !avoid.contains(s)).nth(nth).unwrap_or(0)
+        (0..count)
+            .filter(|s| !avoid.contains(s))
+            .nth(nth)
+            .unwrap_or(0)
     }
 }
 
@@ -94,7 +109,10 @@ impl ScriptedDraw {
     }
 
     pub fn push(&self, shard: u32) {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).push_back(shard);
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push_back(shard);
     }
 }
 

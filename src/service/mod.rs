@@ -1,1 +1,10 @@
-//! gRPC and HTTP surfaces.
+//! The surfaces shardgate serves: Envoy's gRPC rate-limit API (with health and
+//! reflection), and the answer-building rules of the envoyproxy/ratelimit contract.
+//!
+//! Nothing here holds bucket logic: decisions come from the engine.
+
+mod decision;
+pub mod grpc;
+pub mod server;
+
+pub use decision::{CallError, RateLimiter, RequestLimits};

@@ -48,7 +48,9 @@ fn lock(m: &Mutex<Partition>) -> MutexGuard<'_, Partition> {
 impl MemoryStore {
     pub fn new() -> MemoryStore {
         MemoryStore {
-            partitions: (0..PARTITIONS).map(|_| Mutex::new(HashMap::new())).collect(),
+            partitions: (0..PARTITIONS)
+                .map(|_| Mutex::new(HashMap::new()))
+                .collect(),
         }
     }
 
@@ -192,13 +194,21 @@ impl BucketStore for MemoryStore {
     async fn commit(&self, writes: &[Write]) -> Result<CommitOutcome, StoreError> {
         if writes.is_empty() || writes.len() > MAX_COMMIT_ITEMS {
             return Err(StoreError::Invalid {
-                key: writes.first().map(|w| w.key().to_string()).unwrap_or_default(),
-                reason: format!("a commit carries 1..={MAX_COMMIT_ITEMS} items, not {}", writes.len()),
+                key: writes
+                    .first()
+                    .map(|w| w.key().to_string())
+                    .unwrap_or_default(),
+                reason: format!(
+                    "a commit carries 1..={MAX_COMMIT_ITEMS} items, not {}",
+                    writes.len()
+                ),
             });
         }
         let parts: BTreeSet<usize> = writes.iter().map(|w| partition_of(w.key())).collect();
-        let mut guards: HashMap<usize, MutexGuard<'_, Partition>> =
-            parts.iter().map(|&i| (i, lock(&self.partitions[i]))).collect();
+        let mut guards: HashMap<usize, MutexGuard<'_, Partition>> = parts
+            .iter()
+            .map(|&i| (i, lock(&self.partitions[i])))
+            .collect();
         let mut staged = Vec::with_capacity(writes.len());
         let mut failed = Vec::new();
         for (i, w) in writes.iter().enumerate() {
@@ -213,7 +223,9 @@ impl BucketStore for MemoryStore {
             return Ok(CommitOutcome::Conflict(failed));
         }
         for (w, next) in writes.iter().zip(&staged) {
-            let g = guards.get_mut(&partition_of(w.key())).expect("locked above");
+            let g = guards
+                .get_mut(&partition_of(w.key()))
+                .expect("locked above");
             g.insert(w.key().clone(), next.clone());
         }
         Ok(CommitOutcome::Committed(staged))

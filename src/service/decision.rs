@@ -1,0 +1,602 @@
+//! One `ShouldRateLimit` call, end to end: validate the request, match each descriptor,
+//! apply the envoyproxy/ratelimit request rules (hits, `replaces`, shadow, quota,
+//! unlimited, overrides), hand the plans to the engine, and build the response.
+//!
+//! This is the envoyproxy/ratelimit contract; it holds no bucket logic (that is the
+//! engine's) and no transport (that is `grpc.rs`).
+
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
+    Code, DescriptorStatus, RateLimit as ProtoRateLimit,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::Duration;
+use thiserror::Error;
+
+use crate::config::{
+    Config, DescriptorEntry, FailureMode, Level, RateLimit, Rule, RuleLimit, Unit,
+};
+use crate::engine::bucket::{self, whole_tokens};
+use crate::engine::plan::{Plan, Slot};
+use crate::engine::{Decision, Engine, EngineError, LimitOutcome};
+use crate::store::BucketStore;
+
+impl DescriptorEntry for Entry {
+    fn key(&self) -> &str {
+        &self.key
+    }
+    fn value(&self) -> &str {
+        &self.value
+    }
+}
+
+/// Bounds on what one request may carry (hostile-input protection).
+#[derive(Debug, Clone)]
+pub struct RequestLimits {
+    pub max_descriptors: usize,
+    pub max_entries: usize,
+    pub max_key_bytes: usize,
+    pub max_value_bytes: usize,
+}
+
+impl Default for RequestLimits {
+    fn default() -> Self {
+        RequestLimits {
+            max_descriptors: 64,
+            max_entries: 16,
+            max_key_bytes: 256,
+            max_value_bytes: 1_024,
+        }
+    }
+}
+
+/// Why a call was not answered with statuses.
+#[derive(Debug, Error)]
+pub enum CallError {
+    /// The request is malformed; the message names the field.
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// The store failed and the rules involved fail closed.
+    #[error("rate-limit store unavailable: {0}")]
+    Unavailable(#[source] EngineError),
+}
+
+/// How one request descriptor is handled.
+enum Treatment {
+    /// No rule, replaced, or unlimited: answered without the store.
+    Free { unlimited: bool },
+    Limited {
+        rule: Arc<Rule>,
+        hits: u64,
+        group: Group,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Group {
+    /// Overdraft usage: always debited.
+    Forced,
+    /// The all-or-nothing group.
+    Enforced,
+    Quota,
+    Shadow,
+}
+
+/// Outcome of one descriptor: its own limit and its cascade parent's.
+struct Verdict {
+    own: LimitOutcome,
+    parent: Option<LimitOutcome>,
+}
+
+/// The rate limiter behind the gRPC service: a config snapshot and the engine.
+pub struct RateLimiter<S: BucketStore> {
+    config: ArcSwap<Config>,
+    engine: Arc<Engine<S>>,
+    limits: RequestLimits,
+    global_shadow: bool,
+}
+
+impl<S: BucketStore> RateLimiter<S> {
+    pub fn new(config: Arc<Config>, engine: Arc<Engine<S>>) -> RateLimiter<S> {
+        RateLimiter {
+            config: ArcSwap::new(config),
+            engine,
+            limits: RequestLimits::default(),
+            global_shadow: false,
+        }
+    }
+
+    /// Reports every OVER_LIMIT as OK (evaluated and counted, never enforced).
+    pub fn with_global_shadow(mut self, on: bool) -> Self {
+        self.global_shadow = on;
+        self
+    }
+
+    pub fn with_request_limits(mut self, limits: RequestLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    pub fn engine(&self) -> &Arc<Engine<S>> {
+        &self.engine
+    }
+
+    /// The config snapshot in force.
+    pub fn config(&self) -> Arc<Config> {
+        self.config.load_full()
+    }
+
+    /// Swaps in a new config snapshot; requests in flight finish on the old one.
+    pub fn replace_config(&self, config: Arc<Config>) {
+        self.config.store(config);
+    }
+
+    fn validate(&self, req: &RateLimitRequest) -> Result<(), CallError> {
+        let bad = |m: String| Err(CallError::InvalidArgument(m));
+        if req.domain.is_empty() {
+            return bad("domain must not be empty".into());
+        }
+        if req.descriptors.is_empty() {
+            return bad("descriptors must not be empty".into());
+        }
+        let l = &self.limits;
+        if req.descriptors.len() > l.max_descriptors {
+            return bad(format!(
+                "descriptors: {} exceeds the maximum of {}",
+                req.descriptors.len(),
+                l.max_descriptors
+            ));
+        }
+        for (i, d) in req.descriptors.iter().enumerate() {
+            if d.entries.is_empty() {
+                return bad(format!("descriptors[{i}].entries must not be empty"));
+            }
+            if d.entries.len() > l.max_entries {
+                return bad(format!(
+                    "descriptors[{i}].entries: {} exceeds the maximum of {}",
+                    d.entries.len(),
+                    l.max_entries
+                ));
+            }
+            for (j, e) in d.entries.iter().enumerate() {
+                if e.key.is_empty() {
+                    return bad(format!(
+                        "descriptors[{i}].entries[{j}].key must not be empty"
+                    ));
+                }
+                if e.key.len() > l.max_key_bytes {
+                    return bad(format!(
+                        "descriptors[{i}].entries[{j}].key: {} bytes exceeds the maximum of {}",
+                        e.key.len(),
+                        l.max_key_bytes
+                    ));
+                }
+                if e.value.len() > l.max_value_bytes {
+                    return bad(format!(
+                        "descriptors[{i}].entries[{j}].value: {} bytes exceeds the maximum of {}",
+                        e.value.len(),
+                        l.max_value_bytes
+                    ));
+                }
+            }
+            if let Some(limit) = &d.limit {
+                if Unit::from_proto(limit.unit).is_none() {
+                    return bad(format!(
+                        "descriptors[{i}].limit.unit: unknown unit {}",
+                        limit.unit
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Answers one request.
+    pub async fn should_rate_limit(
+        &self,
+        req: &RateLimitRequest,
+    ) -> Result<RateLimitResponse, CallError> {
+        self.validate(req)?;
+        let config = self.config.load();
+        let Some(domain) = config.domain(&req.domain) else {
+            return Ok(RateLimitResponse {
+                overall_code: Code::Ok as i32,
+                statuses: req
+                    .descriptors
+                    .iter()
+                    .map(|_| ok_status(None, None))
+                    .collect(),
+                ..Default::default()
+            });
+        };
+
+        // Match, then apply `replaces` across the matched rules.
+        let matched: Vec<Option<Arc<Rule>>> = req
+            .descriptors
+            .iter()
+            .map(|d| match &d.limit {
+                Some(o) => Some(Arc::new(override_rule(
+                    &domain.name,
+                    d,
+                    o.requests_per_unit,
+                    o.unit,
+                ))),
+                None => domain.match_descriptor(&d.entries).cloned(),
+            })
+            .collect();
+        let replaced: Vec<&str> = matched
+            .iter()
+            .flatten()
+            .flat_map(|r| r.replaces.iter().map(String::as_str))
+            .collect();
+        let treatments: Vec<Treatment> = req
+            .descriptors
+            .iter()
+            .zip(&matched)
+            .map(|(d, rule)| {
+                let Some(rule) = rule.clone() else {
+                    return Treatment::Free { unlimited: false };
+                };
+                if rule.name.as_deref().is_some_and(|n| replaced.contains(&n)) {
+                    return Treatment::Free { unlimited: false };
+                }
+                let RuleLimit::Limited(limit) = &rule.limit else {
+                    return Treatment::Free { unlimited: true };
+                };
+                let hits = match &d.hits_addend {
+                    Some(h) => h.value,
+                    None if req.hits_addend == 0 => 1,
+                    None => u64::from(req.hits_addend),
+                };
+                let group = if rule.shadow_mode {
+                    Group::Shadow
+                } else if limit.overdraft && hits > 0 {
+                    Group::Forced
+                } else if rule.quota_mode {
+                    Group::Quota
+                } else {
+                    Group::Enforced
+                };
+                Treatment::Limited { rule, hits, group }
+            })
+            .collect();
+
+        let mut verdicts: Vec<Option<Verdict>> = (0..req.descriptors.len()).map(|_| None).collect();
+        let mut over = false;
+
+        // 1. Overdraft usage happened already: always recorded.
+        let forced = self.plan(req, &treatments, |g| g == Group::Forced)?;
+        if !forced.0.is_empty() {
+            let d = self
+                .run(&forced.0, &forced.1, &treatments, true, &mut verdicts)
+                .await?;
+            over |= !d;
+        }
+        // 2. The all-or-nothing group; only looked at when the answer is already no.
+        let enforced = self.plan(req, &treatments, |g| g == Group::Enforced)?;
+        let mut enforced_decision = None;
+        if !enforced.0.is_empty() {
+            if over {
+                self.run(&enforced.0, &enforced.1, &treatments, false, &mut verdicts)
+                    .await?;
+            } else {
+                let decision = self
+                    .decide(&enforced.0, &enforced.1, &treatments, &mut verdicts)
+                    .await?;
+                over |= !decision.admitted;
+                enforced_decision = Some(decision);
+            }
+        }
+        // 3. Quota descriptors: over only if all of them are.
+        let mut quota_seen = 0;
+        let mut quota_over = 0;
+        for (i, t) in treatments.iter().enumerate() {
+            if let Treatment::Limited {
+                group: Group::Quota,
+                ..
+            } = t
+            {
+                quota_seen += 1;
+                let single = self.plan_one(req, &treatments, i)?;
+                if over {
+                    self.run(&single.0, &single.1, &treatments, false, &mut verdicts)
+                        .await?;
+                    quota_over += 1;
+                } else {
+                    let d = self
+                        .decide(&single.0, &single.1, &treatments, &mut verdicts)
+                        .await?;
+                    if !d.admitted {
+                        quota_over += 1;
+                    }
+                }
+            }
+        }
+        if quota_seen > 0 && quota_seen == quota_over && !over {
+            over = true;
+            if let Some(d) = &enforced_decision {
+                self.engine.refund(&enforced.0.acquire, d).await;
+            }
+        }
+        // 4. Shadow rules: evaluated and counted, never enforced; they take tokens only
+        // when the request is admitted.
+        for (i, t) in treatments.iter().enumerate() {
+            if let Treatment::Limited {
+                group: Group::Shadow,
+                ..
+            } = t
+            {
+                let single = self.plan_one(req, &treatments, i)?;
+                if over {
+                    self.run(&single.0, &single.1, &treatments, false, &mut verdicts)
+                        .await?;
+                } else {
+                    self.decide(&single.0, &single.1, &treatments, &mut verdicts)
+                        .await?;
+                }
+            }
+        }
+
+        let statuses: Vec<DescriptorStatus> = treatments
+            .iter()
+            .zip(&verdicts)
+            .map(|(t, v)| match (t, v) {
+                (Treatment::Free { unlimited }, _) => {
+                    ok_status(None, unlimited.then_some(u32::MAX))
+                }
+                (Treatment::Limited { rule, group, .. }, Some(v)) => {
+                    let mut s = status_of(rule, v);
+                    if *group == Group::Shadow || self.global_shadow {
+                        s.code = Code::Ok as i32;
+                    }
+                    s
+                }
+                (Treatment::Limited { rule, .. }, None) => ok_status(Some(rule), None),
+            })
+            .collect();
+        let overall = if over && !self.global_shadow {
+            Code::OverLimit
+        } else {
+            Code::Ok
+        };
+        Ok(RateLimitResponse {
+            overall_code: overall as i32,
+            statuses,
+            ..Default::default()
+        })
+    }
+
+    /// A plan of the descriptors whose group passes `keep`, with each one's slot.
+    fn plan(
+        &self,
+        req: &RateLimitRequest,
+        treatments: &[Treatment],
+        keep: impl Fn(Group) -> bool,
+    ) -> Result<(Plan, Vec<(usize, Slot)>), CallError> {
+        let mut plan = Plan::new();
+        let mut slots = Vec::new();
+        for (i, t) in treatments.iter().enumerate() {
+            if let Treatment::Limited { rule, hits, group } = t {
+                if keep(*group) {
+                    let slot = plan
+                        .add(rule, &req.descriptors[i].entries, *hits)
+                        .map_err(|e| {
+                            CallError::InvalidArgument(format!("descriptors[{i}].hits_addend: {e}"))
+                        })?;
+                    slots.push((i, slot));
+                }
+            }
+        }
+        Ok((plan, slots))
+    }
+
+    fn plan_one(
+        &self,
+        req: &RateLimitRequest,
+        treatments: &[Treatment],
+        index: usize,
+    ) -> Result<(Plan, Vec<(usize, Slot)>), CallError> {
+        let mut plan = Plan::new();
+        let mut slots = Vec::new();
+        if let Treatment::Limited { rule, hits, .. } = &treatments[index] {
+            let slot = plan
+                .add(rule, &req.descriptors[index].entries, *hits)
+                .map_err(|e| {
+                    CallError::InvalidArgument(format!("descriptors[{index}].hits_addend: {e}"))
+                })?;
+            slots.push((index, slot));
+        }
+        Ok((plan, slots))
+    }
+
+    /// Acquires `plan` and records each descriptor's verdict.
+    async fn decide(
+        &self,
+        plan: &Plan,
+        slots: &[(usize, Slot)],
+        treatments: &[Treatment],
+        verdicts: &mut [Option<Verdict>],
+    ) -> Result<Decision, CallError> {
+        match self.engine.acquire(&plan.acquire).await {
+            Ok(decision) => {
+                record(&decision, slots, verdicts);
+                Ok(decision)
+            }
+            Err(e) => self.on_store_failure(e, slots, treatments),
+        }
+    }
+
+    /// Acquires (`write`) or only looks (`!write`); returns whether every claim fit.
+    async fn run(
+        &self,
+        plan: &Plan,
+        slots: &[(usize, Slot)],
+        treatments: &[Treatment],
+        write: bool,
+        verdicts: &mut [Option<Verdict>],
+    ) -> Result<bool, CallError> {
+        let result = if write {
+            self.engine.acquire(&plan.acquire).await
+        } else {
+            self.engine.peek(&plan.acquire).await
+        };
+        match result {
+            Ok(decision) => {
+                record(&decision, slots, verdicts);
+                Ok(slots.iter().all(|(i, _)| {
+                    verdicts[*i]
+                        .as_ref()
+                        .is_none_or(|v| v.own.fits && v.parent.is_none_or(|p| p.fits))
+                }))
+            }
+            Err(e) => self
+                .on_store_failure(e, slots, treatments)
+                .map(|d| d.admitted),
+        }
+    }
+
+    /// A store failure: fail closed if any rule involved says `deny`, else answer OK.
+    fn on_store_failure(
+        &self,
+        e: EngineError,
+        slots: &[(usize, Slot)],
+        treatments: &[Treatment],
+    ) -> Result<Decision, CallError> {
+        let deny = slots.iter().any(|(i, _)| match &treatments[*i] {
+            Treatment::Limited { rule, .. } => rule.failure_mode == FailureMode::Deny,
+            Treatment::Free { .. } => false,
+        });
+        if deny {
+            return Err(CallError::Unavailable(e));
+        }
+        tracing::warn!(error = %e, "store failed; failing open per failure_mode: allow");
+        Ok(Decision {
+            admitted: true,
+            buckets: Vec::new(),
+        })
+    }
+}
+
+/// Copies each slot's outcome out of a decision.
+fn record(decision: &Decision, slots: &[(usize, Slot)], verdicts: &mut [Option<Verdict>]) {
+    if decision.buckets.is_empty() {
+        return; // failed open: no outcome to report
+    }
+    for (i, slot) in slots {
+        let own = decision.buckets[slot.bucket].limits[slot.limit];
+        let parent = slot.parent.map(|(b, l)| decision.buckets[b].limits[l]);
+        verdicts[*i] = Some(Verdict { own, parent });
+    }
+}
+
+fn proto_limit(rule: &Rule) -> Option<ProtoRateLimit> {
+    match &rule.limit {
+        RuleLimit::Limited(l) => Some(ProtoRateLimit {
+            name: rule.name.clone().unwrap_or_default(),
+            requests_per_unit: l.requests_per_unit,
+            unit: l.unit.proto_value(),
+        }),
+        RuleLimit::Unlimited => None,
+    }
+}
+
+fn ok_status(rule: Option<&Rule>, remaining: Option<u32>) -> DescriptorStatus {
+    DescriptorStatus {
+        code: Code::Ok as i32,
+        current_limit: rule.and_then(proto_limit),
+        limit_remaining: remaining.unwrap_or(0),
+        ..Default::default()
+    }
+}
+
+fn duration_ms(ms: i64) -> Duration {
+    let ms = ms.max(0);
+    Duration {
+        seconds: ms / 1_000,
+        nanos: ((ms % 1_000) * 1_000_000) as i32,
+    }
+}
+
+fn remaining_tokens(l: &LimitOutcome) -> u32 {
+    whole_tokens(l.remaining).clamp(0, i64::from(u32::MAX)) as u32
+}
+
+/// The status of one descriptor: the tighter of its own limit and its cascade parent's.
+fn status_of(rule: &Rule, v: &Verdict) -> DescriptorStatus {
+    let parent_rule = rule.cascade_parent.as_deref();
+    // Which limit speaks for the descriptor: one that refused, else the one with less left.
+    let parent_speaks = match (&v.parent, parent_rule) {
+        (Some(p), Some(_)) => {
+            (!p.fits && v.own.fits) || (p.fits == v.own.fits && p.remaining < v.own.remaining)
+        }
+        _ => false,
+    };
+    let (speaker, speaker_rule) = if parent_speaks {
+        (
+            v.parent.as_ref().expect("checked"),
+            parent_rule.expect("checked"),
+        )
+    } else {
+        (&v.own, rule)
+    };
+    let fits = v.own.fits && v.parent.is_none_or(|p| p.fits);
+    let duration = if fits {
+        let full = |l: &LimitOutcome| bucket::time_to_full(l.remaining, l.share);
+        full(&v.own).max(v.parent.as_ref().map_or(0, full))
+    } else {
+        let wait = |l: &LimitOutcome| if l.fits { 0 } else { l.wait_ms.unwrap_or(0) };
+        wait(&v.own).max(v.parent.as_ref().map_or(0, wait))
+    };
+    DescriptorStatus {
+        code: if fits { Code::Ok } else { Code::OverLimit } as i32,
+        current_limit: proto_limit(speaker_rule),
+        limit_remaining: remaining_tokens(speaker),
+        duration_until_reset: Some(duration_ms(duration)),
+        ..Default::default()
+    }
+}
+
+/// The rule for a descriptor that carries its own limit: it applies regardless of the
+/// tree, keyed by all of the descriptor's entries.
+fn override_rule(domain: &Arc<str>, d: &RateLimitDescriptor, rpu: u32, unit: i32) -> Rule {
+    let levels: Vec<Level> = d
+        .entries
+        .iter()
+        .map(|e| Level {
+            key: e.key.clone(),
+            value: Some(e.value.clone()),
+            share_threshold: false,
+        })
+        .collect();
+    let stats_key = std::iter::once(domain.to_string())
+        .chain(d.entries.iter().map(|e| format!("{}_{}", e.key, e.value)))
+        .collect::<Vec<_>>()
+        .join(".");
+    Rule {
+        domain: domain.clone(),
+        levels,
+        limit: RuleLimit::Limited(RateLimit {
+            unit: Unit::from_proto(unit).unwrap_or(Unit::Second),
+            requests_per_unit: rpu,
+            burst: None,
+            overdraft: false,
+        }),
+        name: Some("override".into()),
+        replaces: Vec::new(),
+        shadow_mode: false,
+        quota_mode: false,
+        detailed_metric: false,
+        value_to_metric: false,
+        metadata: None,
+        entity: None,
+        resource: domain.to_string(),
+        cascade_parent: None,
+        failure_mode: FailureMode::default(),
+        stats_key,
+        source: Arc::from("request limit override"),
+    }
+}

@@ -1,0 +1,85 @@
+//! The gRPC surface: Envoy's `RateLimitService`, `grpc.health.v1` health and gRPC
+//! reflection, served by tonic on one listener.
+//!
+//! It translates between tonic and [`RateLimiter`]; it decides nothing itself.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
+    RateLimitService, RateLimitServiceServer,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::{Request, Response, Status};
+use tonic_health::ServingStatus;
+
+use super::decision::{CallError, RateLimiter};
+use crate::store::BucketStore;
+
+/// Service names the health service reports on: the overall server and the rate-limit
+/// service under its short and full names.
+pub const HEALTH_SERVICES: [&str; 2] = ["ratelimit", "envoy.service.ratelimit.v3.RateLimitService"];
+
+/// File descriptors of the rate-limit API, for reflection (generated from Envoy's protos
+/// by `scripts/gen_descriptor.py`).
+const RLS_DESCRIPTOR_SET: &[u8] = include_bytes!("rls_descriptor.bin");
+
+/// The tonic service around a [`RateLimiter`].
+pub struct Grpc<S: BucketStore> {
+    limiter: Arc<RateLimiter<S>>,
+}
+
+impl<S: BucketStore> Grpc<S> {
+    pub fn new(limiter: Arc<RateLimiter<S>>) -> Grpc<S> {
+        Grpc { limiter }
+    }
+}
+
+#[tonic::async_trait]
+impl<S: BucketStore> RateLimitService for Grpc<S> {
+    async fn should_rate_limit(
+        &self,
+        request: Request<RateLimitRequest>,
+    ) -> Result<Response<RateLimitResponse>, Status> {
+        match self.limiter.should_rate_limit(request.get_ref()).await {
+            Ok(resp) => Ok(Response::new(resp)),
+            Err(CallError::InvalidArgument(m)) => Err(Status::invalid_argument(m)),
+            Err(e @ CallError::Unavailable(_)) => Err(Status::unavailable(e.to_string())),
+        }
+    }
+}
+
+/// Serves gRPC on `listener` until `shutdown` resolves.
+pub async fn serve<S: BucketStore>(
+    limiter: Arc<RateLimiter<S>>,
+    listener: TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> Result<(), tonic::transport::Error> {
+    let (reporter, health) = tonic_health::server::health_reporter();
+    reporter
+        .set_service_status("", ServingStatus::Serving)
+        .await;
+    for name in HEALTH_SERVICES {
+        reporter
+            .set_service_status(name, ServingStatus::Serving)
+            .await;
+    }
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(RLS_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .expect("the embedded descriptor sets are valid");
+    tonic::transport::Server::builder()
+        .add_service(health)
+        .add_service(reflection)
+        .add_service(RateLimitServiceServer::new(Grpc::new(limiter)))
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .await
+}
+
+/// Binds `addr`; a port of 0 picks a free one (see the returned listener's address).
+pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    TcpListener::bind(addr).await
+}
