@@ -1,0 +1,752 @@
+//! The reference engine's behavioural scenarios (engine-reference.md §11), ported with the
+//! same numbers: S06–S08, S10, S12, S19–S29, S31–S35 (S01–S05 are unit tests of
+//! `engine::bucket`). Our profile has no config or META reads, so the call sequences are
+//! shorter; the item states and outcomes are the reference's.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{Call, Recorder};
+use shardgate::engine::{
+    Acquire, BucketClaim, Decision, Engine, EngineOptions, EngineStats, LimitClaim, LimitParams,
+    ManualClock, ScriptedDraw,
+};
+use shardgate::store::{BucketItem, BucketKey, BucketStore, BumpOutcome, LimitState, WCU_LIMIT};
+
+const T0: i64 = 1_800_000_000_000;
+
+struct Rig {
+    engine: Engine<Recorder>,
+    store: Arc<Recorder>,
+    clock: Arc<ManualClock>,
+    draw: Arc<ScriptedDraw>,
+}
+
+fn rig_with(options: EngineOptions) -> Rig {
+    let store = Recorder::new();
+    let clock = Arc::new(ManualClock::new(T0));
+    let draw = Arc::new(ScriptedDraw::default());
+    let engine = Engine::with_parts(store.clone(), options, clock.clone(), draw.clone());
+    Rig {
+        engine,
+        store,
+        clock,
+        draw,
+    }
+}
+
+/// DynamoDB's budget (1000 writes/s per shard), rejection cache off (as §11 assumes).
+fn rig() -> Rig {
+    rig_with(EngineOptions {
+        rejection_cache_ms: 0,
+        ..EngineOptions::default()
+    })
+}
+
+fn per_minute(name: &str, rate: u64, burst: Option<u64>, amount: i64) -> LimitClaim {
+    LimitClaim {
+        limit: name.into(),
+        params: LimitParams::new(burst.unwrap_or(rate), rate, 60_000),
+        amount: amount * 1_000,
+        forced: false,
+    }
+}
+
+fn bucket(entity: &str, resource: &str, limits: Vec<LimitClaim>) -> BucketClaim {
+    BucketClaim {
+        entity: entity.into(),
+        resource: resource.into(),
+        limits,
+        cascades: false,
+    }
+}
+
+fn one(b: BucketClaim) -> Acquire {
+    Acquire { buckets: vec![b] }
+}
+
+fn rpm(n: u64, amount: i64) -> Acquire {
+    one(bucket(
+        "u1",
+        "api",
+        vec![per_minute("rpm", n, None, amount)],
+    ))
+}
+
+fn item(rig: &Rig, entity: &str, resource: &str, shard: u32) -> BucketItem {
+    rig.store
+        .inner
+        .get(&BucketKey::new(entity, resource, shard))
+        .unwrap_or_else(|| panic!("no item {entity}/{resource}#{shard}"))
+}
+
+fn tk(rig: &Rig, shard: u32, limit: &str) -> i64 {
+    item(rig, "u1", "api", shard).limits[limit].tk
+}
+
+/// Puts a shard of `u1/api` holding `tk` of an `rpm` limit of `rate`/min.
+fn put_rpm_shard(rig: &Rig, shard: u32, count: u32, rate: u64, tk: i64) {
+    let p = LimitParams::new(rate, rate, 60_000);
+    let wcu = LimitParams::new(1_000, 1_000, 1_000);
+    let mut limits = std::collections::BTreeMap::new();
+    limits.insert("rpm".to_string(), LimitState::new(p, tk, 0));
+    limits.insert(WCU_LIMIT.to_string(), LimitState::new(wcu, wcu.cp, 0));
+    rig.store.inner.put(
+        BucketKey::new("u1", "api", shard),
+        BucketItem {
+            rf: T0,
+            shard_count: count,
+            ttl: Some(T0 / 1_000 + 3_600),
+            limits,
+        },
+    );
+}
+
+async fn acquire(rig: &Rig, req: &Acquire) -> Decision {
+    rig.engine
+        .acquire(req)
+        .await
+        .expect("store never fails here")
+}
+
+fn debits(calls: &[Call]) -> usize {
+    calls
+        .iter()
+        .filter(|c| matches!(c, Call::Debit { .. }))
+        .count()
+}
+
+// ---------------------------------------------------------------- B. single shard
+
+/// S06 ten per minute.
+#[tokio::test]
+async fn s06_ten_per_minute() {
+    let rig = rig();
+    for i in 1..=10 {
+        assert!(acquire(&rig, &rpm(10, 1)).await.admitted, "request {i}");
+    }
+    let d = acquire(&rig, &rpm(10, 1)).await;
+    assert!(!d.admitted);
+    let l = d.buckets[0].limits[0];
+    assert_eq!(l.wait_ms, Some(6_001));
+    assert_eq!(l.remaining / 1_000, 0);
+    assert_eq!(l.share.ceiling, 10_000);
+    let it = item(&rig, "u1", "api", 0);
+    assert_eq!(it.limits["rpm"].tk, 0);
+    assert_eq!(it.limits["rpm"].tc, 10_000);
+    // The creating slow path does not debit `wcu`; nine fast-path writes did.
+    assert_eq!(it.limits[WCU_LIMIT].tk, 991_000);
+    assert_eq!(it.limits[WCU_LIMIT].tc, 9_000);
+    assert_eq!(
+        (it.rf, it.shard_count, it.ttl),
+        (T0, 1, Some(1_800_000_420))
+    );
+}
+
+/// S07 local rejection: with the 1 s rejection cache, the 11th and 12th requests are
+/// refused without a store call, and requests 2–10 are one debit each.
+#[tokio::test]
+async fn s07_rejection_cache_answers_repeat_refusals_without_a_call() {
+    let rig = rig_with(EngineOptions::default());
+    assert!(acquire(&rig, &rpm(10, 1)).await.admitted);
+    rig.store.clear();
+    for _ in 2..=10 {
+        assert!(acquire(&rig, &rpm(10, 1)).await.admitted);
+    }
+    let calls = rig.store.calls();
+    assert_eq!(calls.len(), 9);
+    assert!(calls
+        .iter()
+        .all(|c| matches!(c, Call::Debit { applied: true, .. })));
+    rig.store.clear();
+    assert!(!acquire(&rig, &rpm(10, 1)).await.admitted);
+    assert!(!acquire(&rig, &rpm(10, 1)).await.admitted);
+    assert!(rig.store.calls().is_empty(), "{:?}", rig.store.calls());
+    assert_eq!(
+        EngineStats::get(&rig.engine.stats().rejection_cache_hits),
+        2
+    );
+}
+
+/// S08 recovery without an aggregator: the slow path refills and drops the remainder.
+#[tokio::test]
+async fn s08_recovery_by_the_slow_path() {
+    let rig = rig();
+    for _ in 0..11 {
+        acquire(&rig, &rpm(10, 1)).await;
+    }
+    rig.clock.set(T0 + 6_001);
+    rig.store.clear();
+    assert!(acquire(&rig, &rpm(10, 1)).await.admitted);
+    let calls = rig.store.calls();
+    assert!(matches!(calls[0], Call::Debit { applied: false, .. }));
+    assert_eq!(calls[1], Call::Read { shards: vec![0] });
+    assert_eq!(
+        calls[2],
+        Call::Commit {
+            kinds: vec!["update"],
+            committed: true
+        }
+    );
+    let it = item(&rig, "u1", "api", 0);
+    assert_eq!(it.limits["rpm"].tk, 0);
+    assert_eq!(it.limits["rpm"].tc, 11_000);
+    assert_eq!(it.rf, T0 + 6_001);
+    assert_eq!(it.limits[WCU_LIMIT].tk, 1_000_000);
+    assert_eq!(it.ttl, Some(1_800_000_426));
+}
+
+/// S10 burst and TTL: the item TTL is 7 × the longest time-to-full.
+#[tokio::test]
+async fn s10_burst_and_ttl() {
+    let rig = rig();
+    let req = one(bucket(
+        "u1",
+        "api",
+        vec![
+            per_minute("rpm", 100, None, 1),
+            per_minute("tpm", 10_000, Some(15_000), 10),
+        ],
+    ));
+    assert!(acquire(&rig, &req).await.admitted);
+    let it = item(&rig, "u1", "api", 0);
+    let tpm = it.limits["tpm"];
+    assert_eq!(
+        (tpm.cp, tpm.ra, tpm.rp, tpm.tk),
+        (15_000_000, 10_000_000, 60_000, 14_990_000)
+    );
+    assert_eq!(it.limits["rpm"].tk, 99_000);
+    assert_eq!(it.ttl, Some(1_800_000_000 + 630));
+}
+
+/// S12 multi-limit is all-or-nothing: one limit short refuses the whole item.
+#[tokio::test]
+async fn s12_composite_item_is_all_or_nothing() {
+    let rig = rig();
+    let req = |r, t| {
+        one(bucket(
+            "u1",
+            "api",
+            vec![
+                per_minute("rpm", 100, None, r),
+                per_minute("tpm", 1_000, None, t),
+            ],
+        ))
+    };
+    assert!(acquire(&rig, &req(1, 900)).await.admitted);
+    rig.store.clear();
+    let d = acquire(&rig, &req(1, 200)).await;
+    assert!(!d.admitted);
+    assert_eq!(rig.store.calls().len(), 1, "one failed debit, no read");
+    let [r, t] = [d.buckets[0].limits[0], d.buckets[0].limits[1]];
+    assert!(r.fits && !t.fits);
+    assert_eq!((r.remaining / 1_000, t.remaining / 1_000), (99, 100));
+    assert_eq!(t.wait_ms, Some(6_001));
+    assert_eq!(tk(&rig, 0, "rpm"), 99_000);
+    assert_eq!(tk(&rig, 0, "tpm"), 100_000);
+}
+
+// ---------------------------------------------------------------- D. sharding
+
+/// Creates `u1/api` at T0 and spends all 1000 `wcu` tokens of shard 0 (S19's setup).
+async fn exhaust_wcu(rig: &Rig) -> Acquire {
+    let req = rpm(100_000, 1);
+    for _ in 0..1_001 {
+        assert!(acquire(rig, &req).await.admitted);
+    }
+    assert_eq!(tk(rig, 0, WCU_LIMIT), 0);
+    req
+}
+
+/// S19 wcu-driven doubling: bump 1→2 on shard 0, lazy creation of shard 1 at half.
+#[tokio::test]
+async fn s19_wcu_exhaustion_doubles_and_creates_the_drawn_shard() {
+    let rig = rig();
+    let req = exhaust_wcu(&rig).await;
+    rig.store.clear();
+    assert!(acquire(&rig, &req).await.admitted);
+    assert_eq!(
+        rig.store.calls(),
+        vec![
+            Call::Debit {
+                shard: 0,
+                retry_only: false,
+                applied: false,
+                missing: false
+            },
+            Call::Bump {
+                old: 1,
+                new: 2,
+                outcome: BumpOutcome::Won
+            },
+            Call::Read { shards: vec![1] },
+            Call::Commit {
+                kinds: vec!["create"],
+                committed: true
+            },
+        ]
+    );
+    let s1 = item(&rig, "u1", "api", 1);
+    assert_eq!(s1.limits["rpm"].tk, 50_000_000 - 1_000);
+    assert_eq!(s1.shard_count, 2);
+    assert_eq!(s1.limits[WCU_LIMIT].tk, 1_000_000);
+    let s0 = item(&rig, "u1", "api", 0);
+    assert_eq!(s0.shard_count, 2);
+    assert_eq!(s0.limits["rpm"].tk, 98_999_000, "a bump touches no balance");
+    assert_eq!(rig.engine.known_shard_count("u1", "api"), 2);
+}
+
+/// S20 an exhausted `wcu` that a refill cures does not double.
+#[tokio::test]
+async fn s20_wcu_projection_prevents_a_spurious_doubling() {
+    let rig = rig();
+    let req = exhaust_wcu(&rig).await;
+    acquire(&rig, &req).await; // S19
+    rig.clock.advance(1);
+    rig.draw.push(0);
+    rig.store.clear();
+    assert!(acquire(&rig, &req).await.admitted);
+    let calls = rig.store.calls();
+    assert!(
+        !calls.iter().any(|c| matches!(c, Call::Bump { .. })),
+        "{calls:?}"
+    );
+    assert_eq!(
+        calls.last(),
+        Some(&Call::Commit {
+            kinds: vec!["update"],
+            committed: true
+        })
+    );
+    let s0 = item(&rig, "u1", "api", 0);
+    assert_eq!(s0.limits[WCU_LIMIT].tk, 1_000, "1 ms of refill");
+    assert_eq!(
+        s0.limits["rpm"].tk, 49_999_000,
+        "clamped to the new share, then debited"
+    );
+    assert_eq!(s0.rf, T0 + 1);
+}
+
+/// S21 the shard count stops at 32: no bump is written.
+#[tokio::test]
+async fn s21_no_doubling_beyond_32_shards() {
+    let rig = rig();
+    put_rpm_shard(&rig, 0, 32, 100_000, 100_000_000);
+    let mut it = item(&rig, "u1", "api", 0);
+    it.limits.get_mut(WCU_LIMIT).unwrap().tk = 0;
+    rig.store.inner.put(BucketKey::new("u1", "api", 0), it);
+    rig.engine.learn_shard_count("u1", "api", 32);
+    rig.draw.push(0);
+    assert!(acquire(&rig, &rpm(100_000, 1)).await.admitted);
+    assert!(!rig
+        .store
+        .calls()
+        .iter()
+        .any(|c| matches!(c, Call::Bump { .. })));
+    assert_eq!(
+        EngineStats::get(&rig.engine.stats().doubling_refused_at_max),
+        1
+    );
+    assert_eq!(item(&rig, "u1", "api", 0).shard_count, 32);
+}
+
+/// S22 bump loser: another server doubled first; we adopt its count, propagate nothing.
+#[tokio::test]
+async fn s22_bump_loser_adopts_the_winners_count() {
+    let rig = rig();
+    let req = exhaust_wcu(&rig).await;
+    rig.store.before_bump(|s| {
+        let mut it = s.get(&BucketKey::new("u1", "api", 0)).unwrap();
+        it.shard_count = 2;
+        s.put(BucketKey::new("u1", "api", 0), it);
+    });
+    rig.store.clear();
+    assert!(acquire(&rig, &req).await.admitted);
+    let calls = rig.store.calls();
+    assert!(calls.contains(&Call::Bump {
+        old: 1,
+        new: 2,
+        outcome: BumpOutcome::Lost(2)
+    }));
+    assert!(!calls.iter().any(|c| matches!(c, Call::Raise { .. })));
+    assert_eq!(rig.engine.known_shard_count("u1", "api"), 2);
+}
+
+/// S23 the bump winner propagates to existing shards and creates none itself.
+#[tokio::test]
+async fn s23_bump_winner_propagates_to_existing_shards() {
+    let rig = rig();
+    put_rpm_shard(&rig, 0, 2, 100_000, 50_000_000);
+    put_rpm_shard(&rig, 1, 2, 100_000, 50_000_000);
+    let mut it = item(&rig, "u1", "api", 0);
+    it.limits.get_mut(WCU_LIMIT).unwrap().tk = 0;
+    rig.store.inner.put(BucketKey::new("u1", "api", 0), it);
+    rig.engine.learn_shard_count("u1", "api", 2);
+    rig.draw.push(0);
+    assert!(acquire(&rig, &rpm(100_000, 1)).await.admitted);
+    let calls = rig.store.calls();
+    assert!(calls.contains(&Call::Bump {
+        old: 2,
+        new: 4,
+        outcome: BumpOutcome::Won
+    }));
+    assert!(calls.contains(&Call::Raise {
+        shard: 1,
+        wrote: true
+    }));
+    assert_eq!(item(&rig, "u1", "api", 1).shard_count, 4);
+    // The request itself went to one brand-new shard (2 here), created at a quarter.
+    assert_eq!(tk(&rig, 2, "rpm"), 25_000_000 - 1_000);
+    assert!(rig
+        .store
+        .inner
+        .get(&BucketKey::new("u1", "api", 3))
+        .is_none());
+}
+
+/// S24 an exhausted shard retries another: two debits, no read.
+#[tokio::test]
+async fn s24_retry_on_another_shard() {
+    let rig = rig();
+    put_rpm_shard(&rig, 0, 2, 100, 0);
+    put_rpm_shard(&rig, 1, 2, 100, 50_000);
+    rig.engine.learn_shard_count("u1", "api", 2);
+    rig.draw.push(0);
+    assert!(acquire(&rig, &rpm(100, 1)).await.admitted);
+    let calls = rig.store.calls();
+    assert_eq!(calls.len(), 2, "{calls:?}");
+    assert!(matches!(
+        calls[0],
+        Call::Debit {
+            shard: 0,
+            applied: false,
+            ..
+        }
+    ));
+    assert!(matches!(
+        calls[1],
+        Call::Debit {
+            shard: 1,
+            applied: true,
+            ..
+        }
+    ));
+    assert_eq!(tk(&rig, 1, "rpm"), 49_000);
+}
+
+/// S25 retries are capped at two; the refusal quotes the shard's share.
+#[tokio::test]
+async fn s25_retries_capped_at_two() {
+    let rig = rig();
+    for s in 0..4 {
+        put_rpm_shard(&rig, s, 4, 100, 0);
+    }
+    rig.engine.learn_shard_count("u1", "api", 4);
+    let d = acquire(&rig, &rpm(100, 1)).await;
+    assert!(!d.admitted);
+    let calls = rig.store.calls();
+    assert_eq!(calls.len(), 3, "{calls:?}");
+    assert!(calls
+        .iter()
+        .all(|c| matches!(c, Call::Debit { applied: false, .. })));
+    let l = d.buckets[0].limits[0];
+    assert_eq!(l.wait_ms, Some(2_401));
+    assert_eq!((l.share.ceiling, l.share.ra), (25_000, 25_000));
+    assert_eq!(l.remaining, 0);
+}
+
+/// S26 a retry that finds a missing shard creates it there.
+#[tokio::test]
+async fn s26_retry_that_finds_a_missing_shard_creates_it() {
+    let rig = rig();
+    put_rpm_shard(&rig, 0, 4, 100, 0);
+    rig.engine.learn_shard_count("u1", "api", 4);
+    rig.draw.push(0);
+    rig.draw.push(3);
+    assert!(acquire(&rig, &rpm(100, 1)).await.admitted);
+    assert_eq!(
+        rig.store.calls(),
+        vec![
+            Call::Debit {
+                shard: 0,
+                retry_only: false,
+                applied: false,
+                missing: false
+            },
+            Call::Debit {
+                shard: 3,
+                retry_only: false,
+                applied: false,
+                missing: true
+            },
+            Call::Read { shards: vec![3] },
+            Call::Commit {
+                kinds: vec!["create"],
+                committed: true
+            },
+        ]
+    );
+    let s3 = item(&rig, "u1", "api", 3);
+    assert_eq!((s3.limits["rpm"].tk, s3.shard_count), (24_000, 4));
+}
+
+/// S27 the per-shard request ceiling: a request above one shard's share never fits.
+#[tokio::test]
+async fn s27_per_shard_request_ceiling() {
+    let rig = rig();
+    for s in 0..4 {
+        put_rpm_shard(&rig, s, 4, 10, 2_500);
+    }
+    rig.engine.learn_shard_count("u1", "api", 4);
+    let d = acquire(&rig, &rpm(10, 3)).await;
+    assert!(!d.admitted);
+    assert_eq!(debits(&rig.store.calls()), 3);
+    let l = d.buckets[0].limits[0];
+    assert_eq!(l.remaining / 1_000, 2);
+    assert_eq!(l.share.ceiling, 2_500);
+    // The reference quotes a retry-after that can never pay off; we say "never".
+    assert_eq!(l.wait_ms, None);
+    assert!(EngineStats::get(&rig.engine.stats().per_shard_ceiling_rejections) >= 1);
+    for s in 0..4 {
+        assert_eq!(tk(&rig, s, "rpm"), 2_500);
+    }
+}
+
+/// S28 the doubling transient: at most 1.5 × capacity, exactly 1 + 99 + 50 here.
+#[tokio::test]
+async fn s28_doubling_transient_is_one_and_a_half_capacity() {
+    let rig = rig_with(EngineOptions {
+        rejection_cache_ms: 0,
+        ..EngineOptions::default()
+    });
+    // Random draws, as in production.
+    let engine = Engine::with_parts(
+        rig.store.clone(),
+        EngineOptions {
+            rejection_cache_ms: 0,
+            ..EngineOptions::default()
+        },
+        rig.clock.clone(),
+        Arc::new(shardgate::engine::RandomDraw),
+    );
+    let req = rpm(100, 1);
+    assert!(engine.acquire(&req).await.unwrap().admitted);
+    // Another server doubles the bucket.
+    assert_eq!(
+        rig.store
+            .inner
+            .bump_shard_count("u1", "api", 1, 2)
+            .await
+            .unwrap(),
+        BumpOutcome::Won
+    );
+    let mut admitted = 1;
+    let mut refusals_in_a_row = 0;
+    for _ in 0..1_000 {
+        if engine.acquire(&req).await.unwrap().admitted {
+            admitted += 1;
+            refusals_in_a_row = 0;
+        } else {
+            refusals_in_a_row += 1;
+            if refusals_in_a_row == 20 {
+                break;
+            }
+        }
+    }
+    assert_eq!(admitted, 150);
+}
+
+/// S29 a lost create race becomes a consumption-only debit of the winner's item.
+#[tokio::test]
+async fn s29_lost_create_race_debits_the_winners_item() {
+    for (winner_tk, admitted) in [(50_000, true), (1_000, false)] {
+        let rig = rig();
+        put_rpm_shard(&rig, 0, 2, 100, 50_000);
+        rig.engine.learn_shard_count("u1", "api", 2);
+        rig.draw.push(1);
+        rig.store.before_commit(move |s| {
+            let p = LimitParams::new(100, 100, 60_000);
+            let wcu = LimitParams::new(1_000, 1_000, 1_000);
+            let mut limits = std::collections::BTreeMap::new();
+            limits.insert("rpm".to_string(), LimitState::new(p, winner_tk, 0));
+            limits.insert(WCU_LIMIT.to_string(), LimitState::new(wcu, wcu.cp, 0));
+            s.put(
+                BucketKey::new("u1", "api", 1),
+                BucketItem {
+                    rf: T0,
+                    shard_count: 2,
+                    ttl: None,
+                    limits,
+                },
+            );
+        });
+        let d = acquire(&rig, &rpm(100, 2)).await;
+        assert_eq!(d.admitted, admitted, "winner held {winner_tk}");
+        let calls = rig.store.calls();
+        assert!(calls.contains(&Call::Commit {
+            kinds: vec!["create"],
+            committed: false
+        }));
+        assert!(calls.contains(&Call::Commit {
+            kinds: vec!["debit"],
+            committed: admitted
+        }));
+        let s1 = item(&rig, "u1", "api", 1);
+        if admitted {
+            assert_eq!((s1.limits["rpm"].tk, s1.limits["rpm"].tc), (48_000, 2_000));
+        } else {
+            assert_eq!(s1.limits["rpm"].tk, 1_000, "a refused retry writes nothing");
+        }
+    }
+}
+
+/// S31 the shard count is learnt and never unlearnt.
+#[tokio::test]
+async fn s31_shard_count_never_shrinks() {
+    let rig = rig();
+    put_rpm_shard(&rig, 0, 2, 100, 50_000);
+    rig.engine.learn_shard_count("u1", "api", 4);
+    rig.draw.push(0);
+    assert!(acquire(&rig, &rpm(100, 1)).await.admitted);
+    assert_eq!(rig.engine.known_shard_count("u1", "api"), 4);
+}
+
+// ---------------------------------------------------------------- E. cascade
+
+fn cascade(child_rate: u64, parent_rate: u64) -> Acquire {
+    let mut child = bucket("key1", "api", vec![per_minute("rpm", child_rate, None, 1)]);
+    child.cascades = true;
+    Acquire {
+        buckets: vec![
+            child,
+            bucket("org", "api", vec![per_minute("rpm", parent_rate, None, 1)]),
+        ],
+    }
+}
+
+/// S32 cascade: one commit creates both; then parallel debits; the parent's exhaustion
+/// refunds the child and refuses.
+#[tokio::test]
+async fn s32_cascade_hot_path_and_parent_exhaustion() {
+    let rig = rig();
+    let req = cascade(10, 3);
+    assert!(acquire(&rig, &req).await.admitted);
+    assert!(rig.store.calls().contains(&Call::Commit {
+        kinds: vec!["create", "create"],
+        committed: true
+    }));
+    for _ in 0..2 {
+        rig.store.clear();
+        assert!(acquire(&rig, &req).await.admitted);
+        assert_eq!(rig.store.calls().len(), 2, "two debits, nothing else");
+    }
+    rig.store.clear();
+    let d = acquire(&rig, &req).await;
+    assert!(!d.admitted);
+    let calls = rig.store.calls();
+    assert_eq!(debits(&calls), 2);
+    assert!(
+        calls.contains(&Call::Credit { shard: 0 }),
+        "child refunded: {calls:?}"
+    );
+    let (child, parent) = (d.buckets[0].limits[0], d.buckets[1].limits[0]);
+    assert!(child.fits && !parent.fits);
+    assert_eq!(parent.remaining, 0);
+    assert_eq!(parent.wait_ms, Some(20_001));
+    assert_eq!(item(&rig, "key1", "api", 0).limits["rpm"].tk, 7_000);
+    assert_eq!(item(&rig, "org", "api", 0).limits["rpm"].tk, 0);
+}
+
+/// S33 the parent alone takes the slow path; the child keeps its debit.
+#[tokio::test]
+async fn s33_parent_only_slow_path() {
+    let rig = rig();
+    let req = cascade(10, 2);
+    assert!(acquire(&rig, &req).await.admitted);
+    assert!(acquire(&rig, &req).await.admitted);
+    assert_eq!(item(&rig, "org", "api", 0).limits["rpm"].tk, 0);
+    rig.clock.set(T0 + 30_000);
+    rig.store.clear();
+    assert!(acquire(&rig, &req).await.admitted);
+    let calls = rig.store.calls();
+    assert_eq!(debits(&calls), 2);
+    assert!(calls.contains(&Call::Read { shards: vec![0] }));
+    assert!(calls.contains(&Call::Commit {
+        kinds: vec!["update"],
+        committed: true
+    }));
+    let org = item(&rig, "org", "api", 0);
+    assert_eq!((org.limits["rpm"].tk, org.rf), (0, T0 + 30_000));
+    assert_eq!(item(&rig, "key1", "api", 0).limits["rpm"].tk, 7_000);
+}
+
+/// S34 our plans know the parent from config, so even a fresh process debits child and
+/// parent in one round (the reference's cold cache took two).
+#[tokio::test]
+async fn s34_fresh_process_debits_child_and_parent_together() {
+    let rig = rig();
+    let req = cascade(10, 3);
+    assert!(acquire(&rig, &req).await.admitted);
+    let fresh = Engine::with_parts(
+        rig.store.clone(),
+        EngineOptions {
+            rejection_cache_ms: 0,
+            ..EngineOptions::default()
+        },
+        rig.clock.clone(),
+        rig.draw.clone(),
+    );
+    rig.store.clear();
+    assert!(fresh.acquire(&req).await.unwrap().admitted);
+    let calls = rig.store.calls();
+    assert_eq!(calls.len(), 2);
+    assert!(calls
+        .iter()
+        .all(|c| matches!(c, Call::Debit { applied: true, .. })));
+}
+
+/// S35 a cascading child never takes the child-only shard retry: slow path on another
+/// shard instead.
+#[tokio::test]
+async fn s35_cascading_child_takes_the_slow_path_not_a_retry() {
+    let rig = rig();
+    // key1 has two shards of 10/min (5 each): shard 0 drained at T0, shard 1 full.
+    for (s, tk) in [(0, 0), (1, 5_000)] {
+        let p = LimitParams::new(10, 10, 60_000);
+        let wcu = LimitParams::new(1_000, 1_000, 1_000);
+        let mut limits = std::collections::BTreeMap::new();
+        limits.insert("rpm".to_string(), LimitState::new(p, tk, 0));
+        limits.insert(WCU_LIMIT.to_string(), LimitState::new(wcu, wcu.cp, 0));
+        rig.store.inner.put(
+            BucketKey::new("key1", "api", s),
+            BucketItem {
+                rf: T0,
+                shard_count: 2,
+                ttl: None,
+                limits,
+            },
+        );
+    }
+    rig.engine.learn_shard_count("key1", "api", 2);
+    // 12 s refill one token on a shard holding half of 10/min: a refill would help.
+    rig.clock.set(T0 + 12_000);
+    rig.draw.push(0);
+    let d = acquire(&rig, &cascade(10, 100)).await;
+    assert!(d.admitted);
+    assert_eq!(EngineStats::get(&rig.engine.stats().shard_retries), 0);
+    // The parent has no item yet: child (on the untried shard 1) and parent are read
+    // together and committed in one transaction, as in the reference.
+    let calls = rig.store.calls();
+    assert!(
+        calls.contains(&Call::Read { shards: vec![1, 0] }),
+        "{calls:?}"
+    );
+    assert!(calls.contains(&Call::Commit {
+        kinds: vec!["update", "create"],
+        committed: true
+    }));
+    assert_eq!(d.buckets[0].shard, 1);
+    assert!(item(&rig, "key1", "api", 1).limits["rpm"].tc > 0);
+    assert_eq!(item(&rig, "org", "api", 0).limits["rpm"].tc, 1_000);
+}
