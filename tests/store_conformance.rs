@@ -1,0 +1,410 @@
+//! The store contract, as one list of cases run against every store (the memory store
+//! here; DynamoDB joins through the same macro). A store passes only if it evaluates
+//! exactly the conditions `src/store/mod.rs` documents.
+
+use std::collections::BTreeMap;
+
+use shardgate::engine::LimitParams;
+use shardgate::store::{
+    BucketItem, BucketKey, BucketStore, BumpOutcome, CommitOutcome, Credit, Debit, DebitMode,
+    DebitOutcome, LimitState, LimitWrite, Write, WCU_LIMIT,
+};
+
+const NOW_S: i64 = 1_800_000_000;
+
+fn rpm() -> LimitParams {
+    LimitParams::new(10, 10, 60_000)
+}
+
+fn wcu() -> LimitParams {
+    LimitParams::new(1_000, 1_000, 1_000)
+}
+
+fn key(shard: u32) -> BucketKey {
+    BucketKey::new("tenant=acme", "api", shard)
+}
+
+fn item(tk: i64, wcu_tk: i64) -> BucketItem {
+    let mut limits = BTreeMap::new();
+    limits.insert("rpm".to_string(), LimitState::new(rpm(), tk, 0));
+    limits.insert(WCU_LIMIT.to_string(), LimitState::new(wcu(), wcu_tk, 0));
+    BucketItem {
+        rf: NOW_S * 1_000,
+        shard_count: 1,
+        ttl: Some(NOW_S + 420),
+        limits,
+    }
+}
+
+fn debit(amount: i64) -> Vec<Debit> {
+    vec![Debit {
+        limit: "rpm".into(),
+        amount,
+        gated: true,
+        params: Some(rpm()),
+    }]
+}
+
+const FAST: DebitMode = DebitMode::Fast { now_s: NOW_S };
+
+async fn create<S: BucketStore>(s: &S, k: BucketKey, it: BucketItem) {
+    let out = s
+        .commit(&[Write::Create { key: k, item: it }])
+        .await
+        .unwrap();
+    assert!(matches!(out, CommitOutcome::Committed(_)));
+}
+
+pub async fn fast_debit_applies_and_takes_one_wcu<S: BucketStore>(s: S) {
+    create(&s, key(0), item(5_000, 1_000_000)).await;
+    let DebitOutcome::Applied(after) = s.debit(&key(0), &debit(1_000), FAST).await.unwrap() else {
+        panic!("should apply");
+    };
+    assert_eq!(after.limits["rpm"].tk, 4_000);
+    assert_eq!(after.limits["rpm"].tc, 1_000);
+    assert_eq!(after.limits[WCU_LIMIT].tk, 999_000);
+    assert_eq!(after.limits[WCU_LIMIT].tc, 1_000);
+}
+
+pub async fn fast_debit_refuses_missing_item<S: BucketStore>(s: S) {
+    assert_eq!(
+        s.debit(&key(0), &debit(1_000), FAST).await.unwrap(),
+        DebitOutcome::Refused(None)
+    );
+}
+
+pub async fn fast_debit_refuses_short_balance_with_old_image<S: BucketStore>(s: S) {
+    create(&s, key(0), item(500, 1_000_000)).await;
+    let out = s.debit(&key(0), &debit(1_000), FAST).await.unwrap();
+    assert_eq!(out, DebitOutcome::Refused(Some(item(500, 1_000_000))));
+}
+
+pub async fn fast_debit_refuses_without_a_wcu_token<S: BucketStore>(s: S) {
+    create(&s, key(0), item(5_000, 999)).await;
+    assert!(matches!(
+        s.debit(&key(0), &debit(1_000), FAST).await.unwrap(),
+        DebitOutcome::Refused(Some(_))
+    ));
+}
+
+pub async fn fast_debit_refuses_expired_item<S: BucketStore>(s: S) {
+    let mut it = item(5_000, 1_000_000);
+    it.ttl = Some(NOW_S);
+    create(&s, key(0), it).await;
+    assert!(matches!(
+        s.debit(&key(0), &debit(1_000), FAST).await.unwrap(),
+        DebitOutcome::Refused(Some(_))
+    ));
+}
+
+pub async fn fast_debit_refuses_changed_parameters<S: BucketStore>(s: S) {
+    create(&s, key(0), item(5_000, 1_000_000)).await;
+    let mut d = debit(1_000);
+    d[0].params = Some(LimitParams::new(20, 20, 60_000));
+    assert!(matches!(
+        s.debit(&key(0), &d, FAST).await.unwrap(),
+        DebitOutcome::Refused(Some(_))
+    ));
+}
+
+pub async fn fast_debit_refuses_unknown_limit<S: BucketStore>(s: S) {
+    create(&s, key(0), item(5_000, 1_000_000)).await;
+    let mut d = debit(1_000);
+    d[0].limit = "tpm".into();
+    assert!(matches!(
+        s.debit(&key(0), &d, FAST).await.unwrap(),
+        DebitOutcome::Refused(Some(_))
+    ));
+}
+
+pub async fn zero_amount_checks_debt<S: BucketStore>(s: S) {
+    create(&s, key(0), item(-1, 1_000_000)).await;
+    assert!(matches!(
+        s.debit(&key(0), &debit(0), FAST).await.unwrap(),
+        DebitOutcome::Refused(Some(_))
+    ));
+    create(&s, key(1), item(0, 1_000_000)).await;
+    assert!(matches!(
+        s.debit(&key(1), &debit(0), FAST).await.unwrap(),
+        DebitOutcome::Applied(_)
+    ));
+}
+
+pub async fn retry_only_debit_ignores_wcu_and_parameters<S: BucketStore>(s: S) {
+    let mut it = item(5_000, 0);
+    it.ttl = Some(NOW_S - 10);
+    create(&s, key(0), it).await;
+    let mut d = debit(2_000);
+    d[0].params = None;
+    let DebitOutcome::Applied(after) = s.debit(&key(0), &d, DebitMode::RetryOnly).await.unwrap()
+    else {
+        panic!("retry-only ignores wcu and ttl");
+    };
+    assert_eq!(after.limits["rpm"].tk, 3_000);
+    assert_eq!(after.limits[WCU_LIMIT].tk, 0, "no wcu debit");
+    assert!(matches!(
+        s.debit(&key(0), &debit(4_000), DebitMode::RetryOnly)
+            .await
+            .unwrap(),
+        DebitOutcome::Refused(Some(_))
+    ));
+}
+
+pub async fn ungated_debit_may_go_negative<S: BucketStore>(s: S) {
+    create(&s, key(0), item(1_000, 1_000_000)).await;
+    let d = vec![Debit {
+        limit: "rpm".into(),
+        amount: 5_000,
+        gated: false,
+        params: None,
+    }];
+    let DebitOutcome::Applied(after) = s.debit(&key(0), &d, DebitMode::RetryOnly).await.unwrap()
+    else {
+        panic!("ungated");
+    };
+    assert_eq!(after.limits["rpm"].tk, -4_000);
+}
+
+pub async fn create_is_conditional<S: BucketStore>(s: S) {
+    create(&s, key(0), item(5_000, 1_000_000)).await;
+    let out = s
+        .commit(&[Write::Create {
+            key: key(0),
+            item: item(9_000, 1_000_000),
+        }])
+        .await
+        .unwrap();
+    assert_eq!(
+        out,
+        CommitOutcome::Conflict(vec![(0, Some(item(5_000, 1_000_000)))])
+    );
+}
+
+pub async fn update_needs_the_rf_lock_and_applies_deltas<S: BucketStore>(s: S) {
+    create(&s, key(0), item(5_000, 1_000_000)).await;
+    let rf = NOW_S * 1_000;
+    let upd = |expected_rf| Write::Update {
+        key: key(0),
+        expected_rf,
+        rf: rf + 10,
+        ttl: Some(NOW_S + 500),
+        limits: vec![LimitWrite::Add {
+            limit: "rpm".into(),
+            tk_delta: -2_000,
+            tc_delta: 2_000,
+            floor: Some(2_000),
+            cap: None,
+        }],
+    };
+    assert!(matches!(
+        s.commit(&[upd(rf - 1)]).await.unwrap(),
+        CommitOutcome::Conflict(_)
+    ));
+    let CommitOutcome::Committed(images) = s.commit(&[upd(rf)]).await.unwrap() else {
+        panic!("lock held");
+    };
+    let after = &images[0];
+    assert_eq!((after.rf, after.ttl), (rf + 10, Some(NOW_S + 500)));
+    assert_eq!(
+        (after.limits["rpm"].tk, after.limits["rpm"].tc),
+        (3_000, 2_000)
+    );
+}
+
+pub async fn update_floor_and_cap_guard_concurrent_changes<S: BucketStore>(s: S) {
+    create(&s, key(0), item(1_000, 1_000_000)).await;
+    let rf = NOW_S * 1_000;
+    let upd = |floor, cap| Write::Update {
+        key: key(0),
+        expected_rf: rf,
+        rf,
+        ttl: None,
+        limits: vec![LimitWrite::Add {
+            limit: "rpm".into(),
+            tk_delta: 0,
+            tc_delta: 0,
+            floor,
+            cap,
+        }],
+    };
+    assert!(matches!(
+        s.commit(&[upd(Some(1_001), None)]).await.unwrap(),
+        CommitOutcome::Conflict(_)
+    ));
+    assert!(matches!(
+        s.commit(&[upd(None, Some(999))]).await.unwrap(),
+        CommitOutcome::Conflict(_)
+    ));
+    assert!(matches!(
+        s.commit(&[upd(Some(1_000), Some(1_000))]).await.unwrap(),
+        CommitOutcome::Committed(_)
+    ));
+}
+
+pub async fn set_seeds_a_limit<S: BucketStore>(s: S) {
+    create(&s, key(0), item(1_000, 1_000_000)).await;
+    let tpm = LimitState::new(LimitParams::new(100, 100, 60_000), 90_000, 10_000);
+    let w = Write::Update {
+        key: key(0),
+        expected_rf: NOW_S * 1_000,
+        rf: NOW_S * 1_000,
+        ttl: Some(NOW_S + 1),
+        limits: vec![LimitWrite::Set {
+            limit: "tpm".into(),
+            state: tpm,
+        }],
+    };
+    assert!(matches!(
+        s.commit(&[w]).await.unwrap(),
+        CommitOutcome::Committed(_)
+    ));
+    assert_eq!(
+        s.read(&[key(0)]).await.unwrap()[0].as_ref().unwrap().limits["tpm"],
+        tpm
+    );
+}
+
+pub async fn commit_is_all_or_nothing<S: BucketStore>(s: S) {
+    create(&s, key(0), item(5_000, 1_000_000)).await;
+    let writes = [
+        Write::Create {
+            key: key(1),
+            item: item(5_000, 1_000_000),
+        },
+        Write::Update {
+            key: key(0),
+            expected_rf: 0,
+            rf: 0,
+            ttl: None,
+            limits: vec![],
+        },
+    ];
+    let CommitOutcome::Conflict(failed) = s.commit(&writes).await.unwrap() else {
+        panic!("the stale lock must fail the commit");
+    };
+    assert_eq!(failed.iter().map(|f| f.0).collect::<Vec<_>>(), vec![1]);
+    assert_eq!(
+        s.read(&[key(1)]).await.unwrap(),
+        vec![None],
+        "the create did not land"
+    );
+}
+
+pub async fn read_returns_images_in_key_order<S: BucketStore>(s: S) {
+    create(&s, key(2), item(2_000, 1_000_000)).await;
+    let images = s.read(&[key(1), key(2)]).await.unwrap();
+    assert_eq!(images, vec![None, Some(item(2_000, 1_000_000))]);
+}
+
+pub async fn bump_is_compare_and_set_on_shard_zero<S: BucketStore>(s: S) {
+    assert_eq!(
+        s.bump_shard_count("tenant=acme", "api", 1, 2)
+            .await
+            .unwrap(),
+        BumpOutcome::Missing
+    );
+    create(&s, key(0), item(5_000, 1_000_000)).await;
+    assert_eq!(
+        s.bump_shard_count("tenant=acme", "api", 1, 2)
+            .await
+            .unwrap(),
+        BumpOutcome::Won
+    );
+    assert_eq!(
+        s.bump_shard_count("tenant=acme", "api", 1, 2)
+            .await
+            .unwrap(),
+        BumpOutcome::Lost(2)
+    );
+    let image = s.read(&[key(0)]).await.unwrap()[0].clone().unwrap();
+    assert_eq!(image.shard_count, 2);
+    assert_eq!(
+        image.limits,
+        item(5_000, 1_000_000).limits,
+        "no balance changes"
+    );
+}
+
+pub async fn raise_only_moves_counts_up<S: BucketStore>(s: S) {
+    assert!(
+        !s.raise_shard_count(&key(1), 4).await.unwrap(),
+        "missing: no write"
+    );
+    create(&s, key(1), item(5_000, 1_000_000)).await;
+    assert!(s.raise_shard_count(&key(1), 4).await.unwrap());
+    assert!(!s.raise_shard_count(&key(1), 2).await.unwrap());
+    assert_eq!(
+        s.read(&[key(1)]).await.unwrap()[0]
+            .as_ref()
+            .unwrap()
+            .shard_count,
+        4
+    );
+}
+
+pub async fn credit_never_lifts_above_the_ceiling<S: BucketStore>(s: S) {
+    create(&s, key(0), item(4_000, 1_000_000)).await;
+    let c = |amount| {
+        vec![Credit {
+            limit: "rpm".into(),
+            amount,
+            ceiling: 5_000,
+        }]
+    };
+    assert_eq!(
+        s.credit(&key(0), &c(2_000)).await.unwrap(),
+        vec![],
+        "would exceed"
+    );
+    assert_eq!(s.credit(&key(0), &c(1_000)).await.unwrap(), c(1_000));
+    let image = s.read(&[key(0)]).await.unwrap()[0].clone().unwrap();
+    assert_eq!(
+        (image.limits["rpm"].tk, image.limits["rpm"].tc),
+        (5_000, -1_000)
+    );
+    assert_eq!(
+        s.credit(&key(9), &c(1)).await.unwrap(),
+        vec![],
+        "never creates"
+    );
+}
+
+/// Runs every conformance case against a store built by `$make`.
+macro_rules! conformance {
+    ($module:ident, $make:expr) => {
+        mod $module {
+            use super::*;
+            conformance!(@cases $make;
+                fast_debit_applies_and_takes_one_wcu,
+                fast_debit_refuses_missing_item,
+                fast_debit_refuses_short_balance_with_old_image,
+                fast_debit_refuses_without_a_wcu_token,
+                fast_debit_refuses_expired_item,
+                fast_debit_refuses_changed_parameters,
+                fast_debit_refuses_unknown_limit,
+                zero_amount_checks_debt,
+                retry_only_debit_ignores_wcu_and_parameters,
+                ungated_debit_may_go_negative,
+                create_is_conditional,
+                update_needs_the_rf_lock_and_applies_deltas,
+                update_floor_and_cap_guard_concurrent_changes,
+                set_seeds_a_limit,
+                commit_is_all_or_nothing,
+                read_returns_images_in_key_order,
+                bump_is_compare_and_set_on_shard_zero,
+                raise_only_moves_counts_up,
+                credit_never_lifts_above_the_ceiling
+            );
+        }
+    };
+    (@cases $make:expr; $($case:ident),*) => {
+        $(
+            #[tokio::test]
+            async fn $case() {
+                super::$case($make).await;
+            }
+        )*
+    };
+}
+
+conformance!(memory, shardgate::store::memory::MemoryStore::new());
