@@ -373,7 +373,6 @@ pub async fn credit_never_lifts_above_the_ceiling<S: BucketStore>(s: S) {
 macro_rules! conformance {
     ($module:ident, $make:expr) => {
         mod $module {
-            use super::*;
             conformance!(@cases $make;
                 fast_debit_applies_and_takes_one_wcu,
                 fast_debit_refuses_missing_item,
