@@ -14,7 +14,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     Code, DescriptorStatus, RateLimit as ProtoRateLimit,
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use envoy_types::pb::google::protobuf::Duration;
+use envoy_types::pb::google::protobuf::{value::Kind, Duration, ListValue, Struct, Value};
 use thiserror::Error;
 
 use crate::config::{
@@ -363,9 +363,11 @@ impl<S: BucketStore> RateLimiter<S> {
         } else {
             Code::Ok
         };
+        let dynamic_metadata = passing_metadata(&treatments, &statuses);
         Ok(RateLimitResponse {
             overall_code: overall as i32,
             statuses,
+            dynamic_metadata,
             ..Default::default()
         })
     }
@@ -479,6 +481,38 @@ impl<S: BucketStore> RateLimiter<S> {
             buckets: Vec::new(),
         })
     }
+}
+
+/// The `metadata` maps of the rules of passing descriptors, merged in request order
+/// (a later descriptor's key wins), for Envoy's dynamic metadata.
+fn passing_metadata(treatments: &[Treatment], statuses: &[DescriptorStatus]) -> Option<Struct> {
+    let mut merged = Struct::default();
+    for (t, s) in treatments.iter().zip(statuses) {
+        if let Treatment::Limited { rule, .. } = t {
+            if let (Some(serde_json::Value::Object(map)), true) = (&rule.metadata, s.code == Code::Ok as i32) {
+                for (k, v) in map {
+                    merged.fields.insert(k.clone(), json_to_proto(v));
+                }
+            }
+        }
+    }
+    (!merged.fields.is_empty()).then_some(merged)
+}
+
+fn json_to_proto(v: &serde_json::Value) -> Value {
+    let kind = match v {
+        serde_json::Value::Null => Kind::NullValue(0),
+        serde_json::Value::Bool(b) => Kind::BoolValue(*b),
+        serde_json::Value::Number(n) => Kind::NumberValue(n.as_f64().unwrap_or(0.0)),
+        serde_json::Value::String(s) => Kind::StringValue(s.clone()),
+        serde_json::Value::Array(a) => Kind::ListValue(ListValue {
+            values: a.iter().map(json_to_proto).collect(),
+        }),
+        serde_json::Value::Object(o) => Kind::StructValue(Struct {
+            fields: o.iter().map(|(k, v)| (k.clone(), json_to_proto(v))).collect(),
+        }),
+    };
+    Value { kind: Some(kind) }
 }
 
 /// Copies each slot's outcome out of a decision.
