@@ -86,12 +86,11 @@ impl<S: BucketStore> Engine<S> {
 
         let mut avoid: Vec<Vec<u32>> = vec![Vec::new(); req.buckets.len()];
         if self.rejections.enabled() {
-            for (i, b) in req.buckets.iter().enumerate() {
-                if let Some(decision) = self.cached_refusal(req, i, &mut avoid[i], now) {
+            for (i, shards) in avoid.iter_mut().enumerate() {
+                if let Some(decision) = self.cached_refusal(req, i, shards, now) {
                     EngineStats::bump(&self.stats.rejection_cache_hits);
                     return Ok(decision);
                 }
-                let _ = b;
             }
         }
 
@@ -235,14 +234,14 @@ impl<S: BucketStore> Engine<S> {
         let buckets: Vec<BucketOutcome> = req
             .buckets
             .iter()
+            .zip(&keys)
             .zip(&images)
-            .map(|(b, img)| {
+            .map(|((b, key), img)| {
                 let count = img
                     .as_ref()
                     .map_or(1, |i| i.shard_count)
                     .max(self.shards.get(&b.entity, &b.resource));
-                let plan = self.plan_bucket(b, &keys[0].with_shard(0), img.as_ref(), count, now);
-                plan.refused
+                self.plan_bucket(b, key, img.as_ref(), count, now).refused
             })
             .collect();
         let admitted = buckets.iter().zip(&req.buckets).all(|(o, b)| {

@@ -489,7 +489,9 @@ fn passing_metadata(treatments: &[Treatment], statuses: &[DescriptorStatus]) -> 
     let mut merged = Struct::default();
     for (t, s) in treatments.iter().zip(statuses) {
         if let Treatment::Limited { rule, .. } = t {
-            if let (Some(serde_json::Value::Object(map)), true) = (&rule.metadata, s.code == Code::Ok as i32) {
+            if let (Some(serde_json::Value::Object(map)), true) =
+                (&rule.metadata, s.code == Code::Ok as i32)
+            {
                 for (k, v) in map {
                     merged.fields.insert(k.clone(), json_to_proto(v));
                 }
@@ -509,7 +511,10 @@ fn json_to_proto(v: &serde_json::Value) -> Value {
             values: a.iter().map(json_to_proto).collect(),
         }),
         serde_json::Value::Object(o) => Kind::StructValue(Struct {
-            fields: o.iter().map(|(k, v)| (k.clone(), json_to_proto(v))).collect(),
+            fields: o
+                .iter()
+                .map(|(k, v)| (k.clone(), json_to_proto(v)))
+                .collect(),
         }),
     };
     Value { kind: Some(kind) }
