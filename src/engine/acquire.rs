@@ -606,7 +606,7 @@ impl<S: BucketStore> Engine<S> {
         let mut writes: Vec<Write> = plans.iter().map(|p| p.write.clone()).collect();
         for round in 0..3 {
             match self.store.commit(&writes).await.map_err(wrap(first))? {
-                CommitOutcome::Committed(_) => {
+                CommitOutcome::Committed => {
                     return Ok((true, plans.into_iter().map(|p| p.admitted).collect()));
                 }
                 CommitOutcome::Conflict(failed) => {

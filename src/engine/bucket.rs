@@ -81,7 +81,7 @@ fn div_ceil_i128(a: i128, b: i128) -> i128 {
 /// same interval is never counted twice).
 pub fn refill(tk: i64, rf: i64, now: i64, share: ShardShare) -> (i64, i64) {
     let elapsed = now.saturating_sub(rf);
-    if elapsed <= 0 || share.ra <= 0 {
+    if elapsed <= 0 || share.ra <= 0 || share.rp <= 0 {
         return (tk.min(share.ceiling), rf);
     }
     let ra = i128::from(share.ra);
@@ -125,7 +125,7 @@ pub fn wait_for(tk: i64, amount: i64, share: ShardShare, undivided_ra: i64) -> O
 
 /// Milliseconds until a balance `tk` is back at the ceiling (0 if it is already there).
 pub fn time_to_full(tk: i64, share: ShardShare) -> i64 {
-    if tk >= share.ceiling || share.ra <= 0 {
+    if tk >= share.ceiling || share.ra <= 0 || share.rp <= 0 {
         return 0;
     }
     let missing = i128::from(share.ceiling) - i128::from(tk);

@@ -228,7 +228,7 @@ impl BucketStore for MemoryStore {
                 .expect("locked above");
             g.insert(w.key().clone(), next.clone());
         }
-        Ok(CommitOutcome::Committed(staged))
+        Ok(CommitOutcome::Committed)
     }
 
     async fn bump_shard_count(

@@ -5,6 +5,7 @@
 //! atomically per call. It makes no limiting decision: it never refills, never chooses a
 //! shard, never decides admission. `memory.rs` is the embedded default.
 
+pub mod dynamodb;
 pub mod memory;
 
 use std::collections::BTreeMap;
@@ -186,8 +187,8 @@ impl Write {
 /// Result of an atomic commit.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CommitOutcome {
-    /// Every write applied; the items as they are after the commit, in write order.
-    Committed(Vec<BucketItem>),
+    /// Every write applied.
+    Committed,
     /// Nothing applied: these writes' conditions failed, with each item as it is now.
     Conflict(Vec<(usize, Option<BucketItem>)>),
 }

@@ -117,7 +117,7 @@ impl BucketStore for Recorder {
                     Write::Debit { .. } => "debit",
                 })
                 .collect(),
-            committed: matches!(out, CommitOutcome::Committed(_)),
+            committed: matches!(out, CommitOutcome::Committed),
         });
         Ok(out)
     }

@@ -1,0 +1,981 @@
+//! The DynamoDB store: bucket items in one table, shared by a fleet of servers.
+//!
+//! Each contract primitive is one DynamoDB call with the condition the contract names:
+//! the fast path is one `UpdateItem` (`ADD` deltas, `ReturnValuesOnConditionCheckFailure
+//! = ALL_OLD`), a read is one `BatchGetItem`, a commit is one `PutItem`/`UpdateItem` or one
+//! `TransactWriteItems`. Expression attribute names are positional (`#t0`, `#c0`, …) so
+//! limit names may contain `.` and `-`. Every call is counted by operation and outcome,
+//! with the capacity DynamoDB reports, in a [`CallLedger`].
+//!
+//! Table: `PK` (S) + `SK` (S), on-demand, TTL on `ttl`. Bucket item:
+//! `PK = {namespace}/BUCKET#{entity}#{resource}#{shard}`, `SK = #STATE`, attributes `rf`,
+//! `shard_count`, `ttl`, `entity_id`, `resource`, and per limit `b_{limit}_{tk,cp,ra,rp,tc}`.
+//! This module decides nothing about limits.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_dynamodb::operation::put_item::PutItemError;
+use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
+use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
+use aws_sdk_dynamodb::types::{
+    AttributeDefinition, AttributeValue, BillingMode, ConsumedCapacity, KeySchemaElement,
+    KeyType, KeysAndAttributes, Put, ReturnConsumedCapacity, ReturnValue,
+    ReturnValuesOnConditionCheckFailure, ScalarAttributeType, TimeToLiveSpecification,
+    TransactWriteItem, Update,
+};
+use aws_sdk_dynamodb::Client;
+
+use super::{
+    BucketItem, BucketKey, BucketStore, BumpOutcome, CommitOutcome, Credit, Debit, DebitMode,
+    DebitOutcome, LimitState, LimitWrite, StoreError, Write, MAX_COMMIT_ITEMS, WCU_LIMIT,
+};
+use crate::engine::bucket::MILLI;
+
+type Item = HashMap<String, AttributeValue>;
+
+/// Where the table is and how to reach it.
+#[derive(Debug, Clone)]
+pub struct DynamoOptions {
+    pub table: String,
+    /// Prefix of every key, so several deployments can share a table.
+    pub namespace: String,
+    /// Endpoint override, for DynamoDB Local only; real AWS uses the standard resolution.
+    pub endpoint: Option<String>,
+    /// Region; else the standard AWS chain (environment, profile, instance metadata).
+    pub region: Option<String>,
+}
+
+/// Builds a DynamoDB client from the standard AWS configuration chain.
+pub async fn client(options: &DynamoOptions) -> Client {
+    let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest());
+    if let Some(region) = &options.region {
+        loader = loader.region(aws_config::Region::new(region.clone()));
+    }
+    if let Some(endpoint) = &options.endpoint {
+        loader = loader.endpoint_url(endpoint);
+    }
+    let shared = loader.load().await;
+    let mut builder = aws_sdk_dynamodb::config::Builder::from(&shared);
+    if shared.region().is_none() && options.endpoint.is_some() {
+        // DynamoDB Local ignores the region, but the SDK needs one to sign requests.
+        builder = builder.region(aws_config::Region::new("us-east-1"));
+    }
+    Client::from_conf(builder.build())
+}
+
+/// What `table create` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TableCreated {
+    Created,
+    AlreadyExisted,
+}
+
+/// Creates the bucket table (on-demand billing, TTL on `ttl`) if it does not exist, and
+/// makes sure TTL is enabled either way. Idempotent.
+pub async fn create_table(client: &Client, table: &str) -> Result<TableCreated, StoreError> {
+    let err = |e: String| StoreError::Unavailable {
+        key: table.to_string(),
+        reason: e,
+    };
+    let attr = |name: &str| {
+        AttributeDefinition::builder()
+            .attribute_name(name)
+            .attribute_type(ScalarAttributeType::S)
+            .build()
+            .expect("name and type are set")
+    };
+    let key = |name: &str, kind| {
+        KeySchemaElement::builder()
+            .attribute_name(name)
+            .key_type(kind)
+            .build()
+            .expect("name and type are set")
+    };
+    let created = match client
+        .create_table()
+        .table_name(table)
+        .attribute_definitions(attr("PK"))
+        .attribute_definitions(attr("SK"))
+        .key_schema(key("PK", KeyType::Hash))
+        .key_schema(key("SK", KeyType::Range))
+        .billing_mode(BillingMode::PayPerRequest)
+        .send()
+        .await
+    {
+        Ok(_) => TableCreated::Created,
+        Err(e) if e.code() == Some("ResourceInUseException") => TableCreated::AlreadyExisted,
+        Err(e) => return Err(err(describe(&e))),
+    };
+    // Wait until the table is active before touching its TTL.
+    for _ in 0..60 {
+        let d = client
+            .describe_table()
+            .table_name(table)
+            .send()
+            .await
+            .map_err(|e| err(describe(&e)))?;
+        let active = d
+            .table()
+            .and_then(|t| t.table_status())
+            .is_some_and(|s| s.as_str() == "ACTIVE");
+        if active {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let ttl = TimeToLiveSpecification::builder()
+        .attribute_name("ttl")
+        .enabled(true)
+        .build()
+        .expect("name and flag are set");
+    match client
+        .update_time_to_live()
+        .table_name(table)
+        .time_to_live_specification(ttl)
+        .send()
+        .await
+    {
+        Ok(_) => {}
+        // Already enabled on this attribute.
+        Err(e) if e.code() == Some("ValidationException") => {}
+        Err(e) => return Err(err(describe(&e))),
+    }
+    Ok(created)
+}
+
+fn describe<E: ProvideErrorMetadata + std::fmt::Debug, R: std::fmt::Debug>(e: &SdkError<E, R>) -> String {
+    match e {
+        SdkError::ServiceError(s) => {
+            let inner = s.err();
+            format!(
+                "{}: {}",
+                inner.code().unwrap_or("ServiceError"),
+                inner.message().unwrap_or("no message")
+            )
+        }
+        SdkError::TimeoutError(_) => "timed out".to_string(),
+        SdkError::DispatchFailure(d) => format!("dispatch failure: {d:?}"),
+        other => format!("{other:?}"),
+    }
+}
+
+/// One DynamoDB call's operation and outcome.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CallKind {
+    pub operation: &'static str,
+    pub outcome: &'static str,
+}
+
+/// Totals of one kind of call.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CallTotals {
+    pub calls: u64,
+    /// Capacity units DynamoDB reported (`ReturnConsumedCapacity = TOTAL`).
+    pub capacity: f64,
+}
+
+/// Every DynamoDB call this store made, by operation and outcome; optionally the
+/// sequence of the most recent calls (tests compare call sequences).
+#[derive(Debug, Default)]
+pub struct CallLedger {
+    totals: Mutex<BTreeMap<CallKind, CallTotals>>,
+    sequence: Mutex<Option<VecDeque<CallKind>>>,
+}
+
+const SEQUENCE_CAP: usize = 100_000;
+
+impl CallLedger {
+    fn record(&self, operation: &'static str, outcome: &'static str, capacity: f64) {
+        let kind = CallKind { operation, outcome };
+        {
+            let mut t = self.totals.lock().unwrap_or_else(|e| e.into_inner());
+            let e = t.entry(kind.clone()).or_default();
+            e.calls += 1;
+            e.capacity += capacity;
+        }
+        let mut s = self.sequence.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(seq) = s.as_mut() {
+            if seq.len() == SEQUENCE_CAP {
+                seq.pop_front();
+            }
+            seq.push_back(kind);
+        }
+    }
+
+    /// Totals per (operation, outcome).
+    pub fn totals(&self) -> BTreeMap<CallKind, CallTotals> {
+        self.totals.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Calls of one operation, any outcome.
+    pub fn calls_of(&self, operation: &str) -> u64 {
+        self.totals()
+            .iter()
+            .filter(|(k, _)| k.operation == operation)
+            .map(|(_, t)| t.calls)
+            .sum()
+    }
+
+    /// Every call counted so far.
+    pub fn total_calls(&self) -> u64 {
+        self.totals().values().map(|t| t.calls).sum()
+    }
+
+    /// Starts (or restarts) recording the call sequence.
+    pub fn record_sequence(&self) {
+        *self.sequence.lock().unwrap_or_else(|e| e.into_inner()) = Some(VecDeque::new());
+    }
+
+    /// The calls recorded since `record_sequence`, as `Operation` or `Operation✗` (refused).
+    pub fn sequence(&self) -> Vec<String> {
+        self.sequence
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|s| {
+                s.iter()
+                    .map(|k| match k.outcome {
+                        "ok" => k.operation.to_string(),
+                        _ => format!("{}✗", k.operation),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Clears totals and the sequence.
+    pub fn reset(&self) {
+        self.totals.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        if let Some(s) = self.sequence.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+            s.clear();
+        }
+    }
+}
+
+fn capacity(c: Option<&ConsumedCapacity>) -> f64 {
+    c.and_then(|c| c.capacity_units()).unwrap_or(0.0)
+}
+
+fn capacity_all(c: &[ConsumedCapacity]) -> f64 {
+    c.iter().filter_map(|c| c.capacity_units()).sum()
+}
+
+/// Bucket items in a DynamoDB table.
+#[derive(Debug)]
+pub struct DynamoStore {
+    client: Client,
+    table: String,
+    namespace: String,
+    ledger: CallLedger,
+}
+
+fn n(v: i64) -> AttributeValue {
+    AttributeValue::N(v.to_string())
+}
+
+fn s(v: impl Into<String>) -> AttributeValue {
+    AttributeValue::S(v.into())
+}
+
+fn attr(limit: &str, field: &str) -> String {
+    format!("b_{limit}_{field}")
+}
+
+/// Expression attribute names and values under construction, with positional aliases.
+#[derive(Default)]
+struct Expr {
+    names: HashMap<String, String>,
+    values: HashMap<String, AttributeValue>,
+}
+
+impl Expr {
+    fn name(&mut self, alias: String, attribute: String) -> String {
+        self.names.insert(alias.clone(), attribute);
+        alias
+    }
+
+    fn value(&mut self, alias: String, v: AttributeValue) -> String {
+        self.values.insert(alias.clone(), v);
+        alias
+    }
+
+    fn names(&self) -> Option<HashMap<String, String>> {
+        (!self.names.is_empty()).then(|| self.names.clone())
+    }
+
+    fn values(&self) -> Option<HashMap<String, AttributeValue>> {
+        (!self.values.is_empty()).then(|| self.values.clone())
+    }
+}
+
+/// The `ADD` and condition of a debit, with positional aliases.
+fn debit_expression(debits: &[Debit], mode: DebitMode) -> (String, String, Expr) {
+    let mut e = Expr::default();
+    let mut add = Vec::new();
+    let mut cond = vec!["attribute_exists(PK)".to_string()];
+    for (i, d) in debits.iter().enumerate() {
+        let t = e.name(format!("#t{i}"), attr(&d.limit, "tk"));
+        let c = e.name(format!("#c{i}"), attr(&d.limit, "tc"));
+        let neg = e.value(format!(":n{i}"), n(-d.amount));
+        let pos = e.value(format!(":a{i}"), n(d.amount));
+        add.push(format!("{t} {neg}, {c} {pos}"));
+        if d.gated {
+            cond.push(format!("{t} >= {pos}"));
+        } else {
+            cond.push(format!("attribute_exists({t})"));
+        }
+        if let (DebitMode::Fast { .. }, Some(p)) = (mode, d.params) {
+            for (field, v) in [("cp", p.cp), ("ra", p.ra), ("rp", p.rp)] {
+                let name = e.name(format!("#{field}{i}"), attr(&d.limit, field));
+                let val = e.value(format!(":{field}{i}"), n(v));
+                cond.push(format!("{name} = {val}"));
+            }
+        }
+    }
+    if let DebitMode::Fast { now_s } = mode {
+        let wt = e.name("#wt".into(), attr(WCU_LIMIT, "tk"));
+        let wc = e.name("#wc".into(), attr(WCU_LIMIT, "tc"));
+        let wneg = e.value(":wneg".into(), n(-MILLI));
+        let wpos = e.value(":wpos".into(), n(MILLI));
+        add.push(format!("{wt} {wneg}, {wc} {wpos}"));
+        cond.push(format!("{wt} >= {wpos}"));
+        let ttl = e.name("#ttl".into(), "ttl".into());
+        let now = e.value(":now".into(), n(now_s));
+        cond.push(format!("(attribute_not_exists({ttl}) OR {ttl} > {now})"));
+    }
+    (format!("ADD {}", add.join(", ")), cond.join(" AND "), e)
+}
+
+/// The update and condition of a slow-path write under the `rf` lock.
+fn update_expression(
+    expected_rf: i64,
+    rf: i64,
+    ttl: Option<i64>,
+    limits: &[LimitWrite],
+) -> (String, String, Expr) {
+    let mut e = Expr::default();
+    let rf_name = e.name("#rf".into(), "rf".into());
+    let rf_val = e.value(":rf".into(), n(rf));
+    let erf = e.value(":erf".into(), n(expected_rf));
+    let ttl_name = e.name("#ttl".into(), "ttl".into());
+    let mut set = vec![format!("{rf_name} = {rf_val}")];
+    let mut add = Vec::new();
+    let mut remove = Vec::new();
+    match ttl {
+        Some(t) => {
+            let v = e.value(":ttl".into(), n(t));
+            set.push(format!("{ttl_name} = {v}"));
+        }
+        None => remove.push(ttl_name),
+    }
+    let mut cond = vec![format!("{rf_name} = {erf}")];
+    for (i, w) in limits.iter().enumerate() {
+        match w {
+            LimitWrite::Add {
+                limit,
+                tk_delta,
+                tc_delta,
+                floor,
+                cap,
+            } => {
+                let t = e.name(format!("#t{i}"), attr(limit, "tk"));
+                let c = e.name(format!("#c{i}"), attr(limit, "tc"));
+                let dv = e.value(format!(":d{i}"), n(*tk_delta));
+                let cv = e.value(format!(":u{i}"), n(*tc_delta));
+                add.push(format!("{t} {dv}, {c} {cv}"));
+                cond.push(format!("attribute_exists({t})"));
+                if let Some(f) = floor {
+                    let fv = e.value(format!(":f{i}"), n(*f));
+                    cond.push(format!("{t} >= {fv}"));
+                }
+                if let Some(cp) = cap {
+                    let kv = e.value(format!(":k{i}"), n(*cp));
+                    cond.push(format!("{t} <= {kv}"));
+                }
+            }
+            LimitWrite::Set { limit, state } => {
+                for (field, v) in [
+                    ("tk", state.tk),
+                    ("cp", state.cp),
+                    ("ra", state.ra),
+                    ("rp", state.rp),
+                    ("tc", state.tc),
+                ] {
+                    let name = e.name(format!("#{field}{i}"), attr(limit, field));
+                    let val = e.value(format!(":{field}{i}"), n(v));
+                    set.push(format!("{name} = {val}"));
+                }
+            }
+        }
+    }
+    let mut update = format!("SET {}", set.join(", "));
+    if !add.is_empty() {
+        update.push_str(&format!(" ADD {}", add.join(", ")));
+    }
+    if !remove.is_empty() {
+        update.push_str(&format!(" REMOVE {}", remove.join(", ")));
+    }
+    (update, cond.join(" AND "), e)
+}
+
+fn parse_n(key: &str, attr: &str, v: &AttributeValue) -> Result<i64, StoreError> {
+    let corrupt = |reason: String| StoreError::Corrupt {
+        key: key.to_string(),
+        reason,
+    };
+    match v {
+        AttributeValue::N(text) => text
+            .parse::<i64>()
+            .map_err(|_| corrupt(format!("'{attr}' is not an integer in range: {text}"))),
+        other => Err(corrupt(format!("'{attr}' is not a number: {other:?}"))),
+    }
+}
+
+/// Decodes a bucket item. A limit is recognised when its `tk` and `cp` exist.
+fn decode(key: &str, item: &Item) -> Result<BucketItem, StoreError> {
+    let corrupt = |reason: String| StoreError::Corrupt {
+        key: key.to_string(),
+        reason,
+    };
+    let rf = item
+        .get("rf")
+        .map(|v| parse_n(key, "rf", v))
+        .transpose()?
+        .ok_or_else(|| corrupt("no 'rf'".into()))?;
+    let shard_count = match item.get("shard_count") {
+        Some(v) => u32::try_from(parse_n(key, "shard_count", v)?)
+            .map_err(|_| corrupt("'shard_count' out of range".into()))?
+            .max(1),
+        None => 1,
+    };
+    let ttl = item.get("ttl").map(|v| parse_n(key, "ttl", v)).transpose()?;
+    let mut fields: BTreeMap<&str, [Option<i64>; 5]> = BTreeMap::new();
+    for (name, v) in item {
+        let Some(rest) = name.strip_prefix("b_") else {
+            continue;
+        };
+        let Some((limit, field)) = rest.rsplit_once('_') else {
+            continue;
+        };
+        let slot = match field {
+            "tk" => 0,
+            "cp" => 1,
+            "ra" => 2,
+            "rp" => 3,
+            "tc" => 4,
+            _ => continue,
+        };
+        fields.entry(limit).or_default()[slot] = Some(parse_n(key, name, v)?);
+    }
+    let mut limits = BTreeMap::new();
+    for (limit, [tk, cp, ra, rp, tc]) in fields {
+        let (Some(tk), Some(cp)) = (tk, cp) else {
+            continue;
+        };
+        let rp = rp.unwrap_or(0);
+        if rp <= 0 {
+            return Err(corrupt(format!("limit '{limit}' has refill period {rp}")));
+        }
+        limits.insert(
+            limit.to_string(),
+            LimitState {
+                tk,
+                cp,
+                ra: ra.unwrap_or(0),
+                rp,
+                tc: tc.unwrap_or(0),
+            },
+        );
+    }
+    Ok(BucketItem {
+        rf,
+        shard_count,
+        ttl,
+        limits,
+    })
+}
+
+impl DynamoStore {
+    /// Connects with the standard AWS chain (see [`client`]).
+    pub async fn connect(options: &DynamoOptions) -> DynamoStore {
+        DynamoStore::new(client(options).await, &options.table, &options.namespace)
+    }
+
+    pub fn new(client: Client, table: &str, namespace: &str) -> DynamoStore {
+        DynamoStore {
+            client,
+            table: table.to_string(),
+            namespace: namespace.to_string(),
+            ledger: CallLedger::default(),
+        }
+    }
+
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// The calls made so far.
+    pub fn ledger(&self) -> &CallLedger {
+        &self.ledger
+    }
+
+    /// The partition key of a bucket shard.
+    pub fn pk(&self, key: &BucketKey) -> String {
+        format!(
+            "{}/BUCKET#{}#{}#{}",
+            self.namespace, key.entity, key.resource, key.shard
+        )
+    }
+
+    fn key_of(&self, key: &BucketKey) -> Item {
+        HashMap::from([
+            ("PK".to_string(), s(self.pk(key))),
+            ("SK".to_string(), s("#STATE")),
+        ])
+    }
+
+    fn unavailable(&self, key: &BucketKey, reason: String) -> StoreError {
+        StoreError::Unavailable {
+            key: self.pk(key),
+            reason,
+        }
+    }
+
+    fn decode_opt(&self, key: &BucketKey, item: Option<&Item>) -> Result<Option<BucketItem>, StoreError> {
+        item.filter(|i| !i.is_empty())
+            .map(|i| decode(&self.pk(key), i))
+            .transpose()
+    }
+
+    fn encode(&self, key: &BucketKey, item: &BucketItem) -> Item {
+        let mut out = self.key_of(key);
+        out.insert("entity_id".into(), s(key.entity.clone()));
+        out.insert("resource".into(), s(key.resource.clone()));
+        out.insert("rf".into(), n(item.rf));
+        out.insert("shard_count".into(), n(i64::from(item.shard_count)));
+        if let Some(t) = item.ttl {
+            out.insert("ttl".into(), n(t));
+        }
+        for (limit, st) in &item.limits {
+            for (field, v) in [("tk", st.tk), ("cp", st.cp), ("ra", st.ra), ("rp", st.rp), ("tc", st.tc)] {
+                out.insert(attr(limit, field), n(v));
+            }
+        }
+        out
+    }
+
+    /// One conditional `UpdateItem`; `Ok(Err(old image))` when the condition failed.
+    async fn update(
+        &self,
+        key: &BucketKey,
+        update: String,
+        condition: String,
+        e: Expr,
+    ) -> Result<Result<BucketItem, Option<BucketItem>>, StoreError> {
+        let result = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(self.key_of(key)))
+            .update_expression(update)
+            .condition_expression(condition)
+            .set_expression_attribute_names(e.names())
+            .set_expression_attribute_values(e.values())
+            .return_values(ReturnValue::AllNew)
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .return_consumed_capacity(ReturnConsumedCapacity::Total)
+            .send()
+            .await;
+        match result {
+            Ok(out) => {
+                self.ledger.record("UpdateItem", "ok", capacity(out.consumed_capacity()));
+                let image = self
+                    .decode_opt(key, out.attributes())?
+                    .ok_or_else(|| self.unavailable(key, "UpdateItem returned no item".into()))?;
+                Ok(Ok(image))
+            }
+            Err(err) => {
+                if let Some(UpdateItemError::ConditionalCheckFailedException(ccf)) =
+                    err.as_service_error()
+                {
+                    self.ledger.record("UpdateItem", "condition_failed", 1.0);
+                    return Ok(Err(self.decode_opt(key, ccf.item())?));
+                }
+                self.ledger.record("UpdateItem", "error", 0.0);
+                Err(self.unavailable(key, describe(&err)))
+            }
+        }
+    }
+
+    async fn put_new(&self, key: &BucketKey, item: &BucketItem) -> Result<Option<Option<BucketItem>>, StoreError> {
+        let result = self
+            .client
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(self.encode(key, item)))
+            .condition_expression("attribute_not_exists(PK)")
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .return_consumed_capacity(ReturnConsumedCapacity::Total)
+            .send()
+            .await;
+        match result {
+            Ok(out) => {
+                self.ledger.record("PutItem", "ok", capacity(out.consumed_capacity()));
+                Ok(None)
+            }
+            Err(err) => {
+                if let Some(PutItemError::ConditionalCheckFailedException(ccf)) =
+                    err.as_service_error()
+                {
+                    self.ledger.record("PutItem", "condition_failed", 1.0);
+                    return Ok(Some(self.decode_opt(key, ccf.item())?));
+                }
+                self.ledger.record("PutItem", "error", 0.0);
+                Err(self.unavailable(key, describe(&err)))
+            }
+        }
+    }
+
+    fn transact_item(&self, w: &Write) -> TransactWriteItem {
+        let old = ReturnValuesOnConditionCheckFailure::AllOld;
+        match w {
+            Write::Create { key, item } => TransactWriteItem::builder()
+                .put(
+                    Put::builder()
+                        .table_name(&self.table)
+                        .set_item(Some(self.encode(key, item)))
+                        .condition_expression("attribute_not_exists(PK)")
+                        .return_values_on_condition_check_failure(old)
+                        .build()
+                        .expect("table, item and condition are set"),
+                )
+                .build(),
+            Write::Update {
+                key,
+                expected_rf,
+                rf,
+                ttl,
+                limits,
+            } => {
+                let (u, c, e) = update_expression(*expected_rf, *rf, *ttl, limits);
+                self.transact_update(key, u, c, e)
+            }
+            Write::Debit { key, debits } => {
+                let (u, c, e) = debit_expression(debits, DebitMode::RetryOnly);
+                self.transact_update(key, u, c, e)
+            }
+        }
+    }
+
+    fn transact_update(&self, key: &BucketKey, u: String, c: String, e: Expr) -> TransactWriteItem {
+        TransactWriteItem::builder()
+            .update(
+                Update::builder()
+                    .table_name(&self.table)
+                    .set_key(Some(self.key_of(key)))
+                    .update_expression(u)
+                    .condition_expression(c)
+                    .set_expression_attribute_names(e.names())
+                    .set_expression_attribute_values(e.values())
+                    .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+                    .build()
+                    .expect("table, key and expressions are set"),
+            )
+            .build()
+    }
+
+    async fn commit_one(&self, w: &Write) -> Result<CommitOutcome, StoreError> {
+        let refused = |image: Option<BucketItem>| CommitOutcome::Conflict(vec![(0, image)]);
+        Ok(match w {
+            Write::Create { key, item } => match self.put_new(key, item).await? {
+                None => CommitOutcome::Committed,
+                Some(image) => refused(image),
+            },
+            Write::Update {
+                key,
+                expected_rf,
+                rf,
+                ttl,
+                limits,
+            } => {
+                let (u, c, e) = update_expression(*expected_rf, *rf, *ttl, limits);
+                match self.update(key, u, c, e).await? {
+                    Ok(_) => CommitOutcome::Committed,
+                    Err(image) => refused(image),
+                }
+            }
+            Write::Debit { key, debits } => {
+                let (u, c, e) = debit_expression(debits, DebitMode::RetryOnly);
+                match self.update(key, u, c, e).await? {
+                    Ok(_) => CommitOutcome::Committed,
+                    Err(image) => refused(image),
+                }
+            }
+        })
+    }
+}
+
+impl BucketStore for DynamoStore {
+    async fn debit(
+        &self,
+        key: &BucketKey,
+        debits: &[Debit],
+        mode: DebitMode,
+    ) -> Result<DebitOutcome, StoreError> {
+        let (u, c, e) = debit_expression(debits, mode);
+        Ok(match self.update(key, u, c, e).await? {
+            Ok(image) => DebitOutcome::Applied(image),
+            Err(image) => DebitOutcome::Refused(image),
+        })
+    }
+
+    async fn read(&self, keys: &[BucketKey]) -> Result<Vec<Option<BucketItem>>, StoreError> {
+        let first = keys.first().cloned().unwrap_or_else(|| BucketKey::new("", "", 0));
+        let mut by_pk: HashMap<String, Item> = HashMap::new();
+        let mut wanted: Vec<Item> = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        for k in keys {
+            if seen.insert(self.pk(k)) {
+                wanted.push(self.key_of(k));
+            }
+        }
+        for chunk in wanted.chunks(MAX_COMMIT_ITEMS) {
+            let mut pending: Vec<Item> = chunk.to_vec();
+            let mut delay = Duration::from_millis(10);
+            for attempt in 0..4 {
+                if pending.is_empty() {
+                    break;
+                }
+                if attempt > 0 {
+                    tokio::time::sleep(delay).await;
+                    delay *= 2;
+                }
+                let ka = KeysAndAttributes::builder()
+                    .set_keys(Some(std::mem::take(&mut pending)))
+                    .consistent_read(true)
+                    .build()
+                    .map_err(|e| self.unavailable(&first, e.to_string()))?;
+                let out = self
+                    .client
+                    .batch_get_item()
+                    .request_items(&self.table, ka)
+                    .return_consumed_capacity(ReturnConsumedCapacity::Total)
+                    .send()
+                    .await;
+                let out = match out {
+                    Ok(o) => o,
+                    Err(err) => {
+                        self.ledger.record("BatchGetItem", "error", 0.0);
+                        return Err(self.unavailable(&first, describe(&err)));
+                    }
+                };
+                self.ledger.record("BatchGetItem", "ok", capacity_all(out.consumed_capacity()));
+                if let Some(items) = out.responses().and_then(|r| r.get(&self.table)) {
+                    for it in items {
+                        if let Some(AttributeValue::S(pk)) = it.get("PK") {
+                            by_pk.insert(pk.clone(), it.clone());
+                        }
+                    }
+                }
+                if let Some(un) = out.unprocessed_keys().and_then(|u| u.get(&self.table)) {
+                    pending = un.keys().to_vec();
+                }
+            }
+            if !pending.is_empty() {
+                return Err(self.unavailable(&first, "BatchGetItem left keys unprocessed".into()));
+            }
+        }
+        keys.iter()
+            .map(|k| self.decode_opt(k, by_pk.get(&self.pk(k))))
+            .collect()
+    }
+
+    async fn commit(&self, writes: &[Write]) -> Result<CommitOutcome, StoreError> {
+        if writes.is_empty() || writes.len() > MAX_COMMIT_ITEMS {
+            return Err(StoreError::Invalid {
+                key: writes.first().map(|w| self.pk(w.key())).unwrap_or_default(),
+                reason: format!("a commit carries 1..={MAX_COMMIT_ITEMS} items, not {}", writes.len()),
+            });
+        }
+        if writes.len() == 1 {
+            return self.commit_one(&writes[0]).await;
+        }
+        let items: Vec<TransactWriteItem> = writes.iter().map(|w| self.transact_item(w)).collect();
+        let result = self
+            .client
+            .transact_write_items()
+            .set_transact_items(Some(items))
+            .return_consumed_capacity(ReturnConsumedCapacity::Total)
+            .send()
+            .await;
+        match result {
+            Ok(out) => {
+                self.ledger
+                    .record("TransactWriteItems", "ok", capacity_all(out.consumed_capacity()));
+                Ok(CommitOutcome::Committed)
+            }
+            Err(err) => {
+                let reasons = match err.as_service_error() {
+                    Some(TransactWriteItemsError::TransactionCanceledException(t)) => {
+                        Some(t.cancellation_reasons().to_vec())
+                    }
+                    _ => None,
+                };
+                let Some(reasons) = reasons else {
+                    self.ledger.record("TransactWriteItems", "error", 0.0);
+                    return Err(self.unavailable(writes[0].key(), describe(&err)));
+                };
+                self.ledger.record("TransactWriteItems", "cancelled", 0.0);
+                let mut failed = Vec::new();
+                let mut unknown = Vec::new();
+                for (i, r) in reasons.iter().enumerate().take(writes.len()) {
+                    match r.code() {
+                        Some("ConditionalCheckFailed") => {
+                            failed.push((i, self.decode_opt(writes[i].key(), r.item())?));
+                        }
+                        Some("None") | None => {}
+                        // A conflicting concurrent transaction: treat as a lost race and
+                        // let the caller retry against the item as it is now.
+                        Some(_) => unknown.push(i),
+                    }
+                }
+                if !unknown.is_empty() {
+                    let keys: Vec<BucketKey> = unknown.iter().map(|&i| writes[i].key().clone()).collect();
+                    let images = self.read(&keys).await?;
+                    failed.extend(unknown.into_iter().zip(images));
+                    failed.sort_by_key(|f| f.0);
+                }
+                if failed.is_empty() {
+                    return Err(self.unavailable(writes[0].key(), describe(&err)));
+                }
+                Ok(CommitOutcome::Conflict(failed))
+            }
+        }
+    }
+
+    async fn bump_shard_count(
+        &self,
+        entity: &str,
+        resource: &str,
+        old: u32,
+        new: u32,
+    ) -> Result<BumpOutcome, StoreError> {
+        let key = BucketKey::new(entity, resource, 0);
+        let mut e = Expr::default();
+        let sc = e.name("#sc".into(), "shard_count".into());
+        let nv = e.value(":new".into(), n(i64::from(new)));
+        let ov = e.value(":old".into(), n(i64::from(old)));
+        let result = self
+            .update(
+                &key,
+                format!("SET {sc} = {nv}"),
+                format!("attribute_exists(PK) AND {sc} = {ov}"),
+                e,
+            )
+            .await?;
+        Ok(match result {
+            Ok(_) => BumpOutcome::Won,
+            Err(None) => BumpOutcome::Missing,
+            Err(Some(image)) => BumpOutcome::Lost(image.shard_count),
+        })
+    }
+
+    async fn raise_shard_count(&self, key: &BucketKey, new: u32) -> Result<bool, StoreError> {
+        let mut e = Expr::default();
+        let sc = e.name("#sc".into(), "shard_count".into());
+        let nv = e.value(":new".into(), n(i64::from(new)));
+        let result = self
+            .update(
+                key,
+                format!("SET {sc} = {nv}"),
+                format!("attribute_exists(PK) AND {sc} < {nv}"),
+                e,
+            )
+            .await?;
+        Ok(result.is_ok())
+    }
+
+    async fn credit(&self, key: &BucketKey, credits: &[Credit]) -> Result<Vec<Credit>, StoreError> {
+        let mut todo: Vec<Credit> = credits.to_vec();
+        for _ in 0..2 {
+            if todo.is_empty() {
+                break;
+            }
+            let mut e = Expr::default();
+            let mut add = Vec::new();
+            let mut cond = vec!["attribute_exists(PK)".to_string()];
+            for (i, c) in todo.iter().enumerate() {
+                let t = e.name(format!("#t{i}"), attr(&c.limit, "tk"));
+                let tc = e.name(format!("#c{i}"), attr(&c.limit, "tc"));
+                let a = e.value(format!(":a{i}"), n(c.amount));
+                let na = e.value(format!(":n{i}"), n(-c.amount));
+                let lim = e.value(format!(":l{i}"), n(c.ceiling.saturating_sub(c.amount)));
+                add.push(format!("{t} {a}, {tc} {na}"));
+                cond.push(format!("{t} <= {lim}"));
+            }
+            let update = format!("ADD {}", add.join(", "));
+            match self.update(key, update, cond.join(" AND "), e).await? {
+                Ok(_) => return Ok(todo),
+                Err(None) => return Ok(Vec::new()),
+                Err(Some(image)) => {
+                    // Keep only the credits that still fit under their ceiling.
+                    todo.retain(|c| {
+                        image
+                            .limit(&c.limit)
+                            .is_some_and(|st| st.tk.saturating_add(c.amount) <= c.ceiling)
+                    });
+                }
+            }
+        }
+        Ok(Vec::new())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::LimitParams;
+
+    #[test]
+    fn fast_debit_expression_uses_positional_aliases() {
+        let debits = [Debit {
+            limit: "rpm.v2-x_y".into(),
+            amount: 1_000,
+            gated: true,
+            params: Some(LimitParams::new(10, 10, 60_000)),
+        }];
+        let (u, c, e) = debit_expression(&debits, DebitMode::Fast { now_s: 5 });
+        assert_eq!(u, "ADD #t0 :n0, #c0 :a0, #wt :wneg, #wc :wpos");
+        assert!(!u.contains("rpm") && !c.contains("rpm"), "names only through aliases");
+        assert_eq!(e.names["#t0"], "b_rpm.v2-x_y_tk");
+        assert!(c.starts_with("attribute_exists(PK) AND #t0 >= :a0 AND #cp0 = :cp0"));
+        assert!(c.ends_with("#wt >= :wpos AND (attribute_not_exists(#ttl) OR #ttl > :now)"));
+    }
+
+    #[test]
+    fn decode_splits_limit_names_on_the_last_underscore() {
+        let mut item: Item = HashMap::new();
+        item.insert("rf".into(), n(7));
+        for (f, v) in [("tk", 1), ("cp", 2), ("ra", 3), ("rp", 4), ("tc", 5)] {
+            item.insert(format!("b_my_limit_{f}"), n(v));
+        }
+        let it = decode("k", &item).unwrap();
+        assert_eq!(it.limits["my_limit"], LimitState { tk: 1, cp: 2, ra: 3, rp: 4, tc: 5 });
+        assert_eq!(it.shard_count, 1);
+    }
+
+    #[test]
+    fn decode_rejects_corrupt_numbers() {
+        let mut item: Item = HashMap::new();
+        item.insert("rf".into(), AttributeValue::N("1.5".into()));
+        assert!(matches!(decode("k", &item), Err(StoreError::Corrupt { .. })));
+        item.insert("rf".into(), n(1));
+        item.insert("b_x_tk".into(), n(1));
+        item.insert("b_x_cp".into(), n(1));
+        item.insert("b_x_rp".into(), n(0));
+        assert!(matches!(decode("k", &item), Err(StoreError::Corrupt { .. })));
+    }
+}
