@@ -7,7 +7,7 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{Call, Recorder};
+use common::{Call, Hook, Recorder};
 use shardgate::engine::{
     Acquire, BucketClaim, Decision, Engine, EngineOptions, EngineStats, LimitClaim, LimitParams,
     ManualClock, ScriptedDraw,
@@ -16,15 +16,15 @@ use shardgate::store::{BucketItem, BucketKey, BucketStore, BumpOutcome, LimitSta
 
 const T0: i64 = 1_800_000_000_000;
 
-struct Rig {
-    engine: Engine<Recorder>,
-    store: Arc<Recorder>,
+struct Rig<S: BucketStore> {
+    engine: Engine<Recorder<S>>,
+    store: Arc<Recorder<S>>,
     clock: Arc<ManualClock>,
     draw: Arc<ScriptedDraw>,
 }
 
-fn rig_with(options: EngineOptions) -> Rig {
-    let store = Recorder::new();
+fn rig_with<S: BucketStore>(inner: S, options: EngineOptions) -> Rig<S> {
+    let store = Recorder::new(inner);
     let clock = Arc::new(ManualClock::new(T0));
     let draw = Arc::new(ScriptedDraw::default());
     let engine = Engine::with_parts(store.clone(), options, clock.clone(), draw.clone());
@@ -37,11 +37,14 @@ fn rig_with(options: EngineOptions) -> Rig {
 }
 
 /// DynamoDB's budget (1000 writes/s per shard), rejection cache off (as §11 assumes).
-fn rig() -> Rig {
-    rig_with(EngineOptions {
-        rejection_cache_ms: 0,
-        ..EngineOptions::default()
-    })
+fn rig<S: BucketStore>(inner: S) -> Rig<S> {
+    rig_with(
+        inner,
+        EngineOptions {
+            rejection_cache_ms: 0,
+            ..EngineOptions::default()
+        },
+    )
 }
 
 fn per_minute(name: &str, rate: u64, burst: Option<u64>, amount: i64) -> LimitClaim {
@@ -74,36 +77,55 @@ fn rpm(n: u64, amount: i64) -> Acquire {
     ))
 }
 
-fn item(rig: &Rig, entity: &str, resource: &str, shard: u32) -> BucketItem {
+async fn item<S: BucketStore>(
+    rig: &Rig<S>,
+    entity: &str,
+    resource: &str,
+    shard: u32,
+) -> BucketItem {
     rig.store
-        .inner
         .get(&BucketKey::new(entity, resource, shard))
+        .await
         .unwrap_or_else(|| panic!("no item {entity}/{resource}#{shard}"))
 }
 
-fn tk(rig: &Rig, shard: u32, limit: &str) -> i64 {
-    item(rig, "u1", "api", shard).limits[limit].tk
+async fn tk<S: BucketStore>(rig: &Rig<S>, shard: u32, limit: &str) -> i64 {
+    item(rig, "u1", "api", shard).await.limits[limit].tk
 }
 
-/// Puts a shard of `u1/api` holding `tk` of an `rpm` limit of `rate`/min.
-fn put_rpm_shard(rig: &Rig, shard: u32, count: u32, rate: u64, tk: i64) {
+async fn exists<S: BucketStore>(rig: &Rig<S>, entity: &str, shard: u32) -> bool {
+    rig.store
+        .get(&BucketKey::new(entity, "api", shard))
+        .await
+        .is_some()
+}
+
+/// An item holding `tk` of an `rpm` limit of `rate`/min and `wcu` tokens of `wcu`.
+fn rpm_item(count: u32, rate: u64, tk: i64, wcu_tk: i64) -> BucketItem {
     let p = LimitParams::new(rate, rate, 60_000);
     let wcu = LimitParams::new(1_000, 1_000, 1_000);
     let mut limits = std::collections::BTreeMap::new();
     limits.insert("rpm".to_string(), LimitState::new(p, tk, 0));
-    limits.insert(WCU_LIMIT.to_string(), LimitState::new(wcu, wcu.cp, 0));
-    rig.store.inner.put(
-        BucketKey::new("u1", "api", shard),
-        BucketItem {
-            rf: T0,
-            shard_count: count,
-            ttl: Some(T0 / 1_000 + 3_600),
-            limits,
-        },
-    );
+    limits.insert(WCU_LIMIT.to_string(), LimitState::new(wcu, wcu_tk, 0));
+    BucketItem {
+        rf: T0,
+        shard_count: count,
+        ttl: Some(T0 / 1_000 + 3_600),
+        limits,
+    }
 }
 
-async fn acquire(rig: &Rig, req: &Acquire) -> Decision {
+/// Puts a shard of `u1/api` holding `tk` of an `rpm` limit of `rate`/min.
+async fn put_rpm_shard<S: BucketStore>(rig: &Rig<S>, shard: u32, count: u32, rate: u64, tk: i64) {
+    rig.store
+        .put(
+            BucketKey::new("u1", "api", shard),
+            rpm_item(count, rate, tk, 1_000_000),
+        )
+        .await;
+}
+
+async fn acquire<S: BucketStore>(rig: &Rig<S>, req: &Acquire) -> Decision {
     rig.engine
         .acquire(req)
         .await
@@ -120,9 +142,8 @@ fn debits(calls: &[Call]) -> usize {
 // ---------------------------------------------------------------- B. single shard
 
 /// S06 ten per minute.
-#[tokio::test]
-async fn s06_ten_per_minute() {
-    let rig = rig();
+async fn s06_ten_per_minute<S: BucketStore>(store: S) {
+    let rig = rig(store);
     for i in 1..=10 {
         assert!(acquire(&rig, &rpm(10, 1)).await.admitted, "request {i}");
     }
@@ -132,7 +153,7 @@ async fn s06_ten_per_minute() {
     assert_eq!(l.wait_ms, Some(6_001));
     assert_eq!(l.remaining / 1_000, 0);
     assert_eq!(l.share.ceiling, 10_000);
-    let it = item(&rig, "u1", "api", 0);
+    let it = item(&rig, "u1", "api", 0).await;
     assert_eq!(it.limits["rpm"].tk, 0);
     assert_eq!(it.limits["rpm"].tc, 10_000);
     // The creating slow path does not debit `wcu`; nine fast-path writes did.
@@ -146,9 +167,8 @@ async fn s06_ten_per_minute() {
 
 /// S07 local rejection: with the 1 s rejection cache, the 11th and 12th requests are
 /// refused without a store call, and requests 2–10 are one debit each.
-#[tokio::test]
-async fn s07_rejection_cache_answers_repeat_refusals_without_a_call() {
-    let rig = rig_with(EngineOptions::default());
+async fn s07_rejection_cache_answers_repeat_refusals_without_a_call<S: BucketStore>(store: S) {
+    let rig = rig_with(store, EngineOptions::default());
     assert!(acquire(&rig, &rpm(10, 1)).await.admitted);
     rig.store.clear();
     for _ in 2..=10 {
@@ -170,9 +190,8 @@ async fn s07_rejection_cache_answers_repeat_refusals_without_a_call() {
 }
 
 /// S08 recovery without an aggregator: the slow path refills and drops the remainder.
-#[tokio::test]
-async fn s08_recovery_by_the_slow_path() {
-    let rig = rig();
+async fn s08_recovery_by_the_slow_path<S: BucketStore>(store: S) {
+    let rig = rig(store);
     for _ in 0..11 {
         acquire(&rig, &rpm(10, 1)).await;
     }
@@ -189,7 +208,7 @@ async fn s08_recovery_by_the_slow_path() {
             committed: true
         }
     );
-    let it = item(&rig, "u1", "api", 0);
+    let it = item(&rig, "u1", "api", 0).await;
     assert_eq!(it.limits["rpm"].tk, 0);
     assert_eq!(it.limits["rpm"].tc, 11_000);
     assert_eq!(it.rf, T0 + 6_001);
@@ -198,9 +217,8 @@ async fn s08_recovery_by_the_slow_path() {
 }
 
 /// S10 burst and TTL: the item TTL is 7 × the longest time-to-full.
-#[tokio::test]
-async fn s10_burst_and_ttl() {
-    let rig = rig();
+async fn s10_burst_and_ttl<S: BucketStore>(store: S) {
+    let rig = rig(store);
     let req = one(bucket(
         "u1",
         "api",
@@ -210,7 +228,7 @@ async fn s10_burst_and_ttl() {
         ],
     ));
     assert!(acquire(&rig, &req).await.admitted);
-    let it = item(&rig, "u1", "api", 0);
+    let it = item(&rig, "u1", "api", 0).await;
     let tpm = it.limits["tpm"];
     assert_eq!(
         (tpm.cp, tpm.ra, tpm.rp, tpm.tk),
@@ -221,9 +239,8 @@ async fn s10_burst_and_ttl() {
 }
 
 /// S12 multi-limit is all-or-nothing: one limit short refuses the whole item.
-#[tokio::test]
-async fn s12_composite_item_is_all_or_nothing() {
-    let rig = rig();
+async fn s12_composite_item_is_all_or_nothing<S: BucketStore>(store: S) {
+    let rig = rig(store);
     let req = |r, t| {
         one(bucket(
             "u1",
@@ -243,26 +260,25 @@ async fn s12_composite_item_is_all_or_nothing() {
     assert!(r.fits && !t.fits);
     assert_eq!((r.remaining / 1_000, t.remaining / 1_000), (99, 100));
     assert_eq!(t.wait_ms, Some(6_001));
-    assert_eq!(tk(&rig, 0, "rpm"), 99_000);
-    assert_eq!(tk(&rig, 0, "tpm"), 100_000);
+    assert_eq!(tk(&rig, 0, "rpm").await, 99_000);
+    assert_eq!(tk(&rig, 0, "tpm").await, 100_000);
 }
 
 // ---------------------------------------------------------------- D. sharding
 
 /// Creates `u1/api` at T0 and spends all 1000 `wcu` tokens of shard 0 (S19's setup).
-async fn exhaust_wcu(rig: &Rig) -> Acquire {
+async fn exhaust_wcu<S: BucketStore>(rig: &Rig<S>) -> Acquire {
     let req = rpm(100_000, 1);
     for _ in 0..1_001 {
         assert!(acquire(rig, &req).await.admitted);
     }
-    assert_eq!(tk(rig, 0, WCU_LIMIT), 0);
+    assert_eq!(tk(rig, 0, WCU_LIMIT).await, 0);
     req
 }
 
 /// S19 wcu-driven doubling: bump 1→2 on shard 0, lazy creation of shard 1 at half.
-#[tokio::test]
-async fn s19_wcu_exhaustion_doubles_and_creates_the_drawn_shard() {
-    let rig = rig();
+async fn s19_wcu_exhaustion_doubles_and_creates_the_drawn_shard<S: BucketStore>(store: S) {
+    let rig = rig(store);
     let req = exhaust_wcu(&rig).await;
     rig.store.clear();
     assert!(acquire(&rig, &req).await.admitted);
@@ -287,20 +303,19 @@ async fn s19_wcu_exhaustion_doubles_and_creates_the_drawn_shard() {
             },
         ]
     );
-    let s1 = item(&rig, "u1", "api", 1);
+    let s1 = item(&rig, "u1", "api", 1).await;
     assert_eq!(s1.limits["rpm"].tk, 50_000_000 - 1_000);
     assert_eq!(s1.shard_count, 2);
     assert_eq!(s1.limits[WCU_LIMIT].tk, 1_000_000);
-    let s0 = item(&rig, "u1", "api", 0);
+    let s0 = item(&rig, "u1", "api", 0).await;
     assert_eq!(s0.shard_count, 2);
     assert_eq!(s0.limits["rpm"].tk, 98_999_000, "a bump touches no balance");
     assert_eq!(rig.engine.known_shard_count("u1", "api"), 2);
 }
 
 /// S20 an exhausted `wcu` that a refill cures does not double.
-#[tokio::test]
-async fn s20_wcu_projection_prevents_a_spurious_doubling() {
-    let rig = rig();
+async fn s20_wcu_projection_prevents_a_spurious_doubling<S: BucketStore>(store: S) {
+    let rig = rig(store);
     let req = exhaust_wcu(&rig).await;
     acquire(&rig, &req).await; // S19
     rig.clock.advance(1);
@@ -319,7 +334,7 @@ async fn s20_wcu_projection_prevents_a_spurious_doubling() {
             committed: true
         })
     );
-    let s0 = item(&rig, "u1", "api", 0);
+    let s0 = item(&rig, "u1", "api", 0).await;
     assert_eq!(s0.limits[WCU_LIMIT].tk, 1_000, "1 ms of refill");
     assert_eq!(
         s0.limits["rpm"].tk, 49_999_000,
@@ -329,13 +344,14 @@ async fn s20_wcu_projection_prevents_a_spurious_doubling() {
 }
 
 /// S21 the shard count stops at 32: no bump is written.
-#[tokio::test]
-async fn s21_no_doubling_beyond_32_shards() {
-    let rig = rig();
-    put_rpm_shard(&rig, 0, 32, 100_000, 100_000_000);
-    let mut it = item(&rig, "u1", "api", 0);
-    it.limits.get_mut(WCU_LIMIT).unwrap().tk = 0;
-    rig.store.inner.put(BucketKey::new("u1", "api", 0), it);
+async fn s21_no_doubling_beyond_32_shards<S: BucketStore>(store: S) {
+    let rig = rig(store);
+    rig.store
+        .put(
+            BucketKey::new("u1", "api", 0),
+            rpm_item(32, 100_000, 100_000_000, 0),
+        )
+        .await;
     rig.engine.learn_shard_count("u1", "api", 32);
     rig.draw.push(0);
     assert!(acquire(&rig, &rpm(100_000, 1)).await.admitted);
@@ -348,19 +364,20 @@ async fn s21_no_doubling_beyond_32_shards() {
         EngineStats::get(&rig.engine.stats().doubling_refused_at_max),
         1
     );
-    assert_eq!(item(&rig, "u1", "api", 0).shard_count, 32);
+    assert_eq!(item(&rig, "u1", "api", 0).await.shard_count, 32);
 }
 
 /// S22 bump loser: another server doubled first; we adopt its count, propagate nothing.
-#[tokio::test]
-async fn s22_bump_loser_adopts_the_winners_count() {
-    let rig = rig();
+async fn s22_bump_loser_adopts_the_winners_count<S: BucketStore>(store: S) {
+    let rig = rig(store);
     let req = exhaust_wcu(&rig).await;
-    rig.store.before_bump(|s| {
-        let mut it = s.get(&BucketKey::new("u1", "api", 0)).unwrap();
-        it.shard_count = 2;
-        s.put(BucketKey::new("u1", "api", 0), it);
+    let other_server: Hook<S> = Box::new(|s| {
+        Box::pin(async move {
+            let won = s.bump_shard_count("u1", "api", 1, 2).await.unwrap();
+            assert_eq!(won, BumpOutcome::Won);
+        })
     });
+    rig.store.before_bump(other_server);
     rig.store.clear();
     assert!(acquire(&rig, &req).await.admitted);
     let calls = rig.store.calls();
@@ -374,14 +391,15 @@ async fn s22_bump_loser_adopts_the_winners_count() {
 }
 
 /// S23 the bump winner propagates to existing shards and creates none itself.
-#[tokio::test]
-async fn s23_bump_winner_propagates_to_existing_shards() {
-    let rig = rig();
-    put_rpm_shard(&rig, 0, 2, 100_000, 50_000_000);
-    put_rpm_shard(&rig, 1, 2, 100_000, 50_000_000);
-    let mut it = item(&rig, "u1", "api", 0);
-    it.limits.get_mut(WCU_LIMIT).unwrap().tk = 0;
-    rig.store.inner.put(BucketKey::new("u1", "api", 0), it);
+async fn s23_bump_winner_propagates_to_existing_shards<S: BucketStore>(store: S) {
+    let rig = rig(store);
+    rig.store
+        .put(
+            BucketKey::new("u1", "api", 0),
+            rpm_item(2, 100_000, 50_000_000, 0),
+        )
+        .await;
+    put_rpm_shard(&rig, 1, 2, 100_000, 50_000_000).await;
     rig.engine.learn_shard_count("u1", "api", 2);
     rig.draw.push(0);
     assert!(acquire(&rig, &rpm(100_000, 1)).await.admitted);
@@ -395,22 +413,17 @@ async fn s23_bump_winner_propagates_to_existing_shards() {
         shard: 1,
         wrote: true
     }));
-    assert_eq!(item(&rig, "u1", "api", 1).shard_count, 4);
+    assert_eq!(item(&rig, "u1", "api", 1).await.shard_count, 4);
     // The request itself went to one brand-new shard (2 here), created at a quarter.
-    assert_eq!(tk(&rig, 2, "rpm"), 25_000_000 - 1_000);
-    assert!(rig
-        .store
-        .inner
-        .get(&BucketKey::new("u1", "api", 3))
-        .is_none());
+    assert_eq!(tk(&rig, 2, "rpm").await, 25_000_000 - 1_000);
+    assert!(!exists(&rig, "u1", 3).await);
 }
 
 /// S24 an exhausted shard retries another: two debits, no read.
-#[tokio::test]
-async fn s24_retry_on_another_shard() {
-    let rig = rig();
-    put_rpm_shard(&rig, 0, 2, 100, 0);
-    put_rpm_shard(&rig, 1, 2, 100, 50_000);
+async fn s24_retry_on_another_shard<S: BucketStore>(store: S) {
+    let rig = rig(store);
+    put_rpm_shard(&rig, 0, 2, 100, 0).await;
+    put_rpm_shard(&rig, 1, 2, 100, 50_000).await;
     rig.engine.learn_shard_count("u1", "api", 2);
     rig.draw.push(0);
     assert!(acquire(&rig, &rpm(100, 1)).await.admitted);
@@ -432,15 +445,14 @@ async fn s24_retry_on_another_shard() {
             ..
         }
     ));
-    assert_eq!(tk(&rig, 1, "rpm"), 49_000);
+    assert_eq!(tk(&rig, 1, "rpm").await, 49_000);
 }
 
 /// S25 retries are capped at two; the refusal quotes the shard's share.
-#[tokio::test]
-async fn s25_retries_capped_at_two() {
-    let rig = rig();
+async fn s25_retries_capped_at_two<S: BucketStore>(store: S) {
+    let rig = rig(store);
     for s in 0..4 {
-        put_rpm_shard(&rig, s, 4, 100, 0);
+        put_rpm_shard(&rig, s, 4, 100, 0).await;
     }
     rig.engine.learn_shard_count("u1", "api", 4);
     let d = acquire(&rig, &rpm(100, 1)).await;
@@ -457,10 +469,9 @@ async fn s25_retries_capped_at_two() {
 }
 
 /// S26 a retry that finds a missing shard creates it there.
-#[tokio::test]
-async fn s26_retry_that_finds_a_missing_shard_creates_it() {
-    let rig = rig();
-    put_rpm_shard(&rig, 0, 4, 100, 0);
+async fn s26_retry_that_finds_a_missing_shard_creates_it<S: BucketStore>(store: S) {
+    let rig = rig(store);
+    put_rpm_shard(&rig, 0, 4, 100, 0).await;
     rig.engine.learn_shard_count("u1", "api", 4);
     rig.draw.push(0);
     rig.draw.push(3);
@@ -487,16 +498,15 @@ async fn s26_retry_that_finds_a_missing_shard_creates_it() {
             },
         ]
     );
-    let s3 = item(&rig, "u1", "api", 3);
+    let s3 = item(&rig, "u1", "api", 3).await;
     assert_eq!((s3.limits["rpm"].tk, s3.shard_count), (24_000, 4));
 }
 
 /// S27 the per-shard request ceiling: a request above one shard's share never fits.
-#[tokio::test]
-async fn s27_per_shard_request_ceiling() {
-    let rig = rig();
+async fn s27_per_shard_request_ceiling<S: BucketStore>(store: S) {
+    let rig = rig(store);
     for s in 0..4 {
-        put_rpm_shard(&rig, s, 4, 10, 2_500);
+        put_rpm_shard(&rig, s, 4, 10, 2_500).await;
     }
     rig.engine.learn_shard_count("u1", "api", 4);
     let d = acquire(&rig, &rpm(10, 3)).await;
@@ -509,17 +519,13 @@ async fn s27_per_shard_request_ceiling() {
     assert_eq!(l.wait_ms, None);
     assert!(EngineStats::get(&rig.engine.stats().per_shard_ceiling_rejections) >= 1);
     for s in 0..4 {
-        assert_eq!(tk(&rig, s, "rpm"), 2_500);
+        assert_eq!(tk(&rig, s, "rpm").await, 2_500);
     }
 }
 
 /// S28 the doubling transient: at most 1.5 × capacity, exactly 1 + 99 + 50 here.
-#[tokio::test]
-async fn s28_doubling_transient_is_one_and_a_half_capacity() {
-    let rig = rig_with(EngineOptions {
-        rejection_cache_ms: 0,
-        ..EngineOptions::default()
-    });
+async fn s28_doubling_transient_is_one_and_a_half_capacity<S: BucketStore>(store: S) {
+    let rig = rig(store);
     // Random draws, as in production.
     let engine = Engine::with_parts(
         rig.store.clone(),
@@ -557,55 +563,52 @@ async fn s28_doubling_transient_is_one_and_a_half_capacity() {
     assert_eq!(admitted, 150);
 }
 
-/// S29 a lost create race becomes a consumption-only debit of the winner's item.
-#[tokio::test]
-async fn s29_lost_create_race_debits_the_winners_item() {
-    for (winner_tk, admitted) in [(50_000, true), (1_000, false)] {
-        let rig = rig();
-        put_rpm_shard(&rig, 0, 2, 100, 50_000);
-        rig.engine.learn_shard_count("u1", "api", 2);
-        rig.draw.push(1);
-        rig.store.before_commit(move |s| {
-            let p = LimitParams::new(100, 100, 60_000);
-            let wcu = LimitParams::new(1_000, 1_000, 1_000);
-            let mut limits = std::collections::BTreeMap::new();
-            limits.insert("rpm".to_string(), LimitState::new(p, winner_tk, 0));
-            limits.insert(WCU_LIMIT.to_string(), LimitState::new(wcu, wcu.cp, 0));
-            s.put(
-                BucketKey::new("u1", "api", 1),
-                BucketItem {
-                    rf: T0,
-                    shard_count: 2,
-                    ttl: None,
-                    limits,
-                },
-            );
-        });
-        let d = acquire(&rig, &rpm(100, 2)).await;
-        assert_eq!(d.admitted, admitted, "winner held {winner_tk}");
-        let calls = rig.store.calls();
-        assert!(calls.contains(&Call::Commit {
-            kinds: vec!["create"],
-            committed: false
-        }));
-        assert!(calls.contains(&Call::Commit {
-            kinds: vec!["debit"],
-            committed: admitted
-        }));
-        let s1 = item(&rig, "u1", "api", 1);
-        if admitted {
-            assert_eq!((s1.limits["rpm"].tk, s1.limits["rpm"].tc), (48_000, 2_000));
-        } else {
-            assert_eq!(s1.limits["rpm"].tk, 1_000, "a refused retry writes nothing");
-        }
+/// S29 a lost create race becomes a consumption-only debit of the winner's item; if the
+/// winner's item cannot cover the request, the retry refuses and writes nothing.
+async fn s29_case<S: BucketStore>(store: S, winner_tk: i64, admitted: bool) {
+    let rig = rig(store);
+    put_rpm_shard(&rig, 0, 2, 100, 50_000).await;
+    rig.engine.learn_shard_count("u1", "api", 2);
+    rig.draw.push(1);
+    let winner: Hook<S> = Box::new(move |s| {
+        Box::pin(async move {
+            let mut it = rpm_item(2, 100, winner_tk, 1_000_000);
+            it.ttl = None;
+            common::put(&*s, BucketKey::new("u1", "api", 1), it).await;
+        })
+    });
+    rig.store.before_commit(winner);
+    let d = acquire(&rig, &rpm(100, 2)).await;
+    assert_eq!(d.admitted, admitted, "winner held {winner_tk}");
+    let calls = rig.store.calls();
+    assert!(calls.contains(&Call::Commit {
+        kinds: vec!["create"],
+        committed: false
+    }));
+    assert!(calls.contains(&Call::Commit {
+        kinds: vec!["debit"],
+        committed: admitted
+    }));
+    let s1 = item(&rig, "u1", "api", 1).await;
+    if admitted {
+        assert_eq!((s1.limits["rpm"].tk, s1.limits["rpm"].tc), (48_000, 2_000));
+    } else {
+        assert_eq!(s1.limits["rpm"].tk, 1_000, "a refused retry writes nothing");
     }
 }
 
+async fn s29_lost_create_race_debits_the_winners_item<S: BucketStore>(store: S) {
+    s29_case(store, 50_000, true).await;
+}
+
+async fn s29_lost_create_race_refuses_when_the_winner_is_short<S: BucketStore>(store: S) {
+    s29_case(store, 1_000, false).await;
+}
+
 /// S31 the shard count is learnt and never unlearnt.
-#[tokio::test]
-async fn s31_shard_count_never_shrinks() {
-    let rig = rig();
-    put_rpm_shard(&rig, 0, 2, 100, 50_000);
+async fn s31_shard_count_never_shrinks<S: BucketStore>(store: S) {
+    let rig = rig(store);
+    put_rpm_shard(&rig, 0, 2, 100, 50_000).await;
     rig.engine.learn_shard_count("u1", "api", 4);
     rig.draw.push(0);
     assert!(acquire(&rig, &rpm(100, 1)).await.admitted);
@@ -627,9 +630,8 @@ fn cascade(child_rate: u64, parent_rate: u64) -> Acquire {
 
 /// S32 cascade: one commit creates both; then parallel debits; the parent's exhaustion
 /// refunds the child and refuses.
-#[tokio::test]
-async fn s32_cascade_hot_path_and_parent_exhaustion() {
-    let rig = rig();
+async fn s32_cascade_hot_path_and_parent_exhaustion<S: BucketStore>(store: S) {
+    let rig = rig(store);
     let req = cascade(10, 3);
     assert!(acquire(&rig, &req).await.admitted);
     assert!(rig.store.calls().contains(&Call::Commit {
@@ -654,18 +656,17 @@ async fn s32_cascade_hot_path_and_parent_exhaustion() {
     assert!(child.fits && !parent.fits);
     assert_eq!(parent.remaining, 0);
     assert_eq!(parent.wait_ms, Some(20_001));
-    assert_eq!(item(&rig, "key1", "api", 0).limits["rpm"].tk, 7_000);
-    assert_eq!(item(&rig, "org", "api", 0).limits["rpm"].tk, 0);
+    assert_eq!(item(&rig, "key1", "api", 0).await.limits["rpm"].tk, 7_000);
+    assert_eq!(item(&rig, "org", "api", 0).await.limits["rpm"].tk, 0);
 }
 
 /// S33 the parent alone takes the slow path; the child keeps its debit.
-#[tokio::test]
-async fn s33_parent_only_slow_path() {
-    let rig = rig();
+async fn s33_parent_only_slow_path<S: BucketStore>(store: S) {
+    let rig = rig(store);
     let req = cascade(10, 2);
     assert!(acquire(&rig, &req).await.admitted);
     assert!(acquire(&rig, &req).await.admitted);
-    assert_eq!(item(&rig, "org", "api", 0).limits["rpm"].tk, 0);
+    assert_eq!(item(&rig, "org", "api", 0).await.limits["rpm"].tk, 0);
     rig.clock.set(T0 + 30_000);
     rig.store.clear();
     assert!(acquire(&rig, &req).await.admitted);
@@ -676,16 +677,15 @@ async fn s33_parent_only_slow_path() {
         kinds: vec!["update"],
         committed: true
     }));
-    let org = item(&rig, "org", "api", 0);
+    let org = item(&rig, "org", "api", 0).await;
     assert_eq!((org.limits["rpm"].tk, org.rf), (0, T0 + 30_000));
-    assert_eq!(item(&rig, "key1", "api", 0).limits["rpm"].tk, 7_000);
+    assert_eq!(item(&rig, "key1", "api", 0).await.limits["rpm"].tk, 7_000);
 }
 
 /// S34 our plans know the parent from config, so even a fresh process debits child and
 /// parent in one round (the reference's cold cache took two).
-#[tokio::test]
-async fn s34_fresh_process_debits_child_and_parent_together() {
-    let rig = rig();
+async fn s34_fresh_process_debits_child_and_parent_together<S: BucketStore>(store: S) {
+    let rig = rig(store);
     let req = cascade(10, 3);
     assert!(acquire(&rig, &req).await.admitted);
     let fresh = Engine::with_parts(
@@ -708,25 +708,13 @@ async fn s34_fresh_process_debits_child_and_parent_together() {
 
 /// S35 a cascading child never takes the child-only shard retry: slow path on another
 /// shard instead.
-#[tokio::test]
-async fn s35_cascading_child_takes_the_slow_path_not_a_retry() {
-    let rig = rig();
+async fn s35_cascading_child_takes_the_slow_path_not_a_retry<S: BucketStore>(store: S) {
+    let rig = rig(store);
     // key1 has two shards of 10/min (5 each): shard 0 drained at T0, shard 1 full.
     for (s, tk) in [(0, 0), (1, 5_000)] {
-        let p = LimitParams::new(10, 10, 60_000);
-        let wcu = LimitParams::new(1_000, 1_000, 1_000);
-        let mut limits = std::collections::BTreeMap::new();
-        limits.insert("rpm".to_string(), LimitState::new(p, tk, 0));
-        limits.insert(WCU_LIMIT.to_string(), LimitState::new(wcu, wcu.cp, 0));
-        rig.store.inner.put(
-            BucketKey::new("key1", "api", s),
-            BucketItem {
-                rf: T0,
-                shard_count: 2,
-                ttl: None,
-                limits,
-            },
-        );
+        let mut it = rpm_item(2, 10, tk, 1_000_000);
+        it.ttl = None;
+        rig.store.put(BucketKey::new("key1", "api", s), it).await;
     }
     rig.engine.learn_shard_count("key1", "api", 2);
     // 12 s refill one token on a shard holding half of 10/min: a refill would help.
@@ -747,6 +735,54 @@ async fn s35_cascading_child_takes_the_slow_path_not_a_retry() {
         committed: true
     }));
     assert_eq!(d.buckets[0].shard, 1);
-    assert!(item(&rig, "key1", "api", 1).limits["rpm"].tc > 0);
-    assert_eq!(item(&rig, "org", "api", 0).limits["rpm"].tc, 1_000);
+    assert!(item(&rig, "key1", "api", 1).await.limits["rpm"].tc > 0);
+    assert_eq!(item(&rig, "org", "api", 0).await.limits["rpm"].tc, 1_000);
 }
+
+/// Runs every scenario against a store built by `$make` (an async expression).
+macro_rules! scenarios {
+    ($module:ident, $make:expr) => {
+        mod $module {
+            #[allow(unused_imports)]
+            use super::*;
+            scenarios!(@cases $make;
+                s06_ten_per_minute,
+                s07_rejection_cache_answers_repeat_refusals_without_a_call,
+                s08_recovery_by_the_slow_path,
+                s10_burst_and_ttl,
+                s12_composite_item_is_all_or_nothing,
+                s19_wcu_exhaustion_doubles_and_creates_the_drawn_shard,
+                s20_wcu_projection_prevents_a_spurious_doubling,
+                s21_no_doubling_beyond_32_shards,
+                s22_bump_loser_adopts_the_winners_count,
+                s23_bump_winner_propagates_to_existing_shards,
+                s24_retry_on_another_shard,
+                s25_retries_capped_at_two,
+                s26_retry_that_finds_a_missing_shard_creates_it,
+                s27_per_shard_request_ceiling,
+                s28_doubling_transient_is_one_and_a_half_capacity,
+                s29_lost_create_race_debits_the_winners_item,
+                s29_lost_create_race_refuses_when_the_winner_is_short,
+                s31_shard_count_never_shrinks,
+                s32_cascade_hot_path_and_parent_exhaustion,
+                s33_parent_only_slow_path,
+                s34_fresh_process_debits_child_and_parent_together,
+                s35_cascading_child_takes_the_slow_path_not_a_retry
+            );
+        }
+    };
+    (@cases $make:expr; $($case:ident),*) => {
+        $(
+            #[tokio::test]
+            async fn $case() {
+                super::$case($make).await;
+            }
+        )*
+    };
+}
+
+scenarios!(
+    memory,
+    async { shardgate::store::memory::MemoryStore::new() }.await
+);
+scenarios!(dynamodb, common::dynamo::store().await);

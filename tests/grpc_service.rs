@@ -13,9 +13,7 @@ use std::time::Instant;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit as ProtoUnit;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
-    Code, DescriptorStatus,
-};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus};
 use prost::Message;
 use shardgate::engine::EngineStats;
 use shardgate::store::BucketKey;
@@ -112,7 +110,11 @@ async fn frozen_clock_remaining_and_reset_follow_the_token_bucket_exactly() {
         let s = c.ok(alice()).await.statuses[0].clone();
         assert_eq!(code(s.code), Code::Ok, "request {k}");
         assert_eq!(s.limit_remaining, (10 - k) as u32, "request {k}");
-        assert_eq!(reset_ms(&s), k * 6_000, "request {k}: full again after k × 6 s");
+        assert_eq!(
+            reset_ms(&s),
+            k * 6_000,
+            "request {k}: full again after k × 6 s"
+        );
     }
     let s = c.ok(alice()).await.statuses[0].clone();
     assert_eq!((code(s.code), s.limit_remaining), (Code::OverLimit, 0));
@@ -126,7 +128,11 @@ async fn frozen_clock_remaining_and_reset_follow_the_token_bucket_exactly() {
     server.advance(3_000); // one whole token: admitted, bucket empty again
     let s = c.ok(alice()).await.statuses[0].clone();
     assert_eq!((code(s.code), s.limit_remaining), (Code::Ok, 0));
-    assert_eq!(reset_ms(&s), 60_000, "an empty 10/min bucket is full after 60 s");
+    assert_eq!(
+        reset_ms(&s),
+        60_000,
+        "an empty 10/min bucket is full after 60 s"
+    );
     let s = c.ok(alice()).await.statuses[0].clone();
     assert_eq!(code(s.code), Code::OverLimit);
 
@@ -175,7 +181,10 @@ async fn statuses_come_back_in_request_order_with_each_descriptors_own_limit() {
     let s = &r.statuses;
     assert_eq!(code(s[0].code), Code::Ok);
     assert_limit(&s[0], "c_rph", 3, ProtoUnit::Hour);
-    assert_eq!(s[0].limit_remaining, 3, "refused request took nothing from c");
+    assert_eq!(
+        s[0].limit_remaining, 3,
+        "refused request took nothing from c"
+    );
     assert_eq!(code(s[1].code), Code::Ok);
     assert_eq!(s[1].current_limit, None, "no rule matches x");
     assert_eq!(code(s[2].code), Code::OverLimit);
@@ -183,11 +192,17 @@ async fn statuses_come_back_in_request_order_with_each_descriptors_own_limit() {
     assert_eq!((s[2].limit_remaining, reset_ms(&s[2])), (0, 60_001));
     assert_eq!(code(s[3].code), Code::Ok);
     assert_limit(&s[3], "b_rps", 5, ProtoUnit::Second);
-    assert_eq!(s[3].limit_remaining, 5, "refused request took nothing from b");
+    assert_eq!(
+        s[3].limit_remaining, 5,
+        "refused request took nothing from b"
+    );
 
     // Reversed order, admitted: statuses follow the new order and both are debited once.
     let r = c
-        .ok(request("order", vec![desc(&[("b", "1")]), desc(&[("c", "1")])]))
+        .ok(request(
+            "order",
+            vec![desc(&[("b", "1")]), desc(&[("c", "1")])],
+        ))
         .await;
     assert_eq!(code(r.overall_code), Code::Ok);
     assert_limit(&r.statuses[0], "b_rps", 5, ProtoUnit::Second);
@@ -195,7 +210,11 @@ async fn statuses_come_back_in_request_order_with_each_descriptors_own_limit() {
     assert_eq!(reset_ms(&r.statuses[0]), 200, "5/s: one token per 200 ms");
     assert_limit(&r.statuses[1], "c_rph", 3, ProtoUnit::Hour);
     assert_eq!(r.statuses[1].limit_remaining, 2);
-    assert_eq!(reset_ms(&r.statuses[1]), 1_200_000, "3/h: one token per 20 min");
+    assert_eq!(
+        reset_ms(&r.statuses[1]),
+        1_200_000,
+        "3/h: one token per 20 min"
+    );
 }
 
 #[tokio::test]
@@ -219,7 +238,10 @@ async fn over_limit_descriptor_takes_nothing_from_the_other_descriptors() {
     let r = c.ok(both()).await;
     assert_eq!(code(r.overall_code), Code::OverLimit);
     assert_eq!(code(r.statuses[0].code), Code::Ok);
-    assert_eq!(r.statuses[0].limit_remaining, 7, "alice's balance, untouched");
+    assert_eq!(
+        r.statuses[0].limit_remaining, 7,
+        "alice's balance, untouched"
+    );
     assert_eq!(code(r.statuses[1].code), Code::OverLimit);
     assert_eq!(
         (r.statuses[1].limit_remaining, reset_ms(&r.statuses[1])),
@@ -228,7 +250,11 @@ async fn over_limit_descriptor_takes_nothing_from_the_other_descriptors() {
     for attempt in 2..=4 {
         let r = c.ok(both()).await;
         assert_eq!(code(r.overall_code), Code::OverLimit, "attempt {attempt}");
-        assert_eq!(code(r.statuses[1].code), Code::OverLimit, "attempt {attempt}");
+        assert_eq!(
+            code(r.statuses[1].code),
+            Code::OverLimit,
+            "attempt {attempt}"
+        );
     }
     // alice's bucket still holds 7: the refused requests took nothing from it.
     assert_eq!(stored_tk(&server, "user=alice", "api", "user_rpm"), 7_000);
@@ -376,7 +402,11 @@ async fn cascade_parent_exhausted_refuses_the_child_and_the_child_keeps_its_toke
         assert_eq!(reset_ms(&s), k * 20_000, "request {k}");
     }
     let s = c.ok(k1()).await.statuses[0].clone();
-    assert_eq!(code(s.code), Code::OverLimit, "4th request: parent is empty");
+    assert_eq!(
+        code(s.code),
+        Code::OverLimit,
+        "4th request: parent is empty"
+    );
     assert_limit(&s, "tenant_rpm", 3, ProtoUnit::Minute);
     assert_eq!((s.limit_remaining, reset_ms(&s)), (0, 20_001));
 
@@ -420,7 +450,10 @@ async fn cascade_child_exhausted_refuses_without_debiting_the_parent() {
 
     // The parent was debited by the two admitted requests only: 5 − 2 = 3, and a request
     // on the tenant alone (which matches the parent rule) leaves 2.
-    assert_eq!(stored_tk(&server, "tenant=acme", "edge", "tenant_rpm"), 3_000);
+    assert_eq!(
+        stored_tk(&server, "tenant=acme", "edge", "tenant_rpm"),
+        3_000
+    );
     let r = c.ok(one("edge", &[("tenant", "acme")])).await;
     assert_limit(&r.statuses[0], "tenant_rpm", 5, ProtoUnit::Minute);
     assert_eq!(
@@ -450,7 +483,10 @@ descriptors:
             rate_limit: {unit: minute, requests_per_unit: 1000, name: tpm}
 ";
 
-fn llm_call(model: &str, tokens: u64) -> envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest {
+fn llm_call(
+    model: &str,
+    tokens: u64,
+) -> envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest {
     request(
         "llm",
         vec![
@@ -472,15 +508,25 @@ async fn composite_rpm_and_tpm_share_one_bucket_item_debited_together() {
     let r = c.ok(llm_call("gpt", 400)).await;
     assert_eq!(code(r.overall_code), Code::Ok);
     assert_limit(&r.statuses[0], "rpm", 3, ProtoUnit::Minute);
-    assert_eq!((r.statuses[0].limit_remaining, reset_ms(&r.statuses[0])), (2, 20_000));
+    assert_eq!(
+        (r.statuses[0].limit_remaining, reset_ms(&r.statuses[0])),
+        (2, 20_000)
+    );
     assert_limit(&r.statuses[1], "tpm", 1000, ProtoUnit::Minute);
     // 400 tokens at 1000/min = 60 ms per token.
-    assert_eq!((r.statuses[1].limit_remaining, reset_ms(&r.statuses[1])), (600, 24_000));
+    assert_eq!(
+        (r.statuses[1].limit_remaining, reset_ms(&r.statuses[1])),
+        (600, 24_000)
+    );
     assert_eq!(server.store.len(), 1, "one item holds both limits");
 
     let before = fast_hits();
     let r = c.ok(llm_call("gpt", 400)).await;
-    assert_eq!(fast_hits() - before, 1, "both limits debited by one item write");
+    assert_eq!(
+        fast_hits() - before,
+        1,
+        "both limits debited by one item write"
+    );
     assert_eq!(r.statuses[0].limit_remaining, 1);
     assert_eq!(r.statuses[1].limit_remaining, 200);
 
@@ -495,7 +541,11 @@ async fn composite_rpm_and_tpm_share_one_bucket_item_debited_together() {
         (code(r.statuses[1].code), r.statuses[1].limit_remaining),
         (Code::OverLimit, 200)
     );
-    assert_eq!(reset_ms(&r.statuses[1]), 200 * 60 + 1, "200 missing tokens + 1 ms");
+    assert_eq!(
+        reset_ms(&r.statuses[1]),
+        200 * 60 + 1,
+        "200 missing tokens + 1 ms"
+    );
 
     let r = c.ok(llm_call("gpt", 200)).await;
     assert_eq!(code(r.overall_code), Code::Ok);
@@ -527,25 +577,51 @@ async fn hits_addend_descriptor_level_overrides_request_level_and_zero_only_chec
     };
 
     let s = c.ok(with_request_hits(desc(alice), 3)).await.statuses[0].clone();
-    assert_eq!((s.limit_remaining, reset_ms(&s)), (7, 18_000), "request-level 3");
+    assert_eq!(
+        (s.limit_remaining, reset_ms(&s)),
+        (7, 18_000),
+        "request-level 3"
+    );
 
-    let s = c.ok(with_request_hits(desc_hits(alice, 2), 5)).await.statuses[0].clone();
-    assert_eq!(s.limit_remaining, 5, "descriptor-level 2 wins over request-level 5");
+    let s = c
+        .ok(with_request_hits(desc_hits(alice, 2), 5))
+        .await
+        .statuses[0]
+        .clone();
+    assert_eq!(
+        s.limit_remaining, 5,
+        "descriptor-level 2 wins over request-level 5"
+    );
 
     for _ in 0..3 {
-        let s = c.ok(with_request_hits(desc_hits(alice, 0), 4)).await.statuses[0].clone();
+        let s = c
+            .ok(with_request_hits(desc_hits(alice, 0), 4))
+            .await
+            .statuses[0]
+            .clone();
         assert_eq!(code(s.code), Code::Ok);
-        assert_eq!(s.limit_remaining, 5, "hits_addend 0 checks without consuming");
+        assert_eq!(
+            s.limit_remaining, 5,
+            "hits_addend 0 checks without consuming"
+        );
     }
 
     let s = c.ok(with_request_hits(desc(alice), 0)).await.statuses[0].clone();
     assert_eq!(s.limit_remaining, 4, "request-level 0 means 1");
 
     let s = c.ok(with_request_hits(desc(alice), 5)).await.statuses[0].clone();
-    assert_eq!(code(s.code), Code::OverLimit, "5 hits do not fit in 4 tokens");
+    assert_eq!(
+        code(s.code),
+        Code::OverLimit,
+        "5 hits do not fit in 4 tokens"
+    );
     assert_eq!((s.limit_remaining, reset_ms(&s)), (4, 6_001));
     let s = c.ok(with_request_hits(desc(alice), 4)).await.statuses[0].clone();
-    assert_eq!((code(s.code), s.limit_remaining), (Code::Ok, 0), "the refused 5 took nothing");
+    assert_eq!(
+        (code(s.code), s.limit_remaining),
+        (Code::Ok, 0),
+        "the refused 5 took nothing"
+    );
 }
 
 #[tokio::test]
@@ -596,14 +672,20 @@ async fn empty_domain_or_empty_descriptor_list_is_invalid_argument() {
         .await
         .expect_err("empty domain must be refused");
     assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
-    assert!(e.message().contains("domain"), "message names the field: {e:?}");
+    assert!(
+        e.message().contains("domain"),
+        "message names the field: {e:?}"
+    );
 
     let e = c
         .call(request("api", vec![]))
         .await
         .expect_err("empty descriptor list must be refused");
     assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
-    assert!(e.message().contains("descriptors"), "message names the field: {e:?}");
+    assert!(
+        e.message().contains("descriptors"),
+        "message names the field: {e:?}"
+    );
 
     let e = c
         .call(request("api", vec![desc(&[])]))
@@ -652,12 +734,22 @@ descriptors:
     .await;
     let mut c = server.client().await;
     let r = c.ok(one("api", &[("probe", "p")])).await;
-    assert_eq!((code(r.overall_code), r.statuses[0].limit_remaining), (Code::Ok, 0));
+    assert_eq!(
+        (code(r.overall_code), r.statuses[0].limit_remaining),
+        (Code::Ok, 0)
+    );
     for i in 1..=3u32 {
         let r = c
-            .ok(request("api", vec![desc(&[("probe", "p")]), desc(&[("user", "u")])]))
+            .ok(request(
+                "api",
+                vec![desc(&[("probe", "p")]), desc(&[("user", "u")])],
+            ))
             .await;
-        assert_eq!(code(r.overall_code), Code::Ok, "shadow never refuses: {r:?}");
+        assert_eq!(
+            code(r.overall_code),
+            Code::Ok,
+            "shadow never refuses: {r:?}"
+        );
         assert_eq!(code(r.statuses[0].code), Code::Ok);
         assert_limit(&r.statuses[0], "probe_rpm", 1, ProtoUnit::Minute);
         assert_eq!(r.statuses[0].limit_remaining, 0);
@@ -729,7 +821,12 @@ async fn descriptor_limit_override_applies_instead_of_the_tree() {
     for k in 1..=2u32 {
         let s = c.ok(overridden()).await.statuses[0].clone();
         assert_eq!(code(s.code), Code::Ok);
-        assert_eq!(s.current_limit.as_ref().map(|l| (l.requests_per_unit, l.unit)), Some((2, ProtoUnit::Second as i32)));
+        assert_eq!(
+            s.current_limit
+                .as_ref()
+                .map(|l| (l.requests_per_unit, l.unit)),
+            Some((2, ProtoUnit::Second as i32))
+        );
         assert_eq!(s.limit_remaining, 2 - k);
     }
     let s = c.ok(overridden()).await.statuses[0].clone();
@@ -752,7 +849,11 @@ async fn health_reports_serving_for_the_server_and_the_ratelimit_service() {
 
     let server = TestServer::start(USER_10_PER_MINUTE).await;
     let mut health = HealthClient::new(server.channel().await);
-    for service in ["", "ratelimit", "envoy.service.ratelimit.v3.RateLimitService"] {
+    for service in [
+        "",
+        "ratelimit",
+        "envoy.service.ratelimit.v3.RateLimitService",
+    ] {
         let r = tokio::time::timeout(
             CALL_TIMEOUT,
             health.check(HealthCheckRequest {

@@ -1,6 +1,8 @@
-//! The store contract, as one list of cases run against every store (the memory store
-//! here; DynamoDB joins through the same macro). A store passes only if it evaluates
+//! The store contract, as one list of cases run against every store: the memory store
+//! and DynamoDB (Local) must provably behave the same. A store passes only if it evaluates
 //! exactly the conditions `src/store/mod.rs` documents.
+
+mod common;
 
 use std::collections::BTreeMap;
 
@@ -200,7 +202,11 @@ pub async fn update_needs_the_rf_lock_and_applies_deltas<S: BucketStore>(s: S) {
         s.commit(&[upd(rf - 1)]).await.unwrap(),
         CommitOutcome::Conflict(_)
     ));
-    assert_eq!(s.commit(&[upd(rf)]).await.unwrap(), CommitOutcome::Committed, "lock held");
+    assert_eq!(
+        s.commit(&[upd(rf)]).await.unwrap(),
+        CommitOutcome::Committed,
+        "lock held"
+    );
     let after = s.read(&[key(0)]).await.unwrap()[0].clone().unwrap();
     assert_eq!((after.rf, after.ttl), (rf + 10, Some(NOW_S + 500)));
     assert_eq!(
@@ -367,7 +373,7 @@ pub async fn credit_never_lifts_above_the_ceiling<S: BucketStore>(s: S) {
     );
 }
 
-/// Runs every conformance case against a store built by `$make`.
+/// Runs every conformance case against a store built by `$make` (an async expression).
 macro_rules! conformance {
     ($module:ident, $make:expr) => {
         mod $module {
@@ -404,4 +410,8 @@ macro_rules! conformance {
     };
 }
 
-conformance!(memory, shardgate::store::memory::MemoryStore::new());
+conformance!(
+    memory,
+    async { shardgate::store::memory::MemoryStore::new() }.await
+);
+conformance!(dynamodb, crate::common::dynamo::store().await);

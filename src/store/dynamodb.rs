@@ -21,8 +21,8 @@ use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{
-    AttributeDefinition, AttributeValue, BillingMode, ConsumedCapacity, KeySchemaElement,
-    KeyType, KeysAndAttributes, Put, ReturnConsumedCapacity, ReturnValue,
+    AttributeDefinition, AttributeValue, BillingMode, ConsumedCapacity, KeySchemaElement, KeyType,
+    KeysAndAttributes, Put, ReturnConsumedCapacity, ReturnValue,
     ReturnValuesOnConditionCheckFailure, ScalarAttributeType, TimeToLiveSpecification,
     TransactWriteItem, Update,
 };
@@ -146,7 +146,9 @@ pub async fn create_table(client: &Client, table: &str) -> Result<TableCreated, 
     Ok(created)
 }
 
-fn describe<E: ProvideErrorMetadata + std::fmt::Debug, R: std::fmt::Debug>(e: &SdkError<E, R>) -> String {
+fn describe<E: ProvideErrorMetadata + std::fmt::Debug, R: std::fmt::Debug>(
+    e: &SdkError<E, R>,
+) -> String {
     match e {
         SdkError::ServiceError(s) => {
             let inner = s.err();
@@ -207,7 +209,10 @@ impl CallLedger {
 
     /// Totals per (operation, outcome).
     pub fn totals(&self) -> BTreeMap<CallKind, CallTotals> {
-        self.totals.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.totals
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Calls of one operation, any outcome.
@@ -248,8 +253,16 @@ impl CallLedger {
 
     /// Clears totals and the sequence.
     pub fn reset(&self) {
-        self.totals.lock().unwrap_or_else(|e| e.into_inner()).clear();
-        if let Some(s) = self.sequence.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+        self.totals
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+        if let Some(s) = self
+            .sequence
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_mut()
+        {
             s.clear();
         }
     }
@@ -451,7 +464,10 @@ fn decode(key: &str, item: &Item) -> Result<BucketItem, StoreError> {
             .max(1),
         None => 1,
     };
-    let ttl = item.get("ttl").map(|v| parse_n(key, "ttl", v)).transpose()?;
+    let ttl = item
+        .get("ttl")
+        .map(|v| parse_n(key, "ttl", v))
+        .transpose()?;
     let mut fields: BTreeMap<&str, [Option<i64>; 5]> = BTreeMap::new();
     for (name, v) in item {
         let Some(rest) = name.strip_prefix("b_") else {
@@ -544,7 +560,11 @@ impl DynamoStore {
         }
     }
 
-    fn decode_opt(&self, key: &BucketKey, item: Option<&Item>) -> Result<Option<BucketItem>, StoreError> {
+    fn decode_opt(
+        &self,
+        key: &BucketKey,
+        item: Option<&Item>,
+    ) -> Result<Option<BucketItem>, StoreError> {
         item.filter(|i| !i.is_empty())
             .map(|i| decode(&self.pk(key), i))
             .transpose()
@@ -560,7 +580,13 @@ impl DynamoStore {
             out.insert("ttl".into(), n(t));
         }
         for (limit, st) in &item.limits {
-            for (field, v) in [("tk", st.tk), ("cp", st.cp), ("ra", st.ra), ("rp", st.rp), ("tc", st.tc)] {
+            for (field, v) in [
+                ("tk", st.tk),
+                ("cp", st.cp),
+                ("ra", st.ra),
+                ("rp", st.rp),
+                ("tc", st.tc),
+            ] {
                 out.insert(attr(limit, field), n(v));
             }
         }
@@ -591,7 +617,8 @@ impl DynamoStore {
             .await;
         match result {
             Ok(out) => {
-                self.ledger.record("UpdateItem", "ok", capacity(out.consumed_capacity()));
+                self.ledger
+                    .record("UpdateItem", "ok", capacity(out.consumed_capacity()));
                 let image = self
                     .decode_opt(key, out.attributes())?
                     .ok_or_else(|| self.unavailable(key, "UpdateItem returned no item".into()))?;
@@ -610,7 +637,11 @@ impl DynamoStore {
         }
     }
 
-    async fn put_new(&self, key: &BucketKey, item: &BucketItem) -> Result<Option<Option<BucketItem>>, StoreError> {
+    async fn put_new(
+        &self,
+        key: &BucketKey,
+        item: &BucketItem,
+    ) -> Result<Option<Option<BucketItem>>, StoreError> {
         let result = self
             .client
             .put_item()
@@ -623,7 +654,8 @@ impl DynamoStore {
             .await;
         match result {
             Ok(out) => {
-                self.ledger.record("PutItem", "ok", capacity(out.consumed_capacity()));
+                self.ledger
+                    .record("PutItem", "ok", capacity(out.consumed_capacity()));
                 Ok(None)
             }
             Err(err) => {
@@ -680,7 +712,9 @@ impl DynamoStore {
                     .condition_expression(c)
                     .set_expression_attribute_names(e.names())
                     .set_expression_attribute_values(e.values())
-                    .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+                    .return_values_on_condition_check_failure(
+                        ReturnValuesOnConditionCheckFailure::AllOld,
+                    )
                     .build()
                     .expect("table, key and expressions are set"),
             )
@@ -733,7 +767,10 @@ impl BucketStore for DynamoStore {
     }
 
     async fn read(&self, keys: &[BucketKey]) -> Result<Vec<Option<BucketItem>>, StoreError> {
-        let first = keys.first().cloned().unwrap_or_else(|| BucketKey::new("", "", 0));
+        let first = keys
+            .first()
+            .cloned()
+            .unwrap_or_else(|| BucketKey::new("", "", 0));
         let mut by_pk: HashMap<String, Item> = HashMap::new();
         let mut wanted: Vec<Item> = Vec::new();
         let mut seen = std::collections::HashSet::new();
@@ -772,7 +809,8 @@ impl BucketStore for DynamoStore {
                         return Err(self.unavailable(&first, describe(&err)));
                     }
                 };
-                self.ledger.record("BatchGetItem", "ok", capacity_all(out.consumed_capacity()));
+                self.ledger
+                    .record("BatchGetItem", "ok", capacity_all(out.consumed_capacity()));
                 if let Some(items) = out.responses().and_then(|r| r.get(&self.table)) {
                     for it in items {
                         if let Some(AttributeValue::S(pk)) = it.get("PK") {
@@ -797,7 +835,10 @@ impl BucketStore for DynamoStore {
         if writes.is_empty() || writes.len() > MAX_COMMIT_ITEMS {
             return Err(StoreError::Invalid {
                 key: writes.first().map(|w| self.pk(w.key())).unwrap_or_default(),
-                reason: format!("a commit carries 1..={MAX_COMMIT_ITEMS} items, not {}", writes.len()),
+                reason: format!(
+                    "a commit carries 1..={MAX_COMMIT_ITEMS} items, not {}",
+                    writes.len()
+                ),
             });
         }
         if writes.len() == 1 {
@@ -813,8 +854,11 @@ impl BucketStore for DynamoStore {
             .await;
         match result {
             Ok(out) => {
-                self.ledger
-                    .record("TransactWriteItems", "ok", capacity_all(out.consumed_capacity()));
+                self.ledger.record(
+                    "TransactWriteItems",
+                    "ok",
+                    capacity_all(out.consumed_capacity()),
+                );
                 Ok(CommitOutcome::Committed)
             }
             Err(err) => {
@@ -843,7 +887,8 @@ impl BucketStore for DynamoStore {
                     }
                 }
                 if !unknown.is_empty() {
-                    let keys: Vec<BucketKey> = unknown.iter().map(|&i| writes[i].key().clone()).collect();
+                    let keys: Vec<BucketKey> =
+                        unknown.iter().map(|&i| writes[i].key().clone()).collect();
                     let images = self.read(&keys).await?;
                     failed.extend(unknown.into_iter().zip(images));
                     failed.sort_by_key(|f| f.0);
@@ -949,7 +994,10 @@ mod tests {
         }];
         let (u, c, e) = debit_expression(&debits, DebitMode::Fast { now_s: 5 });
         assert_eq!(u, "ADD #t0 :n0, #c0 :a0, #wt :wneg, #wc :wpos");
-        assert!(!u.contains("rpm") && !c.contains("rpm"), "names only through aliases");
+        assert!(
+            !u.contains("rpm") && !c.contains("rpm"),
+            "names only through aliases"
+        );
         assert_eq!(e.names["#t0"], "b_rpm.v2-x_y_tk");
         assert!(c.starts_with("attribute_exists(PK) AND #t0 >= :a0 AND #cp0 = :cp0"));
         assert!(c.ends_with("#wt >= :wpos AND (attribute_not_exists(#ttl) OR #ttl > :now)"));
@@ -963,7 +1011,16 @@ mod tests {
             item.insert(format!("b_my_limit_{f}"), n(v));
         }
         let it = decode("k", &item).unwrap();
-        assert_eq!(it.limits["my_limit"], LimitState { tk: 1, cp: 2, ra: 3, rp: 4, tc: 5 });
+        assert_eq!(
+            it.limits["my_limit"],
+            LimitState {
+                tk: 1,
+                cp: 2,
+                ra: 3,
+                rp: 4,
+                tc: 5
+            }
+        );
         assert_eq!(it.shard_count, 1);
     }
 
@@ -971,11 +1028,17 @@ mod tests {
     fn decode_rejects_corrupt_numbers() {
         let mut item: Item = HashMap::new();
         item.insert("rf".into(), AttributeValue::N("1.5".into()));
-        assert!(matches!(decode("k", &item), Err(StoreError::Corrupt { .. })));
+        assert!(matches!(
+            decode("k", &item),
+            Err(StoreError::Corrupt { .. })
+        ));
         item.insert("rf".into(), n(1));
         item.insert("b_x_tk".into(), n(1));
         item.insert("b_x_cp".into(), n(1));
         item.insert("b_x_rp".into(), n(0));
-        assert!(matches!(decode("k", &item), Err(StoreError::Corrupt { .. })));
+        assert!(matches!(
+            decode("k", &item),
+            Err(StoreError::Corrupt { .. })
+        ));
     }
 }

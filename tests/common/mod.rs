@@ -1,11 +1,15 @@
-//! Shared test fixtures: a store wrapper that records every call (operation, key and
-//! outcome) and can inject a concurrent writer's action at a chosen moment.
+//! Shared test fixtures: a store wrapper that records every call (operation, shard and
+//! outcome) and can inject a concurrent writer's action at a chosen moment, for any
+//! store; and the DynamoDB Local connection.
 
 #![allow(dead_code)]
 
+pub mod dynamo;
+
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
-use shardgate::store::memory::MemoryStore;
 use shardgate::store::{
     BucketItem, BucketKey, BucketStore, BumpOutcome, CommitOutcome, Credit, Debit, DebitMode,
     DebitOutcome, StoreError, Write,
@@ -41,21 +45,25 @@ pub enum Call {
     },
 }
 
-type Hook = Box<dyn FnOnce(&MemoryStore) + Send>;
+pub type Hook<S> = Box<dyn FnOnce(Arc<S>) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send>;
 
-/// A [`MemoryStore`] that records calls and runs one-shot hooks before a commit or bump
+/// Any store, recording calls, with one-shot hooks run before a commit or a bump
 /// (standing in for another server acting in between).
-#[derive(Default)]
-pub struct Recorder {
-    pub inner: MemoryStore,
+pub struct Recorder<S: BucketStore> {
+    pub inner: Arc<S>,
     calls: Mutex<Vec<Call>>,
-    before_commit: Mutex<Option<Hook>>,
-    before_bump: Mutex<Option<Hook>>,
+    before_commit: Mutex<Option<Hook<S>>>,
+    before_bump: Mutex<Option<Hook<S>>>,
 }
 
-impl Recorder {
-    pub fn new() -> Arc<Recorder> {
-        Arc::new(Recorder::default())
+impl<S: BucketStore> Recorder<S> {
+    pub fn new(inner: S) -> Arc<Recorder<S>> {
+        Arc::new(Recorder {
+            inner: Arc::new(inner),
+            calls: Mutex::new(Vec::new()),
+            before_commit: Mutex::new(None),
+            before_bump: Mutex::new(None),
+        })
     }
 
     pub fn calls(&self) -> Vec<Call> {
@@ -66,12 +74,27 @@ impl Recorder {
         self.calls.lock().unwrap().clear();
     }
 
-    pub fn before_commit(&self, hook: impl FnOnce(&MemoryStore) + Send + 'static) {
-        *self.before_commit.lock().unwrap() = Some(Box::new(hook));
+    pub fn before_commit(&self, hook: Hook<S>) {
+        *self.before_commit.lock().unwrap() = Some(hook);
     }
 
-    pub fn before_bump(&self, hook: impl FnOnce(&MemoryStore) + Send + 'static) {
-        *self.before_bump.lock().unwrap() = Some(Box::new(hook));
+    pub fn before_bump(&self, hook: Hook<S>) {
+        *self.before_bump.lock().unwrap() = Some(hook);
+    }
+
+    /// Creates an item through the contract (not recorded).
+    pub async fn put(&self, key: BucketKey, item: BucketItem) {
+        put(&*self.inner, key, item).await;
+    }
+
+    /// Reads an item through the contract (not recorded).
+    pub async fn get(&self, key: &BucketKey) -> Option<BucketItem> {
+        self.inner
+            .read(std::slice::from_ref(key))
+            .await
+            .unwrap()
+            .pop()
+            .unwrap()
     }
 
     fn log(&self, c: Call) {
@@ -79,7 +102,17 @@ impl Recorder {
     }
 }
 
-impl BucketStore for Recorder {
+/// Creates an item through the contract; panics if it exists.
+pub async fn put<S: BucketStore>(store: &S, key: BucketKey, item: BucketItem) {
+    let out = store.commit(&[Write::Create { key, item }]).await.unwrap();
+    assert_eq!(
+        out,
+        CommitOutcome::Committed,
+        "test set-up puts fresh items only"
+    );
+}
+
+impl<S: BucketStore> BucketStore for Recorder<S> {
     async fn debit(
         &self,
         key: &BucketKey,
@@ -104,8 +137,9 @@ impl BucketStore for Recorder {
     }
 
     async fn commit(&self, writes: &[Write]) -> Result<CommitOutcome, StoreError> {
-        if let Some(hook) = self.before_commit.lock().unwrap().take() {
-            hook(&self.inner);
+        let hook = self.before_commit.lock().unwrap().take();
+        if let Some(hook) = hook {
+            hook(self.inner.clone()).await;
         }
         let out = self.inner.commit(writes).await?;
         self.log(Call::Commit {
@@ -129,8 +163,9 @@ impl BucketStore for Recorder {
         old: u32,
         new: u32,
     ) -> Result<BumpOutcome, StoreError> {
-        if let Some(hook) = self.before_bump.lock().unwrap().take() {
-            hook(&self.inner);
+        let hook = self.before_bump.lock().unwrap().take();
+        if let Some(hook) = hook {
+            hook(self.inner.clone()).await;
         }
         let outcome = self
             .inner

@@ -79,7 +79,9 @@ impl TestServer {
             Arc::new(RandomDraw),
         ));
         let limiter = Arc::new(RateLimiter::new(Arc::new(config), engine));
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind loopback");
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind loopback");
         let addr = listener.local_addr().expect("local addr");
         let (tx, rx) = oneshot::channel::<()>();
         tokio::spawn(grpc::serve(limiter.clone(), listener, async {
@@ -137,7 +139,10 @@ pub struct Rls(pub RateLimitServiceClient<Channel>);
 pub const CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl Rls {
-    pub async fn call(&mut self, req: RateLimitRequest) -> Result<RateLimitResponse, tonic::Status> {
+    pub async fn call(
+        &mut self,
+        req: RateLimitRequest,
+    ) -> Result<RateLimitResponse, tonic::Status> {
         match tokio::time::timeout(CALL_TIMEOUT, self.0.should_rate_limit(req)).await {
             Ok(r) => r.map(tonic::Response::into_inner),
             Err(_) => panic!("ShouldRateLimit did not answer within {CALL_TIMEOUT:?}"),

@@ -1,0 +1,60 @@
+//! DynamoDB Local for tests: `scripts/test` (and `.ci/run`) start it and export its
+//! endpoint as `SHARDGATE_TEST_DYNAMODB_ENDPOINT`. Each test gets its own namespace in one
+//! shared table, so tests never see each other's items.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use aws_sdk_dynamodb::config::{BehaviorVersion, Credentials, Region};
+use aws_sdk_dynamodb::Client;
+use shardgate::store::dynamodb::{create_table, DynamoStore};
+use tokio::sync::OnceCell;
+
+pub const TABLE: &str = "shardgate_tests";
+
+/// The DynamoDB Local endpoint; tests that need it fail loudly without it.
+pub fn endpoint() -> String {
+    std::env::var("SHARDGATE_TEST_DYNAMODB_ENDPOINT").unwrap_or_else(|_| {
+        panic!(
+            "SHARDGATE_TEST_DYNAMODB_ENDPOINT is not set: run the tests with scripts/test, \
+             which installs and starts DynamoDB Local"
+        )
+    })
+}
+
+/// A client with static local credentials (never the instance-metadata chain).
+pub fn client() -> Client {
+    let conf = aws_sdk_dynamodb::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .region(Region::new("us-east-1"))
+        .credentials_provider(Credentials::new("local", "local", None, None, "tests"))
+        .endpoint_url(endpoint())
+        .build();
+    Client::from_conf(conf)
+}
+
+static TABLE_READY: OnceCell<()> = OnceCell::const_new();
+
+/// A store on the shared test table in a namespace of its own.
+pub async fn store() -> DynamoStore {
+    let client = client();
+    TABLE_READY
+        .get_or_init(|| async {
+            create_table(&client, TABLE)
+                .await
+                .expect("create the test table");
+        })
+        .await;
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let ns = format!(
+        "t{}-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    );
+    let store = DynamoStore::new(client, TABLE, &ns);
+    store.ledger().record_sequence();
+    store
+}
