@@ -1,13 +1,16 @@
-//! The `shardgate` command line: `serve` and `check-config`. Parsing and dispatch only.
+//! The `shardgate` command line: `serve`, `check-config`, `table create` and `inspect`.
+//! Parsing and dispatch only.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use shardgate::config::Config;
 use shardgate::service::server::{self, ServeOptions, StoreKind};
+use shardgate::store::dynamodb::{self, DynamoOptions, DynamoStore, TableCreated};
+use shardgate::store::{inspect, BucketItem};
 
 #[derive(Parser)]
 #[command(
@@ -29,6 +32,59 @@ enum Command {
         /// A YAML file or a directory of YAML files.
         path: PathBuf,
     },
+    /// Manage the DynamoDB table.
+    Table {
+        #[command(subcommand)]
+        command: TableCommand,
+    },
+    /// Print every shard of one bucket as JSON (DynamoDB store).
+    Inspect {
+        #[command(flatten)]
+        dynamo: Dynamo,
+        /// The bucket's entity, as shardgate encodes it (e.g. `tenant=acme/api_key=k1`).
+        #[arg(long)]
+        entity: String,
+        /// The bucket's resource (default resource: the domain).
+        #[arg(long)]
+        resource: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum TableCommand {
+    /// Create the table if it does not exist (on-demand billing, TTL on `ttl`).
+    Create {
+        #[command(flatten)]
+        dynamo: Dynamo,
+    },
+}
+
+/// Where the DynamoDB table is. Credentials and region come from the standard AWS chain.
+#[derive(Args)]
+struct Dynamo {
+    /// DynamoDB table name.
+    #[arg(long, env = "SHARDGATE_TABLE", default_value = "shardgate")]
+    table: String,
+    /// Endpoint override, for DynamoDB Local only.
+    #[arg(long, env = "SHARDGATE_DYNAMODB_ENDPOINT")]
+    dynamodb_endpoint: Option<String>,
+    /// AWS region (default: from the AWS configuration chain).
+    #[arg(long, env = "SHARDGATE_REGION")]
+    region: Option<String>,
+    /// Key prefix, so several deployments can share one table.
+    #[arg(long, env = "SHARDGATE_NAMESPACE", default_value = "default")]
+    namespace: String,
+}
+
+impl Dynamo {
+    fn options(self) -> DynamoOptions {
+        DynamoOptions {
+            table: self.table,
+            namespace: self.namespace,
+            endpoint: self.dynamodb_endpoint,
+            region: self.region,
+        }
+    }
 }
 
 #[derive(Parser)]
@@ -42,8 +98,11 @@ struct Serve {
     /// Where buckets live.
     #[arg(long, env = "SHARDGATE_STORE", value_enum, default_value_t = Store::Memory)]
     store: Store,
+    #[command(flatten)]
+    dynamo: Dynamo,
     /// Writes per second one shard item absorbs before its bucket is spread over more
-    /// shards (default: unlimited on the memory store).
+    /// shards: the `wcu` capacity written on new items (default: 1000 on DynamoDB,
+    /// unlimited on the memory store).
     #[arg(long, env = "SHARDGATE_PARTITION_WRITE_BUDGET")]
     partition_write_budget: Option<u64>,
     /// Evaluate and report every rule, but never answer OVER_LIMIT.
@@ -58,6 +117,8 @@ struct Serve {
 enum Store {
     /// The embedded in-memory store (one process, nothing else to run).
     Memory,
+    /// A DynamoDB table shared by a fleet of servers.
+    Dynamodb,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -78,6 +139,43 @@ fn init_logging(format: LogFormat) {
     }
 }
 
+fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
+    tokio::runtime::Runtime::new().map_err(|e| {
+        eprintln!("cannot start the runtime: {e}");
+        ExitCode::FAILURE
+    })
+}
+
+fn fail(message: impl std::fmt::Display) -> ExitCode {
+    eprintln!("{message}");
+    ExitCode::FAILURE
+}
+
+fn shard_json(shard: u32, image: &Option<BucketItem>) -> serde_json::Value {
+    match image {
+        None => serde_json::json!({ "shard": shard, "exists": false }),
+        Some(i) => {
+            let limits: serde_json::Map<String, serde_json::Value> = i
+                .limits
+                .iter()
+                .map(|(name, l)| {
+                    (
+                        name.clone(),
+                        serde_json::json!({
+                            "tokens": l.tk as f64 / 1000.0,
+                            "tk": l.tk, "cp": l.cp, "ra": l.ra, "rp": l.rp, "tc": l.tc,
+                        }),
+                    )
+                })
+                .collect();
+            serde_json::json!({
+                "shard": shard, "exists": true, "shard_count": i.shard_count,
+                "rf": i.rf, "ttl": i.ttl, "limits": limits,
+            })
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
@@ -86,11 +184,57 @@ fn main() -> ExitCode {
                 println!("OK");
                 ExitCode::SUCCESS
             }
-            Err(errors) => {
-                eprintln!("{errors}");
-                ExitCode::FAILURE
-            }
+            Err(errors) => fail(errors),
         },
+        Command::Table {
+            command: TableCommand::Create { dynamo },
+        } => {
+            let rt = match runtime() {
+                Ok(rt) => rt,
+                Err(code) => return code,
+            };
+            let options = dynamo.options();
+            rt.block_on(async {
+                let client = dynamodb::client(&options).await;
+                match dynamodb::create_table(&client, &options.table).await {
+                    Ok(TableCreated::Created) => {
+                        println!("created table {}", options.table);
+                        ExitCode::SUCCESS
+                    }
+                    Ok(TableCreated::AlreadyExisted) => {
+                        println!("table {} already exists", options.table);
+                        ExitCode::SUCCESS
+                    }
+                    Err(e) => fail(e),
+                }
+            })
+        }
+        Command::Inspect {
+            dynamo,
+            entity,
+            resource,
+        } => {
+            let rt = match runtime() {
+                Ok(rt) => rt,
+                Err(code) => return code,
+            };
+            rt.block_on(async {
+                let store = DynamoStore::connect(&dynamo.options()).await;
+                match inspect(&store, &entity, &resource).await {
+                    Ok(shards) => {
+                        let out = serde_json::json!({
+                            "entity": entity,
+                            "resource": resource,
+                            "shard_count": shards.len(),
+                            "shards": shards.iter().map(|(s, i)| shard_json(*s, i)).collect::<Vec<_>>(),
+                        });
+                        println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
+                        ExitCode::SUCCESS
+                    }
+                    Err(e) => fail(e),
+                }
+            })
+        }
         Command::Serve(args) => {
             init_logging(args.log_format);
             let options = ServeOptions {
@@ -98,23 +242,18 @@ fn main() -> ExitCode {
                 grpc_addr: args.grpc_addr,
                 store: match args.store {
                     Store::Memory => StoreKind::Memory,
+                    Store::Dynamodb => StoreKind::DynamoDb(args.dynamo.options()),
                 },
                 partition_write_budget: args.partition_write_budget,
                 global_shadow_mode: args.global_shadow_mode,
             };
-            let runtime = match tokio::runtime::Runtime::new() {
-                Ok(r) => r,
-                Err(e) => {
-                    eprintln!("cannot start the runtime: {e}");
-                    return ExitCode::FAILURE;
-                }
+            let rt = match runtime() {
+                Ok(rt) => rt,
+                Err(code) => return code,
             };
-            match runtime.block_on(server::run(options)) {
+            match rt.block_on(server::run(options)) {
                 Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("{e}");
-                    ExitCode::FAILURE
-                }
+                Err(e) => fail(e),
             }
         }
     }

@@ -106,7 +106,7 @@ pub struct Decision {
 /// Engine failures: the store failed, with the bucket it concerned.
 #[derive(Debug, Error)]
 pub enum EngineError {
-    #[error("bucket {entity}/{resource}: {source}")]
+    #[error("bucket of entity '{entity}' resource '{resource}': {source}")]
     Store {
         entity: String,
         resource: String,

@@ -11,13 +11,21 @@ use tokio::net::TcpListener;
 
 use super::{grpc, RateLimiter};
 use crate::config::{Config, ConfigErrors};
-use crate::engine::{Clock, Engine, EngineOptions, SystemClock, UNLIMITED_PARTITION_WRITE_BUDGET};
+use crate::engine::{
+    Clock, Engine, EngineOptions, SystemClock, DEFAULT_PARTITION_WRITE_BUDGET,
+    UNLIMITED_PARTITION_WRITE_BUDGET,
+};
+use crate::store::dynamodb::{DynamoOptions, DynamoStore};
 use crate::store::memory::MemoryStore;
+use crate::store::BucketStore;
 
 /// Which store backs the buckets.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub enum StoreKind {
+    /// In this process; nothing else to run.
     Memory,
+    /// A DynamoDB table shared by every server of a fleet.
+    DynamoDb(DynamoOptions),
 }
 
 /// Everything `shardgate serve` is told.
@@ -66,34 +74,61 @@ pub async fn run(options: ServeOptions) -> Result<(), ServeError> {
             addr: options.grpc_addr,
             source,
         })?;
-    match options.store {
+    let config = Arc::new(config);
+    match &options.store {
         StoreKind::Memory => {
             let store = Arc::new(MemoryStore::new());
-            let engine_options = EngineOptions {
-                partition_write_budget: options
-                    .partition_write_budget
-                    .unwrap_or(UNLIMITED_PARTITION_WRITE_BUDGET),
-                ..EngineOptions::default()
+            let budget = options
+                .partition_write_budget
+                .unwrap_or(UNLIMITED_PARTITION_WRITE_BUDGET);
+            let sweeper = {
+                let store = store.clone();
+                tokio::spawn(async move {
+                    let mut tick = tokio::time::interval(EVICTION_INTERVAL);
+                    loop {
+                        tick.tick().await;
+                        store.evict_expired(SystemClock.now_ms() / 1_000);
+                    }
+                })
             };
-            let engine = Arc::new(Engine::new(store.clone(), engine_options));
-            let limiter = Arc::new(
-                RateLimiter::new(Arc::new(config), engine)
-                    .with_global_shadow(options.global_shadow_mode),
-            );
-            let sweeper = tokio::spawn(async move {
-                let mut tick = tokio::time::interval(EVICTION_INTERVAL);
-                loop {
-                    tick.tick().await;
-                    store.evict_expired(SystemClock.now_ms() / 1_000);
-                }
-            });
-            tracing::info!(addr = %listener.local_addr().unwrap_or(options.grpc_addr), store = "memory", "serving gRPC");
-            let result = grpc::serve(limiter, listener, shutdown_signal()).await;
+            let result = serve_on(store, budget, config, listener, &options, "memory").await;
             sweeper.abort();
             result?;
         }
+        StoreKind::DynamoDb(dynamo) => {
+            let store = Arc::new(DynamoStore::connect(dynamo).await);
+            let budget = options
+                .partition_write_budget
+                .unwrap_or(DEFAULT_PARTITION_WRITE_BUDGET);
+            serve_on(store, budget, config, listener, &options, "dynamodb").await?;
+        }
     }
     tracing::info!("stopped");
+    Ok(())
+}
+
+async fn serve_on<S: BucketStore>(
+    store: Arc<S>,
+    partition_write_budget: u64,
+    config: Arc<Config>,
+    listener: TcpListener,
+    options: &ServeOptions,
+    store_name: &str,
+) -> Result<(), ServeError> {
+    let engine_options = EngineOptions {
+        partition_write_budget,
+        ..EngineOptions::default()
+    };
+    let engine = Arc::new(Engine::new(store, engine_options));
+    let limiter =
+        Arc::new(RateLimiter::new(config, engine).with_global_shadow(options.global_shadow_mode));
+    tracing::info!(
+        addr = %listener.local_addr().unwrap_or(options.grpc_addr),
+        store = store_name,
+        partition_write_budget,
+        "serving gRPC"
+    );
+    grpc::serve(limiter, listener, shutdown_signal()).await?;
     Ok(())
 }
 
