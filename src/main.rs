@@ -4,6 +4,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
@@ -95,6 +96,12 @@ struct Serve {
     /// Address of the gRPC listener.
     #[arg(long, env = "SHARDGATE_GRPC_ADDR", default_value = "0.0.0.0:8081")]
     grpc_addr: SocketAddr,
+    /// Address of the HTTP listener (/metrics, /healthcheck, /rlconfig, /json).
+    #[arg(long, env = "SHARDGATE_HTTP_ADDR", default_value = "0.0.0.0:8080")]
+    http_addr: SocketAddr,
+    /// After SIGTERM/SIGINT, how long calls in flight may take to finish (e.g. 10s, 500ms).
+    #[arg(long, env = "SHARDGATE_SHUTDOWN_GRACE", default_value = "10s", value_parser = parse_duration)]
+    shutdown_grace: Duration,
     /// Where buckets live.
     #[arg(long, env = "SHARDGATE_STORE", value_enum, default_value_t = Store::Memory)]
     store: Store,
@@ -137,6 +144,28 @@ fn init_logging(format: LogFormat) {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
     }
+}
+
+/// `10s`, `500ms`, `2m` or a bare number of seconds.
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (number, scale) = if let Some(n) = s.strip_suffix("ms") {
+        (n, 0.001)
+    } else if let Some(n) = s.strip_suffix('s') {
+        (n, 1.0)
+    } else if let Some(n) = s.strip_suffix('m') {
+        (n, 60.0)
+    } else {
+        (s, 1.0)
+    };
+    let v: f64 = number
+        .trim()
+        .parse()
+        .map_err(|_| format!("'{s}' is not a duration (try 10s, 500ms, 2m)"))?;
+    if !v.is_finite() || v < 0.0 {
+        return Err(format!("'{s}' is not a non-negative duration"));
+    }
+    Ok(Duration::from_secs_f64(v * scale))
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
@@ -240,6 +269,8 @@ fn main() -> ExitCode {
             let options = ServeOptions {
                 config: args.config,
                 grpc_addr: args.grpc_addr,
+                http_addr: args.http_addr,
+                shutdown_grace: args.shutdown_grace,
                 store: match args.store {
                     Store::Memory => StoreKind::Memory,
                     Store::Dynamodb => StoreKind::DynamoDb(args.dynamo.options()),

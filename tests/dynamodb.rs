@@ -384,6 +384,7 @@ async fn three_servers_share_one_bucket() {
                     .args(["--namespace", &namespace])
                     .args(["--dynamodb-endpoint", &common::dynamo::endpoint()])
                     .args(["--grpc-addr", &format!("127.0.0.1:{port}")])
+                    .args(["--http-addr", "127.0.0.1:0"])
                     .arg("--config")
                     .arg(&config)
                     .env("AWS_ACCESS_KEY_ID", "local")

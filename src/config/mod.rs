@@ -9,6 +9,7 @@ mod entity;
 mod load;
 mod matcher;
 mod model;
+pub mod reload;
 mod validate;
 
 use std::collections::HashMap;

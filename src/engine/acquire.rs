@@ -48,9 +48,20 @@ enum Resolution {
 /// State of one bucket while a request is being decided.
 #[derive(Debug)]
 enum Progress {
-    Applied { shard: u32, image: BucketItem },
-    Rejected { shard: u32, image: BucketItem },
-    Slow { shard: u32, count: u32 },
+    Applied {
+        shard: u32,
+        image: BucketItem,
+    },
+    Rejected {
+        shard: u32,
+        image: BucketItem,
+    },
+    /// Needs the slow path; `seen` is the image its fast-path refusal returned.
+    Slow {
+        shard: u32,
+        count: u32,
+        seen: Option<(u32, BucketItem)>,
+    },
 }
 
 /// A slow-path plan for one bucket.
@@ -123,6 +134,7 @@ impl<S: BucketStore> Engine<S> {
                 Ok(DebitOutcome::Refused(image)) => {
                     progress.push(None);
                     let idx = progress.len() - 1;
+                    let seen = image.clone().map(|i| (shard, i));
                     match self.resolve(b, shard, image, &avoid[idx], now).await {
                         Ok(r) => {
                             progress[idx] = Some(match r {
@@ -133,7 +145,7 @@ impl<S: BucketStore> Engine<S> {
                                     Progress::Rejected { shard, image }
                                 }
                                 Resolution::Slow { shard, count } => {
-                                    Progress::Slow { shard, count }
+                                    Progress::Slow { shard, count, seen }
                                 }
                             })
                         }
@@ -166,7 +178,7 @@ impl<S: BucketStore> Engine<S> {
             .iter()
             .enumerate()
             .filter_map(|(i, p)| match p {
-                Progress::Slow { shard, count } => Some((i, *shard, *count)),
+                Progress::Slow { shard, count, .. } => Some((i, *shard, *count)),
                 _ => None,
             })
             .collect();
@@ -314,11 +326,18 @@ impl<S: BucketStore> Engine<S> {
                 if j == i {
                     return self.outcome_from_image(b, shard, &image, now, false);
                 }
-                let key = BucketKey::new(&other.entity, &other.resource, 0);
-                match self.rejections.fresh(&key, now) {
-                    Some(img) => self.outcome_from_image(other, 0, &img, now, false),
-                    None => self.unknown_outcome(other),
-                }
+                // Report another bucket from the last image this process saw of any of
+                // its shards (projected to now); it decides nothing here.
+                let count = self.shards.get(&other.entity, &other.resource);
+                (0..count)
+                    .find_map(|s| {
+                        let key = BucketKey::new(&other.entity, &other.resource, s);
+                        self.rejections.latest(&key).map(|img| (s, img))
+                    })
+                    .map_or_else(
+                        || self.unknown_outcome(other),
+                        |(s, img)| self.outcome_from_image(other, s, &img, now, false),
+                    )
             })
             .collect();
         Some(Decision {
@@ -894,9 +913,11 @@ impl<S: BucketStore> Engine<S> {
                     }
                     o
                 }
-                Some(Progress::Rejected { shard, image }) => {
-                    self.outcome_from_image(b, *shard, image, now, false)
-                }
+                Some(Progress::Rejected { shard, image })
+                | Some(Progress::Slow {
+                    seen: Some((shard, image)),
+                    ..
+                }) => self.outcome_from_image(b, *shard, image, now, false),
                 _ => self.unknown_outcome(b),
             })
             .collect();
@@ -935,10 +956,10 @@ impl<S: BucketStore> Engine<S> {
                 ceiling: c.params.share(count).ceiling,
             })
             .collect();
-        self.rejections.forget(&key);
         if credits.is_empty() {
             return;
         }
+        self.rejections.credit(&key, &credits);
         EngineStats::bump(&self.stats.refunds);
         if let Err(e) = self.store.credit(&key, &credits).await {
             // A lost refund costs this bucket one request's tokens; never an over-admission.

@@ -141,6 +141,18 @@ impl Default for EngineOptions {
     }
 }
 
+/// Read access to the shard counts an engine has learnt (buckets with more than one
+/// shard), independent of the store type.
+#[derive(Debug, Clone)]
+pub struct ShardCountsView(Arc<shard::ShardCounts>);
+
+impl ShardCountsView {
+    /// Up to `limit` sharded buckets, most shards first: `(entity, resource, count)`.
+    pub fn hottest(&self, limit: usize) -> Vec<(String, String, u32)> {
+        self.0.hottest(limit)
+    }
+}
+
 /// Counters the engine keeps (exposed for tests and metrics).
 #[derive(Debug, Default)]
 pub struct EngineStats {
@@ -173,9 +185,9 @@ pub struct Engine<S: BucketStore> {
     draw: Arc<dyn ShardDraw>,
     options: EngineOptions,
     wcu: LimitParams,
-    shards: shard::ShardCounts,
+    shards: Arc<shard::ShardCounts>,
     rejections: rejection::RejectionCache,
-    stats: EngineStats,
+    stats: Arc<EngineStats>,
 }
 
 impl<S: BucketStore> std::fmt::Debug for Engine<S> {
@@ -204,13 +216,13 @@ impl<S: BucketStore> Engine<S> {
             clock,
             draw,
             wcu: LimitParams::new(budget, budget, 1_000),
-            shards: shard::ShardCounts::default(),
+            shards: Arc::default(),
             rejections: rejection::RejectionCache::new(
                 options.rejection_cache_ms,
                 options.rejection_cache_entries,
             ),
             options,
-            stats: EngineStats::default(),
+            stats: Arc::default(),
         }
     }
 
@@ -218,8 +230,13 @@ impl<S: BucketStore> Engine<S> {
         &self.store
     }
 
-    pub fn stats(&self) -> &EngineStats {
+    pub fn stats(&self) -> &Arc<EngineStats> {
         &self.stats
+    }
+
+    /// A handle on the shard counts this process knows, for metrics.
+    pub fn shard_counts(&self) -> ShardCountsView {
+        ShardCountsView(self.shards.clone())
     }
 
     pub fn options(&self) -> &EngineOptions {

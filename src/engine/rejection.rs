@@ -58,15 +58,29 @@ impl RejectionCache {
         );
     }
 
-    /// Forgets a shard whose balance went up by a path the cache would not see (a refund).
-    pub(crate) fn forget(&self, key: &BucketKey) {
+    /// Applies a refund to the cached image of a shard, so the cache never refuses on a
+    /// balance this process itself raised (each credit capped at its ceiling).
+    pub(crate) fn credit(&self, key: &BucketKey, credits: &[crate::store::Credit]) {
         if !self.enabled() {
             return;
         }
-        self.entries
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(key);
+        let mut g = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(e) = g.get_mut(key) {
+            for c in credits {
+                if let Some(st) = e.image.limits.get_mut(&c.limit) {
+                    st.tk = st.tk.saturating_add(c.amount).min(c.ceiling.max(st.tk));
+                }
+            }
+        }
+    }
+
+    /// The last image seen of a shard, however old (for reporting, never for refusing).
+    pub(crate) fn latest(&self, key: &BucketKey) -> Option<BucketItem> {
+        if !self.enabled() {
+            return None;
+        }
+        let g = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        g.get(key).map(|e| e.image.clone())
     }
 
     /// A fresh image of a shard, if any.

@@ -53,6 +53,18 @@ impl ShardCounts {
             .unwrap_or(1)
     }
 
+    /// Up to `limit` buckets with the most shards.
+    pub(crate) fn hottest(&self, limit: usize) -> Vec<(String, String, u32)> {
+        let mut all: Vec<(String, String, u32)> = Vec::new();
+        for p in &self.parts {
+            let g = p.lock().unwrap_or_else(|e| e.into_inner());
+            all.extend(g.iter().map(|((e, r), c)| (e.clone(), r.clone(), *c)));
+        }
+        all.sort_by(|a, b| b.2.cmp(&a.2).then_with(|| a.0.cmp(&b.0)));
+        all.truncate(limit);
+        all
+    }
+
     /// Learns `count` if it is larger than what is known.
     pub(crate) fn learn(&self, entity: &str, resource: &str, count: u32) {
         if count <= 1 {

@@ -23,7 +23,9 @@ use crate::config::{
 use crate::engine::bucket::{self, whole_tokens};
 use crate::engine::plan::{Plan, Slot};
 use crate::engine::{Decision, Engine, EngineError, LimitOutcome};
-use crate::store::BucketStore;
+use crate::store::{BucketKey, BucketStore};
+
+use super::metrics::{HitOutcome, Metrics};
 
 impl DescriptorEntry for Entry {
     fn key(&self) -> &str {
@@ -98,6 +100,7 @@ pub struct RateLimiter<S: BucketStore> {
     engine: Arc<Engine<S>>,
     limits: RequestLimits,
     global_shadow: bool,
+    metrics: Arc<Metrics>,
 }
 
 impl<S: BucketStore> RateLimiter<S> {
@@ -107,6 +110,32 @@ impl<S: BucketStore> RateLimiter<S> {
             engine,
             limits: RequestLimits::default(),
             global_shadow: false,
+            metrics: Arc::new(Metrics::new()),
+        }
+    }
+
+    /// Records into these metrics (shared with the store wrapper and the HTTP surface).
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// Whether the store answers: one read of a key no bucket uses, bounded in time.
+    pub async fn check_store(&self) -> Result<(), String> {
+        let probe = [BucketKey::new("%health", "%health", 0)];
+        match tokio::time::timeout(
+            std::time::Duration::from_secs(2),
+            self.engine.store().read(&probe),
+        )
+        .await
+        {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err("store did not answer within 2 s".to_string()),
         }
     }
 
@@ -200,9 +229,11 @@ impl<S: BucketStore> RateLimiter<S> {
         &self,
         req: &RateLimitRequest,
     ) -> Result<RateLimitResponse, CallError> {
+        let _timer = self.metrics.request();
         self.validate(req)?;
         let config = self.config.load();
         let Some(domain) = config.domain(&req.domain) else {
+            self.metrics.domain_not_found();
             return Ok(RateLimitResponse {
                 overall_code: Code::Ok as i32,
                 statuses: req
@@ -338,6 +369,25 @@ impl<S: BucketStore> RateLimiter<S> {
                     self.decide(&single.0, &single.1, &treatments, &mut verdicts)
                         .await?;
                 }
+            }
+        }
+
+        for (i, (t, v)) in treatments.iter().zip(&verdicts).enumerate() {
+            if let (Treatment::Limited { rule, hits, group }, Some(v)) = (t, v) {
+                let fits = v.own.fits && v.parent.is_none_or(|p| p.fits);
+                let outcome = if fits {
+                    // 80 % or more of the capacity used after this request.
+                    let near = |l: &LimitOutcome| l.remaining.saturating_mul(5) <= l.share.ceiling;
+                    HitOutcome::Within {
+                        near: near(&v.own) || v.parent.as_ref().is_some_and(near),
+                    }
+                } else if *group == Group::Shadow || self.global_shadow {
+                    HitOutcome::ShadowOver
+                } else {
+                    HitOutcome::Over
+                };
+                self.metrics
+                    .record_hit(rule, &req.descriptors[i].entries, (*hits).max(1), outcome);
             }
         }
 

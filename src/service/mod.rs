@@ -5,6 +5,9 @@
 
 mod decision;
 pub mod grpc;
+pub mod http;
+mod json;
+pub mod metrics;
 pub mod server;
 
 pub use decision::{CallError, RateLimiter, RequestLimits};

@@ -1,5 +1,7 @@
 //! Putting a server together: load the config, build the store and the engine, bind the
-//! gRPC listener, run until SIGINT/SIGTERM, and sweep expired buckets meanwhile.
+//! gRPC and HTTP listeners, watch the config for changes, sweep expired buckets of the
+//! memory store, and on SIGINT/SIGTERM stop accepting, let calls in flight finish within
+//! the grace period, and return.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -8,8 +10,11 @@ use std::time::Duration;
 
 use thiserror::Error;
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 
-use super::{grpc, RateLimiter};
+use super::metrics::Metrics;
+use super::{grpc, http, RateLimiter};
+use crate::config::reload::{self, ReloadTiming};
 use crate::config::{Config, ConfigErrors};
 use crate::engine::{
     Clock, Engine, EngineOptions, SystemClock, DEFAULT_PARTITION_WRITE_BUDGET,
@@ -17,6 +22,7 @@ use crate::engine::{
 };
 use crate::store::dynamodb::{DynamoOptions, DynamoStore};
 use crate::store::memory::MemoryStore;
+use crate::store::metered::Metered;
 use crate::store::BucketStore;
 
 /// Which store backs the buckets.
@@ -33,9 +39,12 @@ pub enum StoreKind {
 pub struct ServeOptions {
     pub config: PathBuf,
     pub grpc_addr: SocketAddr,
+    pub http_addr: SocketAddr,
     pub store: StoreKind,
     pub partition_write_budget: Option<u64>,
     pub global_shadow_mode: bool,
+    /// How long calls in flight may take to finish after a shutdown signal.
+    pub shutdown_grace: Duration,
 }
 
 /// Why the server could not start or stopped with an error.
@@ -49,15 +58,30 @@ pub enum ServeError {
         #[source]
         source: std::io::Error,
     },
+    #[error("cannot watch {path} for changes: {source}")]
+    Watch {
+        path: String,
+        #[source]
+        source: notify::Error,
+    },
     #[error("gRPC server failed: {0}")]
     Transport(#[from] tonic::transport::Error),
+    #[error("HTTP server failed: {0}")]
+    Http(#[source] std::io::Error),
 }
 
 /// How often the memory store drops expired buckets.
 const EVICTION_INTERVAL: Duration = Duration::from_secs(10);
 
+async fn bind(addr: SocketAddr) -> Result<TcpListener, ServeError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServeError::Bind { addr, source })
+}
+
 /// Runs `shardgate serve` until a shutdown signal.
 pub async fn run(options: ServeOptions) -> Result<(), ServeError> {
+    let metrics = Arc::new(Metrics::new());
     let config = Config::load(&options.config).map_err(|errors| ServeError::Config {
         path: options.config.display().to_string(),
         errors,
@@ -68,12 +92,9 @@ pub async fn run(options: ServeOptions) -> Result<(), ServeError> {
         hash = config.hash(),
         "config loaded"
     );
-    let listener = TcpListener::bind(options.grpc_addr)
-        .await
-        .map_err(|source| ServeError::Bind {
-            addr: options.grpc_addr,
-            source,
-        })?;
+    metrics.config_loaded(config.hash());
+    let grpc_listener = bind(options.grpc_addr).await?;
+    let http_listener = bind(options.http_addr).await?;
     let config = Arc::new(config);
     match &options.store {
         StoreKind::Memory => {
@@ -91,7 +112,11 @@ pub async fn run(options: ServeOptions) -> Result<(), ServeError> {
                     }
                 })
             };
-            let result = serve_on(store, budget, config, listener, &options, "memory").await;
+            let listeners = (grpc_listener, http_listener);
+            let result = serve_on(
+                store, budget, config, listeners, &options, metrics, "memory",
+            )
+            .await;
             sweeper.abort();
             result?;
         }
@@ -100,7 +125,11 @@ pub async fn run(options: ServeOptions) -> Result<(), ServeError> {
             let budget = options
                 .partition_write_budget
                 .unwrap_or(DEFAULT_PARTITION_WRITE_BUDGET);
-            serve_on(store, budget, config, listener, &options, "dynamodb").await?;
+            let listeners = (grpc_listener, http_listener);
+            serve_on(
+                store, budget, config, listeners, &options, metrics, "dynamodb",
+            )
+            .await?;
         }
     }
     tracing::info!("stopped");
@@ -111,24 +140,99 @@ async fn serve_on<S: BucketStore>(
     store: Arc<S>,
     partition_write_budget: u64,
     config: Arc<Config>,
-    listener: TcpListener,
+    (grpc_listener, http_listener): (TcpListener, TcpListener),
     options: &ServeOptions,
+    metrics: Arc<Metrics>,
     store_name: &str,
 ) -> Result<(), ServeError> {
     let engine_options = EngineOptions {
         partition_write_budget,
         ..EngineOptions::default()
     };
+    let store = Arc::new(Metered::new(store, metrics.clone()));
     let engine = Arc::new(Engine::new(store, engine_options));
-    let limiter =
-        Arc::new(RateLimiter::new(config, engine).with_global_shadow(options.global_shadow_mode));
+    metrics.attach_engine(engine.stats().clone(), engine.shard_counts());
+    let limiter = Arc::new(
+        RateLimiter::new(config.clone(), engine)
+            .with_global_shadow(options.global_shadow_mode)
+            .with_metrics(metrics.clone()),
+    );
+
+    let _watch = {
+        let limiter = limiter.clone();
+        let path = options.config.display().to_string();
+        reload::watch(
+            options.config.clone(),
+            config.hash().to_string(),
+            ReloadTiming::default(),
+            move |result| match result {
+                Ok(config) => {
+                    tracing::info!(
+                        path = %path,
+                        domains = config.domains().count(),
+                        hash = config.hash(),
+                        "config reloaded"
+                    );
+                    limiter.metrics().config_loaded(config.hash());
+                    limiter.replace_config(config);
+                }
+                Err(errors) => {
+                    limiter.metrics().config_rejected();
+                    tracing::error!(
+                        path = %path,
+                        errors = %errors,
+                        "config reload rejected; the previous config stays in force"
+                    );
+                }
+            },
+        )
+        .map_err(|source| ServeError::Watch {
+            path: options.config.display().to_string(),
+            source,
+        })?
+    };
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stopped = move || {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|stop| *stop).await;
+        }
+    };
     tracing::info!(
-        addr = %listener.local_addr().unwrap_or(options.grpc_addr),
+        grpc = %grpc_listener.local_addr().unwrap_or(options.grpc_addr),
+        http = %http_listener.local_addr().unwrap_or(options.http_addr),
         store = store_name,
         partition_write_budget,
-        "serving gRPC"
+        "serving"
     );
-    grpc::serve(limiter, listener, shutdown_signal()).await?;
+    let grpc_task = tokio::spawn(grpc::serve(limiter.clone(), grpc_listener, stopped()));
+    let http_task = tokio::spawn(http::serve(limiter, http_listener, stopped()));
+
+    shutdown_signal().await;
+    let _ = stop_tx.send(true);
+    let grace = options.shutdown_grace;
+    let drained = tokio::time::timeout(grace, async {
+        let grpc = grpc_task.await;
+        let http = http_task.await;
+        (grpc, http)
+    })
+    .await;
+    match drained {
+        Ok((grpc, http)) => {
+            if let Ok(Err(e)) = grpc {
+                return Err(e.into());
+            }
+            if let Ok(Err(e)) = http {
+                return Err(ServeError::Http(e));
+            }
+            tracing::info!("every call in flight finished");
+        }
+        Err(_) => tracing::warn!(
+            ?grace,
+            "calls still in flight at the end of the grace period"
+        ),
+    }
     Ok(())
 }
 
@@ -152,5 +256,5 @@ async fn shutdown_signal() {
         _ = ctrl_c => {},
         _ = term => {},
     }
-    tracing::info!("shutdown signal received");
+    tracing::info!("shutdown signal received: no new connections, finishing calls in flight");
 }

@@ -7,6 +7,7 @@
 
 pub mod dynamodb;
 pub mod memory;
+pub mod metered;
 
 use std::collections::BTreeMap;
 use std::future::Future;

@@ -107,7 +107,7 @@ def shardgate(tmp_path):
             with open(log_path, "wb") as log:
                 proc = subprocess.Popen(
                     [binary(), "serve", "--config", str(config),
-                     "--grpc-addr", f"127.0.0.1:{port}", "--store", "memory"],
+                     "--grpc-addr", f"127.0.0.1:{port}", "--http-addr", "127.0.0.1:0", "--store", "memory"],
                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 )
             server = Server(proc, port, log_path)

@@ -334,7 +334,7 @@ def test_check_config_accepts_a_good_file_and_rejects_a_broken_one_with_file_and
 def test_serve_refuses_to_start_on_a_broken_config_with_file_and_line(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text(BROKEN)
-    r = run(["serve", "--config", str(bad), "--grpc-addr", f"127.0.0.1:{free_port()}"])
+    r = run(["serve", "--config", str(bad), "--grpc-addr", f"127.0.0.1:{free_port()}", "--http-addr", "127.0.0.1:0"])
     assert r.returncode != 0, r
     output = r.stdout + r.stderr
     assert f"{bad}:4" in output, output

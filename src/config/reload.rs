@@ -1,0 +1,116 @@
+//! Hot reload: watch the config path and load a new snapshot when it changes, off the
+//! request path.
+//!
+//! The watch covers in-place writes, atomic renames (`mv tmp limits.yaml`), new and
+//! deleted files, and Kubernetes ConfigMap updates (the `..data` symlink swap): a file is
+//! watched through its directory, a directory directly. Events are debounced; a slow
+//! poll backs the watch up (events can be lost, e.g. when a mount is replaced). A snapshot
+//! whose content hash equals the one in force is not reported again, nor is a failure
+//! identical to the last one. What to do with a result is the caller's business.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use notify::{RecursiveMode, Watcher};
+use tokio::sync::mpsc;
+
+use super::{Config, ConfigErrors};
+
+/// How changes are picked up.
+#[derive(Debug, Clone, Copy)]
+pub struct ReloadTiming {
+    /// Quiet time after the last file event before loading.
+    pub debounce: Duration,
+    /// Re-check even without events this often.
+    pub poll: Duration,
+}
+
+impl Default for ReloadTiming {
+    fn default() -> Self {
+        ReloadTiming {
+            debounce: Duration::from_millis(100),
+            poll: Duration::from_secs(2),
+        }
+    }
+}
+
+/// Keeps the watch alive; dropping it stops watching.
+pub struct ConfigWatch {
+    _watcher: notify::RecommendedWatcher,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for ConfigWatch {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The directory to watch for `path`.
+fn watch_target(path: &Path) -> PathBuf {
+    if path.is_dir() {
+        path.to_path_buf()
+    } else {
+        match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        }
+    }
+}
+
+/// Watches `path`; `current_hash` is the hash of the config already in force. Calls
+/// `on_change` with each new valid config and each new failure. Must run inside a tokio
+/// runtime.
+pub fn watch(
+    path: PathBuf,
+    current_hash: String,
+    timing: ReloadTiming,
+    on_change: impl Fn(Result<Arc<Config>, ConfigErrors>) + Send + Sync + 'static,
+) -> notify::Result<ConfigWatch> {
+    let (tx, mut rx) = mpsc::channel::<()>(1);
+    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        if event.is_ok() {
+            // A full channel already holds a wake-up; dropping this one loses nothing.
+            let _ = tx.try_send(());
+        }
+    })?;
+    watcher.watch(&watch_target(&path), RecursiveMode::NonRecursive)?;
+    let task = tokio::spawn(async move {
+        let mut last_hash = current_hash;
+        let mut last_error: Option<String> = None;
+        loop {
+            tokio::select! {
+                got = rx.recv() => if got.is_none() { return },
+                _ = tokio::time::sleep(timing.poll) => {}
+            }
+            // Let a burst of events (write, rename, symlink swap) settle.
+            while let Ok(Some(())) = tokio::time::timeout(timing.debounce, rx.recv()).await {}
+            let p = path.clone();
+            let loaded = match tokio::task::spawn_blocking(move || Config::load(&p)).await {
+                Ok(r) => r,
+                Err(_) => continue,
+            };
+            match loaded {
+                Ok(config) => {
+                    last_error = None;
+                    if config.hash() != last_hash {
+                        last_hash = config.hash().to_string();
+                        on_change(Ok(Arc::new(config)));
+                    }
+                }
+                Err(errors) => {
+                    let text = errors.to_string();
+                    if last_error.as_deref() != Some(text.as_str()) {
+                        last_error = Some(text);
+                        on_change(Err(errors));
+                    }
+                }
+            }
+        }
+    });
+    Ok(ConfigWatch {
+        _watcher: watcher,
+        task,
+    })
+}

@@ -1,0 +1,166 @@
+//! The HTTP surface (`--http-addr`): `GET /metrics` (Prometheus), `GET /healthcheck`,
+//! `GET /rlconfig` (the loaded rules as text) and `POST /json` (a proto3-JSON
+//! `RateLimitRequest` answered like the gRPC call: 200 OK, 429 over limit, 400 bad body).
+//!
+//! It translates HTTP to the [`RateLimiter`] and the metrics; it decides nothing itself.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use tokio::net::TcpListener;
+
+use super::decision::{CallError, RateLimiter};
+use super::json;
+use crate::config::{RuleLimit, Unit};
+use crate::store::BucketStore;
+
+/// The HTTP routes over one rate limiter.
+pub fn router<S: BucketStore>(limiter: Arc<RateLimiter<S>>) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics::<S>))
+        .route("/healthcheck", get(healthcheck::<S>))
+        .route("/rlconfig", get(rlconfig::<S>))
+        .route("/json", post(json_call::<S>))
+        .with_state(limiter)
+}
+
+/// Serves the HTTP surface on `listener` until `shutdown` resolves.
+pub async fn serve<S: BucketStore>(
+    limiter: Arc<RateLimiter<S>>,
+    listener: TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(limiter))
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+async fn metrics<S: BucketStore>(State(limiter): State<Arc<RateLimiter<S>>>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        limiter.metrics().render(),
+    )
+        .into_response()
+}
+
+async fn healthcheck<S: BucketStore>(State(limiter): State<Arc<RateLimiter<S>>>) -> Response {
+    match limiter.check_store().await {
+        Ok(()) => (StatusCode::OK, "OK\n").into_response(),
+        Err(e) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("store unavailable: {e}\n"),
+        )
+            .into_response(),
+    }
+}
+
+fn unit_word(u: Unit) -> &'static str {
+    match u {
+        Unit::Second => "second",
+        Unit::Minute => "minute",
+        Unit::Hour => "hour",
+        Unit::Day => "day",
+        Unit::Week => "week",
+        Unit::Month => "month",
+        Unit::Year => "year",
+    }
+}
+
+async fn rlconfig<S: BucketStore>(State(limiter): State<Arc<RateLimiter<S>>>) -> Response {
+    let config = limiter.config();
+    let mut out = format!("config hash: {}\n", config.hash());
+    let mut domains: Vec<_> = config.domains().collect();
+    domains.sort_by(|a, b| a.name.cmp(&b.name));
+    for d in domains {
+        let _ = writeln!(out, "domain {}:", d.name);
+        for r in d.rules() {
+            let limit = match &r.limit {
+                RuleLimit::Unlimited => "unlimited".to_string(),
+                RuleLimit::Limited(l) => {
+                    let mut s = format!("{}/{}", l.requests_per_unit, unit_word(l.unit));
+                    if let Some(b) = l.burst {
+                        let _ = write!(s, " burst {b}");
+                    }
+                    if l.overdraft {
+                        s.push_str(" overdraft");
+                    }
+                    s
+                }
+            };
+            let mut flags = Vec::new();
+            if r.shadow_mode {
+                flags.push("shadow_mode".to_string());
+            }
+            if r.quota_mode {
+                flags.push("quota_mode".to_string());
+            }
+            if let Some(p) = &r.cascade_parent {
+                flags.push(format!("cascade to {}", p.stats_key));
+            }
+            if let Some(n) = &r.name {
+                flags.push(format!("name {n}"));
+            }
+            let _ = writeln!(
+                out,
+                "  {}: {} resource {}{}{}",
+                r.stats_key,
+                limit,
+                r.resource,
+                if flags.is_empty() { "" } else { "; " },
+                flags.join(", ")
+            );
+        }
+    }
+    ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], out).into_response()
+}
+
+async fn json_call<S: BucketStore>(
+    State(limiter): State<Arc<RateLimiter<S>>>,
+    body: Bytes,
+) -> Response {
+    let bad = |m: String| {
+        (
+            StatusCode::BAD_REQUEST,
+            [(header::CONTENT_TYPE, "application/json")],
+            serde_json::json!({ "error": m }).to_string(),
+        )
+            .into_response()
+    };
+    let request = match json::parse_request(&body) {
+        Ok(r) => r,
+        Err(m) => return bad(m),
+    };
+    match limiter.should_rate_limit(&request).await {
+        Ok(response) => {
+            let status = if response.overall_code
+                == envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code::OverLimit as i32
+            {
+                StatusCode::TOO_MANY_REQUESTS
+            } else {
+                StatusCode::OK
+            };
+            (
+                status,
+                [(header::CONTENT_TYPE, "application/json")],
+                json::render_response(&response).to_string(),
+            )
+                .into_response()
+        }
+        Err(CallError::InvalidArgument(m)) => bad(m),
+        Err(e @ CallError::Unavailable(_)) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(header::CONTENT_TYPE, "application/json")],
+            serde_json::json!({ "error": e.to_string() }).to_string(),
+        )
+            .into_response(),
+    }
+}

@@ -1,0 +1,208 @@
+//! The proto3-JSON mapping of `RateLimitRequest` and `RateLimitResponse` for `POST /json`.
+//!
+//! Input accepts both lowerCamelCase and the proto field names, numbers or decimal strings
+//! for 64-bit values, and enum names or numbers, as proto3 JSON parsers must. Output uses
+//! lowerCamelCase and writes every field. Errors name the offending field.
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
+    Entry, RateLimitOverride,
+};
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus};
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::UInt64Value;
+use serde_json::{json, Map, Value};
+
+use crate::config::Unit;
+
+fn field<'a>(obj: &'a Map<String, Value>, camel: &str, snake: &str) -> Option<&'a Value> {
+    obj.get(camel)
+        .or_else(|| obj.get(snake))
+        .filter(|v| !v.is_null())
+}
+
+fn as_u64(v: &Value, path: &str) -> Result<u64, String> {
+    match v {
+        Value::Number(n) => n
+            .as_u64()
+            .ok_or_else(|| format!("{path}: expected a non-negative integer, found {n}")),
+        Value::String(s) => s
+            .parse::<u64>()
+            .map_err(|_| format!("{path}: expected a non-negative integer, found \"{s}\"")),
+        other => Err(format!(
+            "{path}: expected a non-negative integer, found {other}"
+        )),
+    }
+}
+
+fn as_str<'a>(v: &'a Value, path: &str) -> Result<&'a str, String> {
+    v.as_str()
+        .ok_or_else(|| format!("{path}: expected a string, found {v}"))
+}
+
+fn as_obj<'a>(v: &'a Value, path: &str) -> Result<&'a Map<String, Value>, String> {
+    v.as_object()
+        .ok_or_else(|| format!("{path}: expected an object, found {v}"))
+}
+
+fn unit_value(v: &Value, path: &str) -> Result<i32, String> {
+    match v {
+        Value::String(s) => Unit::parse(s)
+            .map(Unit::proto_value)
+            .ok_or_else(|| format!("{path}: unknown unit \"{s}\"")),
+        Value::Number(n) => n
+            .as_i64()
+            .and_then(|n| i32::try_from(n).ok())
+            .filter(|n| Unit::from_proto(*n).is_some())
+            .ok_or_else(|| format!("{path}: unknown unit {n}")),
+        other => Err(format!("{path}: expected a unit, found {other}")),
+    }
+}
+
+/// Parses a proto3-JSON `RateLimitRequest`.
+pub fn parse_request(body: &[u8]) -> Result<RateLimitRequest, String> {
+    let v: Value = serde_json::from_slice(body).map_err(|e| format!("body is not JSON: {e}"))?;
+    let obj = as_obj(&v, "request")?;
+    let mut req = RateLimitRequest::default();
+    if let Some(d) = field(obj, "domain", "domain") {
+        req.domain = as_str(d, "domain")?.to_string();
+    }
+    if let Some(h) = field(obj, "hitsAddend", "hits_addend") {
+        req.hits_addend = u32::try_from(as_u64(h, "hitsAddend")?)
+            .map_err(|_| "hitsAddend: exceeds 4294967295".to_string())?;
+    }
+    if let Some(ds) = field(obj, "descriptors", "descriptors") {
+        let ds = ds
+            .as_array()
+            .ok_or_else(|| format!("descriptors: expected an array, found {ds}"))?;
+        for (i, d) in ds.iter().enumerate() {
+            let path = format!("descriptors[{i}]");
+            let dobj = as_obj(d, &path)?;
+            let mut desc = RateLimitDescriptor::default();
+            if let Some(es) = field(dobj, "entries", "entries") {
+                let es = es
+                    .as_array()
+                    .ok_or_else(|| format!("{path}.entries: expected an array, found {es}"))?;
+                for (j, e) in es.iter().enumerate() {
+                    let epath = format!("{path}.entries[{j}]");
+                    let eobj = as_obj(e, &epath)?;
+                    desc.entries.push(Entry {
+                        key: field(eobj, "key", "key")
+                            .map(|k| as_str(k, &format!("{epath}.key")))
+                            .transpose()?
+                            .unwrap_or_default()
+                            .to_string(),
+                        value: field(eobj, "value", "value")
+                            .map(|k| as_str(k, &format!("{epath}.value")))
+                            .transpose()?
+                            .unwrap_or_default()
+                            .to_string(),
+                    });
+                }
+            }
+            if let Some(l) = field(dobj, "limit", "limit") {
+                let lpath = format!("{path}.limit");
+                let lobj = as_obj(l, &lpath)?;
+                let rpu = field(lobj, "requestsPerUnit", "requests_per_unit")
+                    .map(|v| as_u64(v, &format!("{lpath}.requestsPerUnit")))
+                    .transpose()?
+                    .unwrap_or(0);
+                desc.limit = Some(RateLimitOverride {
+                    requests_per_unit: u32::try_from(rpu)
+                        .map_err(|_| format!("{lpath}.requestsPerUnit: exceeds 4294967295"))?,
+                    unit: field(lobj, "unit", "unit")
+                        .map(|u| unit_value(u, &format!("{lpath}.unit")))
+                        .transpose()?
+                        .unwrap_or(0),
+                });
+            }
+            if let Some(h) = field(dobj, "hitsAddend", "hits_addend") {
+                // UInt64Value maps to a bare number (or string) in proto3 JSON.
+                desc.hits_addend = Some(UInt64Value {
+                    value: as_u64(h, &format!("{path}.hitsAddend"))?,
+                });
+            }
+            req.descriptors.push(desc);
+        }
+    }
+    Ok(req)
+}
+
+fn code_name(code: i32) -> &'static str {
+    match Code::try_from(code) {
+        Ok(Code::Ok) => "OK",
+        Ok(Code::OverLimit) => "OVER_LIMIT",
+        _ => "UNKNOWN",
+    }
+}
+
+fn unit_name(unit: i32) -> &'static str {
+    match Unit::from_proto(unit) {
+        Some(Unit::Second) => "SECOND",
+        Some(Unit::Minute) => "MINUTE",
+        Some(Unit::Hour) => "HOUR",
+        Some(Unit::Day) => "DAY",
+        Some(Unit::Week) => "WEEK",
+        Some(Unit::Month) => "MONTH",
+        Some(Unit::Year) => "YEAR",
+        None => "UNKNOWN",
+    }
+}
+
+fn status_json(s: &DescriptorStatus) -> Value {
+    let mut out = json!({
+        "code": code_name(s.code),
+        "limitRemaining": s.limit_remaining,
+    });
+    if let Some(l) = &s.current_limit {
+        out["currentLimit"] = json!({
+            "name": l.name,
+            "requestsPerUnit": l.requests_per_unit,
+            "unit": unit_name(l.unit),
+        });
+    }
+    if let Some(d) = &s.duration_until_reset {
+        let total_ns = i128::from(d.seconds) * 1_000_000_000 + i128::from(d.nanos);
+        let secs = total_ns as f64 / 1e9;
+        out["durationUntilReset"] = Value::String(format!("{secs}s"));
+    }
+    out
+}
+
+/// Renders a `RateLimitResponse` as proto3 JSON.
+pub fn render_response(r: &RateLimitResponse) -> Value {
+    json!({
+        "overallCode": code_name(r.overall_code),
+        "statuses": r.statuses.iter().map(status_json).collect::<Vec<_>>(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_camel_and_snake_case() {
+        let body = br#"{"domain":"edge","hits_addend":2,"descriptors":[
+            {"entries":[{"key":"tenant","value":"acme"}],"hitsAddend":"5",
+             "limit":{"requests_per_unit":10,"unit":"minute"}}]}"#;
+        let r = parse_request(body).unwrap();
+        assert_eq!(r.domain, "edge");
+        assert_eq!(r.hits_addend, 2);
+        assert_eq!(r.descriptors[0].entries[0].value, "acme");
+        assert_eq!(r.descriptors[0].hits_addend.as_ref().unwrap().value, 5);
+        assert_eq!(
+            r.descriptors[0].limit.as_ref().unwrap().unit,
+            Unit::Minute.proto_value()
+        );
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let e = parse_request(br#"{"descriptors":[{"entries":[{"key":1}]}]}"#).unwrap_err();
+        assert!(e.starts_with("descriptors[0].entries[0].key"), "{e}");
+        let e = parse_request(br#"{"hitsAddend":-1}"#).unwrap_err();
+        assert!(e.starts_with("hitsAddend"), "{e}");
+        assert!(parse_request(b"not json").unwrap_err().contains("not JSON"));
+    }
+}

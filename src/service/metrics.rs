@@ -1,0 +1,396 @@
+//! Prometheus metrics: per-rule hit counters in envoyproxy/ratelimit's terms, config
+//! loads, store calls, shard doublings and hot buckets, rejection-cache hits, per-shard
+//! ceiling refusals, request latency and requests in flight.
+//!
+//! Recording is cheap and lock-free on the hot path except for the first sighting of a
+//! label set; the number of distinct rule keys is capped so hostile descriptor values
+//! cannot grow memory without bound.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+use crate::config::{DescriptorEntry, Rule};
+use crate::engine::{EngineStats, ShardCountsView};
+use crate::store::metered::CallObserver;
+
+/// Most distinct rule keys tracked; further keys are counted under `_overflow_`.
+pub const MAX_RULE_KEYS: usize = 10_000;
+
+/// How many sharded buckets `shardgate_bucket_shards` lists.
+const HOT_BUCKETS_LISTED: usize = 50;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RuleLabels {
+    domain: String,
+    key: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StoreLabels {
+    operation: &'static str,
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OperationLabel {
+    operation: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HashLabel {
+    hash: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BucketLabels {
+    entity: String,
+    resource: String,
+}
+
+/// How one limited descriptor came out, for its rule's counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HitOutcome {
+    Within {
+        near: bool,
+    },
+    Over,
+    /// Over, but the rule (or the server) is in shadow mode.
+    ShadowOver,
+}
+
+/// Every metric shardgate exports.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Mutex<Registry>,
+    total_hits: Family<RuleLabels, Counter>,
+    over_limit: Family<RuleLabels, Counter>,
+    near_limit: Family<RuleLabels, Counter>,
+    within_limit: Family<RuleLabels, Counter>,
+    shadow_mode: Family<RuleLabels, Counter>,
+    rule_keys: Mutex<HashSet<(String, String)>>,
+    domain_not_found: Counter,
+    config_load_success: Counter,
+    config_load_error: Counter,
+    config_info: Family<HashLabel, Gauge>,
+    store_calls: Family<StoreLabels, Counter>,
+    store_latency: Family<OperationLabel, Histogram>,
+    request_latency: Histogram,
+    in_flight: Gauge,
+}
+
+/// Engine counters and learnt shard counts, read at scrape time.
+#[derive(Debug)]
+struct EngineCollector {
+    stats: Arc<EngineStats>,
+    shards: ShardCountsView,
+}
+
+impl Collector for EngineCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let s = &self.stats;
+        let counters: [(&str, &str, u64); 6] = [
+            (
+                "shardgate_shard_doublings",
+                "Shard-count doublings this server won.",
+                EngineStats::get(&s.shard_doublings),
+            ),
+            (
+                "shardgate_rejection_cache_hits",
+                "Requests refused from the rejection cache, without a store call.",
+                EngineStats::get(&s.rejection_cache_hits),
+            ),
+            (
+                "shardgate_per_shard_ceiling_rejections",
+                "Refusals of a request larger than one shard's share of its limit.",
+                EngineStats::get(&s.per_shard_ceiling_rejections),
+            ),
+            (
+                "shardgate_fast_path_hits",
+                "Buckets debited by the fast path (one conditional write).",
+                EngineStats::get(&s.fast_path_hits),
+            ),
+            (
+                "shardgate_slow_paths",
+                "Requests that needed a read and a commit.",
+                EngineStats::get(&s.slow_paths),
+            ),
+            (
+                "shardgate_refunds",
+                "Debits refunded because another bucket of the request refused.",
+                EngineStats::get(&s.refunds),
+            ),
+        ];
+        for (name, help, v) in counters {
+            let c = ConstCounter::new(v);
+            let m = encoder.encode_descriptor(name, help, None, c.metric_type())?;
+            c.encode(m)?;
+        }
+        let hot = self.shards.hottest(HOT_BUCKETS_LISTED);
+        if !hot.is_empty() {
+            let mut m = encoder.encode_descriptor(
+                "shardgate_bucket_shards",
+                "Shard count of the most sharded buckets this server knows.",
+                None,
+                prometheus_client::metrics::MetricType::Gauge,
+            )?;
+            for (entity, resource, count) in hot {
+                let labels = BucketLabels { entity, resource };
+                let g = ConstGauge::new(i64::from(count));
+                g.encode(m.encode_family(&labels)?)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("shardgate");
+        let m = Metrics {
+            registry: Mutex::new(Registry::default()),
+            total_hits: Family::default(),
+            over_limit: Family::default(),
+            near_limit: Family::default(),
+            within_limit: Family::default(),
+            shadow_mode: Family::default(),
+            rule_keys: Mutex::new(HashSet::new()),
+            domain_not_found: Counter::default(),
+            config_load_success: Counter::default(),
+            config_load_error: Counter::default(),
+            config_info: Family::default(),
+            store_calls: Family::default(),
+            store_latency: Family::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(0.000_05, 2.0, 16))
+            }),
+            request_latency: Histogram::new(exponential_buckets(0.000_05, 2.0, 16)),
+            in_flight: Gauge::default(),
+        };
+        registry.register(
+            "rate_limit_total_hits",
+            "Hits of a rule (descriptors × hits).",
+            m.total_hits.clone(),
+        );
+        registry.register(
+            "rate_limit_over_limit",
+            "Hits refused by a rule.",
+            m.over_limit.clone(),
+        );
+        registry.register(
+            "rate_limit_near_limit",
+            "Hits admitted with 80% or more of the rule's capacity used.",
+            m.near_limit.clone(),
+        );
+        registry.register(
+            "rate_limit_within_limit",
+            "Hits admitted by a rule.",
+            m.within_limit.clone(),
+        );
+        registry.register(
+            "rate_limit_shadow_mode",
+            "Hits over a rule's limit that shadow mode let through.",
+            m.shadow_mode.clone(),
+        );
+        registry.register(
+            "domain_not_found",
+            "Requests for a domain no config defines.",
+            m.domain_not_found.clone(),
+        );
+        registry.register(
+            "config_load_success",
+            "Configs loaded and put in force.",
+            m.config_load_success.clone(),
+        );
+        registry.register(
+            "config_load_error",
+            "Config loads rejected (the previous config stays).",
+            m.config_load_error.clone(),
+        );
+        registry.register(
+            "config_info",
+            "The config in force, by content hash (value 1).",
+            m.config_info.clone(),
+        );
+        registry.register(
+            "store_calls",
+            "Store calls by operation and outcome.",
+            m.store_calls.clone(),
+        );
+        registry.register(
+            "store_call_duration_seconds",
+            "Store call latency by operation.",
+            m.store_latency.clone(),
+        );
+        registry.register(
+            "request_duration_seconds",
+            "ShouldRateLimit answer latency.",
+            m.request_latency.clone(),
+        );
+        registry.register(
+            "requests_in_flight",
+            "ShouldRateLimit calls being answered.",
+            m.in_flight.clone(),
+        );
+        Metrics {
+            registry: Mutex::new(registry),
+            ..m
+        }
+    }
+
+    /// Adds the engine's counters and shard counts (read at each scrape).
+    pub fn attach_engine(&self, stats: Arc<EngineStats>, shards: ShardCountsView) {
+        self.registry
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .register_collector(Box::new(EngineCollector { stats, shards }));
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let registry = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        prometheus_client::encoding::text::encode(&mut out, &registry)
+            .expect("writing to a String cannot fail");
+        out
+    }
+
+    pub fn config_loaded(&self, hash: &str) {
+        self.config_load_success.inc();
+        self.config_info.clear();
+        self.config_info
+            .get_or_create(&HashLabel {
+                hash: hash.to_string(),
+            })
+            .set(1);
+    }
+
+    pub fn config_rejected(&self) {
+        self.config_load_error.inc();
+    }
+
+    pub fn domain_not_found(&self) {
+        self.domain_not_found.inc();
+    }
+
+    /// Marks a request in flight until the guard drops, then records its latency.
+    pub fn request(&self) -> RequestTimer<'_> {
+        self.in_flight.inc();
+        RequestTimer {
+            metrics: self,
+            started: std::time::Instant::now(),
+        }
+    }
+
+    /// Counts `hits` against `rule` for a descriptor with these entries.
+    pub fn record_hit<E: DescriptorEntry>(
+        &self,
+        rule: &Rule,
+        entries: &[E],
+        hits: u64,
+        outcome: HitOutcome,
+    ) {
+        let labels = self.rule_labels(rule, entries);
+        self.total_hits.get_or_create(&labels).inc_by(hits);
+        match outcome {
+            HitOutcome::Within { near } => {
+                self.within_limit.get_or_create(&labels).inc_by(hits);
+                if near {
+                    self.near_limit.get_or_create(&labels).inc_by(hits);
+                }
+            }
+            HitOutcome::Over => {
+                self.over_limit.get_or_create(&labels).inc_by(hits);
+            }
+            HitOutcome::ShadowOver => {
+                self.over_limit.get_or_create(&labels).inc_by(hits);
+                self.shadow_mode.get_or_create(&labels).inc_by(hits);
+            }
+        }
+    }
+
+    /// envoyproxy/ratelimit's stats key: the rule's key, or with `detailed_metric` the
+    /// request's own entries, or with `value_to_metric` the request's values where the
+    /// rule has none or a wildcard. Capped in distinct values.
+    fn rule_labels<E: DescriptorEntry>(&self, rule: &Rule, entries: &[E]) -> RuleLabels {
+        let key = if rule.detailed_metric || rule.value_to_metric {
+            let mut key = rule.domain.to_string();
+            for (level, e) in rule.levels.iter().zip(entries) {
+                key.push('.');
+                key.push_str(e.key());
+                let literal = level.value.as_deref().filter(|v| !v.contains('*'));
+                match (rule.detailed_metric, literal) {
+                    (false, Some(v)) => {
+                        key.push('_');
+                        key.push_str(v);
+                    }
+                    _ => {
+                        key.push('_');
+                        key.push_str(e.value());
+                    }
+                }
+            }
+            key
+        } else {
+            rule.stats_key.clone()
+        };
+        let domain = rule.domain.to_string();
+        if !(rule.detailed_metric || rule.value_to_metric) {
+            // A rule's own key: as many as the config has rules, no cap needed.
+            return RuleLabels { domain, key };
+        }
+        let mut seen = self.rule_keys.lock().unwrap_or_else(|e| e.into_inner());
+        let pair = (domain.clone(), key);
+        if seen.contains(&pair) || seen.len() < MAX_RULE_KEYS {
+            seen.insert(pair.clone());
+            RuleLabels {
+                domain,
+                key: pair.1,
+            }
+        } else {
+            RuleLabels {
+                domain,
+                key: "_overflow_".to_string(),
+            }
+        }
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+/// Ends a request's in-flight span and records its latency when dropped.
+pub struct RequestTimer<'a> {
+    metrics: &'a Metrics,
+    started: std::time::Instant,
+}
+
+impl Drop for RequestTimer<'_> {
+    fn drop(&mut self) {
+        self.metrics.in_flight.dec();
+        self.metrics
+            .request_latency
+            .observe(self.started.elapsed().as_secs_f64());
+    }
+}
+
+impl CallObserver for Metrics {
+    fn observe(&self, operation: &'static str, outcome: &'static str, elapsed: Duration) {
+        self.store_calls
+            .get_or_create(&StoreLabels { operation, outcome })
+            .inc();
+        self.store_latency
+            .get_or_create(&OperationLabel { operation })
+            .observe(elapsed.as_secs_f64());
+    }
+}

@@ -1,0 +1,126 @@
+//! A store wrapper that reports every contract call (operation, outcome, latency) to an
+//! observer — the metrics — whatever store is underneath. It changes nothing else.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::{
+    BucketItem, BucketKey, BucketStore, BumpOutcome, CommitOutcome, Credit, Debit, DebitMode,
+    DebitOutcome, StoreError, Write,
+};
+
+/// Receives one record per store call.
+pub trait CallObserver: Send + Sync + 'static {
+    fn observe(&self, operation: &'static str, outcome: &'static str, elapsed: Duration);
+}
+
+/// `S`, observed.
+pub struct Metered<S: BucketStore> {
+    inner: Arc<S>,
+    observer: Arc<dyn CallObserver>,
+}
+
+impl<S: BucketStore> Metered<S> {
+    pub fn new(inner: Arc<S>, observer: Arc<dyn CallObserver>) -> Metered<S> {
+        Metered { inner, observer }
+    }
+
+    pub fn inner(&self) -> &Arc<S> {
+        &self.inner
+    }
+
+    fn record<T>(
+        &self,
+        operation: &'static str,
+        started: Instant,
+        result: &Result<T, StoreError>,
+        outcome: impl FnOnce(&T) -> &'static str,
+    ) {
+        let outcome = match result {
+            Ok(v) => outcome(v),
+            Err(_) => "error",
+        };
+        self.observer.observe(operation, outcome, started.elapsed());
+    }
+}
+
+impl<S: BucketStore> BucketStore for Metered<S> {
+    async fn debit(
+        &self,
+        key: &BucketKey,
+        debits: &[Debit],
+        mode: DebitMode,
+    ) -> Result<DebitOutcome, StoreError> {
+        let started = Instant::now();
+        let r = self.inner.debit(key, debits, mode).await;
+        self.record("debit", started, &r, |o| match o {
+            DebitOutcome::Applied(_) => "applied",
+            DebitOutcome::Refused(Some(_)) => "refused",
+            DebitOutcome::Refused(None) => "missing",
+        });
+        r
+    }
+
+    async fn read(&self, keys: &[BucketKey]) -> Result<Vec<Option<BucketItem>>, StoreError> {
+        let started = Instant::now();
+        let r = self.inner.read(keys).await;
+        self.record("read", started, &r, |_| "ok");
+        r
+    }
+
+    async fn commit(&self, writes: &[Write]) -> Result<CommitOutcome, StoreError> {
+        let started = Instant::now();
+        let r = self.inner.commit(writes).await;
+        self.record("commit", started, &r, |o| match o {
+            CommitOutcome::Committed => "committed",
+            CommitOutcome::Conflict(_) => "conflict",
+        });
+        r
+    }
+
+    async fn bump_shard_count(
+        &self,
+        entity: &str,
+        resource: &str,
+        old: u32,
+        new: u32,
+    ) -> Result<BumpOutcome, StoreError> {
+        let started = Instant::now();
+        let r = self
+            .inner
+            .bump_shard_count(entity, resource, old, new)
+            .await;
+        self.record("bump_shard_count", started, &r, |o| match o {
+            BumpOutcome::Won => "won",
+            BumpOutcome::Lost(_) => "lost",
+            BumpOutcome::Missing => "missing",
+        });
+        r
+    }
+
+    async fn raise_shard_count(&self, key: &BucketKey, new: u32) -> Result<bool, StoreError> {
+        let started = Instant::now();
+        let r = self.inner.raise_shard_count(key, new).await;
+        self.record("raise_shard_count", started, &r, |w| {
+            if *w {
+                "raised"
+            } else {
+                "unchanged"
+            }
+        });
+        r
+    }
+
+    async fn credit(&self, key: &BucketKey, credits: &[Credit]) -> Result<Vec<Credit>, StoreError> {
+        let started = Instant::now();
+        let r = self.inner.credit(key, credits).await;
+        self.record("credit", started, &r, |applied| {
+            if applied.len() == credits.len() {
+                "applied"
+            } else {
+                "trimmed"
+            }
+        });
+        r
+    }
+}

