@@ -10,6 +10,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use shardgate::config::Config;
 use shardgate::service::server::{self, ServeOptions, StoreKind};
+use shardgate::service::tls::TlsFiles;
 use shardgate::store::dynamodb::{self, DynamoOptions, DynamoStore, TableCreated};
 use shardgate::store::{inspect, BucketItem};
 
@@ -118,6 +119,15 @@ struct Serve {
     /// Log format.
     #[arg(long, env = "SHARDGATE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
+    /// Serve gRPC over TLS with this PEM certificate chain (re-read when it changes).
+    #[arg(long, env = "SHARDGATE_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert.
+    #[arg(long, env = "SHARDGATE_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Require client certificates issued by this PEM CA (mutual TLS).
+    #[arg(long, env = "SHARDGATE_TLS_CLIENT_CA", requires = "tls_cert")]
+    tls_client_ca: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -271,6 +281,14 @@ fn main() -> ExitCode {
                 grpc_addr: args.grpc_addr,
                 http_addr: args.http_addr,
                 shutdown_grace: args.shutdown_grace,
+                tls: match (args.tls_cert, args.tls_key) {
+                    (Some(cert), Some(key)) => Some(TlsFiles {
+                        cert,
+                        key,
+                        client_ca: args.tls_client_ca,
+                    }),
+                    _ => None,
+                },
                 store: match args.store {
                     Store::Memory => StoreKind::Memory,
                     Store::Dynamodb => StoreKind::DynamoDb(args.dynamo.options()),

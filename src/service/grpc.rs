@@ -16,6 +16,7 @@ use tonic::{Request, Response, Status};
 use tonic_health::ServingStatus;
 
 use super::decision::{CallError, RateLimiter};
+use super::tls::TlsState;
 use crate::store::BucketStore;
 
 /// Service names the health service reports on: the overall server and the rate-limit
@@ -57,6 +58,27 @@ pub async fn serve<S: BucketStore>(
     listener: TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
+    router(limiter)
+        .await
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .await
+}
+
+/// Serves gRPC over TLS (see [`super::tls`]) on `listener` until `shutdown` resolves.
+pub async fn serve_tls<S: BucketStore>(
+    limiter: Arc<RateLimiter<S>>,
+    listener: TcpListener,
+    tls: Arc<TlsState>,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> Result<(), tonic::transport::Error> {
+    router(limiter)
+        .await
+        .serve_with_incoming_shutdown(tls.incoming(listener), shutdown)
+        .await
+}
+
+/// The rate-limit service with health and reflection beside it.
+async fn router<S: BucketStore>(limiter: Arc<RateLimiter<S>>) -> tonic::transport::server::Router {
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter
         .set_service_status("", ServingStatus::Serving)
@@ -75,8 +97,6 @@ pub async fn serve<S: BucketStore>(
         .add_service(health)
         .add_service(reflection)
         .add_service(RateLimitServiceServer::new(Grpc::new(limiter)))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
-        .await
 }
 
 /// Binds `addr`; a port of 0 picks a free one (see the returned listener's address).

@@ -9,5 +9,6 @@ pub mod http;
 mod json;
 pub mod metrics;
 pub mod server;
+pub mod tls;
 
 pub use decision::{CallError, RateLimiter, RequestLimits};

@@ -13,6 +13,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use super::metrics::Metrics;
+use super::tls::{TlsError, TlsFiles, TlsState};
 use super::{grpc, http, RateLimiter};
 use crate::config::reload::{self, ReloadTiming};
 use crate::config::{Config, ConfigErrors};
@@ -45,6 +46,8 @@ pub struct ServeOptions {
     pub global_shadow_mode: bool,
     /// How long calls in flight may take to finish after a shutdown signal.
     pub shutdown_grace: Duration,
+    /// TLS on the gRPC port, if set.
+    pub tls: Option<TlsFiles>,
 }
 
 /// Why the server could not start or stopped with an error.
@@ -68,10 +71,15 @@ pub enum ServeError {
     Transport(#[from] tonic::transport::Error),
     #[error("HTTP server failed: {0}")]
     Http(#[source] std::io::Error),
+    #[error("TLS: {0}")]
+    Tls(#[from] TlsError),
 }
 
 /// How often the memory store drops expired buckets.
 const EVICTION_INTERVAL: Duration = Duration::from_secs(10);
+
+/// How often the TLS files are checked for a new certificate.
+const TLS_RELOAD_POLL: Duration = Duration::from_secs(2);
 
 async fn bind(addr: SocketAddr) -> Result<TcpListener, ServeError> {
     TcpListener::bind(addr)
@@ -204,9 +212,22 @@ async fn serve_on<S: BucketStore>(
         http = %http_listener.local_addr().unwrap_or(options.http_addr),
         store = store_name,
         partition_write_budget,
+        tls = options.tls.is_some(),
+        mtls = options.tls.as_ref().is_some_and(|t| t.client_ca.is_some()),
         "serving"
     );
-    let grpc_task = tokio::spawn(grpc::serve(limiter.clone(), grpc_listener, stopped()));
+    let grpc_task = match &options.tls {
+        Some(files) => {
+            let tls = Arc::new(TlsState::start(files.clone(), TLS_RELOAD_POLL)?);
+            tokio::spawn(grpc::serve_tls(
+                limiter.clone(),
+                grpc_listener,
+                tls,
+                stopped(),
+            ))
+        }
+        None => tokio::spawn(grpc::serve(limiter.clone(), grpc_listener, stopped())),
+    };
     let http_task = tokio::spawn(http::serve(limiter, http_listener, stopped()));
 
     shutdown_signal().await;
