@@ -26,6 +26,7 @@ use crate::engine::{Decision, Engine, EngineError, LimitOutcome};
 use crate::store::{BucketKey, BucketStore};
 
 use super::metrics::{HitOutcome, Metrics};
+use super::throttle::LogThrottle;
 
 impl DescriptorEntry for Entry {
     fn key(&self) -> &str {
@@ -101,6 +102,7 @@ pub struct RateLimiter<S: BucketStore> {
     limits: RequestLimits,
     global_shadow: bool,
     metrics: Arc<Metrics>,
+    store_failure_log: LogThrottle,
 }
 
 impl<S: BucketStore> RateLimiter<S> {
@@ -111,6 +113,7 @@ impl<S: BucketStore> RateLimiter<S> {
             limits: RequestLimits::default(),
             global_shadow: false,
             metrics: Arc::new(Metrics::new()),
+            store_failure_log: LogThrottle::new(std::time::Duration::from_secs(10)),
         }
     }
 
@@ -522,10 +525,17 @@ impl<S: BucketStore> RateLimiter<S> {
             Treatment::Limited { rule, .. } => rule.failure_mode == FailureMode::Deny,
             Treatment::Free { .. } => false,
         });
+        if let Some(suppressed) = self.store_failure_log.admit() {
+            tracing::warn!(
+                error = %e,
+                answered = if deny { "UNAVAILABLE (failure_mode: deny)" } else { "OK (failure_mode: allow)" },
+                similar_failures_not_logged = suppressed,
+                "store failed"
+            );
+        }
         if deny {
             return Err(CallError::Unavailable(e));
         }
-        tracing::warn!(error = %e, "store failed; failing open per failure_mode: allow");
         Ok(Decision {
             admitted: true,
             buckets: Vec::new(),

@@ -3,7 +3,6 @@
 //!
 //! It translates between tonic and [`RateLimiter`]; it decides nothing itself.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
@@ -11,6 +10,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::{Request, Response, Status};
 use tonic_health::ServingStatus;
@@ -52,16 +52,13 @@ impl<S: BucketStore> RateLimitService for Grpc<S> {
     }
 }
 
-/// Serves gRPC on `listener` until `shutdown` resolves.
+/// Serves gRPC on `listener` until `shutdown` resolves (health always SERVING).
 pub async fn serve<S: BucketStore>(
     limiter: Arc<RateLimiter<S>>,
     listener: TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
-    router(limiter)
-        .await
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
-        .await
+    serve_with(limiter, listener, None, None, shutdown).await
 }
 
 /// Serves gRPC over TLS (see [`super::tls`]) on `listener` until `shutdown` resolves.
@@ -71,22 +68,59 @@ pub async fn serve_tls<S: BucketStore>(
     tls: Arc<TlsState>,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
-    router(limiter)
-        .await
-        .serve_with_incoming_shutdown(tls.incoming(listener), shutdown)
-        .await
+    serve_with(limiter, listener, Some(tls), None, shutdown).await
+}
+
+/// Serves gRPC, over TLS if `tls` is set, with the health service following `healthy`
+/// (SERVING while it holds true, NOT_SERVING otherwise) when it is given.
+pub async fn serve_with<S: BucketStore>(
+    limiter: Arc<RateLimiter<S>>,
+    listener: TcpListener,
+    tls: Option<Arc<TlsState>>,
+    healthy: Option<watch::Receiver<bool>>,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> Result<(), tonic::transport::Error> {
+    let router = router(limiter, healthy).await;
+    match tls {
+        Some(tls) => {
+            router
+                .serve_with_incoming_shutdown(tls.incoming(listener), shutdown)
+                .await
+        }
+        None => {
+            router
+                .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+                .await
+        }
+    }
+}
+
+async fn set_health(reporter: &tonic_health::server::HealthReporter, serving: bool) {
+    let status = if serving {
+        ServingStatus::Serving
+    } else {
+        ServingStatus::NotServing
+    };
+    reporter.set_service_status("", status).await;
+    for name in HEALTH_SERVICES {
+        reporter.set_service_status(name, status).await;
+    }
 }
 
 /// The rate-limit service with health and reflection beside it.
-async fn router<S: BucketStore>(limiter: Arc<RateLimiter<S>>) -> tonic::transport::server::Router {
+async fn router<S: BucketStore>(
+    limiter: Arc<RateLimiter<S>>,
+    healthy: Option<watch::Receiver<bool>>,
+) -> tonic::transport::server::Router {
     let (reporter, health) = tonic_health::server::health_reporter();
-    reporter
-        .set_service_status("", ServingStatus::Serving)
-        .await;
-    for name in HEALTH_SERVICES {
-        reporter
-            .set_service_status(name, ServingStatus::Serving)
-            .await;
+    set_health(&reporter, healthy.as_ref().is_none_or(|h| *h.borrow())).await;
+    if let Some(mut healthy) = healthy {
+        tokio::spawn(async move {
+            while healthy.changed().await.is_ok() {
+                let serving = *healthy.borrow_and_update();
+                set_health(&reporter, serving).await;
+            }
+        });
     }
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(RLS_DESCRIPTOR_SET)
@@ -97,9 +131,4 @@ async fn router<S: BucketStore>(limiter: Arc<RateLimiter<S>>) -> tonic::transpor
         .add_service(health)
         .add_service(reflection)
         .add_service(RateLimitServiceServer::new(Grpc::new(limiter)))
-}
-
-/// Binds `addr`; a port of 0 picks a free one (see the returned listener's address).
-pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    TcpListener::bind(addr).await
 }

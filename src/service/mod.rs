@@ -9,6 +9,7 @@ pub mod http;
 mod json;
 pub mod metrics;
 pub mod server;
+mod throttle;
 pub mod tls;
 
 pub use decision::{CallError, RateLimiter, RequestLimits};

@@ -78,6 +78,9 @@ pub enum ServeError {
 /// How often the memory store drops expired buckets.
 const EVICTION_INTERVAL: Duration = Duration::from_secs(10);
 
+/// How often gRPC health re-checks that the store answers.
+const STORE_HEALTH_INTERVAL: Duration = Duration::from_secs(5);
+
 /// How often the TLS files are checked for a new certificate.
 const TLS_RELOAD_POLL: Duration = Duration::from_secs(2);
 
@@ -216,21 +219,37 @@ async fn serve_on<S: BucketStore>(
         mtls = options.tls.as_ref().is_some_and(|t| t.client_ca.is_some()),
         "serving"
     );
-    let grpc_task = match &options.tls {
-        Some(files) => {
-            let tls = Arc::new(TlsState::start(files.clone(), TLS_RELOAD_POLL)?);
-            tokio::spawn(grpc::serve_tls(
-                limiter.clone(),
-                grpc_listener,
-                tls,
-                stopped(),
-            ))
-        }
-        None => tokio::spawn(grpc::serve(limiter.clone(), grpc_listener, stopped())),
+    let tls = match &options.tls {
+        Some(files) => Some(Arc::new(TlsState::start(files.clone(), TLS_RELOAD_POLL)?)),
+        None => None,
     };
+    // gRPC health follows the store: NOT_SERVING while it does not answer.
+    let (healthy_tx, healthy_rx) = watch::channel(true);
+    let health_task = {
+        let limiter = limiter.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(STORE_HEALTH_INTERVAL);
+            loop {
+                tick.tick().await;
+                let ok = limiter.check_store().await;
+                if let Err(e) = &ok {
+                    tracing::warn!(error = %e, "store health check failed");
+                }
+                healthy_tx.send_if_modified(|h| std::mem::replace(h, ok.is_ok()) != ok.is_ok());
+            }
+        })
+    };
+    let grpc_task = tokio::spawn(grpc::serve_with(
+        limiter.clone(),
+        grpc_listener,
+        tls,
+        Some(healthy_rx),
+        stopped(),
+    ));
     let http_task = tokio::spawn(http::serve(limiter, http_listener, stopped()));
 
     shutdown_signal().await;
+    health_task.abort();
     let _ = stop_tx.send(true);
     let grace = options.shutdown_grace;
     let drained = tokio::time::timeout(grace, async {
