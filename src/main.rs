@@ -76,15 +76,27 @@ struct Dynamo {
     /// Key prefix, so several deployments can share one table.
     #[arg(long, env = "SHARDGATE_NAMESPACE", default_value = "default")]
     namespace: String,
+    /// Deadline of one DynamoDB call, retries included (e.g. 15ms, 1s).
+    #[arg(long, env = "SHARDGATE_STORE_TIMEOUT", default_value = "15ms", value_parser = parse_duration)]
+    store_timeout: Duration,
 }
 
 impl Dynamo {
+    /// Options for an administrative command: table creation and reads may take longer
+    /// than a request-path call.
+    fn admin_options(self) -> DynamoOptions {
+        let mut o = self.options();
+        o.timeout = o.timeout.max(Duration::from_secs(10));
+        o
+    }
+
     fn options(self) -> DynamoOptions {
         DynamoOptions {
             table: self.table,
             namespace: self.namespace,
             endpoint: self.dynamodb_endpoint,
             region: self.region,
+            timeout: self.store_timeout,
         }
     }
 }
@@ -232,7 +244,7 @@ fn main() -> ExitCode {
                 Ok(rt) => rt,
                 Err(code) => return code,
             };
-            let options = dynamo.options();
+            let options = dynamo.admin_options();
             rt.block_on(async {
                 let client = dynamodb::client(&options).await;
                 match dynamodb::create_table(&client, &options.table).await {
@@ -258,7 +270,7 @@ fn main() -> ExitCode {
                 Err(code) => return code,
             };
             rt.block_on(async {
-                let store = DynamoStore::connect(&dynamo.options()).await;
+                let store = DynamoStore::connect(&dynamo.admin_options()).await;
                 match inspect(&store, &entity, &resource).await {
                     Ok(shards) => {
                         let out = serde_json::json!({

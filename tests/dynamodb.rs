@@ -385,6 +385,8 @@ async fn three_servers_share_one_bucket() {
                     .args(["--dynamodb-endpoint", &common::dynamo::endpoint()])
                     .args(["--grpc-addr", &format!("127.0.0.1:{port}")])
                     .args(["--http-addr", "127.0.0.1:0"])
+                    // DynamoDB Local on a busy CI machine is slower than real DynamoDB.
+                    .args(["--store-timeout", "2s"])
                     .arg("--config")
                     .arg(&config)
                     .env("AWS_ACCESS_KEY_ID", "local")

@@ -21,6 +21,7 @@ use crate::engine::{
     Clock, Engine, EngineOptions, SystemClock, DEFAULT_PARTITION_WRITE_BUDGET,
     UNLIMITED_PARTITION_WRITE_BUDGET,
 };
+use crate::store::breaker::Breaker;
 use crate::store::dynamodb::{DynamoOptions, DynamoStore};
 use crate::store::memory::MemoryStore;
 use crate::store::metered::Metered;
@@ -78,6 +79,10 @@ pub enum ServeError {
 /// How often the memory store drops expired buckets.
 const EVICTION_INTERVAL: Duration = Duration::from_secs(10);
 
+/// Consecutive store failures that open the circuit, and how long it stays open.
+const BREAKER_THRESHOLD: u32 = 5;
+const BREAKER_COOL_OFF: Duration = Duration::from_millis(500);
+
 /// How often gRPC health re-checks that the store answers.
 const STORE_HEALTH_INTERVAL: Duration = Duration::from_secs(5);
 
@@ -132,7 +137,11 @@ pub async fn run(options: ServeOptions) -> Result<(), ServeError> {
             result?;
         }
         StoreKind::DynamoDb(dynamo) => {
-            let store = Arc::new(DynamoStore::connect(dynamo).await);
+            let store = Arc::new(Breaker::new(
+                DynamoStore::connect(dynamo).await,
+                BREAKER_THRESHOLD,
+                BREAKER_COOL_OFF,
+            ));
             let budget = options
                 .partition_write_budget
                 .unwrap_or(DEFAULT_PARTITION_WRITE_BUDGET);

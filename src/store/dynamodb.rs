@@ -46,7 +46,13 @@ pub struct DynamoOptions {
     pub endpoint: Option<String>,
     /// Region; else the standard AWS chain (environment, profile, instance metadata).
     pub region: Option<String>,
+    /// Deadline of one store call, retries included (the SDK retries with jittered
+    /// backoff inside it).
+    pub timeout: Duration,
 }
+
+/// Well under Envoy's default 20 ms rate-limit timeout.
+pub const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_millis(15);
 
 /// Builds a DynamoDB client from the standard AWS configuration chain.
 pub async fn client(options: &DynamoOptions) -> Client {
@@ -58,7 +64,20 @@ pub async fn client(options: &DynamoOptions) -> Client {
         loader = loader.endpoint_url(endpoint);
     }
     let shared = loader.load().await;
-    let mut builder = aws_sdk_dynamodb::config::Builder::from(&shared);
+    let mut builder = aws_sdk_dynamodb::config::Builder::from(&shared)
+        .timeout_config(
+            aws_config::timeout::TimeoutConfig::builder()
+                .operation_timeout(options.timeout)
+                .operation_attempt_timeout(options.timeout)
+                .connect_timeout(options.timeout.max(Duration::from_millis(100)))
+                .build(),
+        )
+        .retry_config(
+            aws_config::retry::RetryConfig::standard()
+                .with_max_attempts(3)
+                .with_initial_backoff(Duration::from_millis(1))
+                .with_max_backoff((options.timeout / 4).max(Duration::from_millis(1))),
+        );
     if shared.region().is_none() && options.endpoint.is_some() {
         // DynamoDB Local ignores the region, but the SDK needs one to sign requests.
         builder = builder.region(aws_config::Region::new("us-east-1"));

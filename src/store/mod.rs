@@ -5,6 +5,7 @@
 //! atomically per call. It makes no limiting decision: it never refills, never chooses a
 //! shard, never decides admission. `memory.rs` is the embedded default.
 
+pub mod breaker;
 pub mod dynamodb;
 pub mod memory;
 pub mod metered;
