@@ -1,0 +1,143 @@
+//! Hostile input over gRPC: oversized and malformed requests are refused with
+//! INVALID_ARGUMENT naming the field (never a panic), and descriptor values built to forge
+//! another bucket's key never share a bucket with it.
+
+mod support;
+
+use support::{desc, desc_hits, one, request, TestServer};
+use tonic::Code as Status;
+
+const RULES: &str = "
+domain: hostile
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 3}
+  - key: a
+    rate_limit: {unit: minute, requests_per_unit: 3}
+    descriptors:
+      - key: b
+        rate_limit: {unit: minute, requests_per_unit: 3}
+  - key: a_b
+    rate_limit: {unit: minute, requests_per_unit: 3}
+";
+
+async fn refused_with(
+    server: &TestServer,
+    req: envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest,
+    field: &str,
+) {
+    let mut c = server.client().await;
+    let err = c.call(req).await.expect_err("must be refused");
+    assert_eq!(err.code(), Status::InvalidArgument, "{err:?}");
+    assert!(
+        err.message().contains(field),
+        "message {:?} must name {field}",
+        err.message()
+    );
+}
+
+#[tokio::test]
+async fn oversized_and_malformed_requests_name_the_field() {
+    let server = TestServer::start(RULES).await;
+    let many = (0..65).map(|_| desc(&[("user", "u")])).collect();
+    refused_with(&server, request("hostile", many), "descriptors").await;
+    let long_entries: Vec<(String, String)> = (0..17)
+        .map(|i| (format!("k{i}"), "v".to_string()))
+        .collect();
+    let refs: Vec<(&str, &str)> = long_entries
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    refused_with(&server, one("hostile", &refs), "descriptors[0].entries").await;
+    let long_value = "v".repeat(1_025);
+    refused_with(
+        &server,
+        one("hostile", &[("user", &long_value)]),
+        "descriptors[0].entries[0].value",
+    )
+    .await;
+    let long_key = "k".repeat(257);
+    refused_with(
+        &server,
+        one("hostile", &[(&long_key, "v")]),
+        "descriptors[0].entries[0].key",
+    )
+    .await;
+    refused_with(
+        &server,
+        one("hostile", &[("", "v")]),
+        "descriptors[0].entries[0].key",
+    )
+    .await;
+    refused_with(
+        &server,
+        request("hostile", vec![desc(&[])]),
+        "descriptors[0].entries",
+    )
+    .await;
+    refused_with(&server, request("", vec![desc(&[("user", "u")])]), "domain").await;
+    refused_with(&server, request("hostile", vec![]), "descriptors").await;
+    // hits × 1000 millitokens must fit: u64::MAX hits is refused, not wrapped.
+    refused_with(
+        &server,
+        request("hostile", vec![desc_hits(&[("user", "u")], u64::MAX)]),
+        "descriptors[0].hits_addend",
+    )
+    .await;
+    // The server is still healthy afterwards.
+    let mut c = server.client().await;
+    c.ok(one("hostile", &[("user", "still-served")])).await;
+}
+
+#[tokio::test]
+async fn huge_but_representable_hits_are_refused_without_debit() {
+    let server = TestServer::start(RULES).await;
+    let mut c = server.client().await;
+    let r = c
+        .ok(request(
+            "hostile",
+            vec![desc_hits(&[("user", "big")], u64::from(u32::MAX) * 1_000)],
+        ))
+        .await;
+    assert_eq!(r.overall_code, 2, "over limit");
+    let r = c.ok(one("hostile", &[("user", "big")])).await;
+    assert_eq!(
+        r.statuses[0].limit_remaining, 2,
+        "the refused request took nothing"
+    );
+}
+
+/// Every pair here must land in different buckets: spending one never touches the other.
+#[tokio::test]
+async fn forged_values_never_share_a_bucket() {
+    let server = TestServer::start(RULES).await;
+    let mut c = server.client().await;
+    let pairs: Vec<(Vec<(&str, &str)>, Vec<(&str, &str)>)> = vec![
+        (vec![("a_b", "c")], vec![("a", "b_c")]),
+        (vec![("a", "x"), ("b", "y")], vec![("a", "x/b=y")]),
+        (vec![("user", "x#api#0")], vec![("user", "x")]),
+        (vec![("user", "x%2Fy")], vec![("user", "x/y")]),
+        (vec![("user", "x=y")], vec![("user", "x%3Dy")]),
+        (vec![("user", "line\nbreak")], vec![("user", "line")]),
+        (
+            vec![("user", "ünïcødé")],
+            vec![("user", "%C3%BCn%C3%AFc%C3%B8d%C3%A9")],
+        ),
+        (vec![("user", "a_b")], vec![("user", "a b")]),
+    ];
+    for (first, second) in pairs {
+        // Spend all 3 tokens of `first` ...
+        for _ in 0..3 {
+            c.ok(one("hostile", &first)).await;
+        }
+        let over = c.ok(one("hostile", &first)).await;
+        assert_eq!(over.overall_code, 2, "{first:?} is spent");
+        // ... and `second` still has its own.
+        let r = c.ok(one("hostile", &second)).await;
+        assert_eq!(
+            r.overall_code, 1,
+            "{second:?} must not share {first:?}'s bucket"
+        );
+        assert_eq!(r.statuses[0].limit_remaining, 2, "{second:?}");
+    }
+}
