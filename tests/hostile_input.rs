@@ -107,12 +107,14 @@ async fn huge_but_representable_hits_are_refused_without_debit() {
     );
 }
 
+type Entries = Vec<(&'static str, &'static str)>;
+
 /// Every pair here must land in different buckets: spending one never touches the other.
 #[tokio::test]
 async fn forged_values_never_share_a_bucket() {
     let server = TestServer::start(RULES).await;
     let mut c = server.client().await;
-    let pairs: Vec<(Vec<(&str, &str)>, Vec<(&str, &str)>)> = vec![
+    let pairs: Vec<(Entries, Entries)> = vec![
         (vec![("a_b", "c")], vec![("a", "b_c")]),
         (vec![("a", "x"), ("b", "y")], vec![("a", "x/b=y")]),
         (vec![("user", "x#api#0")], vec![("user", "x")]),
