@@ -408,7 +408,8 @@ impl<S: BucketStore> RateLimiter<S> {
                     }
                     s
                 }
-                (Treatment::Limited { rule, .. }, None) => ok_status(Some(rule), None),
+                // Failed open: nothing was counted, so no limit is quoted either.
+                (Treatment::Limited { .. }, None) => ok_status(None, None),
             })
             .collect();
         let overall = if over && !self.global_shadow {

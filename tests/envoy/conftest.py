@@ -152,3 +152,14 @@ def stack_factory(store, shardgate_bin, envoy_bin, tmp_path):
     yield start
     for s in stacks:
         s.stop()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test that used a stack shows the tail of shardgate's and Envoy's logs."""
+    report = yield
+    if report.failed and call.when == "call":
+        s = item.funcargs.get("stack") if hasattr(item, "funcargs") else None
+        if isinstance(s, Stack):
+            report.sections.append(("shardgate and Envoy logs", s.logs()))
+    return report

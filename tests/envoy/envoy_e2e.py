@@ -30,6 +30,7 @@ START_ATTEMPTS = 3  # a port picked free can be taken before the process binds i
 # loaded 2-core machine next to a JVM (DynamoDB Local); a timeout would surface as a 500
 # (failure_mode_deny) and fail the test loudly, never silently pass it.
 RLS_TIMEOUT = "5s"
+STORE_TIMEOUT = "2s"  # shardgate's deadline per DynamoDB call, below RLS_TIMEOUT
 
 AWS_LOCAL_ENV = {
     "AWS_ACCESS_KEY_ID": "local",
@@ -197,7 +198,8 @@ class Store:
         ]
 
     def env(self) -> dict:
-        env = dict(os.environ)
+        # The test decides every setting: none leaks in from the caller's SHARDGATE_*.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDGATE_")}
         if self.name == "dynamodb":
             env.update(AWS_LOCAL_ENV)
         return env
@@ -257,6 +259,10 @@ class Shardgate:
             argv += ["--http-addr", f"127.0.0.1:{self.http_port}"]
         if "--shutdown-grace" in flags:
             argv += ["--shutdown-grace", "2s"]
+        if self.store.name == "dynamodb" and "--store-timeout" in flags:
+            # The default deadline (15 ms) is for DynamoDB itself; DynamoDB Local on a busy
+            # test machine is slower, and a timeout would fail the test as a 500.
+            argv += ["--store-timeout", STORE_TIMEOUT]
         return argv
 
     def start(self, keep_port=False):
@@ -271,7 +277,7 @@ class Shardgate:
                 env=self.store.env(),
             )
             try:
-                wait_until(lambda: not self.proc.alive() or port_open(self.port),
+                wait_until(lambda: not self.proc.alive() or self.listening(),
                            READY_TIMEOUT_S, f"shardgate[{self.tag}] to listen on {self.port}",
                            detail=self.proc.log)
             except E2EError:
@@ -284,6 +290,11 @@ class Shardgate:
                 continue
             raise E2EError(f"shardgate exited with {self.proc.proc.returncode}:\n{log}")
         raise AssertionError("unreachable")
+
+    def listening(self) -> bool:
+        # Both listeners bound: after that, start-up cannot fail any more.
+        has_http = "--http-addr" in serve_flags(self.binary)
+        return port_open(self.port) and (not has_http or port_open(self.http_port))
 
     def stop(self):
         if self.proc is not None:

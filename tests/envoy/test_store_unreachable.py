@@ -3,7 +3,8 @@ shardgate answers, and Envoy's `failure_mode_deny` what the client sees.
 
 - `failure_mode: deny` (default): shardgate answers gRPC UNAVAILABLE; Envoy, failing closed,
   answers 500.
-- `failure_mode: allow`: shardgate answers OK without a limit; Envoy passes the request.
+- `failure_mode: allow`: shardgate answers OK, counting nothing; Envoy passes the request.
+- gRPC health (service `ratelimit`, the readiness probes' name) is NOT_SERVING meanwhile.
 
 Not parametrized over stores: the point is a DynamoDB store whose endpoint refuses
 connections (a closed loopback port), which needs no DynamoDB at all.
@@ -13,7 +14,7 @@ import pytest
 from envoy_e2e import (
     HERE, ROUTER, E2EError, Envoy, Shardgate, Store, backend_listener, bootstrap, free_port,
     header, http_listener, ratelimit_filter, route_with_filter_rate_limits, static_cluster,
-    unique,
+    unique, wait_until,
 )
 
 
@@ -31,8 +32,20 @@ def config(ports, shardgate_port):
         ports["admin"],
         [http_listener("main", ports["main"], routes, filters), backend_listener(ports["backend"])],
         [static_cluster("shardgate", shardgate_port, http2=True),
-         static_cluster("backend", ports["backend"])],
+         static_cluster("backend", ports["backend"]), health_checked(shardgate_port)],
     )
+
+
+def health_checked(shardgate_port):
+    """A cluster no route uses, whose only job is Envoy's gRPC health check of shardgate
+    with the service name the Kubernetes readiness probes use."""
+    cluster = static_cluster("shardgate_health", shardgate_port, http2=True)
+    cluster["health_checks"] = [{
+        "timeout": "1s", "interval": "0.2s", "no_traffic_interval": "0.2s",
+        "unhealthy_threshold": 1, "healthy_threshold": 1,
+        "grpc_health_check": {"service_name": "ratelimit"},
+    }]
+    return cluster
 
 
 @pytest.fixture(scope="module")
@@ -71,11 +84,18 @@ def test_store_unreachable_deny_500_allow_200(down):
         "store unavailable" in sg.proc.log(tail=400), sg.proc.log()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "shardgate bug: failing open (failure_mode: allow) answers each limited descriptor with "
-    "current_limit set and limit_remaining 0, so Envoy tells the client "
-    "x-ratelimit-remaining: 0 on a request that was not counted at all"))
+def test_grpc_health_is_not_serving_while_the_store_is_down(down):
+    sg, envoy = down
+    # NOT_SERVING, not a network error: the server is up, its store is not. A readiness
+    # probe on this service takes the pod out of the Service's endpoints.
+    wait_until(lambda: envoy.counter("cluster.shardgate_health.health_check.failure") >= 3, 30,
+               "failed gRPC health checks", detail=sg.proc.log)
+    assert envoy.counter("cluster.shardgate_health.health_check.network_failure") == 0
+    assert envoy.counter("cluster.shardgate_health.membership_healthy") == 0
+
+
 def test_store_unreachable_allow_sends_no_rate_limit_headers(down):
+    """Failing open counts nothing, so it must not tell the client how much is left."""
     sg, envoy = down
     r = envoy.get("/allow", {"x-user": unique("u")})
     assert r.status == 200

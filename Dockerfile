@@ -1,0 +1,55 @@
+# syntax=docker/dockerfile:1
+# shardgate container image: builds from this repository alone.
+#
+#   docker build -t shardgate:dev .
+#   docker run --rm -p 8081:8081 -p 8080:8080 shardgate:dev   # serves config/example.yaml
+#   docker run --rm -p 8081:8081 -v "$PWD/limits:/etc/shardgate/limits:ro" shardgate:dev
+#
+# Builder and runtime use the same Debian release, so the binary's glibc matches.
+ARG RUST_IMAGE=rust:1.95-bookworm
+ARG RUNTIME_IMAGE=debian:bookworm-slim
+
+FROM ${RUST_IMAGE} AS build
+WORKDIR /src
+COPY Cargo.toml Cargo.lock ./
+COPY src ./src
+# Cache mounts keep the crate registry and compiled dependencies between builds; the binary
+# is copied out of the cached target directory.
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/src/target \
+    cargo build --release --locked --bin shardgate \
+    && cp target/release/shardgate /usr/local/bin/shardgate
+
+FROM ${RUNTIME_IMAGE}
+# ca-certificates: TLS to DynamoDB (the AWS SDK trusts the system roots). Unpinned on
+# purpose: the root set should be the release's current one.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends ca-certificates \
+    && rm -rf /var/lib/apt/lists/* \
+    && groupadd --system --gid 10001 shardgate \
+    && useradd --system --uid 10001 --gid shardgate --no-create-home --shell /usr/sbin/nologin shardgate
+COPY --from=build /usr/local/bin/shardgate /usr/local/bin/shardgate
+# A default config so the image runs as is; mount a file or a directory (a Kubernetes
+# ConfigMap) over /etc/shardgate/limits to replace it.
+COPY config/example.yaml /etc/shardgate/limits/example.yaml
+
+# Numeric, so that Kubernetes' runAsNonRoot can verify it.
+USER 10001:10001
+ENV SHARDGATE_CONFIG=/etc/shardgate/limits \
+    SHARDGATE_GRPC_ADDR=0.0.0.0:8081 \
+    SHARDGATE_HTTP_ADDR=0.0.0.0:8080 \
+    SHARDGATE_LOG_FORMAT=json
+# 8081: gRPC — Envoy's RateLimitService, grpc.health.v1 (service names "", "ratelimit"),
+#       reflection.
+# 8080: HTTP — /metrics (Prometheus), /healthcheck, /rlconfig, /json.
+EXPOSE 8081 8080
+
+# GET /healthcheck: 200 while the store answers, 503 while it does not. The image carries
+# no HTTP client, so bash speaks the one request itself (HTTP/1.0, the server closes).
+# Kubernetes uses its own probes instead (see envoy-examples/).
+HEALTHCHECK --interval=10s --timeout=3s --start-period=10s --retries=3 \
+    CMD ["bash", "-c", "exec 3<>/dev/tcp/127.0.0.1/${SHARDGATE_HTTP_ADDR##*:} && printf 'GET /healthcheck HTTP/1.0\\r\\nHost: localhost\\r\\n\\r\\n' >&3 && read -r _ status _ <&3 && [ \"$status\" = 200 ]"]
+
+ENTRYPOINT ["/usr/local/bin/shardgate"]
+CMD ["serve"]
