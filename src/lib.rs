@@ -10,3 +10,4 @@ pub mod config;
 pub mod engine;
 pub mod service;
 pub mod store;
+mod throttle;

@@ -75,7 +75,17 @@ pub fn watch(
             let _ = tx.try_send(());
         }
     })?;
-    watcher.watch(&watch_target(&path), RecursiveMode::NonRecursive)?;
+    let target = watch_target(&path);
+    watcher.watch(&target, RecursiveMode::NonRecursive)?;
+    // A config file that is a symlink into another directory: watch where it points too
+    // (in-place edits of the target happen there). Later re-pointing is caught by the poll.
+    if let Ok(resolved) = std::fs::canonicalize(&path) {
+        let resolved_dir = watch_target(&resolved);
+        if resolved.is_file() && std::fs::canonicalize(&target).ok().as_ref() != Some(&resolved_dir)
+        {
+            watcher.watch(&resolved_dir, RecursiveMode::NonRecursive)?;
+        }
+    }
     let task = tokio::spawn(async move {
         let mut last_hash = current_hash;
         let mut last_error: Option<String> = None;

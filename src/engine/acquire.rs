@@ -87,6 +87,38 @@ fn wrap(b: &BucketClaim) -> impl Fn(StoreError) -> EngineError + '_ {
 impl<S: BucketStore> Engine<S> {
     /// Decides `req`: debits every gated claim (and every forced one), or nothing.
     pub async fn acquire(&self, req: &Acquire) -> Result<Decision, EngineError> {
+        let decision = self.decide(req).await?;
+        if !decision.admitted {
+            self.note_per_shard_ceiling(req, &decision);
+        }
+        Ok(decision)
+    }
+
+    /// Counts and logs a refusal that no shard could ever admit: a gated claim larger
+    /// than one shard's share (the per-shard request ceiling).
+    fn note_per_shard_ceiling(&self, req: &Acquire, decision: &Decision) {
+        for (b, o) in req.buckets.iter().zip(&decision.buckets) {
+            for (c, l) in b.limits.iter().zip(&o.limits) {
+                if !c.forced && c.amount > l.share.ceiling {
+                    EngineStats::bump(&self.stats.per_shard_ceiling_rejections);
+                    if let Some(suppressed) = self.ceiling_log.admit() {
+                        tracing::warn!(
+                            resource = %b.resource,
+                            limit = %c.limit,
+                            requested_milli = c.amount,
+                            shard_share_milli = l.share.ceiling,
+                            shard_count = o.shard_count,
+                            similar_not_logged = suppressed,
+                            "request larger than one shard's share can never be admitted"
+                        );
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
+    async fn decide(&self, req: &Acquire) -> Result<Decision, EngineError> {
         if req.buckets.is_empty() {
             return Ok(Decision {
                 admitted: true,
@@ -433,24 +465,11 @@ impl<S: BucketStore> Engine<S> {
         now: i64,
     ) -> bool {
         let outcome = self.outcome_from_image(b, shard, image, now, false);
-        let mut refused = false;
-        for (l, c) in outcome.limits.iter().zip(&b.limits) {
-            if !l.fits && !c.forced {
-                refused = true;
-                if c.amount > l.share.ceiling {
-                    EngineStats::bump(&self.stats.per_shard_ceiling_rejections);
-                    tracing::warn!(
-                        resource = %b.resource,
-                        limit = %c.limit,
-                        requested_milli = c.amount,
-                        shard_share_milli = l.share.ceiling,
-                        shard_count = outcome.shard_count,
-                        "request larger than one shard's share can never be admitted"
-                    );
-                }
-            }
-        }
-        refused
+        outcome
+            .limits
+            .iter()
+            .zip(&b.limits)
+            .any(|(l, c)| !l.fits && !c.forced)
     }
 
     async fn resolve(

@@ -188,6 +188,7 @@ pub struct Engine<S: BucketStore> {
     shards: Arc<shard::ShardCounts>,
     rejections: rejection::RejectionCache,
     stats: Arc<EngineStats>,
+    ceiling_log: crate::throttle::LogThrottle,
 }
 
 impl<S: BucketStore> std::fmt::Debug for Engine<S> {
@@ -223,6 +224,7 @@ impl<S: BucketStore> Engine<S> {
             ),
             options,
             stats: Arc::default(),
+            ceiling_log: crate::throttle::LogThrottle::new(std::time::Duration::from_secs(10)),
         }
     }
 

@@ -26,7 +26,7 @@ use crate::engine::{Decision, Engine, EngineError, LimitOutcome};
 use crate::store::{BucketKey, BucketStore};
 
 use super::metrics::{HitOutcome, Metrics};
-use super::throttle::LogThrottle;
+use crate::throttle::LogThrottle;
 
 impl DescriptorEntry for Entry {
     fn key(&self) -> &str {

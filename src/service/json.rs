@@ -10,7 +10,8 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descri
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus};
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use envoy_types::pb::google::protobuf::UInt64Value;
+use envoy_types::pb::google::protobuf::value::Kind;
+use envoy_types::pb::google::protobuf::{Struct, UInt64Value, Value as ProtoValue};
 use serde_json::{json, Map, Value};
 
 use crate::config::Unit;
@@ -162,19 +163,55 @@ fn status_json(s: &DescriptorStatus) -> Value {
         });
     }
     if let Some(d) = &s.duration_until_reset {
-        let total_ns = i128::from(d.seconds) * 1_000_000_000 + i128::from(d.nanos);
-        let secs = total_ns as f64 / 1e9;
-        out["durationUntilReset"] = Value::String(format!("{secs}s"));
+        out["durationUntilReset"] = Value::String(duration_text(d.seconds, d.nanos));
     }
     out
 }
 
+/// Canonical proto3-JSON duration: seconds with 0, 3, 6 or 9 fraction digits.
+fn duration_text(seconds: i64, nanos: i32) -> String {
+    let nanos = nanos.unsigned_abs();
+    if nanos == 0 {
+        format!("{seconds}s")
+    } else if nanos.is_multiple_of(1_000_000) {
+        format!("{seconds}.{:03}s", nanos / 1_000_000)
+    } else if nanos.is_multiple_of(1_000) {
+        format!("{seconds}.{:06}s", nanos / 1_000)
+    } else {
+        format!("{seconds}.{nanos:09}s")
+    }
+}
+
+fn struct_json(s: &Struct) -> Value {
+    Value::Object(
+        s.fields
+            .iter()
+            .map(|(k, v)| (k.clone(), value_json(v)))
+            .collect(),
+    )
+}
+
+fn value_json(v: &ProtoValue) -> Value {
+    match &v.kind {
+        None | Some(Kind::NullValue(_)) => Value::Null,
+        Some(Kind::NumberValue(n)) => json!(n),
+        Some(Kind::StringValue(s)) => Value::String(s.clone()),
+        Some(Kind::BoolValue(b)) => Value::Bool(*b),
+        Some(Kind::StructValue(s)) => struct_json(s),
+        Some(Kind::ListValue(l)) => Value::Array(l.values.iter().map(value_json).collect()),
+    }
+}
+
 /// Renders a `RateLimitResponse` as proto3 JSON.
 pub fn render_response(r: &RateLimitResponse) -> Value {
-    json!({
+    let mut out = json!({
         "overallCode": code_name(r.overall_code),
         "statuses": r.statuses.iter().map(status_json).collect::<Vec<_>>(),
-    })
+    });
+    if let Some(m) = &r.dynamic_metadata {
+        out["dynamicMetadata"] = struct_json(m);
+    }
+    out
 }
 
 #[cfg(test)]
@@ -195,6 +232,15 @@ mod tests {
             r.descriptors[0].limit.as_ref().unwrap().unit,
             Unit::Minute.proto_value()
         );
+    }
+
+    #[test]
+    fn durations_use_canonical_fraction_digits() {
+        assert_eq!(duration_text(6, 1_000_000), "6.001s");
+        assert_eq!(duration_text(0, 20_000_000), "0.020s");
+        assert_eq!(duration_text(3, 0), "3s");
+        assert_eq!(duration_text(1, 500), "1.000000500s");
+        assert_eq!(duration_text(1, 5_000), "1.000005s");
     }
 
     #[test]

@@ -99,33 +99,33 @@ impl Collector for EngineCollector {
         let s = &self.stats;
         let counters: [(&str, &str, u64); 6] = [
             (
-                "shardgate_shard_doublings",
-                "Shard-count doublings this server won.",
+                "shard_doublings",
+                "Shard-count doublings this server won",
                 EngineStats::get(&s.shard_doublings),
             ),
             (
-                "shardgate_rejection_cache_hits",
-                "Requests refused from the rejection cache, without a store call.",
+                "rejection_cache_hits",
+                "Requests refused from the rejection cache, without a store call",
                 EngineStats::get(&s.rejection_cache_hits),
             ),
             (
-                "shardgate_per_shard_ceiling_rejections",
-                "Refusals of a request larger than one shard's share of its limit.",
+                "per_shard_ceiling_rejections",
+                "Refusals of a request larger than one shard's share of its limit",
                 EngineStats::get(&s.per_shard_ceiling_rejections),
             ),
             (
-                "shardgate_fast_path_hits",
-                "Buckets debited by the fast path (one conditional write).",
+                "fast_path_hits",
+                "Buckets debited by the fast path (one conditional write)",
                 EngineStats::get(&s.fast_path_hits),
             ),
             (
-                "shardgate_slow_paths",
-                "Requests that needed a read and a commit.",
+                "slow_paths",
+                "Requests that needed a read and a commit",
                 EngineStats::get(&s.slow_paths),
             ),
             (
-                "shardgate_refunds",
-                "Debits refunded because another bucket of the request refused.",
+                "refunds",
+                "Debits refunded because another bucket of the request refused",
                 EngineStats::get(&s.refunds),
             ),
         ];
@@ -137,8 +137,8 @@ impl Collector for EngineCollector {
         let hot = self.shards.hottest(HOT_BUCKETS_LISTED);
         if !hot.is_empty() {
             let mut m = encoder.encode_descriptor(
-                "shardgate_bucket_shards",
-                "Shard count of the most sharded buckets this server knows.",
+                "bucket_shards",
+                "Shard count of the most sharded buckets this server knows",
                 None,
                 prometheus_client::metrics::MetricType::Gauge,
             )?;
@@ -176,67 +176,67 @@ impl Metrics {
         };
         registry.register(
             "rate_limit_total_hits",
-            "Hits of a rule (descriptors × hits).",
+            "Hits of a rule (descriptors × hits)",
             m.total_hits.clone(),
         );
         registry.register(
             "rate_limit_over_limit",
-            "Hits refused by a rule.",
+            "Hits refused by a rule",
             m.over_limit.clone(),
         );
         registry.register(
             "rate_limit_near_limit",
-            "Hits admitted with 80% or more of the rule's capacity used.",
+            "Hits admitted with 80% or more of the rule's capacity used",
             m.near_limit.clone(),
         );
         registry.register(
             "rate_limit_within_limit",
-            "Hits admitted by a rule.",
+            "Hits admitted by a rule",
             m.within_limit.clone(),
         );
         registry.register(
             "rate_limit_shadow_mode",
-            "Hits over a rule's limit that shadow mode let through.",
+            "Hits over a rule's limit that shadow mode let through",
             m.shadow_mode.clone(),
         );
         registry.register(
             "domain_not_found",
-            "Requests for a domain no config defines.",
+            "Requests for a domain no config defines",
             m.domain_not_found.clone(),
         );
         registry.register(
             "config_load_success",
-            "Configs loaded and put in force.",
+            "Configs loaded and put in force",
             m.config_load_success.clone(),
         );
         registry.register(
             "config_load_error",
-            "Config loads rejected (the previous config stays).",
+            "Config loads rejected (the previous config stays)",
             m.config_load_error.clone(),
         );
         registry.register(
             "config_info",
-            "The config in force, by content hash (value 1).",
+            "The config in force, by content hash (value 1)",
             m.config_info.clone(),
         );
         registry.register(
             "store_calls",
-            "Store calls by operation and outcome.",
+            "Store calls by operation and outcome",
             m.store_calls.clone(),
         );
         registry.register(
             "store_call_duration_seconds",
-            "Store call latency by operation.",
+            "Store call latency by operation",
             m.store_latency.clone(),
         );
         registry.register(
             "request_duration_seconds",
-            "ShouldRateLimit answer latency.",
+            "ShouldRateLimit answer latency",
             m.request_latency.clone(),
         );
         registry.register(
             "requests_in_flight",
-            "ShouldRateLimit calls being answered.",
+            "ShouldRateLimit calls being answered",
             m.in_flight.clone(),
         );
         Metrics {

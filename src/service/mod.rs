@@ -9,7 +9,6 @@ pub mod http;
 mod json;
 pub mod metrics;
 pub mod server;
-mod throttle;
 pub mod tls;
 
 pub use decision::{CallError, RateLimiter, RequestLimits};

@@ -1,5 +1,6 @@
 //! Rate-limited logging: at most one line per interval for a recurring condition (a store
-//! failure burst), with the number of occurrences folded into the next line.
+//! failure burst, a request no shard can admit), with the number of occurrences folded
+//! into the next line. Shared by the engine and the service; it only counts and says when.
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
