@@ -44,10 +44,21 @@ class E2EError(Exception):
     """A process or a wait failed; the message carries the logs needed to see why."""
 
 
+_HANDED_OUT = set()
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free loopback port never handed out before in this process: the kernel may give
+    the same ephemeral port to two binds in a row once the first socket is closed, and two
+    processes of one test must not be given the same port."""
+    for _ in range(100):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
+    raise RuntimeError("no fresh free port after 100 tries")
 
 
 def unique(prefix: str) -> str:
