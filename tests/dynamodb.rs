@@ -346,14 +346,6 @@ impl Drop for Server {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// Three server processes sharing one table and one bucket admit no more than
 /// capacity + rate × elapsed in all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -368,7 +360,15 @@ async fn three_servers_share_one_bucket() {
         "domain: fleet\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: second, requests_per_unit: 20, burst: 40}\n",
     )
     .unwrap();
-    let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+    // Hold all three sockets while choosing, so the ports are distinct.
+    let held: Vec<std::net::TcpListener> = (0..3)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    let ports: Vec<u16> = held
+        .iter()
+        .map(|l| l.local_addr().unwrap().port())
+        .collect();
+    drop(held);
     let _servers: Vec<Server> = ports
         .iter()
         .map(|port| {
