@@ -289,12 +289,17 @@ async fn hot_entity_shards_itself() {
     };
     let admitted = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
-    let tasks: Vec<_> = (0..20)
+    // 50 clients × 4 requests/s: the offered ~200/s holds even when one call takes a
+    // few hundred ms on a busy machine (missed ticks are caught up).
+    let sent = Arc::new(AtomicU64::new(0));
+    let tasks: Vec<_> = (0..50)
         .map(|_| {
             let (engine, admitted, req) = (engine.clone(), admitted.clone(), one(claim.clone()));
+            let sent = sent.clone();
             tokio::spawn(async move {
-                let mut tick = tokio::time::interval(Duration::from_millis(100));
-                for _ in 0..50 {
+                let mut tick = tokio::time::interval(Duration::from_millis(250));
+                for _ in 0..20 {
+                    sent.fetch_add(1, Ordering::Relaxed);
                     tick.tick().await;
                     if engine.acquire(&req).await.unwrap().admitted {
                         admitted.fetch_add(1, Ordering::Relaxed);
@@ -310,15 +315,23 @@ async fn hot_entity_shards_itself() {
     let admitted = admitted.load(Ordering::Relaxed) as f64;
     let shards = inspect(&*store, "hot", "api").await.unwrap();
     let count = shards[0].1.as_ref().unwrap().shard_count;
-    assert!(count >= 8, "shard 0 counts {count} shards");
+    let offered = sent.load(Ordering::Relaxed) as f64 / elapsed;
+    assert!(
+        count >= 8,
+        "shard 0 counts {count} shards after {elapsed:.1} s at {offered:.0} requests/s"
+    );
     for (s, image) in &shards {
         let Some(image) = image else { continue };
         let l = image.limits["rps"];
         assert_eq!(l.cp, cap as i64 * 1_000, "stored undivided on shard {s}");
         if *s > 0 {
+            // Shard s was created by a doubling to at least the next power of two above
+            // s, at that count's share; a later doubling only lowers its ceiling at its
+            // next slow pass (the documented transient), never raises its balance.
+            let created_with = i64::from((*s + 1).next_power_of_two());
             assert!(
-                l.tk <= l.cp / i64::from(image.shard_count).max(2),
-                "shard {s} holds {} over its share",
+                l.tk <= l.cp / created_with,
+                "shard {s} holds {} over the share it was created with",
                 l.tk
             );
         }
