@@ -11,6 +11,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use shardgate::config::Config;
 use shardgate::service::server::{self, ServeOptions, StoreKind};
 use shardgate::service::tls::TlsFiles;
+use shardgate::service::RequestLimits;
 use shardgate::store::dynamodb::{self, DynamoOptions, DynamoStore, TableCreated};
 use shardgate::store::{inspect, BucketItem};
 
@@ -125,6 +126,18 @@ struct Serve {
     /// unlimited on the memory store).
     #[arg(long, env = "SHARDGATE_PARTITION_WRITE_BUDGET")]
     partition_write_budget: Option<u64>,
+    /// Most descriptors one request may carry.
+    #[arg(long, env = "SHARDGATE_MAX_DESCRIPTORS", default_value_t = RequestLimits::default().max_descriptors)]
+    max_descriptors: usize,
+    /// Most entries one descriptor may carry.
+    #[arg(long, env = "SHARDGATE_MAX_ENTRIES", default_value_t = RequestLimits::default().max_entries)]
+    max_entries: usize,
+    /// Longest descriptor key, in bytes.
+    #[arg(long, env = "SHARDGATE_MAX_KEY_BYTES", default_value_t = RequestLimits::default().max_key_bytes)]
+    max_key_bytes: usize,
+    /// Longest descriptor value, in bytes.
+    #[arg(long, env = "SHARDGATE_MAX_VALUE_BYTES", default_value_t = RequestLimits::default().max_value_bytes)]
+    max_value_bytes: usize,
     /// Evaluate and report every rule, but never answer OVER_LIMIT.
     #[arg(long, env = "SHARDGATE_GLOBAL_SHADOW_MODE")]
     global_shadow_mode: bool,
@@ -307,6 +320,12 @@ fn main() -> ExitCode {
                 },
                 partition_write_budget: args.partition_write_budget,
                 global_shadow_mode: args.global_shadow_mode,
+                request_limits: RequestLimits {
+                    max_descriptors: args.max_descriptors,
+                    max_entries: args.max_entries,
+                    max_key_bytes: args.max_key_bytes,
+                    max_value_bytes: args.max_value_bytes,
+                },
             };
             let rt = match runtime() {
                 Ok(rt) => rt,

@@ -14,7 +14,7 @@ use tokio::sync::watch;
 
 use super::metrics::Metrics;
 use super::tls::{TlsError, TlsFiles, TlsState};
-use super::{grpc, http, RateLimiter};
+use super::{grpc, http, RateLimiter, RequestLimits};
 use crate::config::reload::{self, ReloadTiming};
 use crate::config::{Config, ConfigErrors};
 use crate::engine::{
@@ -45,6 +45,8 @@ pub struct ServeOptions {
     pub store: StoreKind,
     pub partition_write_budget: Option<u64>,
     pub global_shadow_mode: bool,
+    /// Bounds on what one request may carry.
+    pub request_limits: RequestLimits,
     /// How long calls in flight may take to finish after a shutdown signal.
     pub shutdown_grace: Duration,
     /// TLS on the gRPC port, if set.
@@ -175,6 +177,7 @@ async fn serve_on<S: BucketStore>(
     let limiter = Arc::new(
         RateLimiter::new(config.clone(), engine)
             .with_global_shadow(options.global_shadow_mode)
+            .with_request_limits(options.request_limits.clone())
             .with_metrics(metrics.clone()),
     );
 

@@ -339,3 +339,19 @@ def test_serve_refuses_to_start_on_a_broken_config_with_file_and_line(tmp_path):
     output = r.stdout + r.stderr
     assert f"{bad}:4" in output, output
     assert "colour" in output, output
+
+
+def test_request_bounds_are_configurable_on_the_command_line(shardgate):
+    server = shardgate(FIVE_PER_MINUTE, args=["--max-descriptors", "2", "--max-value-bytes", "8"])
+    server.should_rate_limit(request("api", desc(("user", "a")), desc(("user", "b"))))
+    cases = [
+        (request("api", desc(("user", "a")), desc(("user", "b")), desc(("user", "c"))),
+         "descriptors: 3 exceeds the maximum of 2"),
+        (request("api", desc(("user", "123456789"))),
+         "descriptors[0].entries[0].value: 9 bytes exceeds the maximum of 8"),
+    ]
+    for bad, message in cases:
+        with pytest.raises(grpc.RpcError) as e:
+            server.should_rate_limit(bad)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert message in e.value.details()
