@@ -12,6 +12,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_stream::wrappers::TcpListenerStream;
+use tonic::codegen::http;
 use tonic::{Request, Response, Status};
 use tonic_health::ServingStatus;
 
@@ -107,11 +108,35 @@ async fn set_health(reporter: &tonic_health::server::HealthReporter, serving: bo
     }
 }
 
+type GrpcResponse = http::Response<tonic::body::Body>;
+
+/// The server stack: every route behind [`refuse_undecodable`].
+type Stack = tower::layer::util::Stack<
+    tower::util::MapResponseLayer<fn(GrpcResponse) -> GrpcResponse>,
+    tower::layer::util::Identity,
+>;
+
+/// A request that does not decode (malformed protobuf, a string that is not UTF-8) is
+/// the client's error: answer INVALID_ARGUMENT, keeping the decoder's message, which
+/// names the field, instead of tonic's INTERNAL.
+fn refuse_undecodable(mut response: GrpcResponse) -> GrpcResponse {
+    let headers = response.headers_mut();
+    let internal = headers.get("grpc-status").is_some_and(|v| v == "13");
+    let undecodable = headers
+        .get("grpc-message")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|m| m.contains("failed%20to%20decode%20Protobuf%20message"));
+    if internal && undecodable {
+        headers.insert("grpc-status", http::HeaderValue::from_static("3"));
+    }
+    response
+}
+
 /// The rate-limit service with health and reflection beside it.
 async fn router<S: BucketStore>(
     limiter: Arc<RateLimiter<S>>,
     healthy: Option<watch::Receiver<bool>>,
-) -> tonic::transport::server::Router {
+) -> tonic::transport::server::Router<Stack> {
     let (reporter, health) = tonic_health::server::health_reporter();
     set_health(&reporter, healthy.as_ref().is_none_or(|h| *h.borrow())).await;
     if let Some(mut healthy) = healthy {
@@ -128,6 +153,9 @@ async fn router<S: BucketStore>(
         .build_v1()
         .expect("the embedded descriptor sets are valid");
     tonic::transport::Server::builder()
+        .layer(tower::util::MapResponseLayer::new(
+            refuse_undecodable as fn(GrpcResponse) -> GrpcResponse,
+        ))
         .add_service(health)
         .add_service(reflection)
         .add_service(RateLimitServiceServer::new(Grpc::new(limiter)))

@@ -355,3 +355,19 @@ def test_request_bounds_are_configurable_on_the_command_line(shardgate):
             server.should_rate_limit(bad)
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert message in e.value.details()
+
+
+def test_undecodable_bytes_are_invalid_argument_naming_the_field(shardgate):
+    server = shardgate(FIVE_PER_MINUTE)
+    raw = grpc.insecure_channel(f"127.0.0.1:{server.port}").unary_unary(
+        "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit")
+    # RateLimitRequest{domain: <0xff 0xfe>}: field 1, length 2, bytes that are not UTF-8.
+    with pytest.raises(grpc.RpcError) as e:
+        raw(b"\x0a\x02\xff\xfe", timeout=5)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "domain" in e.value.details() and "UTF-8" in e.value.details()
+    # A truncated message is refused the same way, and the server keeps answering.
+    with pytest.raises(grpc.RpcError) as e:
+        raw(b"\x0a\x05ab", timeout=5)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert server.should_rate_limit(request("api", desc(("user", "still")))).overall_code == OK
