@@ -93,34 +93,44 @@ impl MemoryStore {
 }
 
 /// Applies `debits` to `item` if the mode's conditions hold.
-fn try_debit(item: &BucketItem, debits: &[Debit], mode: DebitMode) -> Option<BucketItem> {
-    if let DebitMode::Fast { now_s } = mode {
-        if item.ttl.is_some_and(|t| t <= now_s) {
-            return None;
+/// Whether `debits` may be applied to `item` under the mode's conditions.
+fn debit_allowed(item: &BucketItem, debits: &[Debit], mode: DebitMode) -> bool {
+    let fast = match mode {
+        DebitMode::Fast { now_s } => {
+            if item.ttl.is_some_and(|t| t <= now_s) {
+                return false;
+            }
+            if item.limit(WCU_LIMIT).is_none_or(|w| w.tk < MILLI) {
+                return false;
+            }
+            true
         }
-        if item.limit(WCU_LIMIT).is_none_or(|w| w.tk < MILLI) {
-            return None;
+        DebitMode::RetryOnly => false,
+    };
+    debits.iter().all(|d| match item.limit(&d.limit) {
+        None => false,
+        Some(st) => {
+            !(fast && d.params.is_some_and(|p| st.params() != p))
+                && !(d.gated && st.tk < d.amount)
+                && st.tk.checked_sub(d.amount).is_some()
         }
-    }
-    let mut next = item.clone();
-    let fast = matches!(mode, DebitMode::Fast { .. });
+    })
+}
+
+/// Applies allowed `debits` in place (see [`debit_allowed`]).
+fn apply_debit(item: &mut BucketItem, debits: &[Debit], mode: DebitMode) {
     for d in debits {
-        let st = next.limits.get_mut(&d.limit)?;
-        if fast && d.params.is_some_and(|p| st.params() != p) {
-            return None;
+        if let Some(st) = item.limits.get_mut(&d.limit) {
+            st.tk -= d.amount;
+            st.tc = st.tc.saturating_add(d.amount);
         }
-        if d.gated && st.tk < d.amount {
-            return None;
+    }
+    if matches!(mode, DebitMode::Fast { .. }) {
+        if let Some(w) = item.limits.get_mut(WCU_LIMIT) {
+            w.tk -= MILLI;
+            w.tc += MILLI;
         }
-        st.tk = st.tk.checked_sub(d.amount)?;
-        st.tc = st.tc.saturating_add(d.amount);
     }
-    if fast {
-        let w = next.limits.get_mut(WCU_LIMIT)?;
-        w.tk -= MILLI;
-        w.tc += MILLI;
-    }
-    Some(next)
 }
 
 fn apply_write(current: Option<&BucketItem>, w: &Write) -> Option<BucketItem> {
@@ -163,7 +173,15 @@ fn apply_write(current: Option<&BucketItem>, w: &Write) -> Option<BucketItem> {
             }
             Some(next)
         }
-        Write::Debit { debits, .. } => try_debit(current?, debits, DebitMode::RetryOnly),
+        Write::Debit { debits, .. } => {
+            let cur = current?;
+            if !debit_allowed(cur, debits, DebitMode::RetryOnly) {
+                return None;
+            }
+            let mut next = cur.clone();
+            apply_debit(&mut next, debits, DebitMode::RetryOnly);
+            Some(next)
+        }
     }
 }
 
@@ -174,16 +192,15 @@ impl BucketStore for MemoryStore {
         debits: &[Debit],
         mode: DebitMode,
     ) -> Result<DebitOutcome, StoreError> {
+        // Check, then change in place: one clone, for the image the caller gets back.
         let mut g = self.part(key);
-        Ok(match g.get(key) {
+        Ok(match g.get_mut(key) {
             None => DebitOutcome::Refused(None),
-            Some(item) => match try_debit(item, debits, mode) {
-                Some(next) => {
-                    g.insert(key.clone(), next.clone());
-                    DebitOutcome::Applied(next)
-                }
-                None => DebitOutcome::Refused(Some(item.clone())),
-            },
+            Some(item) if debit_allowed(item, debits, mode) => {
+                apply_debit(item, debits, mode);
+                DebitOutcome::Applied(item.clone())
+            }
+            Some(item) => DebitOutcome::Refused(Some(item.clone())),
         })
     }
 
