@@ -110,9 +110,9 @@ fn debit_allowed(item: &BucketItem, debits: &[Debit], mode: DebitMode) -> bool {
     debits.iter().all(|d| match item.limit(&d.limit) {
         None => false,
         Some(st) => {
-            !(fast && d.params.is_some_and(|p| st.params() != p))
-                && !(d.gated && st.tk < d.amount)
-                && st.tk.checked_sub(d.amount).is_some()
+            let params_match = !fast || d.params.is_none_or(|p| st.params() == p);
+            let covered = !d.gated || st.tk >= d.amount;
+            params_match && covered && st.tk.checked_sub(d.amount).is_some()
         }
     })
 }
