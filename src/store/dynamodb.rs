@@ -453,6 +453,22 @@ fn update_expression(
     (update, cond.join(" AND "), e)
 }
 
+/// The update and condition expressions of a slow-path update or a retry-only debit
+/// (`None` for a create, which is a conditional put).
+fn update_of(w: &Write) -> Option<(String, String, Expr)> {
+    match w {
+        Write::Create { .. } => None,
+        Write::Update {
+            expected_rf,
+            rf,
+            ttl,
+            limits,
+            ..
+        } => Some(update_expression(*expected_rf, *rf, *ttl, limits)),
+        Write::Debit { debits, .. } => Some(debit_expression(debits, DebitMode::RetryOnly)),
+    }
+}
+
 fn parse_n(key: &str, attr: &str, v: &AttributeValue) -> Result<i64, StoreError> {
     let corrupt = |reason: String| StoreError::Corrupt {
         key: key.to_string(),
@@ -704,18 +720,8 @@ impl DynamoStore {
                         .expect("table, item and condition are set"),
                 )
                 .build(),
-            Write::Update {
-                key,
-                expected_rf,
-                rf,
-                ttl,
-                limits,
-            } => {
-                let (u, c, e) = update_expression(*expected_rf, *rf, *ttl, limits);
-                self.transact_update(key, u, c, e)
-            }
-            Write::Debit { key, debits } => {
-                let (u, c, e) = debit_expression(debits, DebitMode::RetryOnly);
+            Write::Update { key, .. } | Write::Debit { key, .. } => {
+                let (u, c, e) = update_of(w).expect("updates and debits have an expression");
                 self.transact_update(key, u, c, e)
             }
         }
@@ -747,21 +753,8 @@ impl DynamoStore {
                 None => CommitOutcome::Committed,
                 Some(image) => refused(image),
             },
-            Write::Update {
-                key,
-                expected_rf,
-                rf,
-                ttl,
-                limits,
-            } => {
-                let (u, c, e) = update_expression(*expected_rf, *rf, *ttl, limits);
-                match self.update(key, u, c, e).await? {
-                    Ok(_) => CommitOutcome::Committed,
-                    Err(image) => refused(image),
-                }
-            }
-            Write::Debit { key, debits } => {
-                let (u, c, e) = debit_expression(debits, DebitMode::RetryOnly);
+            Write::Update { key, .. } | Write::Debit { key, .. } => {
+                let (u, c, e) = update_of(w).expect("updates and debits have an expression");
                 match self.update(key, u, c, e).await? {
                     Ok(_) => CommitOutcome::Committed,
                     Err(image) => refused(image),
