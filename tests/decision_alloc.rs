@@ -1,0 +1,116 @@
+//! Allocation budget of one steady-state decision on the memory store, through the
+//! service layer: counted per thread on a current-thread runtime, so the count is exact
+//! and repeatable (unlike timings). Bounds here are regression guards for the hot path.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use shardgate::config::Config;
+use shardgate::engine::{Engine, EngineOptions, UNLIMITED_PARTITION_WRITE_BUDGET};
+use shardgate::service::RateLimiter;
+use shardgate::store::memory::MemoryStore;
+
+struct CountingAlloc;
+
+thread_local! {
+    static ALLOCATIONS: Cell<usize> = const { Cell::new(0) };
+}
+
+unsafe impl GlobalAlloc for CountingAlloc {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.with(|c| c.set(c.get() + 1));
+        // SAFETY: forwards the caller's contract unchanged.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: forwards the caller's contract unchanged.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.with(|c| c.set(c.get() + 1));
+        // SAFETY: forwards the caller's contract unchanged.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: CountingAlloc = CountingAlloc;
+
+fn allocations() -> usize {
+    ALLOCATIONS.with(Cell::get)
+}
+
+const YAML: &str = r#"
+domain: d
+descriptors:
+  - key: tenant
+    rate_limit: {unit: second, requests_per_unit: 1000000000}
+    descriptors:
+      - key: api_key
+        cascade: true
+        rate_limit: {unit: second, requests_per_unit: 1000000000}
+  - key: path
+    rate_limit: {unit: second, requests_per_unit: 1000000000}
+  - key: user
+    rate_limit: {unit: second, requests_per_unit: 1000000000}
+"#;
+
+fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: entries
+            .iter()
+            .map(|(k, v)| Entry {
+                key: (*k).into(),
+                value: (*v).into(),
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+/// Allocations of the 10th identical call (the bucket exists, everything is warm).
+fn steady_allocations(descriptors: Vec<RateLimitDescriptor>) -> usize {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let config = Config::from_yaml("a.yaml", YAML).unwrap();
+    let engine = Arc::new(Engine::new(
+        Arc::new(MemoryStore::new()),
+        EngineOptions {
+            partition_write_budget: UNLIMITED_PARTITION_WRITE_BUDGET,
+            ..EngineOptions::default()
+        },
+    ));
+    let limiter = RateLimiter::new(Arc::new(config), engine);
+    let request = RateLimitRequest {
+        domain: "d".into(),
+        descriptors,
+        hits_addend: 0,
+    };
+    let mut counted = 0;
+    for _ in 0..10 {
+        let before = allocations();
+        let response = rt.block_on(limiter.should_rate_limit(&request)).unwrap();
+        counted = allocations() - before;
+        assert_eq!(response.overall_code, Code::Ok as i32);
+        drop(response);
+    }
+    counted
+}
+
+#[test]
+fn allocation_counts() {
+    let one = steady_allocations(vec![descriptor(&[("tenant", "acme")])]);
+    let cascade = steady_allocations(vec![descriptor(&[("tenant", "acme"), ("api_key", "k1")])]);
+    let three = steady_allocations(vec![
+        descriptor(&[("tenant", "acme")]),
+        descriptor(&[("path", "/a")]),
+        descriptor(&[("user", "u1")]),
+    ]);
+    eprintln!("allocations per decision: one={one} cascade={cascade} three={three}");
+}
