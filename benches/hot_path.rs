@@ -70,7 +70,7 @@ fn item(tokens: i64) -> BucketItem {
         UNLIMITED_PARTITION_WRITE_BUDGET,
         1_000,
     );
-    let mut limits = std::collections::BTreeMap::new();
+    let mut limits = shardgate::store::Limits::new();
     limits.insert("rps".to_string(), LimitState::new(p, tokens, 0));
     limits.insert(WCU_LIMIT.to_string(), LimitState::new(wcu, wcu.cp, 0));
     BucketItem {

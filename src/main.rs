@@ -224,7 +224,7 @@ fn shard_json(shard: u32, image: &Option<BucketItem>) -> serde_json::Value {
                 .iter()
                 .map(|(name, l)| {
                     (
-                        name.clone(),
+                        name.to_string(),
                         serde_json::json!({
                             "tokens": l.tk as f64 / 1000.0,
                             "tk": l.tk, "cp": l.cp, "ra": l.ra, "rp": l.rp, "tc": l.tc,

@@ -40,7 +40,7 @@ fn default_entity(entries: &[(String, String)]) -> String {
         .unwrap()
         .clone();
     assert_eq!(rule.levels, key_only_levels(entries));
-    rule.entity_for(entries)
+    rule.entity_for(entries).to_string()
 }
 
 fn component() -> impl Strategy<Value = String> {

@@ -4,7 +4,6 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -19,7 +18,9 @@ use shardgate::engine::{
     Acquire, BucketClaim, Engine, EngineOptions, LimitClaim, LimitParams, ManualClock, ScriptedDraw,
 };
 use shardgate::store::dynamodb::DynamoStore;
-use shardgate::store::{inspect, BucketItem, BucketKey, BucketStore, LimitState, WCU_LIMIT};
+use shardgate::store::{
+    inspect, BucketItem, BucketKey, BucketStore, LimitState, Limits, WCU_LIMIT,
+};
 
 const T0: i64 = 1_800_000_000_000;
 
@@ -27,7 +28,7 @@ fn rpm(entity: &str, rate: u64, amount: i64) -> BucketClaim {
     BucketClaim {
         entity: entity.into(),
         resource: "api".into(),
-        limits: vec![LimitClaim {
+        limits: smallvec::smallvec![LimitClaim {
             limit: "rpm".into(),
             params: LimitParams::new(rate, rate, 60_000),
             amount: amount * 1_000,
@@ -38,7 +39,9 @@ fn rpm(entity: &str, rate: u64, amount: i64) -> BucketClaim {
 }
 
 fn one(b: BucketClaim) -> Acquire {
-    Acquire { buckets: vec![b] }
+    Acquire {
+        buckets: smallvec::smallvec![b],
+    }
 }
 
 struct Frozen {
@@ -140,7 +143,7 @@ async fn cascade_create_is_one_transaction_and_hot_path_two_updates() {
     let mut child = rpm("key1", 10, 1);
     child.cascades = true;
     let req = Acquire {
-        buckets: vec![child, rpm("org", 100, 1)],
+        buckets: smallvec::smallvec![child, rpm("org", 100, 1)],
     };
     assert!(f.engine.acquire(&req).await.unwrap().admitted);
     let seq = sequence(&f.store);
@@ -179,7 +182,7 @@ async fn s44_expired_item_is_refreshed_not_reset() {
     let f = frozen(0).await;
     let p = LimitParams::new(10, 10, 60_000);
     let wcu = LimitParams::new(1_000, 1_000, 1_000);
-    let mut limits = BTreeMap::new();
+    let mut limits = Limits::new();
     limits.insert("rpm".to_string(), LimitState::new(p, 4_000, 6_000));
     limits.insert(WCU_LIMIT.to_string(), LimitState::new(wcu, wcu.cp, 0));
     common::put(
@@ -224,7 +227,7 @@ async fn changed_limit_reaches_every_existing_shard() {
     let old = LimitParams::new(100, 100, 60_000);
     let wcu = LimitParams::new(1_000, 1_000, 1_000);
     for s in 0..4 {
-        let mut limits = BTreeMap::new();
+        let mut limits = Limits::new();
         limits.insert("rpm".to_string(), LimitState::new(old, 25_000, 0));
         limits.insert(WCU_LIMIT.to_string(), LimitState::new(wcu, wcu.cp, 0));
         common::put(
@@ -279,7 +282,7 @@ async fn hot_entity_shards_itself() {
     let claim = BucketClaim {
         entity: "hot".into(),
         resource: "api".into(),
-        limits: vec![LimitClaim {
+        limits: smallvec::smallvec![LimitClaim {
             limit: "rps".into(),
             params: LimitParams::new(cap, rate, 1_000),
             amount: 1_000,

@@ -19,7 +19,7 @@ fn claim(entity: &str, name: &str, params: LimitParams, amount: i64) -> BucketCl
     BucketClaim {
         entity: entity.into(),
         resource: "api".into(),
-        limits: vec![LimitClaim {
+        limits: smallvec::smallvec![LimitClaim {
             limit: name.into(),
             params,
             amount,
@@ -62,7 +62,7 @@ proptest! {
             let mut admitted = 0i64;
             for (dt, hits) in steps {
                 clock.advance(dt);
-                let req = Acquire { buckets: vec![claim("e", "rps", params, hits * 1_000)] };
+                let req = Acquire { buckets: smallvec::smallvec![claim("e", "rps", params, hits * 1_000)] };
                 if engine.acquire(&req).await.unwrap().admitted {
                     admitted += hits * 1_000;
                 }
@@ -89,7 +89,7 @@ proptest! {
             let (mut took_a, mut took_b) = (0, 0);
             for (dt, ha, hb) in steps {
                 clock.advance(dt);
-                let req = Acquire { buckets: vec![claim("a", "x", a, ha * 1_000), claim("b", "y", b, hb * 1_000)] };
+                let req = Acquire { buckets: smallvec::smallvec![claim("a", "x", a, ha * 1_000), claim("b", "y", b, hb * 1_000)] };
                 if engine.acquire(&req).await.unwrap().admitted {
                     took_a += ha * 1_000;
                     took_b += hb * 1_000;
@@ -131,7 +131,7 @@ fn hot_bucket_shards_under_concurrency_without_losing_debits() {
                 let admitted = admitted.clone();
                 tokio::spawn(async move {
                     let req = Acquire {
-                        buckets: vec![claim("hot", "rps", params, 1_000)],
+                        buckets: smallvec::smallvec![claim("hot", "rps", params, 1_000)],
                     };
                     for _ in 0..2_000 {
                         if Instant::now() >= deadline {

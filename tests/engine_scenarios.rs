@@ -60,13 +60,15 @@ fn bucket(entity: &str, resource: &str, limits: Vec<LimitClaim>) -> BucketClaim 
     BucketClaim {
         entity: entity.into(),
         resource: resource.into(),
-        limits,
+        limits: limits.into(),
         cascades: false,
     }
 }
 
 fn one(b: BucketClaim) -> Acquire {
-    Acquire { buckets: vec![b] }
+    Acquire {
+        buckets: smallvec::smallvec![b],
+    }
 }
 
 fn rpm(n: u64, amount: i64) -> Acquire {
@@ -104,7 +106,7 @@ async fn exists<S: BucketStore>(rig: &Rig<S>, entity: &str, shard: u32) -> bool 
 fn rpm_item(count: u32, rate: u64, tk: i64, wcu_tk: i64) -> BucketItem {
     let p = LimitParams::new(rate, rate, 60_000);
     let wcu = LimitParams::new(1_000, 1_000, 1_000);
-    let mut limits = std::collections::BTreeMap::new();
+    let mut limits = shardgate::store::Limits::new();
     limits.insert("rpm".to_string(), LimitState::new(p, tk, 0));
     limits.insert(WCU_LIMIT.to_string(), LimitState::new(wcu, wcu_tk, 0));
     BucketItem {
@@ -621,7 +623,7 @@ fn cascade(child_rate: u64, parent_rate: u64) -> Acquire {
     let mut child = bucket("key1", "api", vec![per_minute("rpm", child_rate, None, 1)]);
     child.cascades = true;
     Acquire {
-        buckets: vec![
+        buckets: smallvec::smallvec![
             child,
             bucket("org", "api", vec![per_minute("rpm", parent_rate, None, 1)]),
         ],

@@ -4,12 +4,10 @@
 
 mod common;
 
-use std::collections::BTreeMap;
-
 use shardgate::engine::LimitParams;
 use shardgate::store::{
     BucketItem, BucketKey, BucketStore, BumpOutcome, CommitOutcome, Credit, Debit, DebitMode,
-    DebitOutcome, LimitState, LimitWrite, Write, WCU_LIMIT,
+    DebitOutcome, LimitState, LimitWrite, Limits, Write, WCU_LIMIT,
 };
 
 const NOW_S: i64 = 1_800_000_000;
@@ -27,7 +25,7 @@ fn key(shard: u32) -> BucketKey {
 }
 
 fn item(tk: i64, wcu_tk: i64) -> BucketItem {
-    let mut limits = BTreeMap::new();
+    let mut limits = Limits::new();
     limits.insert("rpm".to_string(), LimitState::new(rpm(), tk, 0));
     limits.insert(WCU_LIMIT.to_string(), LimitState::new(wcu(), wcu_tk, 0));
     BucketItem {

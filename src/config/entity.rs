@@ -8,6 +8,7 @@
 use std::borrow::Cow;
 use std::fmt;
 
+use compact_str::CompactString;
 use percent_encoding::{utf8_percent_encode, AsciiSet, CONTROLS};
 
 use super::{DescriptorEntry, Level, Rule};
@@ -33,12 +34,12 @@ pub fn encode_component(s: &str) -> Cow<'_, str> {
     utf8_percent_encode(s, COMPONENT).into()
 }
 
-fn push_encoded(out: &mut String, s: &str) {
+fn push_encoded(out: &mut CompactString, s: &str) {
     out.extend(utf8_percent_encode(s, COMPONENT));
 }
 
 /// A `share_threshold` pattern: encoded, except its `*`, which marks it as a pattern.
-fn push_pattern(out: &mut String, pattern: &str) {
+fn push_pattern(out: &mut CompactString, pattern: &str) {
     for (i, part) in pattern.split('*').enumerate() {
         if i > 0 {
             out.push('*');
@@ -48,7 +49,7 @@ fn push_pattern(out: &mut String, pattern: &str) {
 }
 
 /// The value a level contributes: the request's, or the pattern under `share_threshold`.
-fn push_level_value(out: &mut String, level: Option<&Level>, value: &str) {
+fn push_level_value(out: &mut CompactString, level: Option<&Level>, value: &str) {
     match level {
         Some(Level {
             value: Some(pattern),
@@ -61,8 +62,8 @@ fn push_level_value(out: &mut String, level: Option<&Level>, value: &str) {
 
 /// `key=value/key=value...` over the entries (the caller truncates them to the rule's
 /// depth); `levels[i]` decides whether entry `i` shares its pattern.
-pub(crate) fn default_entity<E: DescriptorEntry>(levels: &[Level], entries: &[E]) -> String {
-    let mut out = String::with_capacity(
+pub(crate) fn default_entity<E: DescriptorEntry>(levels: &[Level], entries: &[E]) -> CompactString {
+    let mut out = CompactString::with_capacity(
         entries
             .iter()
             .map(|e| e.key().len() + e.value().len() + 2)
@@ -79,7 +80,7 @@ pub(crate) fn default_entity<E: DescriptorEntry>(levels: &[Level], entries: &[E]
     out
 }
 
-pub(crate) fn entity_for<E: DescriptorEntry>(rule: &Rule, entries: &[E]) -> String {
+pub(crate) fn entity_for<E: DescriptorEntry>(rule: &Rule, entries: &[E]) -> CompactString {
     let entries = &entries[..rule.depth().min(entries.len())];
     match &rule.entity {
         Some(template) => template.render(&rule.levels, entries),
@@ -197,9 +198,11 @@ impl EntityTemplate {
     /// Renders the template for the first `levels.len()` entries: each placeholder becomes
     /// the encoded value of the first entry with that key (the level's pattern when that
     /// level has `share_threshold`); a key absent from those entries renders as nothing.
-    pub fn render<E: DescriptorEntry>(&self, levels: &[Level], entries: &[E]) -> String {
+    pub fn render<E: DescriptorEntry>(&self, levels: &[Level], entries: &[E]) -> CompactString {
         let entries = &entries[..levels.len().min(entries.len())];
-        let mut out = String::with_capacity(self.text.len() + 32);
+        // No pre-sizing: a capacity above 24 bytes would force a heap buffer even for the
+        // short entities that fit inline.
+        let mut out = CompactString::default();
         for part in &self.parts {
             match part {
                 Part::Literal(s) => out.push_str(s),

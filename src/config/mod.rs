@@ -181,7 +181,7 @@ impl Rule {
     /// The bucket entity of a request descriptor that matched this rule (or, for a cascade
     /// parent, whose leading entries lead to it). `entries` must have at least
     /// `self.depth()` entries; only the first `depth()` are used.
-    pub fn entity_for<E: DescriptorEntry>(&self, entries: &[E]) -> String {
+    pub fn entity_for<E: DescriptorEntry>(&self, entries: &[E]) -> compact_str::CompactString {
         entity::entity_for(self, entries)
     }
 }

@@ -12,6 +12,10 @@
 //! 5. If anything refuses, debits already applied are refunded: nothing is taken.
 
 use futures::future::join_all;
+use smallvec::SmallVec;
+
+/// Shards of one bucket known short, not to be drawn.
+type Avoid = SmallVec<[u32; 4]>;
 
 use super::bucket::{self, refill, LimitParams, MILLI};
 use super::{
@@ -20,7 +24,7 @@ use super::{
 };
 use crate::store::{
     BucketItem, BucketKey, BucketStore, BumpOutcome, CommitOutcome, Credit, Debit, DebitMode,
-    DebitOutcome, LimitState, LimitWrite, StoreError, Write, WCU_LIMIT,
+    DebitOutcome, LimitState, LimitWrite, Name, StoreError, Write, WCU_LIMIT,
 };
 
 /// Why the fast path refused, judged from the old image alone.
@@ -78,8 +82,8 @@ fn now_s(now_ms: i64) -> i64 {
 
 fn wrap(b: &BucketClaim) -> impl Fn(StoreError) -> EngineError + '_ {
     move |source| EngineError::Store {
-        entity: b.entity.clone(),
-        resource: b.resource.clone(),
+        entity: b.entity.to_string(),
+        resource: b.resource.to_string(),
         source,
     }
 }
@@ -122,12 +126,13 @@ impl<S: BucketStore> Engine<S> {
         if req.buckets.is_empty() {
             return Ok(Decision {
                 admitted: true,
-                buckets: Vec::new(),
+                buckets: SmallVec::new(),
             });
         }
         let now = self.clock.now_ms();
 
-        let mut avoid: Vec<Vec<u32>> = vec![Vec::new(); req.buckets.len()];
+        let mut avoid: SmallVec<[Avoid; 2]> =
+            (0..req.buckets.len()).map(|_| Avoid::new()).collect();
         if self.rejections.enabled() {
             for (i, shards) in avoid.iter_mut().enumerate() {
                 if let Some(decision) = self.cached_refusal(req, i, shards, now) {
@@ -138,7 +143,7 @@ impl<S: BucketStore> Engine<S> {
         }
 
         // Fast path, every bucket concurrently.
-        let shards: Vec<u32> = req
+        let shards: SmallVec<[u32; 2]> = req
             .buckets
             .iter()
             .zip(&avoid)
@@ -147,15 +152,22 @@ impl<S: BucketStore> Engine<S> {
                 self.draw.draw(count, a)
             })
             .collect();
-        let fast = join_all(
-            req.buckets
-                .iter()
-                .zip(&shards)
-                .map(|(b, &s)| self.fast_debit(b, s, now)),
-        )
-        .await;
+        // One bucket (the common request) is awaited directly: `join_all` allocates.
+        let fast: SmallVec<[_; 2]> = if let [b] = &req.buckets[..] {
+            smallvec::smallvec![self.fast_debit(b, shards[0], now).await]
+        } else {
+            join_all(
+                req.buckets
+                    .iter()
+                    .zip(&shards)
+                    .map(|(b, &s)| self.fast_debit(b, s, now)),
+            )
+            .await
+            .into_iter()
+            .collect()
+        };
 
-        let mut progress = Vec::with_capacity(req.buckets.len());
+        let mut progress: SmallVec<[Option<Progress>; 2]> = SmallVec::new();
         let mut first_error = None;
         for ((b, &shard), result) in req.buckets.iter().zip(&shards).zip(fast) {
             match result {
@@ -194,14 +206,15 @@ impl<S: BucketStore> Engine<S> {
             self.refund_applied(req, &progress, now).await;
             return Err(e);
         }
-        let progress: Vec<Progress> = progress.into_iter().map(|p| p.expect("set")).collect();
+        let progress: SmallVec<[Progress; 2]> =
+            progress.into_iter().map(|p| p.expect("set")).collect();
 
         if progress
             .iter()
             .any(|p| matches!(p, Progress::Rejected { .. }))
         {
             EngineStats::bump(&self.stats.fast_rejections);
-            let opt: Vec<Option<Progress>> = progress.into_iter().map(Some).collect();
+            let opt: SmallVec<[Option<Progress>; 2]> = progress.into_iter().map(Some).collect();
             self.refund_applied(req, &opt, now).await;
             return Ok(self.refused_decision(req, &opt, now));
         }
@@ -235,7 +248,7 @@ impl<S: BucketStore> Engine<S> {
         EngineStats::bump(&self.stats.slow_paths);
         match self.slow_path(req, &slow).await {
             Ok((admitted, outcomes)) => {
-                let opt: Vec<Option<Progress>> = progress.into_iter().map(Some).collect();
+                let opt: SmallVec<[Option<Progress>; 2]> = progress.into_iter().map(Some).collect();
                 let now = self.clock.now_ms();
                 if !admitted {
                     self.refund_applied(req, &opt, now).await;
@@ -255,7 +268,7 @@ impl<S: BucketStore> Engine<S> {
                 Ok(Decision { admitted, buckets })
             }
             Err(e) => {
-                let opt: Vec<Option<Progress>> = progress.into_iter().map(Some).collect();
+                let opt: SmallVec<[Option<Progress>; 2]> = progress.into_iter().map(Some).collect();
                 self.refund_applied(req, &opt, now).await;
                 Err(e)
             }
@@ -294,7 +307,10 @@ impl<S: BucketStore> Engine<S> {
                 .zip(&b.limits)
                 .all(|(l, c)| l.fits || c.forced)
         });
-        Ok(Decision { admitted, buckets })
+        Ok(Decision {
+            admitted,
+            buckets: buckets.into_iter().collect(),
+        })
     }
 
     /// Gives back what an admitted decision took (best effort; used when a request turns
@@ -319,7 +335,7 @@ impl<S: BucketStore> Engine<S> {
         &self,
         req: &Acquire,
         i: usize,
-        avoid: &mut Vec<u32>,
+        avoid: &mut Avoid,
         now: i64,
     ) -> Option<Decision> {
         let b = &req.buckets[i];
@@ -408,7 +424,7 @@ impl<S: BucketStore> Engine<S> {
         now: i64,
     ) -> Result<DebitOutcome, StoreError> {
         let key = BucketKey::new(&b.entity, &b.resource, shard);
-        let debits: Vec<Debit> = b
+        let debits: SmallVec<[Debit; 2]> = b
             .limits
             .iter()
             .map(|c| Debit {
@@ -705,8 +721,8 @@ impl<S: BucketStore> Engine<S> {
         now: i64,
     ) -> BucketPlan {
         let mut fits = true;
-        let mut admitted = Vec::with_capacity(b.limits.len());
-        let mut refused = Vec::with_capacity(b.limits.len());
+        let mut admitted = SmallVec::new();
+        let mut refused = SmallVec::new();
         let mut record =
             |c: &super::LimitClaim, before: i64, share: bucket::ShardShare, fits: &mut bool| {
                 let ok = before >= c.amount;
@@ -808,15 +824,15 @@ impl<S: BucketStore> Engine<S> {
                 }
                 // Limits of this item the request does not name (and `wcu`) are refilled
                 // and clamped, so the one write carries every limit's materialisation.
-                for (name, st) in &item.limits {
-                    if b.limits.iter().any(|c| &c.limit == name) {
+                for (name, st) in item.limits.iter() {
+                    if b.limits.iter().any(|c| c.limit == name) {
                         continue;
                     }
                     let share = st.params().share(if name == WCU_LIMIT { 1 } else { count });
                     let (now_tk, _) = refill(st.tk, rf, now, share);
                     if now_tk != st.tk {
                         writes.push(LimitWrite::Add {
-                            limit: name.clone(),
+                            limit: Name::new(name),
                             tk_delta: now_tk - st.tk,
                             tc_delta: 0,
                             floor: None,
@@ -827,7 +843,7 @@ impl<S: BucketStore> Engine<S> {
                 }
                 if item.limit(WCU_LIMIT).is_none() {
                     writes.push(LimitWrite::Set {
-                        limit: WCU_LIMIT.to_string(),
+                        limit: Name::const_new(WCU_LIMIT),
                         state: LimitState::new(self.wcu, self.wcu.cp, 0),
                     });
                 }

@@ -16,13 +16,14 @@ mod shard;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use smallvec::SmallVec;
 use thiserror::Error;
 
 pub use bucket::{LimitParams, ShardShare};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use shard::{RandomDraw, ScriptedDraw, ShardDraw};
 
-use crate::store::{BucketStore, StoreError};
+use crate::store::{BucketStore, Name, StoreError};
 
 /// Most shards one bucket is spread over.
 pub const MAX_SHARD_COUNT: u32 = 32;
@@ -42,7 +43,7 @@ pub const DEFAULT_REJECTION_CACHE_MS: i64 = 1_000;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LimitClaim {
     /// The limit's name inside the bucket item.
-    pub limit: String,
+    pub limit: Name,
     pub params: LimitParams,
     /// Millitokens to take; 0 checks without consuming (fails while in debt).
     pub amount: i64,
@@ -54,10 +55,10 @@ pub struct LimitClaim {
 /// Everything one request takes from one (entity, resource) bucket.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BucketClaim {
-    pub entity: String,
-    pub resource: String,
+    pub entity: Name,
+    pub resource: Name,
     /// Distinct limit names.
-    pub limits: Vec<LimitClaim>,
+    pub limits: SmallVec<[LimitClaim; 2]>,
     /// This bucket is a cascading child: it never takes the child-only shard retry.
     pub cascades: bool,
 }
@@ -66,7 +67,7 @@ pub struct BucketClaim {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Acquire {
     /// Distinct (entity, resource) pairs.
-    pub buckets: Vec<BucketClaim>,
+    pub buckets: SmallVec<[BucketClaim; 2]>,
 }
 
 /// How one limit came out.
@@ -91,7 +92,7 @@ pub struct LimitOutcome {
 pub struct BucketOutcome {
     pub shard: u32,
     pub shard_count: u32,
-    pub limits: Vec<LimitOutcome>,
+    pub limits: SmallVec<[LimitOutcome; 2]>,
 }
 
 /// The engine's answer to an [`Acquire`].
@@ -100,7 +101,7 @@ pub struct Decision {
     /// Every gated claim was debited (and nothing otherwise).
     pub admitted: bool,
     /// Per bucket, in request order.
-    pub buckets: Vec<BucketOutcome>,
+    pub buckets: SmallVec<[BucketOutcome; 2]>,
 }
 
 /// Engine failures: the store failed, with the bucket it concerned.

@@ -4,11 +4,13 @@
 //!
 //! A plan knows rules and request entries, never the store.
 
+use smallvec::SmallVec;
 use thiserror::Error;
 
 use super::bucket::MILLI;
 use super::{Acquire, BucketClaim, LimitClaim, LimitParams};
 use crate::config::{DescriptorEntry, RateLimit, Rule, RuleLimit};
+use crate::store::Name;
 
 /// Where one descriptor's limit sits in the plan.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,7 +69,7 @@ impl Plan {
         let forced = limit.overdraft && hits > 0;
         let cascades = rule.cascade_parent.is_some();
         let (bucket, idx) = self.claim(
-            &entity,
+            entity,
             &rule.resource,
             rule.limit_name(),
             limit,
@@ -80,7 +82,7 @@ impl Plan {
                 RuleLimit::Limited(pl) => {
                     let pe = parent.entity_for(&entries[..parent.depth()]);
                     Some(self.claim(
-                        &pe,
+                        pe,
                         &parent.resource,
                         parent.limit_name(),
                         pl,
@@ -103,7 +105,7 @@ impl Plan {
     #[allow(clippy::too_many_arguments)]
     fn claim(
         &mut self,
-        entity: &str,
+        entity: Name,
         resource: &str,
         limit_name: &str,
         limit: &RateLimit,
@@ -111,7 +113,7 @@ impl Plan {
         forced: bool,
         cascades: bool,
     ) -> Result<(usize, usize), AmountOverflow> {
-        let overflow = || AmountOverflow {
+        let overflow = |entity: &str| AmountOverflow {
             hits,
             limit: limit_name.to_string(),
             entity: entity.to_string(),
@@ -119,7 +121,7 @@ impl Plan {
         let amount = i64::try_from(hits)
             .ok()
             .and_then(|h| h.checked_mul(MILLI))
-            .ok_or_else(overflow)?;
+            .ok_or_else(|| overflow(&entity))?;
         let bi = match self
             .acquire
             .buckets
@@ -129,9 +131,9 @@ impl Plan {
             Some(i) => i,
             None => {
                 self.acquire.buckets.push(BucketClaim {
-                    entity: entity.to_string(),
-                    resource: resource.to_string(),
-                    limits: Vec::new(),
+                    entity,
+                    resource: Name::new(resource),
+                    limits: SmallVec::new(),
                     cascades: false,
                 });
                 self.acquire.buckets.len() - 1
@@ -141,12 +143,15 @@ impl Plan {
         bucket.cascades |= cascades;
         if let Some(li) = bucket.limits.iter().position(|l| l.limit == limit_name) {
             let l = &mut bucket.limits[li];
-            l.amount = l.amount.checked_add(amount).ok_or_else(overflow)?;
+            l.amount = l
+                .amount
+                .checked_add(amount)
+                .ok_or_else(|| overflow(&bucket.entity))?;
             l.forced |= forced;
             return Ok((bi, li));
         }
         bucket.limits.push(LimitClaim {
-            limit: limit_name.to_string(),
+            limit: Name::new(limit_name),
             params: params_of(limit),
             amount,
             forced,

@@ -539,7 +539,7 @@ impl<S: BucketStore> RateLimiter<S> {
         }
         Ok(Decision {
             admitted: true,
-            buckets: Vec::new(),
+            buckets: Default::default(),
         })
     }
 }

@@ -30,7 +30,7 @@ use aws_sdk_dynamodb::Client;
 
 use super::{
     BucketItem, BucketKey, BucketStore, BumpOutcome, CommitOutcome, Credit, Debit, DebitMode,
-    DebitOutcome, LimitState, LimitWrite, StoreError, Write, MAX_COMMIT_ITEMS, WCU_LIMIT,
+    DebitOutcome, LimitState, LimitWrite, Limits, StoreError, Write, MAX_COMMIT_ITEMS, WCU_LIMIT,
 };
 use crate::engine::bucket::MILLI;
 
@@ -521,7 +521,7 @@ fn decode(key: &str, item: &Item) -> Result<BucketItem, StoreError> {
         };
         fields.entry(limit).or_default()[slot] = Some(parse_n(key, name, v)?);
     }
-    let mut limits = BTreeMap::new();
+    let mut limits = Limits::new();
     for (limit, [tk, cp, ra, rp, tc]) in fields {
         let (Some(tk), Some(cp)) = (tk, cp) else {
             continue;
@@ -531,7 +531,7 @@ fn decode(key: &str, item: &Item) -> Result<BucketItem, StoreError> {
             return Err(corrupt(format!("limit '{limit}' has refill period {rp}")));
         }
         limits.insert(
-            limit.to_string(),
+            limit,
             LimitState {
                 tk,
                 cp,
@@ -614,7 +614,7 @@ impl DynamoStore {
         if let Some(t) = item.ttl {
             out.insert("ttl".into(), n(t));
         }
-        for (limit, st) in &item.limits {
+        for (limit, st) in item.limits.iter() {
             for (field, v) in [
                 ("tk", st.tk),
                 ("cp", st.cp),
@@ -1024,7 +1024,7 @@ mod tests {
         }
         let it = decode("k", &item).unwrap();
         assert_eq!(
-            it.limits["my_limit"],
+            *it.limits.get("my_limit").unwrap(),
             LimitState {
                 tk: 1,
                 cp: 2,

@@ -10,9 +10,10 @@ pub mod dynamodb;
 pub mod memory;
 pub mod metered;
 
-use std::collections::BTreeMap;
 use std::future::Future;
 
+use compact_str::CompactString;
+use smallvec::SmallVec;
 use thiserror::Error;
 
 use crate::engine::LimitParams;
@@ -20,19 +21,23 @@ use crate::engine::LimitParams;
 /// The name of the reserved limit that measures a shard's write pressure.
 pub const WCU_LIMIT: &str = "wcu";
 
+/// A name of the request path (entity, resource, limit name): held inline up to 24 bytes,
+/// so keys and items of ordinary names are copied without touching the heap.
+pub type Name = CompactString;
+
 /// Address of one bucket item: one shard of one (entity, resource).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct BucketKey {
-    pub entity: String,
-    pub resource: String,
+    pub entity: Name,
+    pub resource: Name,
     pub shard: u32,
 }
 
 impl BucketKey {
-    pub fn new(entity: impl Into<String>, resource: impl Into<String>, shard: u32) -> BucketKey {
+    pub fn new(entity: impl AsRef<str>, resource: impl AsRef<str>, shard: u32) -> BucketKey {
         BucketKey {
-            entity: entity.into(),
-            resource: resource.into(),
+            entity: Name::new(entity.as_ref()),
+            resource: Name::new(resource.as_ref()),
             shard,
         }
     }
@@ -84,6 +89,82 @@ impl LimitState {
     }
 }
 
+/// The limits of one item by name, in name order. Two (one limit and `wcu`, the common
+/// item) are held inline, so copying an image costs no allocation.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Limits(SmallVec<[(Name, LimitState); 2]>);
+
+impl Limits {
+    pub fn new() -> Limits {
+        Limits::default()
+    }
+
+    fn position(&self, name: &str) -> Result<usize, usize> {
+        self.0.binary_search_by(|(n, _)| n.as_str().cmp(name))
+    }
+
+    pub fn get(&self, name: &str) -> Option<&LimitState> {
+        self.position(name).ok().map(|i| &self.0[i].1)
+    }
+
+    pub fn get_mut(&mut self, name: &str) -> Option<&mut LimitState> {
+        self.position(name).ok().map(|i| &mut self.0[i].1)
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.position(name).is_ok()
+    }
+
+    /// Sets `name` to `state`; returns the state it replaces.
+    pub fn insert(&mut self, name: impl AsRef<str>, state: LimitState) -> Option<LimitState> {
+        let name = name.as_ref();
+        match self.position(name) {
+            Ok(i) => Some(std::mem::replace(&mut self.0[i].1, state)),
+            Err(i) => {
+                self.0.insert(i, (Name::new(name), state));
+                None
+            }
+        }
+    }
+
+    /// `(name, state)` in name order.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &LimitState)> {
+        self.0.iter().map(|(n, s)| (n.as_str(), s))
+    }
+
+    pub fn values(&self) -> impl Iterator<Item = &LimitState> + '_ {
+        self.0.iter().map(|(_, s)| s)
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl std::ops::Index<&str> for Limits {
+    type Output = LimitState;
+
+    /// The named limit; panics when there is none (as a map's index does).
+    fn index(&self, name: &str) -> &LimitState {
+        self.get(name)
+            .unwrap_or_else(|| panic!("no limit named '{name}' on this item"))
+    }
+}
+
+impl<N: AsRef<str>> FromIterator<(N, LimitState)> for Limits {
+    fn from_iter<I: IntoIterator<Item = (N, LimitState)>>(iter: I) -> Limits {
+        let mut limits = Limits::new();
+        for (n, s) in iter {
+            limits.insert(n, s);
+        }
+        limits
+    }
+}
+
 /// One bucket item: every limit of one (entity, resource) shard, the refill baseline and
 /// lock `rf` (epoch ms), the shard count it knows, and its expiry `ttl` (epoch s).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -91,7 +172,7 @@ pub struct BucketItem {
     pub rf: i64,
     pub shard_count: u32,
     pub ttl: Option<i64>,
-    pub limits: BTreeMap<String, LimitState>,
+    pub limits: Limits,
 }
 
 impl BucketItem {
@@ -103,7 +184,7 @@ impl BucketItem {
 /// One limit's part of a debit.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Debit {
-    pub limit: String,
+    pub limit: Name,
     /// Millitokens to subtract (and add to `tc`).
     pub amount: i64,
     /// When true the debit requires `tk >= amount`; when false it may drive `tk` negative.
@@ -139,7 +220,7 @@ pub enum DebitOutcome {
 pub enum LimitWrite {
     /// Additive change, commutative with concurrent debits.
     Add {
-        limit: String,
+        limit: Name,
         tk_delta: i64,
         tc_delta: i64,
         /// Require `tk >= floor` (the debit still fits after concurrent debits).
@@ -150,7 +231,7 @@ pub enum LimitWrite {
     /// Seeds a limit the item lacks, or rewrites one whose parameters changed. Only safe
     /// because the fast path cannot debit such a limit concurrently (its parameter term
     /// fails), so nothing is overwritten.
-    Set { limit: String, state: LimitState },
+    Set { limit: Name, state: LimitState },
 }
 
 impl LimitWrite {
@@ -210,7 +291,7 @@ pub enum BumpOutcome {
 /// ceiling`, so a refund can never lift a shard above its share.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Credit {
-    pub limit: String,
+    pub limit: Name,
     pub amount: i64,
     pub ceiling: i64,
 }
