@@ -274,13 +274,14 @@ pub(crate) fn from_documents(docs: &[(String, String)]) -> Result<Config, Config
         return Err(ConfigErrors(errors));
     }
 
+    let mut rule_count = 0;
     let domains = models
         .iter()
         .map(|(file, doc)| {
             let name: Arc<str> = doc.domain.as_str().into();
             let domain = Domain {
                 failure_mode: doc.failure_mode.unwrap_or(FailureMode::Deny),
-                tree: matcher::Tree::compile(&name, file, doc),
+                tree: matcher::Tree::compile(&name, file, doc, &mut rule_count),
                 name,
             };
             (doc.domain.clone(), domain)
@@ -288,6 +289,7 @@ pub(crate) fn from_documents(docs: &[(String, String)]) -> Result<Config, Config
         .collect();
     Ok(Config {
         domains,
+        rule_count,
         hash: content_hash(docs),
     })
 }

@@ -6,6 +6,10 @@
 //! walk is O(depth) and must not allocate, since it runs for every request descriptor.
 
 use std::collections::HashMap;
+
+/// Config maps are built from the operator's files and only looked up with request
+/// values, so a fast seeded hash is safe here (nothing a request sends is inserted).
+type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 use std::sync::Arc;
 
 use super::model::{DescriptorModel, DocumentModel};
@@ -51,7 +55,7 @@ type NodeId = u32;
 /// The children of one node that share a key.
 #[derive(Debug, Default)]
 struct KeyChildren {
-    exact: HashMap<Box<str>, NodeId>,
+    exact: FastMap<Box<str>, NodeId>,
     /// Patterns containing `*`, in file order.
     wildcards: Vec<(Box<str>, NodeId)>,
     key_only: Option<NodeId>,
@@ -75,7 +79,7 @@ impl KeyChildren {
 #[derive(Debug, Default)]
 struct TreeNode {
     rule: Option<Arc<Rule>>,
-    children: HashMap<Box<str>, KeyChildren>,
+    children: FastMap<Box<str>, KeyChildren>,
 }
 
 /// A domain's descriptor tree; node 0 is the root.
@@ -97,6 +101,8 @@ struct Inherited<'a> {
 
 struct Compiler<'a> {
     domain: &'a Arc<str>,
+    /// The next rule's index in the whole config.
+    next_rule: &'a mut usize,
     file: &'a str,
     failure_mode: FailureMode,
     tree: Tree,
@@ -105,9 +111,16 @@ struct Compiler<'a> {
 impl Tree {
     /// Builds the tree of a validated document (validation guarantees every invariant
     /// relied on here, such as a cascade parent existing).
-    pub(crate) fn compile(domain: &Arc<str>, file: &str, doc: &DocumentModel) -> Tree {
+    /// Rules are numbered from `*next_rule` on, which is advanced past them.
+    pub(crate) fn compile(
+        domain: &Arc<str>,
+        file: &str,
+        doc: &DocumentModel,
+        next_rule: &mut usize,
+    ) -> Tree {
         let mut c = Compiler {
             domain,
+            next_rule,
             file,
             failure_mode: doc.failure_mode.unwrap_or_default(),
             tree: Tree {
@@ -155,7 +168,10 @@ impl Compiler<'_> {
             let stats_key = format!("{}.{}", up.stats_key, composite_part(&d.key, &d.value));
             let resource = d.resource.as_deref().unwrap_or(up.resource);
             let rule = d.rate_limit.as_ref().map(|rl| {
+                let index = *self.next_rule;
+                *self.next_rule += 1;
                 Arc::new(Rule {
+                    index: Some(index),
                     domain: Arc::clone(self.domain),
                     levels: levels.clone(),
                     limit: rl.limit.clone(),
@@ -182,7 +198,7 @@ impl Compiler<'_> {
             let id = NodeId::try_from(self.tree.nodes.len()).expect("fewer than 2^32 descriptors");
             self.tree.nodes.push(TreeNode {
                 rule: rule.clone(),
-                children: HashMap::new(),
+                children: FastMap::default(),
             });
             let siblings = self.tree.nodes[parent]
                 .children

@@ -138,6 +138,9 @@ pub struct Level {
 /// and the service need to decide and answer for a descriptor that matches it.
 #[derive(Debug, Clone)]
 pub struct Rule {
+    /// Position of the rule among every rule of its config (`0..Config::rule_count()`),
+    /// for per-rule state kept outside the config; `None` for a rule a request carried.
+    pub index: Option<usize>,
     pub domain: Arc<str>,
     /// The path from the domain root to this node; `levels.len()` is the number of
     /// request entries a descriptor has when it matches this rule.
@@ -211,7 +214,8 @@ impl Domain {
 /// An immutable, validated configuration snapshot: every domain of every file.
 #[derive(Debug, Default)]
 pub struct Config {
-    domains: HashMap<String, Domain>,
+    domains: HashMap<String, Domain, foldhash::fast::RandomState>,
+    rule_count: usize,
     /// FNV-1a 64 content hash of the sources (16 hex digits), for `/rlconfig` and metrics.
     hash: String,
 }
@@ -244,5 +248,10 @@ impl Config {
 
     pub fn hash(&self) -> &str {
         &self.hash
+    }
+
+    /// Number of rules in every domain; each rule's `index` is below it.
+    pub fn rule_count(&self) -> usize {
+        self.rule_count
     }
 }

@@ -20,7 +20,7 @@ struct Entry {
 pub(crate) struct RejectionCache {
     ttl_ms: i64,
     capacity: usize,
-    entries: Mutex<HashMap<BucketKey, Entry>>,
+    entries: Mutex<HashMap<BucketKey, Entry, foldhash::quality::RandomState>>,
 }
 
 impl RejectionCache {
@@ -28,7 +28,7 @@ impl RejectionCache {
         RejectionCache {
             ttl_ms,
             capacity: capacity.max(1),
-            entries: Mutex::new(HashMap::new()),
+            entries: Mutex::new(HashMap::default()),
         }
     }
 

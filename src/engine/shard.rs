@@ -4,9 +4,9 @@
 //! partition fills up it is cleared, which is harmless because every store answer carries
 //! the item's count and teaches it back.
 
-use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
-use std::hash::{Hash, Hasher};
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use rand::Rng;
@@ -14,41 +14,50 @@ use rand::Rng;
 const PARTITIONS: usize = 16;
 const ENTRIES_PER_PARTITION: usize = 16_384;
 
+type Hasher = foldhash::quality::RandomState;
+
+/// Shard counts of one partition, by entity then resource (so a lookup borrows both).
+type Part = HashMap<String, HashMap<String, u32, Hasher>, Hasher>;
+
 /// Per (entity, resource) shard counts, monotone.
 #[derive(Debug)]
 pub(crate) struct ShardCounts {
-    parts: Vec<Mutex<HashMap<(String, String), u32>>>,
+    parts: Vec<Mutex<Part>>,
+    hasher: Hasher,
+    /// Buckets known to have more than one shard: while 0 (no bucket ever sharded, the
+    /// usual case) a lookup takes no lock.
+    sharded: AtomicUsize,
 }
 
 impl Default for ShardCounts {
     fn default() -> Self {
         ShardCounts {
             parts: (0..PARTITIONS)
-                .map(|_| Mutex::new(HashMap::new()))
+                .map(|_| Mutex::new(Part::default()))
                 .collect(),
+            hasher: Hasher::default(),
+            sharded: AtomicUsize::new(0),
         }
     }
 }
 
 impl ShardCounts {
-    fn part(&self, entity: &str, resource: &str) -> &Mutex<HashMap<(String, String), u32>> {
-        let mut h = DefaultHasher::new();
-        (entity, resource).hash(&mut h);
-        &self.parts[(h.finish() as usize) % PARTITIONS]
+    fn part(&self, entity: &str, resource: &str) -> &Mutex<Part> {
+        let h = self.hasher.hash_one((entity, resource));
+        &self.parts[(h as usize) % PARTITIONS]
     }
 
     /// The known count, 1 if none is known. Only buckets that ever sharded are cached.
     pub(crate) fn get(&self, entity: &str, resource: &str) -> u32 {
+        if self.sharded.load(Ordering::Relaxed) == 0 {
+            return 1;
+        }
         let g = self
             .part(entity, resource)
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        // A borrowed-key lookup would need a custom key type; the map holds only sharded
-        // buckets, so it is usually empty and the allocation-free fast exit matters more.
-        if g.is_empty() {
-            return 1;
-        }
-        g.get(&(entity.to_string(), resource.to_string()))
+        g.get(entity)
+            .and_then(|r| r.get(resource))
             .copied()
             .unwrap_or(1)
     }
@@ -58,7 +67,9 @@ impl ShardCounts {
         let mut all: Vec<(String, String, u32)> = Vec::new();
         for p in &self.parts {
             let g = p.lock().unwrap_or_else(|e| e.into_inner());
-            all.extend(g.iter().map(|((e, r), c)| (e.clone(), r.clone(), *c)));
+            for (e, resources) in g.iter() {
+                all.extend(resources.iter().map(|(r, c)| (e.clone(), r.clone(), *c)));
+            }
         }
         all.sort_by(|a, b| b.2.cmp(&a.2).then_with(|| a.0.cmp(&b.0)));
         all.truncate(limit);
@@ -74,13 +85,18 @@ impl ShardCounts {
             .part(entity, resource)
             .lock()
             .unwrap_or_else(|e| e.into_inner());
+        if let Some(known) = g.get_mut(entity).and_then(|r| r.get_mut(resource)) {
+            *known = (*known).max(count);
+            return;
+        }
         if g.len() >= ENTRIES_PER_PARTITION {
             g.clear();
         }
-        let slot = g
-            .entry((entity.to_string(), resource.to_string()))
-            .or_insert(1);
-        *slot = (*slot).max(count);
+        g.entry(entity.to_string())
+            .or_default()
+            .insert(resource.to_string(), count);
+        // Stays above 0 once anything sharded (clearing a full partition keeps it so).
+        self.sharded.fetch_add(1, Ordering::Relaxed);
     }
 }
 

@@ -15,6 +15,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::{value::Kind, Duration, ListValue, Struct, Value};
+use smallvec::SmallVec;
 use thiserror::Error;
 
 use crate::config::{
@@ -25,7 +26,7 @@ use crate::engine::plan::{Plan, Slot};
 use crate::engine::{Decision, Engine, EngineError, LimitOutcome};
 use crate::store::{BucketKey, BucketStore};
 
-use super::metrics::{HitOutcome, Metrics};
+use super::metrics::{HitOutcome, Metrics, RuleCounters};
 use crate::throttle::LogThrottle;
 
 impl DescriptorEntry for Entry {
@@ -68,6 +69,12 @@ pub enum CallError {
     Unavailable(#[source] EngineError),
 }
 
+/// Per-descriptor working state of one call: inline for the usual few descriptors.
+type PerDescriptor<T> = SmallVec<[T; 4]>;
+
+/// Each planned descriptor's index and slot.
+type Slots = SmallVec<[(usize, Slot); 4]>;
+
 /// How one request descriptor is handled.
 enum Treatment {
     /// No rule, replaced, or unlimited: answered without the store.
@@ -95,9 +102,24 @@ struct Verdict {
     parent: Option<LimitOutcome>,
 }
 
+/// A config in force with the metric counters of its rules.
+struct Snapshot {
+    config: Arc<Config>,
+    counters: Vec<Option<RuleCounters>>,
+}
+
+impl Snapshot {
+    fn new(config: Arc<Config>, metrics: &Metrics) -> Snapshot {
+        Snapshot {
+            counters: metrics.rule_counters(&config),
+            config,
+        }
+    }
+}
+
 /// The rate limiter behind the gRPC service: a config snapshot and the engine.
 pub struct RateLimiter<S: BucketStore> {
-    config: ArcSwap<Config>,
+    snapshot: ArcSwap<Snapshot>,
     engine: Arc<Engine<S>>,
     limits: RequestLimits,
     global_shadow: bool,
@@ -107,18 +129,22 @@ pub struct RateLimiter<S: BucketStore> {
 
 impl<S: BucketStore> RateLimiter<S> {
     pub fn new(config: Arc<Config>, engine: Arc<Engine<S>>) -> RateLimiter<S> {
+        let metrics = Arc::new(Metrics::new());
         RateLimiter {
-            config: ArcSwap::new(config),
+            snapshot: ArcSwap::from_pointee(Snapshot::new(config, &metrics)),
             engine,
             limits: RequestLimits::default(),
             global_shadow: false,
-            metrics: Arc::new(Metrics::new()),
+            metrics,
             store_failure_log: LogThrottle::new(std::time::Duration::from_secs(10)),
         }
     }
 
     /// Records into these metrics (shared with the store wrapper and the HTTP surface).
     pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        let config = self.config();
+        self.snapshot
+            .store(Arc::new(Snapshot::new(config, &metrics)));
         self.metrics = metrics;
         self
     }
@@ -159,12 +185,13 @@ impl<S: BucketStore> RateLimiter<S> {
 
     /// The config snapshot in force.
     pub fn config(&self) -> Arc<Config> {
-        self.config.load_full()
+        self.snapshot.load().config.clone()
     }
 
     /// Swaps in a new config snapshot; requests in flight finish on the old one.
     pub fn replace_config(&self, config: Arc<Config>) {
-        self.config.store(config);
+        self.snapshot
+            .store(Arc::new(Snapshot::new(config, &self.metrics)));
     }
 
     fn validate(&self, req: &RateLimitRequest) -> Result<(), CallError> {
@@ -234,8 +261,8 @@ impl<S: BucketStore> RateLimiter<S> {
     ) -> Result<RateLimitResponse, CallError> {
         let _timer = self.metrics.request();
         self.validate(req)?;
-        let config = self.config.load();
-        let Some(domain) = config.domain(&req.domain) else {
+        let snapshot = self.snapshot.load();
+        let Some(domain) = snapshot.config.domain(&req.domain) else {
             self.metrics.domain_not_found();
             return Ok(RateLimitResponse {
                 overall_code: Code::Ok as i32,
@@ -249,7 +276,7 @@ impl<S: BucketStore> RateLimiter<S> {
         };
 
         // Match, then apply `replaces` across the matched rules.
-        let matched: Vec<Option<Arc<Rule>>> = req
+        let matched: PerDescriptor<Option<Arc<Rule>>> = req
             .descriptors
             .iter()
             .map(|d| match &d.limit {
@@ -262,12 +289,12 @@ impl<S: BucketStore> RateLimiter<S> {
                 None => domain.match_descriptor(&d.entries).cloned(),
             })
             .collect();
-        let replaced: Vec<&str> = matched
+        let replaced: PerDescriptor<&str> = matched
             .iter()
             .flatten()
             .flat_map(|r| r.replaces.iter().map(String::as_str))
             .collect();
-        let treatments: Vec<Treatment> = req
+        let treatments: PerDescriptor<Treatment> = req
             .descriptors
             .iter()
             .zip(&matched)
@@ -299,7 +326,8 @@ impl<S: BucketStore> RateLimiter<S> {
             })
             .collect();
 
-        let mut verdicts: Vec<Option<Verdict>> = (0..req.descriptors.len()).map(|_| None).collect();
+        let mut verdicts: PerDescriptor<Option<Verdict>> =
+            (0..req.descriptors.len()).map(|_| None).collect();
         let mut over = false;
 
         // 1. Overdraft usage happened already: always recorded.
@@ -389,8 +417,13 @@ impl<S: BucketStore> RateLimiter<S> {
                 } else {
                     HitOutcome::Over
                 };
-                self.metrics
-                    .record_hit(rule, &req.descriptors[i].entries, (*hits).max(1), outcome);
+                self.metrics.record_hit(
+                    &snapshot.counters,
+                    rule,
+                    &req.descriptors[i].entries,
+                    (*hits).max(1),
+                    outcome,
+                );
             }
         }
 
@@ -432,9 +465,9 @@ impl<S: BucketStore> RateLimiter<S> {
         req: &RateLimitRequest,
         treatments: &[Treatment],
         keep: impl Fn(Group) -> bool,
-    ) -> Result<(Plan, Vec<(usize, Slot)>), CallError> {
+    ) -> Result<(Plan, Slots), CallError> {
         let mut plan = Plan::new();
-        let mut slots = Vec::new();
+        let mut slots = Slots::new();
         for (i, t) in treatments.iter().enumerate() {
             if let Treatment::Limited { rule, hits, group } = t {
                 if keep(*group) {
@@ -455,9 +488,9 @@ impl<S: BucketStore> RateLimiter<S> {
         req: &RateLimitRequest,
         treatments: &[Treatment],
         index: usize,
-    ) -> Result<(Plan, Vec<(usize, Slot)>), CallError> {
+    ) -> Result<(Plan, Slots), CallError> {
         let mut plan = Plan::new();
-        let mut slots = Vec::new();
+        let mut slots = Slots::new();
         if let Treatment::Limited { rule, hits, .. } = &treatments[index] {
             let slot = plan
                 .add(rule, &req.descriptors[index].entries, *hits)
@@ -677,6 +710,7 @@ fn override_rule(domain: &Arc<str>, d: &RateLimitDescriptor, rpu: u32, unit: i32
         .collect::<Vec<_>>()
         .join(".");
     Rule {
+        index: None,
         domain: domain.clone(),
         levels,
         limit: RuleLimit::Limited(RateLimit {

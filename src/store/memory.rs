@@ -6,10 +6,9 @@
 //! order (no deadlock). Locks are held only for the in-memory check-and-apply, never
 //! across an await. Expired items are evicted by [`MemoryStore::evict_expired`].
 
-use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeSet, HashMap};
-use std::hash::{Hash, Hasher};
-use std::sync::{Mutex, MutexGuard};
+use std::hash::BuildHasher;
+use std::sync::{LazyLock, Mutex, MutexGuard};
 
 use super::{
     BucketItem, BucketKey, BucketStore, BumpOutcome, CommitOutcome, Credit, Debit, DebitMode,
@@ -19,7 +18,14 @@ use crate::engine::bucket::MILLI;
 
 const PARTITIONS: usize = 64;
 
-type Partition = HashMap<BucketKey, BucketItem>;
+/// Keys hold request values, so the hash is seeded per process (foldhash's quality
+/// variant, as hashbrown uses by default): fast, and not predictable from outside.
+type Hasher = foldhash::quality::RandomState;
+
+type Partition = HashMap<BucketKey, BucketItem, Hasher>;
+
+/// Chooses a key's partition; seeded once, independently of the partitions' own maps.
+static PARTITION_HASH: LazyLock<Hasher> = LazyLock::new(Hasher::default);
 
 /// In-process bucket store.
 #[derive(Debug)]
@@ -34,9 +40,7 @@ impl Default for MemoryStore {
 }
 
 fn partition_of(key: &BucketKey) -> usize {
-    let mut h = DefaultHasher::new();
-    key.hash(&mut h);
-    (h.finish() as usize) % PARTITIONS
+    (PARTITION_HASH.hash_one(key) as usize) % PARTITIONS
 }
 
 fn lock(m: &Mutex<Partition>) -> MutexGuard<'_, Partition> {
@@ -49,7 +53,7 @@ impl MemoryStore {
     pub fn new() -> MemoryStore {
         MemoryStore {
             partitions: (0..PARTITIONS)
-                .map(|_| Mutex::new(HashMap::new()))
+                .map(|_| Mutex::new(Partition::default()))
                 .collect(),
         }
     }
