@@ -26,12 +26,17 @@ use shardgate::store::{
 struct Switchable {
     inner: MemoryStore,
     down: AtomicBool,
+    /// Calls never answer (a store that accepts and hangs).
+    hang: AtomicBool,
     calls: AtomicU64,
 }
 
 impl Switchable {
-    fn check(&self) -> Result<(), StoreError> {
+    async fn check(&self) -> Result<(), StoreError> {
         self.calls.fetch_add(1, Ordering::SeqCst);
+        if self.hang.load(Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
         if self.down.load(Ordering::SeqCst) {
             Err(StoreError::Unavailable {
                 key: "test".into(),
@@ -50,15 +55,15 @@ impl BucketStore for Switchable {
         d: &[Debit],
         m: DebitMode,
     ) -> Result<DebitOutcome, StoreError> {
-        self.check()?;
+        self.check().await?;
         self.inner.debit(key, d, m).await
     }
     async fn read(&self, keys: &[BucketKey]) -> Result<Vec<Option<BucketItem>>, StoreError> {
-        self.check()?;
+        self.check().await?;
         self.inner.read(keys).await
     }
     async fn commit(&self, writes: &[Write]) -> Result<CommitOutcome, StoreError> {
-        self.check()?;
+        self.check().await?;
         self.inner.commit(writes).await
     }
     async fn bump_shard_count(
@@ -68,15 +73,15 @@ impl BucketStore for Switchable {
         o: u32,
         n: u32,
     ) -> Result<BumpOutcome, StoreError> {
-        self.check()?;
+        self.check().await?;
         self.inner.bump_shard_count(e, r, o, n).await
     }
     async fn raise_shard_count(&self, key: &BucketKey, n: u32) -> Result<bool, StoreError> {
-        self.check()?;
+        self.check().await?;
         self.inner.raise_shard_count(key, n).await
     }
     async fn credit(&self, key: &BucketKey, c: &[Credit]) -> Result<Vec<Credit>, StoreError> {
-        self.check()?;
+        self.check().await?;
         self.inner.credit(key, c).await
     }
 }
@@ -185,6 +190,37 @@ async fn a_failed_probe_reopens_the_circuit() {
     );
     assert_eq!(store.state(), CircuitState::Open);
     assert_eq!(store.inner().calls.load(Ordering::SeqCst), 2);
+}
+
+/// A probe whose caller gives up (a client deadline drops the gRPC call) must still settle
+/// the circuit: it reopens, and the next probe after the cool-off closes it.
+#[tokio::test]
+async fn a_probe_cancelled_by_its_caller_does_not_wedge_the_circuit() {
+    let store = Breaker::new(Switchable::default(), 1, Duration::from_millis(50));
+    let key = [BucketKey::new("e", "r", 0)];
+    store.inner().down.store(true, Ordering::SeqCst);
+    assert!(store.read(&key).await.is_err());
+    assert_eq!(store.state(), CircuitState::Open);
+
+    store.inner().down.store(false, Ordering::SeqCst);
+    store.inner().hang.store(true, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    let dropped = tokio::time::timeout(Duration::from_millis(20), store.read(&key)).await;
+    assert!(dropped.is_err(), "the probe hangs and its caller gives up");
+    assert_eq!(
+        store.state(),
+        CircuitState::Open,
+        "a dropped probe counts as a failed one"
+    );
+    assert!(
+        matches!(store.read(&key).await, Err(StoreError::CircuitOpen { .. })),
+        "within the new cool-off calls fail at once"
+    );
+
+    store.inner().hang.store(false, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    assert!(store.read(&key).await.is_ok(), "the next probe succeeds");
+    assert_eq!(store.state(), CircuitState::Closed);
 }
 
 /// A DynamoDB endpoint that accepts connections and never answers: every call ends at

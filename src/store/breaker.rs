@@ -64,58 +64,98 @@ impl<S: BucketStore> Breaker<S> {
         }
     }
 
-    /// Whether a call may go to the store now; `Err` fails it at once.
-    fn admit(&self, key: &str) -> Result<(), StoreError> {
+    /// Whether a call may go to the store now (and whether it is the probe); `Err` fails
+    /// it at once.
+    fn admit(&self, key: &(dyn std::fmt::Display + Sync)) -> Result<Admitted, StoreError> {
         let mut c = self.circuit.lock().unwrap_or_else(|e| e.into_inner());
         match *c {
-            Circuit::Closed { .. } => Ok(()),
+            Circuit::Closed { .. } => Ok(Admitted::Call),
             Circuit::Open { until } if Instant::now() >= until => {
                 *c = Circuit::Probing;
-                Ok(())
+                Ok(Admitted::Probe)
             }
-            Circuit::Open { .. } | Circuit::Probing => Err(StoreError::Unavailable {
+            Circuit::Open { .. } | Circuit::Probing => Err(StoreError::CircuitOpen {
                 key: key.to_string(),
-                reason: "circuit open: the store failed repeatedly; probing it again shortly"
-                    .to_string(),
             }),
         }
     }
 
-    fn settle<T>(&self, result: &Result<T, StoreError>) {
+    /// Moves the circuit after a call that returned; `failed` when the store was
+    /// unavailable.
+    fn settle(&self, failed: bool) {
         let mut c = self.circuit.lock().unwrap_or_else(|e| e.into_inner());
-        let failed = matches!(result, Err(StoreError::Unavailable { .. }));
         *c = match (*c, failed) {
+            (Circuit::Probing, false) => {
+                tracing::info!("store answered the probe: circuit closed");
+                Circuit::Closed { failures: 0 }
+            }
             (_, false) => Circuit::Closed { failures: 0 },
             (Circuit::Closed { failures }, true) if failures + 1 < self.threshold => {
                 Circuit::Closed {
                     failures: failures + 1,
                 }
             }
-            (Circuit::Closed { .. }, true) | (Circuit::Probing, true) => {
-                tracing::warn!(cool_off = ?self.cool_off, "store circuit opened");
-                Circuit::Open {
-                    until: Instant::now() + self.cool_off,
-                }
+            (Circuit::Closed { failures }, true) => {
+                tracing::warn!(
+                    consecutive_failures = failures + 1,
+                    cool_off = ?self.cool_off,
+                    "store circuit opened: calls fail at once until a probe succeeds"
+                );
+                self.open()
             }
+            // A failed probe: stay open (logged once, when it opened).
+            (Circuit::Probing, true) => self.open(),
             // A call admitted before the circuit opened came back: keep it open.
             (open @ Circuit::Open { .. }, true) => open,
         };
     }
 
+    fn open(&self) -> Circuit {
+        Circuit::Open {
+            until: Instant::now() + self.cool_off,
+        }
+    }
+
     async fn guarded<T>(
         &self,
-        key: &str,
+        key: &(dyn std::fmt::Display + Sync),
         call: impl std::future::Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        self.admit(key)?;
+        let admitted = self.admit(key)?;
+        // A call is cancelled when its caller goes away (a client deadline ends the gRPC
+        // call). A cancelled probe must still settle the circuit, or it would stay
+        // `Probing` — failing every call — for ever.
+        let mut pending = PendingProbe {
+            breaker: self,
+            armed: admitted == Admitted::Probe,
+        };
         let result = call.await;
-        self.settle(&result);
+        pending.armed = false;
+        self.settle(matches!(result, Err(StoreError::Unavailable { .. })));
         result
     }
 }
 
-fn key_text(key: &BucketKey) -> String {
-    key.to_string()
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Admitted {
+    Call,
+    Probe,
+}
+
+/// Settles a probe that was dropped before the store answered: as a failure (it did not
+/// answer within the caller's deadline), so the circuit opens for another cool-off and
+/// the next call after it probes again.
+struct PendingProbe<'a, S: BucketStore> {
+    breaker: &'a Breaker<S>,
+    armed: bool,
+}
+
+impl<S: BucketStore> Drop for PendingProbe<'_, S> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.breaker.settle(true);
+        }
+    }
 }
 
 impl<S: BucketStore> BucketStore for Breaker<S> {
@@ -125,20 +165,18 @@ impl<S: BucketStore> BucketStore for Breaker<S> {
         debits: &[Debit],
         mode: DebitMode,
     ) -> Result<DebitOutcome, StoreError> {
-        self.guarded(&key_text(key), self.inner.debit(key, debits, mode))
-            .await
+        self.guarded(key, self.inner.debit(key, debits, mode)).await
     }
 
     async fn read(&self, keys: &[BucketKey]) -> Result<Vec<Option<BucketItem>>, StoreError> {
-        let first = keys.first().map(key_text).unwrap_or_default();
+        let first = keys.first().map_or(String::new(), |k| k.to_string());
         self.guarded(&first, self.inner.read(keys)).await
     }
 
     async fn commit(&self, writes: &[Write]) -> Result<CommitOutcome, StoreError> {
         let first = writes
             .first()
-            .map(|w| key_text(w.key()))
-            .unwrap_or_default();
+            .map_or(String::new(), |w| w.key().to_string());
         self.guarded(&first, self.inner.commit(writes)).await
     }
 
@@ -149,7 +187,7 @@ impl<S: BucketStore> BucketStore for Breaker<S> {
         old: u32,
         new: u32,
     ) -> Result<BumpOutcome, StoreError> {
-        let key = key_text(&BucketKey::new(entity, resource, 0));
+        let key = BucketKey::new(entity, resource, 0);
         self.guarded(
             &key,
             self.inner.bump_shard_count(entity, resource, old, new),
@@ -158,12 +196,11 @@ impl<S: BucketStore> BucketStore for Breaker<S> {
     }
 
     async fn raise_shard_count(&self, key: &BucketKey, new: u32) -> Result<bool, StoreError> {
-        self.guarded(&key_text(key), self.inner.raise_shard_count(key, new))
+        self.guarded(key, self.inner.raise_shard_count(key, new))
             .await
     }
 
     async fn credit(&self, key: &BucketKey, credits: &[Credit]) -> Result<Vec<Credit>, StoreError> {
-        self.guarded(&key_text(key), self.inner.credit(key, credits))
-            .await
+        self.guarded(key, self.inner.credit(key, credits)).await
     }
 }

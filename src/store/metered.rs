@@ -38,6 +38,8 @@ impl<S: BucketStore> Metered<S> {
     ) {
         let outcome = match result {
             Ok(v) => outcome(v),
+            // Failed fast by the circuit breaker: the store was not called.
+            Err(StoreError::CircuitOpen { .. }) => "circuit_open",
             Err(_) => "error",
         };
         self.observer.observe(operation, outcome, started.elapsed());

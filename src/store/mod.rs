@@ -301,6 +301,12 @@ pub struct Credit {
 pub enum StoreError {
     #[error("store unavailable for {key}: {reason}")]
     Unavailable { key: String, reason: String },
+    /// The circuit breaker failed the call without trying the store (it failed
+    /// repeatedly; a probe will try again shortly).
+    #[error(
+        "store unavailable for {key}: circuit open after repeated failures, probing again shortly"
+    )]
+    CircuitOpen { key: String },
     #[error("corrupt bucket item {key}: {reason}")]
     Corrupt { key: String, reason: String },
     #[error("invalid store request for {key}: {reason}")]
