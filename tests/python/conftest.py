@@ -179,6 +179,24 @@ def shardgate(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------
+# Reports shown in pytest's terminal summary (also with -q)
+
+_SUMMARIES = pytest.StashKey[list]()
+
+
+def add_summary(config, title, text):
+    """Shows `text` under `title` at the end of the run (e.g. a measurement table)."""
+    config.stash.setdefault(_SUMMARIES, []).append((title, text))
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    for title, text in config.stash.get(_SUMMARIES, []):
+        terminalreporter.write_sep("-", title)
+        for line in text.rstrip("\n").split("\n"):
+            terminalreporter.write_line(line)
+
+
+# ----------------------------------------------------------------------------------------
 # OpenMetrics text (what `GET /metrics` serves)
 
 _SAMPLE = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})?\s+(\S+)(?:\s+(\S+))?$")
