@@ -6,7 +6,7 @@
 //! label set; the number of distinct rule keys is capped so hostile descriptor values
 //! cannot grow memory without bound.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -20,6 +20,7 @@ use prometheus_client::registry::Registry;
 
 use crate::config::{Config, DescriptorEntry, Rule};
 use crate::engine::{EngineStats, ShardCountsView};
+use crate::store::dynamodb::{CallKind, CallTotals};
 use crate::store::metered::CallObserver;
 
 /// Most distinct rule keys tracked; further keys are counted under `_overflow_`.
@@ -163,6 +164,38 @@ impl Collector for EngineCollector {
     }
 }
 
+/// DynamoDB's own account of the calls made: capacity units it reported consumed, by
+/// operation (read at scrape time from the store's call ledger).
+struct CapacityCollector {
+    totals: Box<dyn Fn() -> BTreeMap<CallKind, CallTotals> + Send + Sync>,
+}
+
+impl std::fmt::Debug for CapacityCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CapacityCollector")
+    }
+}
+
+impl Collector for CapacityCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let mut by_operation: BTreeMap<&'static str, f64> = BTreeMap::new();
+        for (kind, t) in (self.totals)() {
+            *by_operation.entry(kind.operation).or_default() += t.capacity;
+        }
+        let mut m = encoder.encode_descriptor(
+            "store_consumed_capacity_units",
+            "Capacity units DynamoDB reported consumed (ReturnConsumedCapacity), by operation",
+            None,
+            prometheus_client::metrics::MetricType::Counter,
+        )?;
+        for (operation, units) in by_operation {
+            let c = ConstCounter::new(units);
+            c.encode(m.encode_family(&OperationLabel { operation })?)?;
+        }
+        Ok(())
+    }
+}
+
 impl Metrics {
     pub fn new() -> Metrics {
         let mut registry = Registry::with_prefix("shardgate");
@@ -262,6 +295,20 @@ impl Metrics {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .register_collector(Box::new(EngineCollector { stats, shards }));
+    }
+
+    /// Adds DynamoDB's consumed capacity, read from `totals` (the store's call ledger) at
+    /// each scrape.
+    pub fn attach_capacity(
+        &self,
+        totals: impl Fn() -> BTreeMap<CallKind, CallTotals> + Send + Sync + 'static,
+    ) {
+        self.registry
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .register_collector(Box::new(CapacityCollector {
+                totals: Box::new(totals),
+            }));
     }
 
     /// The Prometheus text exposition of every metric.

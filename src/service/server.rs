@@ -144,6 +144,10 @@ pub async fn run(options: ServeOptions) -> Result<(), ServeError> {
                 BREAKER_THRESHOLD,
                 BREAKER_COOL_OFF,
             ));
+            {
+                let store = store.clone();
+                metrics.attach_capacity(move || store.inner().ledger().totals());
+            }
             let budget = options
                 .partition_write_budget
                 .unwrap_or(DEFAULT_PARTITION_WRITE_BUDGET);
