@@ -548,6 +548,12 @@ def test_baseline_pass_through_admits_exactly_the_limit(stack):
         assert remaining == sorted(list(range(LIMIT)) * buckets), d
     assert seen["errors"] == 0
     assert seen["s1"]["forwarded"] - seen["s0"]["forwarded"] >= 2 * N_BASE
+    # DynamoDB's own account: at least one write unit per admitted call (each is one
+    # UpdateItem of a small item, or a slow-path write).
+    units = sum(seen["m1"].sum(P + "store_consumed_capacity_units_total", operation=o)
+                - seen["m0"].sum(P + "store_consumed_capacity_units_total", operation=o)
+                for o in ("UpdateItem", "PutItem", "TransactWriteItems"))
+    assert units >= 2 * N_BASE, units
     # One more per bucket is refused.
     for d in DOMAINS:
         for u in range(buckets):
