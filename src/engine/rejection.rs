@@ -6,9 +6,16 @@
 //! missed for at most the cache lifetime, which can only under-admit.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard};
 
 use crate::store::{BucketItem, BucketKey};
+
+/// Independently locked parts, so concurrent requests on different buckets do not contend.
+const PARTS: usize = 16;
+
+type Hasher = foldhash::quality::RandomState;
 
 #[derive(Debug)]
 struct Entry {
@@ -16,19 +23,28 @@ struct Entry {
     stored_at: i64,
 }
 
+type Part = HashMap<BucketKey, Entry, Hasher>;
+
 #[derive(Debug)]
 pub(crate) struct RejectionCache {
     ttl_ms: i64,
+    /// Entries per part.
     capacity: usize,
-    entries: Mutex<HashMap<BucketKey, Entry, foldhash::quality::RandomState>>,
+    parts: Vec<Mutex<Part>>,
+    hasher: Hasher,
+    /// Entries held (approximately: a part cleared when full is not subtracted exactly);
+    /// while 0, forgetting a key takes no lock.
+    held: AtomicUsize,
 }
 
 impl RejectionCache {
     pub(crate) fn new(ttl_ms: i64, capacity: usize) -> RejectionCache {
         RejectionCache {
             ttl_ms,
-            capacity: capacity.max(1),
-            entries: Mutex::new(HashMap::default()),
+            capacity: capacity.div_ceil(PARTS).max(1),
+            parts: (0..PARTS).map(|_| Mutex::new(Part::default())).collect(),
+            hasher: Hasher::default(),
+            held: AtomicUsize::new(0),
         }
     }
 
@@ -36,18 +52,33 @@ impl RejectionCache {
         self.ttl_ms > 0
     }
 
+    fn part(&self, key: &BucketKey) -> MutexGuard<'_, Part> {
+        let i = (self.hasher.hash_one(key) as usize) % PARTS;
+        self.parts[i].lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Remembers the image of a shard seen at `now`.
     pub(crate) fn remember(&self, key: &BucketKey, image: &BucketItem, now: i64) {
         if !self.enabled() {
             return;
         }
-        let mut g = self.entries.lock().unwrap_or_else(|e| e.into_inner());
-        if g.len() >= self.capacity && !g.contains_key(key) {
-            let ttl = self.ttl_ms;
-            g.retain(|_, e| now - e.stored_at < ttl);
-            if g.len() >= self.capacity {
-                g.clear();
-            }
+        let mut g = self.part(key);
+        if let Some(e) = g.get_mut(key) {
+            e.image.clone_from(image);
+            e.stored_at = now;
+            return;
+        }
+        if g.len() >= self.capacity {
+            // Full of recent refusals (many distinct buckets refused within the lifetime):
+            // start over. Clearing costs one pass per `capacity` inserts, and losing
+            // entries only sends requests to the store.
+            let dropped = g.len();
+            g.clear();
+            let _ = self
+                .held
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                    Some(n.saturating_sub(dropped))
+                });
         }
         g.insert(
             key.clone(),
@@ -56,15 +87,31 @@ impl RejectionCache {
                 stored_at: now,
             },
         );
+        self.held.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Drops what is known of a shard (a debit just succeeded on it: an older refusing
+    /// image must not refuse the next request).
+    pub(crate) fn forget(&self, key: &BucketKey) {
+        if !self.enabled() || self.held.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        if self.part(key).remove(key).is_some() {
+            let _ = self
+                .held
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                    Some(n.saturating_sub(1))
+                });
+        }
     }
 
     /// Applies a refund to the cached image of a shard, so the cache never refuses on a
     /// balance this process itself raised (each credit capped at its ceiling).
     pub(crate) fn credit(&self, key: &BucketKey, credits: &[crate::store::Credit]) {
-        if !self.enabled() {
+        if !self.enabled() || self.held.load(Ordering::Relaxed) == 0 {
             return;
         }
-        let mut g = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        let mut g = self.part(key);
         if let Some(e) = g.get_mut(key) {
             for c in credits {
                 if let Some(st) = e.image.limits.get_mut(&c.limit) {
@@ -76,19 +123,18 @@ impl RejectionCache {
 
     /// The last image seen of a shard, however old (for reporting, never for refusing).
     pub(crate) fn latest(&self, key: &BucketKey) -> Option<BucketItem> {
-        if !self.enabled() {
+        if !self.enabled() || self.held.load(Ordering::Relaxed) == 0 {
             return None;
         }
-        let g = self.entries.lock().unwrap_or_else(|e| e.into_inner());
-        g.get(key).map(|e| e.image.clone())
+        self.part(key).get(key).map(|e| e.image.clone())
     }
 
     /// A fresh image of a shard, if any.
     pub(crate) fn fresh(&self, key: &BucketKey, now: i64) -> Option<BucketItem> {
-        if !self.enabled() {
+        if !self.enabled() || self.held.load(Ordering::Relaxed) == 0 {
             return None;
         }
-        let g = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        let g = self.part(key);
         let e = g.get(key)?;
         let age = now - e.stored_at;
         let expired = e.image.ttl.is_some_and(|t| t * 1_000 <= now);
