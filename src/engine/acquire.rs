@@ -439,21 +439,7 @@ impl<S: BucketStore> Engine<S> {
             .debit(&key, &debits, DebitMode::Fast { now_s: now_s(now) })
             .await?;
         match &out {
-            DebitOutcome::Applied(image) => {
-                self.shards.learn(&b.entity, &b.resource, image.shard_count);
-                // Worth keeping only if the same request would now be refused: the cache
-                // serves refusals, and a busy bucket with room costs it nothing.
-                let short = b
-                    .limits
-                    .iter()
-                    .any(|c| image.limit(&c.limit).is_some_and(|st| st.tk < c.amount));
-                if short {
-                    self.rejections.remember(&key, image, now);
-                } else {
-                    self.rejections.forget(&key);
-                }
-            }
-            DebitOutcome::Refused(Some(image)) => {
+            DebitOutcome::Applied(image) | DebitOutcome::Refused(Some(image)) => {
                 self.shards.learn(&b.entity, &b.resource, image.shard_count);
                 self.rejections.remember(&key, image, now);
             }

@@ -7,7 +7,6 @@
 
 use std::collections::HashMap;
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use crate::store::{BucketItem, BucketKey};
@@ -32,9 +31,6 @@ pub(crate) struct RejectionCache {
     capacity: usize,
     parts: Vec<Mutex<Part>>,
     hasher: Hasher,
-    /// Entries held (approximately: a part cleared when full is not subtracted exactly);
-    /// while 0, forgetting a key takes no lock.
-    held: AtomicUsize,
 }
 
 impl RejectionCache {
@@ -44,7 +40,6 @@ impl RejectionCache {
             capacity: capacity.div_ceil(PARTS).max(1),
             parts: (0..PARTS).map(|_| Mutex::new(Part::default())).collect(),
             hasher: Hasher::default(),
-            held: AtomicUsize::new(0),
         }
     }
 
@@ -72,13 +67,7 @@ impl RejectionCache {
             // Full of recent refusals (many distinct buckets refused within the lifetime):
             // start over. Clearing costs one pass per `capacity` inserts, and losing
             // entries only sends requests to the store.
-            let dropped = g.len();
             g.clear();
-            let _ = self
-                .held
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-                    Some(n.saturating_sub(dropped))
-                });
         }
         g.insert(
             key.clone(),
@@ -87,28 +76,12 @@ impl RejectionCache {
                 stored_at: now,
             },
         );
-        self.held.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// Drops what is known of a shard (a debit just succeeded on it: an older refusing
-    /// image must not refuse the next request).
-    pub(crate) fn forget(&self, key: &BucketKey) {
-        if !self.enabled() || self.held.load(Ordering::Relaxed) == 0 {
-            return;
-        }
-        if self.part(key).remove(key).is_some() {
-            let _ = self
-                .held
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-                    Some(n.saturating_sub(1))
-                });
-        }
     }
 
     /// Applies a refund to the cached image of a shard, so the cache never refuses on a
     /// balance this process itself raised (each credit capped at its ceiling).
     pub(crate) fn credit(&self, key: &BucketKey, credits: &[crate::store::Credit]) {
-        if !self.enabled() || self.held.load(Ordering::Relaxed) == 0 {
+        if !self.enabled() {
             return;
         }
         let mut g = self.part(key);
@@ -123,7 +96,7 @@ impl RejectionCache {
 
     /// The last image seen of a shard, however old (for reporting, never for refusing).
     pub(crate) fn latest(&self, key: &BucketKey) -> Option<BucketItem> {
-        if !self.enabled() || self.held.load(Ordering::Relaxed) == 0 {
+        if !self.enabled() {
             return None;
         }
         self.part(key).get(key).map(|e| e.image.clone())
@@ -131,7 +104,7 @@ impl RejectionCache {
 
     /// A fresh image of a shard, if any.
     pub(crate) fn fresh(&self, key: &BucketKey, now: i64) -> Option<BucketItem> {
-        if !self.enabled() || self.held.load(Ordering::Relaxed) == 0 {
+        if !self.enabled() {
             return None;
         }
         let g = self.part(key);
