@@ -2,8 +2,16 @@
 //! INVALID_ARGUMENT naming the field (never a panic), and descriptor values built to forge
 //! another bucket's key never share a bucket with it.
 
+mod common;
 mod support;
 
+use std::sync::Arc;
+
+use shardgate::config::Config;
+use shardgate::engine::Engine;
+use shardgate::service::RateLimiter;
+use shardgate::store::memory::MemoryStore;
+use shardgate::store::BucketStore;
 use support::{desc, desc_hits, one, request, TestServer};
 use tonic::Code as Status;
 
@@ -109,15 +117,13 @@ async fn huge_but_representable_hits_are_refused_without_debit() {
 
 type Entries = Vec<(&'static str, &'static str)>;
 
-/// Every pair here must land in different buckets: spending one never touches the other.
-#[tokio::test]
-async fn forged_values_never_share_a_bucket() {
-    let server = TestServer::start(RULES).await;
-    let mut c = server.client().await;
-    let pairs: Vec<(Entries, Entries)> = vec![
+/// Pairs built to forge each other's bucket key: each must land in its own bucket.
+fn forged_pairs() -> Vec<(Entries, Entries)> {
+    vec![
         (vec![("a_b", "c")], vec![("a", "b_c")]),
         (vec![("a", "x"), ("b", "y")], vec![("a", "x/b=y")]),
         (vec![("user", "x#api#0")], vec![("user", "x")]),
+        (vec![("user", "x#hostile#1")], vec![("user", "x")]),
         (vec![("user", "x%2Fy")], vec![("user", "x/y")]),
         (vec![("user", "x=y")], vec![("user", "x%3Dy")]),
         (vec![("user", "line\nbreak")], vec![("user", "line")]),
@@ -126,8 +132,51 @@ async fn forged_values_never_share_a_bucket() {
             vec![("user", "%C3%BCn%C3%AFc%C3%B8d%C3%A9")],
         ),
         (vec![("user", "a_b")], vec![("user", "a b")]),
-    ];
-    for (first, second) in pairs {
+        (vec![("user", "*")], vec![("user", "%2A")]),
+    ]
+}
+
+/// Spends `first`'s 3 tokens, then checks `second` still has its own, for every pair,
+/// through the service layer on `store`.
+async fn forged_values_never_share_a_bucket_on<S: BucketStore>(store: S) {
+    let config = Config::from_yaml("hostile.yaml", RULES).unwrap();
+    let engine = Arc::new(Engine::new(Arc::new(store), support::serve_defaults()));
+    let limiter = RateLimiter::new(Arc::new(config), engine);
+    for (first, second) in forged_pairs() {
+        for _ in 0..3 {
+            let r = limiter.should_rate_limit(&one("hostile", &first)).await;
+            assert_eq!(r.unwrap().overall_code, 1, "{first:?} has tokens");
+        }
+        let over = limiter.should_rate_limit(&one("hostile", &first)).await;
+        assert_eq!(over.unwrap().overall_code, 2, "{first:?} is spent");
+        let r = limiter
+            .should_rate_limit(&one("hostile", &second))
+            .await
+            .unwrap();
+        assert_eq!(
+            r.overall_code, 1,
+            "{second:?} must not share {first:?}'s bucket"
+        );
+        assert_eq!(r.statuses[0].limit_remaining, 2, "{second:?}");
+    }
+}
+
+#[tokio::test]
+async fn forged_values_never_share_a_bucket_memory() {
+    forged_values_never_share_a_bucket_on(MemoryStore::new()).await;
+}
+
+#[tokio::test]
+async fn forged_values_never_share_a_bucket_dynamodb() {
+    forged_values_never_share_a_bucket_on(common::dynamo::store().await).await;
+}
+
+/// The same over gRPC (the request path Envoy uses), memory store.
+#[tokio::test]
+async fn forged_values_never_share_a_bucket_over_grpc() {
+    let server = TestServer::start(RULES).await;
+    let mut c = server.client().await;
+    for (first, second) in forged_pairs() {
         // Spend all 3 tokens of `first` ...
         for _ in 0..3 {
             c.ok(one("hostile", &first)).await;
