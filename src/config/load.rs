@@ -186,6 +186,11 @@ fn io_error(file: &str, message: impl fmt::Display) -> ConfigErrors {
 }
 
 pub(crate) fn load_path(path: &Path) -> Result<Config, ConfigErrors> {
+    from_documents(&read_documents(path)?)
+}
+
+/// The `(file name, text)` documents at `path`: the file, or the directory's YAML files.
+pub(crate) fn read_documents(path: &Path) -> Result<Vec<(String, String)>, ConfigErrors> {
     let shown = path.display().to_string();
     // `metadata` follows symlinks, as a ConfigMap mount needs.
     let meta = std::fs::metadata(path).map_err(|e| io_error(&shown, e))?;
@@ -206,7 +211,7 @@ pub(crate) fn load_path(path: &Path) -> Result<Config, ConfigErrors> {
     if !errors.is_empty() {
         return Err(ConfigErrors(errors));
     }
-    from_documents(&docs)
+    Ok(docs)
 }
 
 /// The `*.yaml`/`*.yml` regular files of `dir` (after following symlinks), sorted by
@@ -297,7 +302,7 @@ pub(crate) fn from_documents(docs: &[(String, String)]) -> Result<Config, Config
 /// FNV-1a 64 over the documents sorted by file name, each name and text preceded by its
 /// length so that moving bytes between them changes the hash. It tells versions apart;
 /// it is not a security measure.
-fn content_hash(docs: &[(String, String)]) -> String {
+pub(crate) fn content_hash(docs: &[(String, String)]) -> String {
     let mut sorted: Vec<&(String, String)> = docs.iter().collect();
     sorted.sort_by(|a, b| a.0.cmp(&b.0));
     let mut h = Fnv1a64::new();

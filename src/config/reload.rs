@@ -15,7 +15,7 @@ use std::time::Duration;
 use notify::{RecursiveMode, Watcher};
 use tokio::sync::mpsc;
 
-use super::{Config, ConfigErrors};
+use super::{load, Config, ConfigErrors};
 
 /// How changes are picked up.
 #[derive(Debug, Clone, Copy)]
@@ -96,18 +96,28 @@ pub fn watch(
             }
             // Let a burst of events (write, rename, symlink swap) settle.
             while let Ok(Some(())) = tokio::time::timeout(timing.debounce, rx.recv()).await {}
+            // Read and hash first: the poll finds the same content almost every time, and
+            // only changed content is worth parsing.
             let p = path.clone();
-            let loaded = match tokio::task::spawn_blocking(move || Config::load(&p)).await {
+            let seen = last_hash.clone();
+            let loaded = match tokio::task::spawn_blocking(move || {
+                let docs = load::read_documents(&p)?;
+                if load::content_hash(&docs) == seen {
+                    return Ok(None);
+                }
+                load::from_documents(&docs).map(Some)
+            })
+            .await
+            {
                 Ok(r) => r,
                 Err(_) => continue,
             };
             match loaded {
-                Ok(config) => {
+                Ok(None) => last_error = None,
+                Ok(Some(config)) => {
                     last_error = None;
-                    if config.hash() != last_hash {
-                        last_hash = config.hash().to_string();
-                        on_change(Ok(Arc::new(config)));
-                    }
+                    last_hash = config.hash().to_string();
+                    on_change(Ok(Arc::new(config)));
                 }
                 Err(errors) => {
                     let text = errors.to_string();
