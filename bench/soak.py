@@ -118,7 +118,7 @@ def main():
             [RLS_LOAD, "--addr", f"127.0.0.1:{grpc_port}",
              "--frames", os.path.join(work, "distinct.bin"),
              "--concurrency", str(a.concurrency), "--connections", "2",
-             "--duration", str(seconds)],
+             "--duration", str(seconds), "--max-requests", "50000000"],
             capture_output=True, text=True, timeout=seconds + 60)
         time.sleep(15)  # the last buckets expire and are swept: the curve's tail
         stop.set()
