@@ -768,7 +768,7 @@ impl<S: BucketStore> Engine<S> {
                         .insert(c.limit.clone(), LimitState::new(c.params, after, c.amount));
                 }
                 item.limits.insert(
-                    WCU_LIMIT.to_string(),
+                    WCU_LIMIT,
                     LimitState::new(self.wcu, self.wcu.cp, 0),
                 );
                 item.ttl = Some(self.ttl_s(item.limits.values().map(|s| s.params()), now));
