@@ -71,8 +71,8 @@ fn item(tokens: i64) -> BucketItem {
         1_000,
     );
     let mut limits = shardgate::store::Limits::new();
-    limits.insert("rps".to_string(), LimitState::new(p, tokens, 0));
-    limits.insert(WCU_LIMIT.to_string(), LimitState::new(wcu, wcu.cp, 0));
+    limits.insert("rps", LimitState::new(p, tokens, 0));
+    limits.insert(WCU_LIMIT, LimitState::new(wcu, wcu.cp, 0));
     BucketItem {
         rf: 0,
         shard_count: 1,

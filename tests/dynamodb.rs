@@ -183,8 +183,8 @@ async fn s44_expired_item_is_refreshed_not_reset() {
     let p = LimitParams::new(10, 10, 60_000);
     let wcu = LimitParams::new(1_000, 1_000, 1_000);
     let mut limits = Limits::new();
-    limits.insert("rpm".to_string(), LimitState::new(p, 4_000, 6_000));
-    limits.insert(WCU_LIMIT.to_string(), LimitState::new(wcu, wcu.cp, 0));
+    limits.insert("rpm", LimitState::new(p, 4_000, 6_000));
+    limits.insert(WCU_LIMIT, LimitState::new(wcu, wcu.cp, 0));
     common::put(
         &*f.store,
         BucketKey::new("u1", "api", 0),
@@ -228,8 +228,8 @@ async fn changed_limit_reaches_every_existing_shard() {
     let wcu = LimitParams::new(1_000, 1_000, 1_000);
     for s in 0..4 {
         let mut limits = Limits::new();
-        limits.insert("rpm".to_string(), LimitState::new(old, 25_000, 0));
-        limits.insert(WCU_LIMIT.to_string(), LimitState::new(wcu, wcu.cp, 0));
+        limits.insert("rpm", LimitState::new(old, 25_000, 0));
+        limits.insert(WCU_LIMIT, LimitState::new(wcu, wcu.cp, 0));
         common::put(
             &*f.store,
             BucketKey::new("u1", "api", s),

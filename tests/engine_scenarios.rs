@@ -107,8 +107,8 @@ fn rpm_item(count: u32, rate: u64, tk: i64, wcu_tk: i64) -> BucketItem {
     let p = LimitParams::new(rate, rate, 60_000);
     let wcu = LimitParams::new(1_000, 1_000, 1_000);
     let mut limits = shardgate::store::Limits::new();
-    limits.insert("rpm".to_string(), LimitState::new(p, tk, 0));
-    limits.insert(WCU_LIMIT.to_string(), LimitState::new(wcu, wcu_tk, 0));
+    limits.insert("rpm", LimitState::new(p, tk, 0));
+    limits.insert(WCU_LIMIT, LimitState::new(wcu, wcu_tk, 0));
     BucketItem {
         rf: T0,
         shard_count: count,

@@ -26,8 +26,8 @@ fn key(shard: u32) -> BucketKey {
 
 fn item(tk: i64, wcu_tk: i64) -> BucketItem {
     let mut limits = Limits::new();
-    limits.insert("rpm".to_string(), LimitState::new(rpm(), tk, 0));
-    limits.insert(WCU_LIMIT.to_string(), LimitState::new(wcu(), wcu_tk, 0));
+    limits.insert("rpm", LimitState::new(rpm(), tk, 0));
+    limits.insert(WCU_LIMIT, LimitState::new(wcu(), wcu_tk, 0));
     BucketItem {
         rf: NOW_S * 1_000,
         shard_count: 1,
