@@ -767,10 +767,8 @@ impl<S: BucketStore> Engine<S> {
                     item.limits
                         .insert(c.limit.clone(), LimitState::new(c.params, after, c.amount));
                 }
-                item.limits.insert(
-                    WCU_LIMIT,
-                    LimitState::new(self.wcu, self.wcu.cp, 0),
-                );
+                item.limits
+                    .insert(WCU_LIMIT, LimitState::new(self.wcu, self.wcu.cp, 0));
                 item.ttl = Some(self.ttl_s(item.limits.values().map(|s| s.params()), now));
                 (
                     Write::Create {
