@@ -1,0 +1,851 @@
+#!/usr/bin/env python3
+"""The load benchmarks behind bench/run (see bench/README.md). Run through bench/run, which
+installs h2load, builds the binaries and creates .venv; this file only orchestrates.
+
+    bench.py memory      shardgate (memory store) next to the no-op RLS ceiling
+    bench.py dynamodb    shardgate on DynamoDB Local next to a bare UpdateItem loop
+    bench.py all         both
+
+Environment (all optional):
+    BENCH_DURATION=10        seconds measured per case
+    BENCH_WARMUP=2           seconds of warm-up before each case (not measured)
+    BENCH_CONCURRENCY="1 16 64"   streams in flight
+    BENCH_SCENARIOS="hot cascade three over distinct"  (memory; hot is also re-run with
+                             rls_load as the cross-check of the load generator)
+    BENCH_CONNECTIONS=envoy  envoy: min(concurrency, 2) HTTP/2 connections carrying all
+                             streams, as Envoy (one connection per worker, 2 workers on 2
+                             cores); each: one connection per stream; N: N connections
+    BENCH_SAMPLE=200         answers sampled with grpcio per case (trailers + decode)
+    BENCH_STORE_TIMEOUT=1s   shardgate --store-timeout and the UpdateItem loop's deadline
+                             on DynamoDB Local
+    BENCH_DDB_WARMUP=5       seconds of warm-up of each DynamoDB case
+    BENCH_PARTITION_WRITE_BUDGET  shardgate --partition-write-budget on DynamoDB (default:
+                             shardgate's, 1000 writes/s per shard)
+    BENCH_DDB_JVM_WARMUP=20  seconds of bare UpdateItem load first, so DynamoDB Local's JVM
+                             has compiled its hot code before anything is measured
+    BENCH_RESULTS=bench/results   where the Markdown and JSON results go
+"""
+import datetime
+import json
+import os
+import platform
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PY = sys.executable
+SHARDGATE = os.path.join(ROOT, "target/release/shardgate")
+NOOP = os.path.join(ROOT, "target/release/examples/noop_rls")
+RLS_LOAD = os.path.join(ROOT, "target/release/examples/rls_load")
+DDB_LOOP = os.path.join(ROOT, "target/release/examples/ddb_update_loop")
+CONFIG = os.path.join(ROOT, "bench/config.yaml")
+GRPC_PATH = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+DURATION = float(os.environ.get("BENCH_DURATION", "10"))
+WARMUP = float(os.environ.get("BENCH_WARMUP", "2"))
+CONCURRENCY = [int(c) for c in os.environ.get("BENCH_CONCURRENCY", "1 16 64").split()]
+SCENARIOS = os.environ.get("BENCH_SCENARIOS", "hot cascade three over distinct").split()
+CONNECTIONS = os.environ.get("BENCH_CONNECTIONS", "envoy")
+SAMPLE = int(os.environ.get("BENCH_SAMPLE", "200"))
+STORE_TIMEOUT = os.environ.get("BENCH_STORE_TIMEOUT", "1s")
+DDB_WARMUP = float(os.environ.get("BENCH_DDB_WARMUP", "5"))
+DDB_JVM_WARMUP = float(os.environ.get("BENCH_DDB_JVM_WARMUP", "20"))
+PARTITION_WRITE_BUDGET = os.environ.get("BENCH_PARTITION_WRITE_BUDGET", "")
+RESULTS = os.environ.get("BENCH_RESULTS", os.path.join(ROOT, "bench/results"))
+# Bounds on every load loop besides its duration.
+MAX_REQUESTS = 5_000_000
+DISTINCT_WARM_TIMEOUT = 120
+
+STARTED = []  # (name, Popen) of the processes this script started
+
+
+def log(*a):
+    print(*a, file=sys.stderr, flush=True)
+
+
+def stop_all():
+    for name, p in reversed(STARTED):
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+    STARTED.clear()
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def wait_listening(port, proc, what, timeout=30):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"{what} exited with {proc.returncode}")
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.5).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise SystemExit(f"{what} did not listen on port {port} within {timeout} s")
+
+
+def start(name, argv, log_path, env=None):
+    f = open(log_path, "wb")
+    p = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+    STARTED.append((name, p))
+    return p
+
+
+def cpu_seconds(pid):
+    """utime + stime of a process (all its threads), in seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    # fields[0] is field 3 (state); utime and stime are fields 14 and 15.
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def busy_seconds():
+    """CPU seconds all cores spent busy since boot (everything but idle and iowait)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return (sum(v[:8]) - v[3] - v[4]) / CLK_TCK
+
+
+def run_client(argv, timeout, env=None):
+    """Runs a load client; returns (stdout, stderr, client CPU seconds)."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        p = subprocess.Popen(argv, stdout=out, stderr=err, env=env)
+        deadline = time.time() + timeout
+        while True:
+            pid, status, usage = os.wait4(p.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.time() > deadline:
+                p.kill()
+                pid, status, usage = os.wait4(p.pid, 0)
+                raise SystemExit(f"{argv[0]} did not finish within {timeout} s")
+            time.sleep(0.02)
+        out.seek(0)
+        err.seek(0)
+        code = os.waitstatus_to_exitcode(status)
+        o, e = out.read().decode(), err.read().decode()
+        if code != 0:
+            raise SystemExit(f"{' '.join(argv)} failed ({code}):\n{o}\n{e}")
+        return o, e, usage.ru_utime + usage.ru_stime
+
+
+# --- metrics ------------------------------------------------------------------------------
+
+LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)')
+LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def scrape(http_port):
+    text = urllib.request.urlopen(f"http://127.0.0.1:{http_port}/metrics", timeout=5).read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        m = LINE.match(line)
+        if not m:
+            continue
+        labels = tuple(sorted(LABEL.findall(m.group(3) or "")))
+        try:
+            out[(m.group(1), labels)] = float(m.group(4))
+        except ValueError:
+            pass
+    return out
+
+
+def settle(http_port, timeout=5.0):
+    """Waits until shardgate has no call in flight (the warm-up's last streams are done or
+    cancelled), so the next scrape starts a clean window."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if total(scrape(http_port), "shardgate_requests_in_flight") == 0:
+            return
+        time.sleep(0.05)
+
+
+def total(snapshot, name, **want):
+    return sum(
+        v
+        for (n, labels), v in snapshot.items()
+        if n == name and all(dict(labels).get(k) == w for k, w in want.items())
+    )
+
+
+def delta(before, after, name, **want):
+    return total(after, name, **want) - total(before, name, **want)
+
+
+def by_label(before, after, name, label):
+    out = {}
+    for (n, labels), v in after.items():
+        if n != name:
+            continue
+        d = dict(labels)
+        key = "/".join(d.get(l, "") for l in label) if isinstance(label, tuple) else d.get(label)
+        out[key] = out.get(key, 0) + v - before.get((n, labels), 0)
+    return {k: v for k, v in out.items() if v}
+
+
+# --- latency ------------------------------------------------------------------------------
+
+
+def percentiles(log_path):
+    lat = []
+    statuses = {}
+    with open(log_path) as f:
+        for line in f:
+            cols = line.split("\t")
+            if len(cols) < 3:
+                continue
+            statuses[cols[1]] = statuses.get(cols[1], 0) + 1
+            lat.append(int(cols[2]))
+    lat.sort()
+
+    def p(q):
+        if not lat:
+            return 0
+        rank = -(-len(lat) * q // 100)  # ceil: nearest rank
+        return lat[int(min(max(rank, 1), len(lat))) - 1]
+
+    return {
+        "n": len(lat),
+        "p50": p(50),
+        "p99": p(99),
+        "p99.9": p(99.9),
+        "mean": statistics.fmean(lat) if lat else 0,
+        "max": lat[-1] if lat else 0,
+        "http_status": statuses,
+    }
+
+
+# --- load tools ---------------------------------------------------------------------------
+
+
+def layout(c):
+    """(connections, streams per connection) for c streams in flight."""
+    if CONNECTIONS == "envoy":
+        conns = min(c, 2)
+    elif CONNECTIONS == "each":
+        conns = c
+    else:
+        conns = max(1, min(int(CONNECTIONS), c))
+    return conns, -(-c // conns)
+
+
+def h2load(port, body, c, duration, log_path=None):
+    conns, streams = layout(c)
+    argv = [
+        "h2load", "-t1", f"-c{conns}", f"-m{streams}", "-D", f"{max(1, round(duration))}",
+        "-d", body, "-H", "content-type: application/grpc", "-H", "te: trailers",
+    ]
+    if log_path:
+        argv += ["--log-file", log_path]
+    argv.append(f"http://127.0.0.1:{port}{GRPC_PATH}")
+    out, err, cpu = run_client(argv, duration + 60)
+    r = {"tool": "h2load", "connections": conns, "streams_per_connection": streams, "client_cpu_s": cpu}
+    m = re.search(r"finished in ([\d.]+)s, ([\d.]+) req/s", out)
+    r["elapsed_s"], r["req_per_s"] = (float(m.group(1)), float(m.group(2))) if m else (0.0, 0.0)
+    m = re.search(
+        r"requests: (\d+) total, (\d+) started, (\d+) done, (\d+) succeeded, (\d+) failed, (\d+) errored, (\d+) timeout",
+        out,
+    )
+    if not m:
+        raise SystemExit(f"cannot read h2load's output:\n{out}\n{err}")
+    for k, v in zip(["total", "started", "done", "succeeded", "failed", "errored", "timeout"], m.groups()):
+        r[k] = int(v)
+    m = re.search(r"status codes: (\d+) 2xx, (\d+) 3xx, (\d+) 4xx, (\d+) 5xx", out)
+    r["http_2xx"] = int(m.group(1)) if m else 0
+    r["answers"] = r["succeeded"]
+    return r
+
+
+def rls_load(port, frames, c, duration, log_path=None, max_requests=MAX_REQUESTS, offset=0):
+    conns, _ = layout(c)
+    argv = [
+        RLS_LOAD, "--addr", f"127.0.0.1:{port}", "--frames", frames, "--concurrency", str(c),
+        "--connections", str(conns), "--duration", str(duration), "--max-requests", str(max_requests),
+        "--offset", str(offset),
+    ]
+    if log_path:
+        argv += ["--log-file", log_path]
+    out, err, cpu = run_client(argv, duration + 60)
+    r = json.loads(out.strip().splitlines()[-1])
+    r["client_cpu_s"] = cpu
+    r["streams_per_connection"] = -(-c // conns)
+    return r
+
+
+def sample(port, frames):
+    if SAMPLE <= 0:
+        return None
+    out, _, _ = run_client([PY, os.path.join(ROOT, "bench/sample.py"), f"127.0.0.1:{port}", frames,
+                            "--count", str(SAMPLE)], 120)
+    return json.loads(out.strip().splitlines()[-1])
+
+
+# --- environment --------------------------------------------------------------------------
+
+
+def machine():
+    model = "?"
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    git = lambda *a: subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    dirty = git("status", "--porcelain", "--", "src", "Cargo.toml", "Cargo.lock", "examples")
+    return {
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "nproc": os.cpu_count(),
+        "cpu": model,
+        "kernel": platform.release(),
+        "commit": git("rev-parse", "--short", "HEAD"),
+        "src_dirty": bool(dirty),
+        "h2load": subprocess.run(["h2load", "--version"], capture_output=True, text=True).stdout.strip(),
+        "binary_built": datetime.datetime.fromtimestamp(os.path.getmtime(SHARDGATE)).astimezone().isoformat(timespec="seconds"),
+    }
+
+
+def fmt_ms(us):
+    return f"{us / 1000:.2f}"
+
+
+def ratio(a, b):
+    return f"{a / b:.2f}" if b else "–"
+
+
+# --- memory store vs the no-op ceiling ----------------------------------------------------
+
+
+def bench_memory(work, frames, manifest):
+    grpc_port, http_port, noop_port = free_port(), free_port(), free_port()
+    sg = start(
+        "shardgate",
+        [SHARDGATE, "serve", "--config", CONFIG, "--grpc-addr", f"127.0.0.1:{grpc_port}",
+         "--http-addr", f"127.0.0.1:{http_port}", "--store", "memory"],
+        os.path.join(work, "shardgate-memory.log"),
+    )
+    noop = start("noop_rls", [NOOP, f"127.0.0.1:{noop_port}"], os.path.join(work, "noop.log"))
+    wait_listening(grpc_port, sg, "shardgate")
+    wait_listening(http_port, sg, "shardgate")
+    wait_listening(noop_port, noop, "noop_rls")
+    servers = {"shardgate": (sg, grpc_port), "ceiling": (noop, noop_port)}
+
+    cases = []
+    plan = []
+    for s in SCENARIOS:
+        if s == "distinct":
+            plan.append(("distinct", "rls_load"))
+        else:
+            plan.append((s, "h2load"))
+        if s == "hot":
+            plan.append(("hot", "rls_load"))
+    warmed_distinct = set()
+    for scenario, tool in plan:
+        info = manifest[scenario]
+        for c in CONCURRENCY:
+            case = {"scenario": scenario, "tool": tool, "concurrency": c,
+                    "descriptors_per_request": info["descriptors_per_request"]}
+            for role, (proc, port) in servers.items():
+                tag = f"{scenario}-{tool}-c{c}-{role}"
+                log(f"  {tag}: warm-up, then {DURATION:g} s")
+                if tool == "h2load":
+                    if WARMUP > 0:
+                        h2load(port, info["file"], c, WARMUP)
+                else:
+                    if scenario == "distinct" and role not in warmed_distinct:
+                        # Create every bucket once: the steady state has them all.
+                        r = rls_load(port, info["file"], 64, DISTINCT_WARM_TIMEOUT, max_requests=info["frames"])
+                        log(f"    created {r['answers']} buckets in {r['window_s']:.1f} s")
+                        warmed_distinct.add(role)
+                    if WARMUP > 0:
+                        rls_load(port, info["file"], c, WARMUP, offset=c * 7919)
+                if role == "shardgate":
+                    settle(http_port)
+                before = scrape(http_port) if role == "shardgate" else None
+                cpu0, busy0, t0 = cpu_seconds(proc.pid), busy_seconds(), time.time()
+                log_path = os.path.join(work, f"{tag}.log")
+                if tool == "h2load":
+                    r = h2load(port, info["file"], c, DURATION, log_path)
+                else:
+                    r = rls_load(port, info["file"], c, DURATION, log_path, offset=c * 104729)
+                cpu1, busy1, t1 = cpu_seconds(proc.pid), busy_seconds(), time.time()
+                # Cores kept busy by everything else on the machine meanwhile.
+                r["other_cores"] = max(0.0, (busy1 - busy0) - (cpu1 - cpu0) - r["client_cpu_s"]) / (t1 - t0)
+                after = scrape(http_port) if role == "shardgate" else None
+                r["latency"] = percentiles(log_path)
+                os.unlink(log_path)
+                r["server_cpu_s"] = cpu1 - cpu0
+                n = r["answers"]
+                r["cpu_us_per_decision"] = r["server_cpu_s"] * 1e6 / n if n else 0
+                r["cpu_s_per_1k"] = r["server_cpu_s"] * 1e3 / n if n else 0
+                if before is not None:
+                    r["server"] = server_counts(before, after, info["descriptors_per_request"])
+                r["sample"] = sample(port, info["file"])
+                case[role] = r
+            cases.append(case)
+    stop_all()
+    return cases
+
+
+def server_counts(before, after, per_request):
+    """What shardgate's /metrics say happened between two scrapes."""
+    requests = delta(before, after, "shardgate_request_duration_seconds_count")
+    within = delta(before, after, "shardgate_rate_limit_within_limit_total")
+    over = delta(before, after, "shardgate_rate_limit_over_limit_total")
+    hits = delta(before, after, "shardgate_rate_limit_total_hits_total")
+    out = {
+        "requests": requests,
+        "descriptors_within": within,
+        "descriptors_over": over,
+        "decided": hits / per_request if per_request else 0,
+        "store_calls": by_label(before, after, "shardgate_store_calls_total", ("operation", "outcome")),
+        "fast_path_hits": delta(before, after, "shardgate_fast_path_hits_total"),
+        "slow_paths": delta(before, after, "shardgate_slow_paths_total"),
+        "rejection_cache_hits": delta(before, after, "shardgate_rejection_cache_hits_total"),
+        "refunds": delta(before, after, "shardgate_refunds_total"),
+        "shard_doublings": delta(before, after, "shardgate_shard_doublings_total"),
+        "consumed_capacity": by_label(before, after, "shardgate_store_consumed_capacity_units_total", "operation"),
+        "consumed_capacity_metric": any(n == "shardgate_store_consumed_capacity_units_total" for n, _ in after),
+    }
+    # Overall codes: exact when a request carries one descriptor; with several, a request
+    # is OVER_LIMIT when any of its descriptors is, which per-rule counters cannot pin
+    # down unless none (or all) are over.
+    if per_request == 1:
+        out["overall_ok"], out["overall_over"] = within, over
+    elif over == 0:
+        out["overall_ok"], out["overall_over"] = requests, 0
+    else:
+        out["overall_ok"], out["overall_over"] = None, None
+    return out
+
+
+def verification(r, scenario_dpr):
+    """One cell: what was checked about the answers of one run."""
+    parts = []
+    if r["tool"] == "h2load":
+        parts.append(f"h2load {r['succeeded']} 2xx / {r['failed']} failed / {r['errored']} errored")
+    else:
+        g = r["grpc_status"]
+        o = r["overall_code"]
+        parts.append(
+            f"rls_load all {r['answers']}: grpc-status 0 ×{g.get('0', 0)}"
+            + "".join(f", {k} ×{v}" for k, v in g.items() if k != "0")
+            + f"; OK {o.get('OK', 0)}, OVER_LIMIT {o.get('OVER_LIMIT', 0)}"
+            + (f", other {r['answers'] - o.get('OK', 0) - o.get('OVER_LIMIT', 0)}" if r['answers'] - o.get('OK', 0) - o.get('OVER_LIMIT', 0) else "")
+        )
+    s = r.get("server")
+    if s:
+        ok = s["overall_ok"]
+        over = s["overall_over"]
+        codes = f"OK {ok:.0f}, OVER_LIMIT {over:.0f}" if ok is not None else (
+            f"descriptors within {s['descriptors_within']:.0f}, over {s['descriptors_over']:.0f}")
+        extra = s["requests"] - r["answers"]
+        errors = s["requests"] - s["decided"]
+        parts.append(
+            f"/metrics: {s['requests']:.0f} answered ({extra:.0f} more than counted: in flight at "
+            f"stop), {s['decided']:.0f} with statuses ⇒ "
+            + ("✓ no error answer" if errors == 0 else f"✗ {errors:.0f} without statuses (errors or cancelled)")
+            + f"; {codes}"
+        )
+    sm = r.get("sample")
+    if sm:
+        parts.append(
+            f"grpcio sample {sm['sent']}: "
+            + ", ".join(f"{k} {v}" for k, v in sm["grpc_status"].items())
+            + "; overall "
+            + ", ".join(f"{k} {v}" for k, v in sm["overall_code"].items())
+        )
+    return "<br>".join(parts)
+
+
+def memory_report(m, cases, manifest):
+    L = []
+    L.append(f"# shardgate load benchmark: memory store vs the no-op RLS ceiling\n")
+    L.append(machine_lines(m))
+    conns = {c: layout(c) for c in CONCURRENCY}
+    L.append(
+        f"{DURATION:g} s measured per case after {WARMUP:g} s of warm-up; HTTP/2 layout "
+        f"`BENCH_CONNECTIONS={CONNECTIONS}`: "
+        + ", ".join(f"c={c}: {a} connection(s) × {b} streams" for c, (a, b) in conns.items())
+        + ". Load generator, shardgate and the ceiling share the machine's cores.\n"
+    )
+    L.append("Scenarios (domain `bench`, rules in `bench/config.yaml`):\n")
+    for s in SCENARIOS:
+        L.append(f"- `{s}`: {manifest[s]['description']}")
+    L.append(
+        "\n`h2load` drives every scenario but `distinct`: h2load sends one body for every request, so "
+        "the 100k-distinct scenario is driven by `examples/rls_load.rs`, which rotates over the "
+        "100,000 frames; `hot` is also run with rls_load (the rows marked rls_load) so its numbers "
+        "can be compared with h2load's on the same scenario.\n"
+    )
+    L.append("## Throughput and CPU\n")
+    L.append(
+        "| scenario | tool | c | shardgate req/s | ceiling req/s | ratio | shardgate CPU µs/decision | "
+        "ceiling CPU µs/req | CPU ratio | shardgate CPU s/1k req | ceiling CPU s/1k req | load-gen CPU % | "
+        "other processes, cores (sg / ceiling) |"
+    )
+    L.append("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+    for case in cases:
+        sg, ce = case["shardgate"], case["ceiling"]
+        gen = sg["client_cpu_s"] / max(sg.get("elapsed_s") or sg.get("window_s") or DURATION, 1e-6) * 100
+        L.append(
+            f"| {case['scenario']} | {case['tool']} | {case['concurrency']} | {sg['req_per_s']:,.0f} | "
+            f"{ce['req_per_s']:,.0f} | {ratio(sg['req_per_s'], ce['req_per_s'])} | "
+            f"{sg['cpu_us_per_decision']:.1f} | {ce['cpu_us_per_decision']:.1f} | "
+            f"{ratio(sg['cpu_us_per_decision'], ce['cpu_us_per_decision'])} | "
+            f"{sg['cpu_s_per_1k']:.4f} | {ce['cpu_s_per_1k']:.4f} | {gen:.0f} | "
+            f"{sg['other_cores']:.2f} / {ce['other_cores']:.2f} |"
+        )
+    L.append(
+        "\nCPU µs per decision: the server process's utime + stime (all threads, /proc/PID/stat) "
+        "over the measured run ÷ answers counted by the load generator. Load-gen CPU %: the load "
+        "generator's own CPU (rusage) over the run, in % of one core. Other processes: cores kept "
+        "busy meanwhile by everything but the server and the load generator (/proc/stat) — "
+        "anything above ~0.05 means the machine was not quiet and the case is noisy.\n"
+    )
+    L.append("\n## Latency (ms, per request, measured by the load generator)\n")
+    L.append("| scenario | tool | c | shardgate p50 | p99 | p99.9 | ceiling p50 | p99 | p99.9 | p99 ratio |")
+    L.append("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|")
+    for case in cases:
+        a, b = case["shardgate"]["latency"], case["ceiling"]["latency"]
+        L.append(
+            f"| {case['scenario']} | {case['tool']} | {case['concurrency']} | {fmt_ms(a['p50'])} | "
+            f"{fmt_ms(a['p99'])} | {fmt_ms(a['p99.9'])} | {fmt_ms(b['p50'])} | {fmt_ms(b['p99'])} | "
+            f"{fmt_ms(b['p99.9'])} | {ratio(a['p99'], b['p99'])} |"
+        )
+    L.append("\n## Answers: were they gRPC OK, and what did they say?\n")
+    L.append(
+        "h2load counts HTTP 2xx only (a gRPC error is HTTP 200 with `grpc-status` in the trailers). "
+        "Per run: the load generator's count; shardgate's `/metrics` deltas over the run "
+        "(`request_duration_seconds_count` = calls answered; per-rule `total_hits` ÷ descriptors "
+        "per request = calls answered with statuses, i.e. grpc-status 0 — an INVALID_ARGUMENT or "
+        "UNAVAILABLE call records no hit; `within_limit`/`over_limit` give the overall codes, "
+        "exactly when a request has one descriptor); then a sample of the same frames sent with "
+        "grpcio, which reads the trailers, and decoded with xds-protos. rls_load checks the "
+        "trailers and decodes the body of every answer.\n"
+    )
+    L.append("| scenario | tool | c | shardgate | ceiling |")
+    L.append("|---|---|--:|---|---|")
+    for case in cases:
+        L.append(
+            f"| {case['scenario']} | {case['tool']} | {case['concurrency']} | "
+            f"{verification(case['shardgate'], case['descriptors_per_request'])} | "
+            f"{verification(case['ceiling'], case['descriptors_per_request'])} |"
+        )
+    L.append("\n## Store work per answer (shardgate /metrics)\n")
+    L.append("| scenario | tool | c | answers | fast-path debits | slow paths | rejection-cache hits | store calls |")
+    L.append("|---|---|--:|--:|--:|--:|--:|---|")
+    for case in cases:
+        s = case["shardgate"]["server"]
+        calls = ", ".join(f"{k} {v:,.0f}" for k, v in sorted(s["store_calls"].items()))
+        L.append(
+            f"| {case['scenario']} | {case['tool']} | {case['concurrency']} | {s['requests']:,.0f} | "
+            f"{s['fast_path_hits']:,.0f} | {s['slow_paths']:,.0f} | {s['rejection_cache_hits']:,.0f} | {calls} |"
+        )
+    L.append("\n## Against the targets (reported, not asserted)\n")
+    for c in CONCURRENCY:
+        if c != max(CONCURRENCY):
+            continue
+        for case in cases:
+            if case["concurrency"] != c:
+                continue
+            sg, ce = case["shardgate"], case["ceiling"]
+            r = sg["req_per_s"] / ce["req_per_s"] if ce["req_per_s"] else 0
+            L.append(
+                f"- {case['scenario']} ({case['tool']}, c={c}): req/s {r:.0%} of the ceiling "
+                f"({'meets' if r >= 0.9 else 'misses'} ≥ 90 %); {sg['cpu_us_per_decision']:.1f} µs CPU "
+                f"per decision ({'meets' if sg['cpu_us_per_decision'] <= 20 else 'misses'} ≤ 20 µs); "
+                f"p99 {fmt_ms(sg['latency']['p99'])} ms "
+                f"({'meets' if sg['latency']['p99'] <= 2000 else 'misses'} ≤ 2 ms)"
+            )
+    return "\n".join(L) + "\n"
+
+
+def machine_lines(m):
+    return (
+        f"Ran {m['date']} on {m['nproc']} cores ({m['cpu']}), Linux {m['kernel']}, {m['h2load']}; "
+        f"shardgate at {m['commit']}{' with uncommitted changes in src/' if m['src_dirty'] else ''}"
+        f"{', binary built ' + m['binary_built'] if m.get('binary_built') else ''}.\n"
+    )
+
+
+# --- DynamoDB Local -----------------------------------------------------------------------
+
+
+def bench_dynamodb(work, manifest):
+    port = free_port()
+    env = dict(os.environ, SHARDGATE_DDB_PORT=str(port))
+    ddb = start("dynamodb-local", [os.path.join(ROOT, "scripts/dynamodb-local")],
+                os.path.join(work, "dynamodb-local.log"), env=env)
+    wait_listening(port, ddb, "scripts/dynamodb-local", timeout=300)
+    # scripts/dynamodb-local execs java: this pid is DynamoDB Local's.
+    endpoint = f"http://127.0.0.1:{port}"
+    env = dict(os.environ, AWS_ACCESS_KEY_ID="local", AWS_SECRET_ACCESS_KEY="local", AWS_REGION="us-east-1")
+    table = "shardgate-bench"
+    subprocess.run([SHARDGATE, "table", "create", "--table", table, "--dynamodb-endpoint", endpoint],
+                   env=env, check=True, cwd=ROOT, timeout=120)
+    grpc_port, http_port = free_port(), free_port()
+    namespace = f"bench-{int(time.time())}"
+    sg = start(
+        "shardgate",
+        [SHARDGATE, "serve", "--config", CONFIG, "--grpc-addr", f"127.0.0.1:{grpc_port}",
+         "--http-addr", f"127.0.0.1:{http_port}", "--store", "dynamodb", "--table", table,
+         "--dynamodb-endpoint", endpoint, "--namespace", namespace, "--store-timeout", STORE_TIMEOUT]
+        + (["--partition-write-budget", PARTITION_WRITE_BUDGET] if PARTITION_WRITE_BUDGET else []),
+        os.path.join(work, "shardgate-dynamodb.log"), env=env,
+    )
+    wait_listening(grpc_port, sg, "shardgate")
+    wait_listening(http_port, sg, "shardgate")
+    timeout_ms = parse_ms(STORE_TIMEOUT)
+    if DDB_JVM_WARMUP > 0:
+        log(f"  warming DynamoDB Local's JVM: {DDB_JVM_WARMUP:g} s of bare UpdateItem load")
+        run_client(
+            [DDB_LOOP, "--endpoint", endpoint, "--table", table, "--concurrency", "16",
+             "--duration", str(DDB_JVM_WARMUP), "--timeout-ms", str(timeout_ms),
+             "--namespace", f"{namespace}-jvm-warmup"],
+            DDB_JVM_WARMUP + 120,
+            env=env,
+        )
+    cases = []
+    for c in CONCURRENCY:
+        for scenario, kind in (("hot", "admitted"), ("over", "refused")):
+            info = manifest[scenario]
+            tag = f"ddb-{kind}-c{c}"
+            log(f"  {tag}: warm-up {DDB_WARMUP:g} s, then {DURATION:g} s")
+            if DDB_WARMUP > 0:
+                h2load(grpc_port, info["file"], c, DDB_WARMUP)
+            settle(http_port)
+            before = scrape(http_port)
+            cpu0, dcpu0, busy0, t0 = cpu_seconds(sg.pid), cpu_seconds(ddb.pid), busy_seconds(), time.time()
+            log_path = os.path.join(work, f"{tag}.log")
+            r = h2load(grpc_port, info["file"], c, DURATION, log_path)
+            cpu1, dcpu1, busy1, t1 = cpu_seconds(sg.pid), cpu_seconds(ddb.pid), busy_seconds(), time.time()
+            r["other_cores"] = max(
+                0.0, (busy1 - busy0) - (cpu1 - cpu0) - (dcpu1 - dcpu0) - r["client_cpu_s"]
+            ) / (t1 - t0)
+            after = scrape(http_port)
+            r["latency"] = percentiles(log_path)
+            os.unlink(log_path)
+            r["server_cpu_s"] = cpu1 - cpu0
+            r["store_cpu_s"] = dcpu1 - dcpu0
+            r["server"] = server_counts(before, after, 1)
+            r["shards"] = {
+                dict(l).get("entity"): v for (n, l), v in after.items() if n == "shardgate_bucket_shards"
+            }
+            r["sample"] = sample(grpc_port, info["file"])
+            cases.append({"kind": kind, "concurrency": c, "shardgate": r})
+        # The store's own ceiling at the same concurrency, on as many items as the hot
+        # bucket has shards.
+        shards = int(max([v for e, v in cases[-2]["shardgate"]["shards"].items() if e and "hot" in e] or [1]))
+        log(f"  ddb-ceiling-c{c}: bare conditional UpdateItem loop on {shards} item(s), {DURATION:g} s")
+        dcpu0, busy0, t0 = cpu_seconds(ddb.pid), busy_seconds(), time.time()
+        out, _, loop_cpu = run_client(
+            [DDB_LOOP, "--endpoint", endpoint, "--table", table, "--concurrency", str(c),
+             "--duration", str(DURATION), "--items", str(shards), "--timeout-ms", str(timeout_ms),
+             "--namespace", f"{namespace}-ceiling"],
+            DURATION + 120,
+            env=env,
+        )
+        loop = json.loads(out.strip().splitlines()[-1])
+        loop["store_cpu_s"] = cpu_seconds(ddb.pid) - dcpu0
+        loop["client_cpu_s"] = loop_cpu
+        loop["other_cores"] = max(
+            0.0, (busy_seconds() - busy0) - loop["store_cpu_s"] - loop_cpu
+        ) / (time.time() - t0)
+        cases.append({"kind": "ceiling", "concurrency": c, "loop": loop})
+    stop_all()
+    return cases
+
+
+def parse_ms(text):
+    t = text.strip()
+    if t.endswith("ms"):
+        return float(t[:-2])
+    if t.endswith("s"):
+        return float(t[:-1]) * 1000
+    if t.endswith("m"):
+        return float(t[:-1]) * 60_000
+    return float(t) * 1000
+
+
+WRITES = {"debit", "commit", "credit", "bump_shard_count", "raise_shard_count"}
+
+
+def dynamodb_report(m, cases):
+    L = [f"# shardgate load benchmark: DynamoDB Local\n", machine_lines(m)]
+    L.append(
+        f"shardgate `--store dynamodb` on DynamoDB Local (`scripts/dynamodb-local`, in memory), "
+        f"`--store-timeout {STORE_TIMEOUT}` (the 15 ms default is below DynamoDB Local's latency at "
+        f"c=64 on this machine), partition write budget "
+        f"{PARTITION_WRITE_BUDGET + ' writes/s per shard' if PARTITION_WRITE_BUDGET else 'the default (1000 writes/s per shard)'}, driven by h2load ({DURATION:g} s per case after {DDB_WARMUP:g} s "
+        f"of warm-up), next to `examples/ddb_update_loop.rs` — the same conditional `UpdateItem` "
+        f"as shardgate's fast path, with no rate limiter — at the same concurrency, on as many "
+        f"items as shardgate's hot bucket has shards. DynamoDB Local, shardgate and the load "
+        f"generator share the machine's cores.\n"
+    )
+    L.append("- admitted: `tenant=hot` (limit far above the load): every answer OK.")
+    L.append("- refused: `tenant=over` (1/hour): every answer OVER_LIMIT.\n")
+    L.append(
+        "| case | c | decisions/s | vs bare loop | p50 ms | p99 ms | p99.9 ms | store calls per decision | "
+        "write units per decision | shardgate (loop: its own) CPU µs/decision | DynamoDB Local CPU µs/decision | hot bucket shards | "
+        "other processes, cores |"
+    )
+    L.append("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+    loops = {c["concurrency"]: c["loop"] for c in cases if c["kind"] == "ceiling"}
+    for case in cases:
+        c = case["concurrency"]
+        if case["kind"] == "ceiling":
+            lp = case["loop"]
+            lat = lp["latency_us"]
+            n = lp["ok"] or 1
+            L.append(
+                f"| bare UpdateItem loop ({lp['items']} item(s)) | {c} | {lp['ops_per_s']:,.0f} | 1.00 | "
+                f"{fmt_ms(lat['p50'])} | {fmt_ms(lat['p99'])} | {fmt_ms(lat['p99.9'])} | 1.00 | "
+                f"{lp['write_units_per_op']:.2f} (reported) | {lp['client_cpu_s'] * 1e6 / n:.0f} | "
+                f"{lp['store_cpu_s'] * 1e6 / n:.0f} | – | "
+                f"{lp['other_cores']:.2f} |"
+            )
+            continue
+        r = case["shardgate"]
+        s = r["server"]
+        decided = (s["descriptors_within"] if case["kind"] == "admitted" else s["descriptors_over"]) or 1
+        calls = sum(s["store_calls"].values())
+        writes = sum(v for k, v in s["store_calls"].items() if k.split("/")[0] in WRITES)
+        if s["consumed_capacity_metric"]:
+            cap = s["consumed_capacity"]
+            w = sum(v for op, v in cap.items() if op != "BatchGetItem")
+            wcu = f"{w / decided:.3f} (reported)"
+            if cap.get("BatchGetItem"):
+                wcu += f" + {cap['BatchGetItem'] / decided:.3f} read units"
+        else:
+            wcu = f"≈{writes / decided:.3f} (est.: write calls)"
+        lp = loops.get(c)
+        L.append(
+            f"| shardgate {case['kind']} | {c} | {r['req_per_s']:,.0f} | "
+            f"{ratio(r['req_per_s'], lp['ops_per_s']) if lp and case['kind'] == 'admitted' else '–'} | "
+            f"{fmt_ms(r['latency']['p50'])} | {fmt_ms(r['latency']['p99'])} | {fmt_ms(r['latency']['p99.9'])} | "
+            f"{calls / decided:.4f} | {wcu} | {r['server_cpu_s'] * 1e6 / decided:.1f} | "
+            f"{r['store_cpu_s'] * 1e6 / decided:.0f} | "
+            f"{int(max(r['shards'].values())) if r['shards'] else 1} | {r['other_cores']:.2f} |"
+        )
+    L.append("\n## Store calls and answers per case (shardgate /metrics deltas)\n")
+    L.append("| case | c | answers (h2load 2xx) | /metrics: answered, with statuses, OK, OVER_LIMIT | store calls by operation/outcome | fast path | slow paths | rejection-cache hits | grpcio sample |")
+    L.append("|---|--:|--:|---|---|--:|--:|--:|---|")
+    for case in cases:
+        if case["kind"] == "ceiling":
+            lp = case["loop"]
+            L.append(
+                f"| bare loop | {case['concurrency']} | – | – | UpdateItem ok {lp['ok']:,}, condition failed "
+                f"{lp['condition_failed']:,}, errors {lp['errors']:,} | – | – | – | – |"
+            )
+            continue
+        r = case["shardgate"]
+        s = r["server"]
+        calls = ", ".join(f"{k} {v:,.0f}" for k, v in sorted(s["store_calls"].items())) or "none"
+        sm = r["sample"] or {}
+        L.append(
+            f"| {case['kind']} | {case['concurrency']} | {r['succeeded']:,} (failed {r['failed']}, errored {r['errored']}) | "
+            f"{s['requests']:,.0f}, {s['decided']:,.0f}, {s['overall_ok']:,.0f}, {s['overall_over']:,.0f} | {calls} | "
+            f"{s['fast_path_hits']:,.0f} | {s['slow_paths']:,.0f} | {s['rejection_cache_hits']:,.0f} | "
+            f"{sm.get('grpc_status')} {sm.get('overall_code')} |"
+        )
+    L.append("\n## Against the targets (reported, not asserted)\n")
+    for case in cases:
+        if case["kind"] == "ceiling":
+            continue
+        c = case["concurrency"]
+        r, s = case["shardgate"], case["shardgate"]["server"]
+        lp = loops.get(c)
+        if case["kind"] == "admitted":
+            n = s["descriptors_within"] or 1
+            updates = sum(v for k, v in s["store_calls"].items() if k.startswith("debit/") or k.startswith("commit/"))
+            q = r["req_per_s"] / lp["ops_per_s"] if lp and lp["ops_per_s"] else 0
+            L.append(
+                f"- admitted, c={c}: {q:.0%} of the bare loop ({'meets' if q >= 0.85 else 'misses'} ≥ 85 %); "
+                f"{sum(s['store_calls'].values()) / n:.3f} store calls and {updates / n:.3f} write calls per "
+                f"admitted request (target 1.00); slow paths {s['slow_paths']:,.0f} of {n:,.0f}"
+            )
+        else:
+            n = s["descriptors_over"] or 1
+            L.append(
+                f"- refused, c={c}: {sum(s['store_calls'].values()) / n:.4f} store calls per refusal "
+                f"({sum(s['store_calls'].values()):,.0f} calls for {n:,.0f} refusals in {DURATION:g} s; "
+                f"target: 0 per repeat refusal within the cache second)"
+            )
+    if not any(c["shardgate"]["server"]["consumed_capacity_metric"] for c in cases if "shardgate" in c):
+        L.append(
+            "\n`shardgate_store_consumed_capacity_units_total` is not exported by this build: write "
+            "units are estimated as one per write call (every bucket item is well under 1 KB, and "
+            "DynamoDB charges a failed conditional write one unit too); the bare loop's are what "
+            "DynamoDB Local reported (`ReturnConsumedCapacity = TOTAL`)."
+        )
+    return "\n".join(L) + "\n"
+
+
+def main():
+    what = sys.argv[1] if len(sys.argv) > 1 else "memory"
+    if what not in ("memory", "dynamodb", "all"):
+        raise SystemExit(__doc__)
+    for exe in (SHARDGATE, NOOP, RLS_LOAD, DDB_LOOP):
+        if not os.access(exe, os.X_OK):
+            raise SystemExit(f"{exe} is missing: run bench/run, which builds it")
+    os.makedirs(RESULTS, exist_ok=True)
+    stamp = datetime.datetime.now().strftime("%Y-%m-%d-%H%M")
+    m = machine()
+    with tempfile.TemporaryDirectory(prefix="shardgate-bench.") as work:
+        frames = os.path.join(work, "frames")
+        subprocess.run([PY, os.path.join(ROOT, "bench/frames.py"), frames], check=True, stdout=subprocess.DEVNULL)
+        manifest = json.load(open(os.path.join(frames, "scenarios.json")))
+        try:
+            if what in ("memory", "all"):
+                log("== memory store vs the no-op ceiling")
+                cases = bench_memory(work, frames, manifest)
+                report = memory_report(m, cases, manifest)
+                write(stamp, "memory", report, {"machine": m, "cases": cases})
+            if what in ("dynamodb", "all"):
+                log("== DynamoDB Local")
+                cases = bench_dynamodb(work, manifest)
+                report = dynamodb_report(m, cases)
+                write(stamp, "dynamodb", report, {"machine": m, "cases": cases})
+        finally:
+            stop_all()
+
+
+def write(stamp, name, report, raw):
+    md = os.path.join(RESULTS, f"{stamp}-{name}.md")
+    with open(md, "w") as f:
+        f.write(report)
+    with open(os.path.join(RESULTS, f"{stamp}-{name}.json"), "w") as f:
+        json.dump(raw, f, indent=1, default=str)
+    print(report)
+    log(f"wrote {md}")
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, lambda *_: (stop_all(), sys.exit(143)))
+    try:
+        main()
+    except KeyboardInterrupt:
+        stop_all()
+        sys.exit(130)
