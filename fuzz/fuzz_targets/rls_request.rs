@@ -1,0 +1,27 @@
+//! Arbitrary bytes as a protobuf `RateLimitRequest` (the message Envoy sends to
+//! `ShouldRateLimit`, decoded by the same prost type the gRPC service uses), then through
+//! the service's decision (`RateLimiter::should_rate_limit`) on the memory store with the
+//! rules of config/example.yaml and fuzz_targets/common/rules.yaml.
+//!
+//! Invariants (see `common::check_answer`): no panic; a request outside the bounds is
+//! refused with INVALID_ARGUMENT naming the field, and one within them only for its hits;
+//! an answer has one status per descriptor and codes OK/OVER_LIMIT only; OVER_LIMIT names
+//! an over descriptor, and a non-quota over descriptor makes the request OVER_LIMIT;
+//! shadow, replaced and unlimited descriptors are OK; a refused request that cannot debit
+//! is refused again at the same instant; the memory store never answers UNAVAILABLE.
+
+#![no_main]
+
+mod common;
+
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use libfuzzer_sys::fuzz_target;
+use prost::Message;
+
+fuzz_target!(|data: &[u8]| {
+    let _ = common::world();
+    let Ok(req) = RateLimitRequest::decode(data) else {
+        return;
+    };
+    common::run_request(&req);
+});
