@@ -2,11 +2,12 @@
 //! service layer: counted per thread on a current-thread runtime, so the count is exact
 //! and repeatable (unlike timings). Bounds here are regression guards for the hot path.
 
+mod support;
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::sync::Arc;
 
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
@@ -14,6 +15,7 @@ use shardgate::config::Config;
 use shardgate::engine::{Engine, EngineOptions, UNLIMITED_PARTITION_WRITE_BUDGET};
 use shardgate::service::RateLimiter;
 use shardgate::store::memory::MemoryStore;
+use support::desc;
 
 struct CountingAlloc;
 
@@ -91,7 +93,7 @@ fn an_idle_bucket_heap_cost_is_bounded() {
         let limiter = RateLimiter::new(Arc::new(config), engine);
         let request = |i: usize| RateLimitRequest {
             domain: "d".into(),
-            descriptors: vec![descriptor(&[("client", &format!("c{i:07}"))])],
+            descriptors: vec![desc(&[("client", &format!("c{i:07}"))])],
             hits_addend: 0,
         };
         // Warm up whatever is allocated once (runtime, metrics), then count.
@@ -127,19 +129,6 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 1000000000}
 "#;
 
-fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
-    RateLimitDescriptor {
-        entries: entries
-            .iter()
-            .map(|(k, v)| Entry {
-                key: (*k).into(),
-                value: (*v).into(),
-            })
-            .collect(),
-        ..Default::default()
-    }
-}
-
 /// Allocations of the 10th identical call (the bucket exists, everything is warm).
 fn steady_allocations(descriptors: Vec<RateLimitDescriptor>) -> usize {
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -172,12 +161,12 @@ fn steady_allocations(descriptors: Vec<RateLimitDescriptor>) -> usize {
 
 #[test]
 fn allocation_counts() {
-    let one = steady_allocations(vec![descriptor(&[("tenant", "acme")])]);
-    let cascade = steady_allocations(vec![descriptor(&[("tenant", "acme"), ("api_key", "k1")])]);
+    let one = steady_allocations(vec![desc(&[("tenant", "acme")])]);
+    let cascade = steady_allocations(vec![desc(&[("tenant", "acme"), ("api_key", "k1")])]);
     let three = steady_allocations(vec![
-        descriptor(&[("tenant", "acme")]),
-        descriptor(&[("path", "/a")]),
-        descriptor(&[("user", "u1")]),
+        desc(&[("tenant", "acme")]),
+        desc(&[("path", "/a")]),
+        desc(&[("user", "u1")]),
     ]);
     eprintln!("allocations per decision: one={one} cascade={cascade} three={three}");
     // Measured: 2, 4 and 11 (the response's statuses, and for several buckets the
