@@ -8,11 +8,10 @@
 //! `ShouldRateLimit` does no work: it answers `OK` with one `OK` status per descriptor
 //! and nothing else (no matching, no store, no metrics).
 //!
-//! Like shardgate, it serves a `TcpListener` through `serve_with_incoming_shutdown`, where
-//! tonic leaves accepted sockets as the OS made them (Nagle on); `--nodelay` sets
-//! `TCP_NODELAY` on each accepted socket instead, to measure what that changes.
+//! Like shardgate, it serves a `TcpListener` through `serve_with_incoming_shutdown` and
+//! sets `TCP_NODELAY` on each accepted socket (tonic leaves them as the OS made them).
 //!
-//!     cargo run --release --example noop_rls -- 127.0.0.1:9081 [--nodelay]
+//!     cargo run --release --example noop_rls -- 127.0.0.1:9081
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -58,7 +57,7 @@ fn pass(response: GrpcResponse) -> GrpcResponse {
     response
 }
 
-async fn serve(addr: SocketAddr, nodelay: bool) -> Result<(), Box<dyn std::error::Error>> {
+async fn serve(addr: SocketAddr) -> Result<(), Box<dyn std::error::Error>> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let addr = listener.local_addr()?;
     let (reporter, health) = tonic_health::server::health_reporter();
@@ -66,14 +65,12 @@ async fn serve(addr: SocketAddr, nodelay: bool) -> Result<(), Box<dyn std::error
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()?;
-    eprintln!("noop_rls: serving on {addr} (TCP_NODELAY {nodelay})");
+    eprintln!("noop_rls: serving on {addr}");
     let incoming = tokio_stream::StreamExt::map(
         tokio_stream::wrappers::TcpListenerStream::new(listener),
         move |conn| {
-            if nodelay {
-                if let Ok(c) = &conn {
-                    let _ = c.set_nodelay(true);
-                }
+            if let Ok(c) = &conn {
+                let _ = c.set_nodelay(true);
             }
             conn
         },
@@ -94,9 +91,8 @@ async fn serve(addr: SocketAddr, nodelay: bool) -> Result<(), Box<dyn std::error
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let nodelay = args.iter().any(|a| a == "--nodelay");
     let Some(addr) = args.iter().find(|a| !a.starts_with("--")).cloned() else {
-        eprintln!("usage: noop_rls LISTEN_ADDR [--nodelay] (e.g. 127.0.0.1:9081)");
+        eprintln!("usage: noop_rls LISTEN_ADDR (e.g. 127.0.0.1:9081)");
         return ExitCode::FAILURE;
     };
     let addr: SocketAddr = match addr.parse() {
@@ -121,7 +117,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match rt.block_on(serve(addr, nodelay)) {
+    match rt.block_on(serve(addr)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("noop_rls: {e}");

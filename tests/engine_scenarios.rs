@@ -741,6 +741,66 @@ async fn s35_cascading_child_takes_the_slow_path_not_a_retry<S: BucketStore>(sto
     assert_eq!(item(&rig, "org", "api", 0).await.limits["rpm"].tc, 1_000);
 }
 
+// ------------------------------------------------------- ours, beyond the reference
+
+/// A request that needs the refill another request of this process is running waits for
+/// it and then takes the fast path: no read, no commit and no lost `rf` race of its own.
+async fn x01_a_slow_pass_in_flight_is_followed_not_raced<S: BucketStore>(store: S) {
+    let rig = rig(store);
+    for _ in 0..10 {
+        assert!(acquire(&rig, &rpm(10, 1)).await.admitted);
+    }
+    rig.clock.set(T0 + 60_000);
+    let release = Arc::new(tokio::sync::Notify::new());
+    let held = release.clone();
+    rig.store.before_commit(Box::new(move |_| {
+        Box::pin(async move { held.notified().await })
+    }));
+    rig.store.clear();
+    let refused_debits = || {
+        rig.store
+            .calls()
+            .iter()
+            .filter(|c| matches!(c, Call::Debit { applied: false, .. }))
+            .count()
+    };
+    let req = rpm(10, 1);
+    let (first, second, ()) = tokio::join!(acquire(&rig, &req), acquire(&rig, &req), async {
+        // Both fast debits refused: the first request holds its commit, the second
+        // (whose next step after its refusal is to look for a pass in flight) waits.
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        while refused_debits() < 2 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        release.notify_one();
+    });
+    assert!(first.admitted && second.admitted);
+    let calls = rig.store.calls();
+    let reads = calls
+        .iter()
+        .filter(|c| matches!(c, Call::Read { .. }))
+        .count();
+    let commits = calls
+        .iter()
+        .filter(|c| matches!(c, Call::Commit { .. }))
+        .count();
+    assert_eq!((reads, commits, debits(&calls)), (1, 1, 3), "{calls:?}");
+    assert_eq!(
+        calls.last(),
+        Some(&Call::Debit {
+            shard: 0,
+            retry_only: false,
+            applied: true,
+            missing: false
+        })
+    );
+    assert_eq!(
+        EngineStats::get(&rig.engine.stats().slow_passes_followed),
+        1
+    );
+    assert_eq!(tk(&rig, 0, "rpm").await, 8_000);
+}
+
 /// Runs every scenario against a store built by `$make` (an async expression).
 macro_rules! scenarios {
     ($module:ident, $make:expr) => {
@@ -769,7 +829,8 @@ macro_rules! scenarios {
                 s32_cascade_hot_path_and_parent_exhaustion,
                 s33_parent_only_slow_path,
                 s34_fresh_process_debits_child_and_parent_together,
-                s35_cascading_child_takes_the_slow_path_not_a_retry
+                s35_cascading_child_takes_the_slow_path_not_a_retry,
+                x01_a_slow_pass_in_flight_is_followed_not_raced
             );
         }
     };

@@ -192,3 +192,74 @@ async fn forged_values_never_share_a_bucket_over_grpc() {
         assert_eq!(r.statuses[0].limit_remaining, 2, "{second:?}");
     }
 }
+
+/// Sends `body` as-is (gRPC framing included) and returns the answer's grpc-status and
+/// percent-decoded grpc-message, from the headers of a trailers-only answer or the
+/// trailers.
+async fn raw_call(server: &TestServer, body: &'static [u8]) -> (String, String) {
+    let tcp = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    let (send, connection) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(connection);
+    let request = http::Request::builder()
+        .method(http::Method::POST)
+        .uri(format!(
+            "http://{}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+            server.addr
+        ))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap();
+    let mut send = send.ready().await.unwrap();
+    let (response, mut stream) = send.send_request(request, false).unwrap();
+    stream
+        .send_data(bytes::Bytes::from_static(body), true)
+        .unwrap();
+    let response = tokio::time::timeout(std::time::Duration::from_secs(10), response)
+        .await
+        .expect("answered")
+        .unwrap();
+    let (parts, mut recv) = response.into_parts();
+    while let Some(chunk) = recv.data().await {
+        chunk.unwrap();
+    }
+    let trailers = recv.trailers().await.unwrap().unwrap_or_default();
+    let field = |name: &str| {
+        parts
+            .headers
+            .get(name)
+            .or_else(|| trailers.get(name))
+            .map(|v| {
+                percent_encoding::percent_decode(v.as_bytes())
+                    .decode_utf8_lossy()
+                    .into_owned()
+            })
+            .unwrap_or_default()
+    };
+    (field("grpc-status"), field("grpc-message"))
+}
+
+/// Bodies that hold no whole message are the client's error, answered with the status
+/// gRPC clients and operators expect, and the server keeps answering.
+#[tokio::test]
+async fn broken_grpc_framing_is_a_client_error() {
+    let server = TestServer::start(RULES).await;
+    let cases: [(&[u8], &str, &str); 5] = [
+        (b"", "3", "Missing request message"),
+        // A frame announcing 10 bytes, holding 3.
+        (b"\x00\x00\x00\x00\x0a\x0a\x01h", "3", "Unexpected EOF"),
+        // A whole frame whose protobuf is cut short.
+        (b"\x00\x00\x00\x00\x03\x0a\x05h", "3", "failed to decode"),
+        // 2^31 bytes announced: over the 4 MiB limit, refused before anything is read.
+        (b"\x00\x80\x00\x00\x00", "8", "too large"),
+        // Compressed without a negotiated encoding: INTERNAL, as gRPC's spec requires.
+        (b"\x01\x00\x00\x00\x00", "13", "compressed-flag"),
+    ];
+    for (body, status, message) in cases {
+        let (got, text) = raw_call(&server, body).await;
+        assert_eq!(got, status, "{body:?}: {text}");
+        assert!(text.contains(message), "{body:?}: {text:?}");
+    }
+    let mut c = server.client().await;
+    c.ok(one("hostile", &[("user", "still-served")])).await;
+}

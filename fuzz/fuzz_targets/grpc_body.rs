@@ -1,14 +1,14 @@
 //! Arbitrary bytes as the HTTP/2 body of a `ShouldRateLimit` call (gRPC length-prefixed
 //! frames), through tonic's generated `RateLimitServiceServer` around shardgate's `Grpc`
-//! service, in process: frame decoding, protobuf decoding, the call and the mapping of
-//! its errors to gRPC statuses.
+//! service and the server's status mapping (`refuse_undecodable`), in process: frame
+//! decoding, protobuf decoding, the call and the mapping of its errors to gRPC statuses.
 //!
 //! Invariants: no panic; every answer carries a grpc-status of OK, INVALID_ARGUMENT
-//! (refused request), INTERNAL (a body that does not decode, which the server's router,
-//! not reached here, turns into INVALID_ARGUMENT; or one without a whole message or with
-//! a compression flag set, which it leaves INTERNAL) or OUT_OF_RANGE (a frame header
-//! announcing more than tonic's 4 MiB limit); never UNAVAILABLE or UNKNOWN on the memory
-//! store; an OK answer is one frame holding a `RateLimitResponse` with statuses.
+//! (a refused request, a body that does not decode or holds no whole message),
+//! RESOURCE_EXHAUSTED (a frame header announcing more than tonic's 4 MiB limit) or
+//! INTERNAL only for a compression flag set without a negotiated encoding (the gRPC
+//! compression spec's rule); never UNAVAILABLE or UNKNOWN on the memory store; an OK
+//! answer is one frame holding a `RateLimitResponse` with statuses.
 
 #![no_main]
 
@@ -21,7 +21,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use http_body_util::{BodyExt, Full};
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
-use shardgate::service::grpc::Grpc;
+use shardgate::service::grpc::{refuse_undecodable, Grpc};
 use tonic::codegen::http;
 use tower::ServiceExt;
 
@@ -39,7 +39,7 @@ fuzz_target!(|data: &[u8]| {
         .body(tonic::body::Body::new(Full::new(bytes_of(data))))
         .expect("a valid request head");
     w.runtime.block_on(async {
-        let response = service.oneshot(request).await.expect("infallible");
+        let response = refuse_undecodable(service.oneshot(request).await.expect("infallible"));
         let (parts, body) = response.into_parts();
         let collected = body.collect().await.expect("the response body completes");
         let trailers = collected.trailers().cloned();
@@ -68,24 +68,13 @@ fuzz_target!(|data: &[u8]| {
                 assert!(!resp.statuses.is_empty(), "an OK answer has statuses");
             }
             "3" => {}
-            // tonic's own answers for a body without one whole message (empty or cut
-            // short), with a compressed frame, or that does not decode; the server's
-            // router maps only the last to INVALID_ARGUMENT.
             "13" => assert!(
-                [
-                    "failed to decode Protobuf message",
-                    "Missing request message",
-                    "Unexpected EOF decoding stream",
-                    "protocol error: received message with", // a bad compression flag
-                ]
-                .iter()
-                .any(|m| message.contains(m)),
-                "INTERNAL only for an undecodable body, got {message:?}"
+                message.contains("protocol error: received message with"),
+                "INTERNAL only for a bad compression flag, got {message:?}"
             ),
-            // tonic: a frame header announcing more than the 4 MiB decoding limit.
-            "11" => assert!(
+            "8" => assert!(
                 message.contains("message length too large"),
-                "OUT_OF_RANGE only for an oversized frame, got {message:?}"
+                "RESOURCE_EXHAUSTED only for an oversized frame, got {message:?}"
             ),
             other => panic!("grpc-status {other} ({message:?})"),
         }

@@ -68,6 +68,17 @@ enum Progress {
     },
 }
 
+impl Progress {
+    /// Where a refused bucket stands once resolved; `seen` is its fast-path refusal's image.
+    fn resolved(r: Resolution, seen: Option<(u32, BucketItem)>) -> Progress {
+        match r {
+            Resolution::Applied { shard, image } => Progress::Applied { shard, image },
+            Resolution::Rejected { shard, image } => Progress::Rejected { shard, image },
+            Resolution::Slow { shard, count } => Progress::Slow { shard, count, seen },
+        }
+    }
+}
+
 /// A slow-path plan for one bucket.
 struct BucketPlan {
     write: Write,
@@ -180,19 +191,7 @@ impl<S: BucketStore> Engine<S> {
                     let idx = progress.len() - 1;
                     let seen = image.clone().map(|i| (shard, i));
                     match self.resolve(b, shard, image, &avoid[idx], now).await {
-                        Ok(r) => {
-                            progress[idx] = Some(match r {
-                                Resolution::Applied { shard, image } => {
-                                    Progress::Applied { shard, image }
-                                }
-                                Resolution::Rejected { shard, image } => {
-                                    Progress::Rejected { shard, image }
-                                }
-                                Resolution::Slow { shard, count } => {
-                                    Progress::Slow { shard, count, seen }
-                                }
-                            })
-                        }
+                        Ok(r) => progress[idx] = Some(Progress::resolved(r, seen)),
                         Err(e) => first_error = first_error.or(Some(e)),
                     }
                 }
@@ -206,8 +205,13 @@ impl<S: BucketStore> Engine<S> {
             self.refund_applied(req, &progress, now).await;
             return Err(e);
         }
-        let progress: SmallVec<[Progress; 2]> =
+        let mut progress: SmallVec<[Progress; 2]> =
             progress.into_iter().map(|p| p.expect("set")).collect();
+        if let Err(e) = self.follow_slow_passes(req, &mut progress, &avoid).await {
+            let opt: SmallVec<[Option<Progress>; 2]> = progress.into_iter().map(Some).collect();
+            self.refund_applied(req, &opt, now).await;
+            return Err(e);
+        }
 
         if progress
             .iter()
@@ -246,6 +250,9 @@ impl<S: BucketStore> Engine<S> {
         }
 
         EngineStats::bump(&self.stats.slow_paths);
+        let _leading = self.slow_passes.lead(slow.iter().map(|&(i, shard, _)| {
+            BucketKey::new(&req.buckets[i].entity, &req.buckets[i].resource, shard)
+        }));
         match self.slow_path(req, &slow).await {
             Ok((admitted, outcomes)) => {
                 let opt: SmallVec<[Option<Progress>; 2]> = progress.into_iter().map(Some).collect();
@@ -273,6 +280,41 @@ impl<S: BucketStore> Engine<S> {
                 Err(e)
             }
         }
+    }
+
+    /// Buckets bound for the slow path on a shard this process is already refilling wait
+    /// for that pass, then try the fast path there again (see `inflight`). On an error,
+    /// `progress` still records every debit applied, for the refund.
+    async fn follow_slow_passes(
+        &self,
+        req: &Acquire,
+        progress: &mut [Progress],
+        avoid: &[Avoid],
+    ) -> Result<(), EngineError> {
+        for (i, p) in progress.iter_mut().enumerate() {
+            let Progress::Slow { shard, .. } = *p else {
+                continue;
+            };
+            let b = &req.buckets[i];
+            let key = BucketKey::new(&b.entity, &b.resource, shard);
+            let Some(pass_done) = self.slow_passes.in_flight(&key) else {
+                continue;
+            };
+            pass_done.await;
+            EngineStats::bump(&self.stats.slow_passes_followed);
+            let now = self.clock.now_ms();
+            *p = match self.fast_debit(b, shard, now).await.map_err(wrap(b))? {
+                DebitOutcome::Applied(image) => {
+                    EngineStats::bump(&self.stats.fast_path_hits);
+                    Progress::Applied { shard, image }
+                }
+                DebitOutcome::Refused(image) => {
+                    let seen = image.clone().map(|i| (shard, i));
+                    Progress::resolved(self.resolve(b, shard, image, &avoid[i], now).await?, seen)
+                }
+            };
+        }
+        Ok(())
     }
 
     /// Answers `req` from the store without writing: what each bucket would say now.

@@ -9,6 +9,7 @@
 mod acquire;
 pub mod bucket;
 mod clock;
+mod inflight;
 pub mod plan;
 mod rejection;
 mod shard;
@@ -167,6 +168,9 @@ pub struct EngineStats {
     pub per_shard_ceiling_rejections: AtomicU64,
     pub consumption_only_retries: AtomicU64,
     pub refunds: AtomicU64,
+    /// Buckets that waited for this process's slow pass on their shard instead of
+    /// running their own.
+    pub slow_passes_followed: AtomicU64,
 }
 
 impl EngineStats {
@@ -188,6 +192,7 @@ pub struct Engine<S: BucketStore> {
     wcu: LimitParams,
     shards: Arc<shard::ShardCounts>,
     rejections: rejection::RejectionCache,
+    slow_passes: inflight::SlowPasses,
     stats: Arc<EngineStats>,
     ceiling_log: crate::throttle::LogThrottle,
 }
@@ -223,6 +228,7 @@ impl<S: BucketStore> Engine<S> {
                 options.rejection_cache_ms,
                 options.rejection_cache_entries,
             ),
+            slow_passes: inflight::SlowPasses::default(),
             options,
             stats: Arc::default(),
             ceiling_log: crate::throttle::LogThrottle::new(std::time::Duration::from_secs(10)),

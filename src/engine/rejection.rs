@@ -3,7 +3,13 @@
 //!
 //! It only ever refuses or steers the shard draw; it never admits. Its error is bounded:
 //! tokens returned by a path this process did not see (another server's refund) are
-//! missed for at most the cache lifetime, which can only under-admit.
+//! missed for at most twice the cache lifetime, which can only under-admit.
+//!
+//! An image older than the lifetime is refreshed by one caller, not by every request in
+//! flight: the first to find it old goes to the store, and the others keep trusting the
+//! old image (projected to now, so a refill is never missed) until that caller's image
+//! replaces it, or for one more lifetime if none does. Without this, each expiry of a
+//! hot refused bucket sent every request in flight to the store at once.
 
 use std::collections::HashMap;
 use std::hash::BuildHasher;
@@ -20,6 +26,8 @@ type Hasher = foldhash::quality::RandomState;
 struct Entry {
     image: BucketItem,
     stored_at: i64,
+    /// When a caller was sent to refresh this aged image (none since it was stored).
+    refreshing_since: Option<i64>,
 }
 
 type Part = HashMap<BucketKey, Entry, Hasher>;
@@ -61,6 +69,7 @@ impl RejectionCache {
         if let Some(e) = g.get_mut(key) {
             e.image.clone_from(image);
             e.stored_at = now;
+            e.refreshing_since = None;
             return;
         }
         if g.len() >= self.capacity {
@@ -74,6 +83,7 @@ impl RejectionCache {
             Entry {
                 image: image.clone(),
                 stored_at: now,
+                refreshing_since: None,
             },
         );
     }
@@ -102,15 +112,81 @@ impl RejectionCache {
         self.part(key).get(key).map(|e| e.image.clone())
     }
 
-    /// A fresh image of a shard, if any.
+    /// An image of a shard to trust now, if any: one younger than the lifetime, or an
+    /// older one while another caller refreshes it. `None` for the caller chosen to
+    /// refresh (see the module comment).
     pub(crate) fn fresh(&self, key: &BucketKey, now: i64) -> Option<BucketItem> {
         if !self.enabled() {
             return None;
         }
-        let g = self.part(key);
-        let e = g.get(key)?;
+        let mut g = self.part(key);
+        let e = g.get_mut(key)?;
         let age = now - e.stored_at;
-        let expired = e.image.ttl.is_some_and(|t| t * 1_000 <= now);
-        (age >= 0 && age < self.ttl_ms && !expired).then(|| e.image.clone())
+        if age < 0 || e.image.ttl.is_some_and(|t| t * 1_000 <= now) {
+            return None;
+        }
+        if age < self.ttl_ms {
+            return Some(e.image.clone());
+        }
+        match e.refreshing_since {
+            Some(t) if (0..self.ttl_ms).contains(&(now - t)) => Some(e.image.clone()),
+            _ => {
+                e.refreshing_since = Some(now);
+                None
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Limits;
+
+    fn image() -> BucketItem {
+        BucketItem {
+            rf: 0,
+            shard_count: 1,
+            ttl: None,
+            limits: Limits::new(),
+        }
+    }
+
+    #[test]
+    fn an_aged_image_sends_one_caller_to_the_store_while_the_others_keep_trusting_it() {
+        let cache = RejectionCache::new(1_000, 16);
+        let key = BucketKey::new("e", "r", 0);
+        cache.remember(&key, &image(), 0);
+        assert!(cache.fresh(&key, 999).is_some(), "within the lifetime");
+        assert!(
+            cache.fresh(&key, 1_000).is_none(),
+            "the first to find it aged refreshes"
+        );
+        assert!(
+            cache.fresh(&key, 1_001).is_some(),
+            "the others trust it meanwhile"
+        );
+        assert!(cache.fresh(&key, 1_999).is_some());
+        // The refresh never came back (a failed call): after one more lifetime, the next
+        // caller is sent.
+        assert!(cache.fresh(&key, 2_000).is_none());
+        assert!(cache.fresh(&key, 2_001).is_some());
+        cache.remember(&key, &image(), 2_100);
+        assert!(cache.fresh(&key, 3_099).is_some());
+        assert!(cache.fresh(&key, 3_100).is_none());
+    }
+
+    #[test]
+    fn an_expired_item_is_never_trusted() {
+        let cache = RejectionCache::new(5_000, 16);
+        let key = BucketKey::new("e", "r", 0);
+        let expiring = BucketItem {
+            ttl: Some(1),
+            ..image()
+        };
+        cache.remember(&key, &expiring, 0);
+        assert!(cache.fresh(&key, 999).is_some());
+        assert!(cache.fresh(&key, 1_000).is_none());
+        assert!(cache.fresh(&key, 1_001).is_none());
     }
 }

@@ -89,10 +89,24 @@ pub async fn serve_with<S: BucketStore>(
                 .await
         }
         None => {
+            let incoming = tokio_stream::StreamExt::map(TcpListenerStream::new(listener), |conn| {
+                conn.inspect(no_delay)
+            });
             router
-                .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+                .serve_with_incoming_shutdown(incoming, shutdown)
                 .await
         }
+    }
+}
+
+/// Sends each answer as soon as it is written. tonic configures accepted sockets only
+/// when it binds the listener itself; left to the OS, Nagle's algorithm holds a small
+/// answer back until the client acknowledges the previous one, which with delayed ACKs
+/// costs up to ~40 ms whenever two answers on one connection are written close together
+/// (measured: p99 ≈ 45 ms at 16 or more concurrent calls over 2 connections).
+pub(crate) fn no_delay(tcp: &tokio::net::TcpStream) {
+    if let Err(e) = tcp.set_nodelay(true) {
+        tracing::debug!(error = %e, "could not set TCP_NODELAY");
     }
 }
 
@@ -108,7 +122,8 @@ async fn set_health(reporter: &tonic_health::server::HealthReporter, serving: bo
     }
 }
 
-type GrpcResponse = http::Response<tonic::body::Body>;
+/// A response of the gRPC listener.
+pub type GrpcResponse = http::Response<tonic::body::Body>;
 
 /// The server stack: every route behind [`refuse_undecodable`].
 type Stack = tower::layer::util::Stack<
@@ -116,18 +131,41 @@ type Stack = tower::layer::util::Stack<
     tower::layer::util::Identity,
 >;
 
-/// A request that does not decode (malformed protobuf, a string that is not UTF-8) is
-/// the client's error: answer INVALID_ARGUMENT, keeping the decoder's message, which
-/// names the field, instead of tonic's INTERNAL.
-fn refuse_undecodable(mut response: GrpcResponse) -> GrpcResponse {
+/// tonic's answers to a request body it could not turn into a message, by the message it
+/// gives, and the status shardgate answers instead. A body that does not decode, or holds
+/// no whole message, is the client's error: INVALID_ARGUMENT (tonic says INTERNAL, which
+/// reads as a server fault), keeping tonic's message, which names what was wrong (for
+/// protobuf, the field). A frame longer than the 4 MiB limit is RESOURCE_EXHAUSTED, the
+/// gRPC spec's code for an oversized message (tonic says OUT_OF_RANGE). A compressed
+/// frame nobody negotiated stays INTERNAL, as gRPC's compression spec requires.
+const CLIENT_ERRORS: [(&str, &str, &str); 4] = [
+    ("13", "failed to decode Protobuf message", "3"),
+    ("13", "Missing request message", "3"),
+    ("13", "Unexpected EOF decoding stream", "3"),
+    ("11", "decoded message length too large", "8"),
+];
+
+/// Gives a request body that does not make a message (malformed protobuf, a string that
+/// is not UTF-8, an empty or cut-short body, an oversized frame) the status of a client
+/// error; see [`CLIENT_ERRORS`]. Every route of the server passes through it.
+pub fn refuse_undecodable(mut response: GrpcResponse) -> GrpcResponse {
     let headers = response.headers_mut();
-    let internal = headers.get("grpc-status").is_some_and(|v| v == "13");
-    let undecodable = headers
+    let Some(status) = headers.get("grpc-status") else {
+        return response;
+    };
+    if status == "0" {
+        return response;
+    }
+    let message = headers
         .get("grpc-message")
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|m| m.contains("failed%20to%20decode%20Protobuf%20message"));
-    if internal && undecodable {
-        headers.insert("grpc-status", http::HeaderValue::from_static("3"));
+        .map(|m| percent_encoding::percent_decode(m.as_bytes()).decode_utf8_lossy())
+        .unwrap_or_default();
+    let mapped = CLIENT_ERRORS
+        .iter()
+        .find(|(from, text, _)| status == *from && message.contains(text))
+        .map(|(_, _, to)| *to);
+    if let Some(to) = mapped {
+        headers.insert("grpc-status", http::HeaderValue::from_static(to));
     }
     response
 }

@@ -109,7 +109,7 @@ struct EngineCollector {
 impl Collector for EngineCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let s = &self.stats;
-        let counters: [(&str, &str, u64); 6] = [
+        let counters: [(&str, &str, u64); 7] = [
             (
                 "shard_doublings",
                 "Shard-count doublings this server won",
@@ -134,6 +134,11 @@ impl Collector for EngineCollector {
                 "slow_paths",
                 "Requests that needed a read and a commit",
                 EngineStats::get(&s.slow_paths),
+            ),
+            (
+                "slow_passes_followed",
+                "Buckets that waited for this server's slow pass on their shard instead of racing it",
+                EngineStats::get(&s.slow_passes_followed),
             ),
             (
                 "refunds",

@@ -5,16 +5,28 @@
 //! on different buckets do not contend; a commit locks the partitions it touches in index
 //! order (no deadlock). Locks are held only for the in-memory check-and-apply, never
 //! across an await. Expired items are evicted by [`MemoryStore::evict_expired`].
+//!
+//! Items are kept in a compact form ([`Slot`]), because an idle bucket's footprint is what
+//! bounds how many keys one process can hold: each partition maps a resource to its items
+//! by (entity, shard), so the resource name is stored once per partition, and the limit
+//! names and parameters an item carries (which config decides) are one shared [`Shape`],
+//! leaving only balances, `rf`, `ttl` and the shard count per item. Images handed to the
+//! engine are rebuilt from that form; the contract's types never see it.
 
-use std::collections::{BTreeSet, HashMap};
-use std::hash::BuildHasher;
-use std::sync::{LazyLock, Mutex, MutexGuard};
+use std::collections::BTreeSet;
+use std::hash::{BuildHasher, Hash};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
+
+use hashbrown::{Equivalent, HashMap, HashSet};
+use smallvec::SmallVec;
 
 use super::{
     BucketItem, BucketKey, BucketStore, BumpOutcome, CommitOutcome, Credit, Debit, DebitMode,
-    DebitOutcome, LimitWrite, StoreError, Write, MAX_COMMIT_ITEMS, WCU_LIMIT,
+    DebitOutcome, LimitState, LimitWrite, Limits, Name, StoreError, Write, MAX_COMMIT_ITEMS,
+    WCU_LIMIT,
 };
 use crate::engine::bucket::MILLI;
+use crate::engine::LimitParams;
 
 const PARTITIONS: usize = 64;
 
@@ -22,15 +34,220 @@ const PARTITIONS: usize = 64;
 /// variant, as hashbrown uses by default): fast, and not predictable from outside.
 type Hasher = foldhash::quality::RandomState;
 
-type Partition = HashMap<BucketKey, BucketItem, Hasher>;
-
 /// Chooses a key's partition; seeded once, independently of the partitions' own maps.
 static PARTITION_HASH: LazyLock<Hasher> = LazyLock::new(Hasher::default);
+
+/// `ttl` of an item that never expires (the compact form has no `Option`).
+const NO_TTL: i64 = i64::MAX;
+
+/// Names and parameters of an item's limits, in name order: the part of an item that
+/// config decides, shared by every item with the same limits.
+#[derive(Debug)]
+struct Shape(Box<[(Name, LimitParams)]>);
+
+/// Hashes a shape's limits the same way whether they come from a [`Shape`] or from an
+/// image's [`Limits`], so the interner can be searched without building a shape.
+fn hash_shape<'a, H: std::hash::Hasher>(
+    len: usize,
+    limits: impl Iterator<Item = (&'a str, LimitParams)>,
+    h: &mut H,
+) {
+    h.write_usize(len);
+    for (name, params) in limits {
+        name.hash(h);
+        params.hash(h);
+    }
+}
+
+impl Shape {
+    fn limits(&self) -> impl Iterator<Item = (&str, LimitParams)> {
+        self.0.iter().map(|(n, p)| (n.as_str(), *p))
+    }
+
+    fn position(&self, limit: &str) -> Option<usize> {
+        self.0.binary_search_by(|(n, _)| n.as_str().cmp(limit)).ok()
+    }
+
+    /// Whether `limits` have exactly these names and parameters.
+    fn describes(&self, limits: &Limits) -> bool {
+        self.0.len() == limits.len()
+            && self
+                .0
+                .iter()
+                .zip(limits.iter())
+                .all(|((n, p), (name, st))| n == name && *p == st.params())
+    }
+}
+
+impl PartialEq for Shape {
+    fn eq(&self, other: &Shape) -> bool {
+        self.0 == other.0
+    }
+}
+
+impl Eq for Shape {}
+
+impl Hash for Shape {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        hash_shape(self.0.len(), self.limits(), h);
+    }
+}
+
+/// An image's limits as a lookup key into the shape interner.
+struct ShapeOf<'a>(&'a Limits);
+
+impl Hash for ShapeOf<'_> {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        hash_shape(
+            self.0.len(),
+            self.0.iter().map(|(n, st)| (n, st.params())),
+            h,
+        );
+    }
+}
+
+impl Equivalent<Arc<Shape>> for ShapeOf<'_> {
+    fn equivalent(&self, shape: &Arc<Shape>) -> bool {
+        shape.describes(self.0)
+    }
+}
+
+/// Balance and consumed counter of one limit, in its shape's order.
+#[derive(Debug, Clone, Copy)]
+struct Balance {
+    tk: i64,
+    tc: i64,
+}
+
+/// One stored item in compact form.
+#[derive(Debug, Clone)]
+struct Slot {
+    rf: i64,
+    /// Epoch seconds; [`NO_TTL`] when the item does not expire.
+    ttl: i64,
+    shard_count: u32,
+    shape: Arc<Shape>,
+    balances: SmallVec<[Balance; 2]>,
+}
+
+impl Slot {
+    /// The item this slot holds, as the contract's type.
+    fn image(&self) -> BucketItem {
+        BucketItem {
+            rf: self.rf,
+            shard_count: self.shard_count,
+            ttl: (self.ttl != NO_TTL).then_some(self.ttl),
+            limits: Limits(
+                self.shape
+                    .0
+                    .iter()
+                    .zip(&self.balances)
+                    .map(|((name, params), b)| (name.clone(), LimitState::new(*params, b.tk, b.tc)))
+                    .collect(),
+            ),
+        }
+    }
+
+    fn balance(&self, limit: &str) -> Option<(&LimitParams, &Balance)> {
+        let i = self.shape.position(limit)?;
+        Some((&self.shape.0[i].1, &self.balances[i]))
+    }
+
+    fn balance_mut(&mut self, limit: &str) -> Option<&mut Balance> {
+        let i = self.shape.position(limit)?;
+        Some(&mut self.balances[i])
+    }
+}
+
+/// Where an item sits within its resource's map.
+#[derive(Debug, PartialEq, Eq)]
+struct Address {
+    entity: Name,
+    shard: u32,
+}
+
+/// An [`Address`] borrowed from a [`BucketKey`]: lookups need no copy of the entity.
+#[derive(Hash)]
+struct AddressOf<'a> {
+    entity: &'a str,
+    shard: u32,
+}
+
+impl<'a> AddressOf<'a> {
+    fn of(key: &'a BucketKey) -> AddressOf<'a> {
+        AddressOf {
+            entity: &key.entity,
+            shard: key.shard,
+        }
+    }
+}
+
+impl Hash for Address {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        AddressOf {
+            entity: &self.entity,
+            shard: self.shard,
+        }
+        .hash(h);
+    }
+}
+
+impl Equivalent<Address> for AddressOf<'_> {
+    fn equivalent(&self, a: &Address) -> bool {
+        a.shard == self.shard && a.entity == self.entity
+    }
+}
+
+type Items = HashMap<Address, Slot, Hasher>;
+
+/// One locked partition: each resource's items by address.
+#[derive(Debug, Default)]
+struct Partition {
+    resources: HashMap<Name, Items, Hasher>,
+}
+
+impl Partition {
+    fn get(&self, key: &BucketKey) -> Option<&Slot> {
+        self.resources
+            .get(key.resource.as_str())?
+            .get(&AddressOf::of(key))
+    }
+
+    fn get_mut(&mut self, key: &BucketKey) -> Option<&mut Slot> {
+        self.resources
+            .get_mut(key.resource.as_str())?
+            .get_mut(&AddressOf::of(key))
+    }
+
+    fn insert(&mut self, key: &BucketKey, slot: Slot) {
+        let address = Address {
+            entity: key.entity.clone(),
+            shard: key.shard,
+        };
+        match self.resources.get_mut(key.resource.as_str()) {
+            Some(items) => {
+                items.insert(address, slot);
+            }
+            None => {
+                let mut items = Items::default();
+                items.insert(address, slot);
+                self.resources.insert(key.resource.clone(), items);
+            }
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.resources.values().map(Items::len).sum()
+    }
+}
 
 /// In-process bucket store.
 #[derive(Debug)]
 pub struct MemoryStore {
     partitions: Vec<Mutex<Partition>>,
+    /// Every shape some item holds (and, until the next eviction pass, shapes no item
+    /// holds any more). Taken after a partition lock, never before one.
+    shapes: Mutex<HashSet<Arc<Shape>, Hasher>>,
 }
 
 impl Default for MemoryStore {
@@ -43,7 +260,7 @@ fn partition_of(key: &BucketKey) -> usize {
     (PARTITION_HASH.hash_one(key) as usize) % PARTITIONS
 }
 
-fn lock(m: &Mutex<Partition>) -> MutexGuard<'_, Partition> {
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic while holding the lock cannot leave an item half-written (every mutation
     // is computed first, then stored whole), so a poisoned lock is still consistent.
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -55,6 +272,7 @@ impl MemoryStore {
             partitions: (0..PARTITIONS)
                 .map(|_| Mutex::new(Partition::default()))
                 .collect(),
+            shapes: Mutex::new(HashSet::default()),
         }
     }
 
@@ -62,14 +280,54 @@ impl MemoryStore {
         lock(&self.partitions[partition_of(key)])
     }
 
+    /// The compact form of `item`; `like` is a shape to reuse when it fits (an update
+    /// seldom changes names or parameters), sparing the interner's lock.
+    fn slot(&self, item: &BucketItem, like: Option<&Arc<Shape>>) -> Slot {
+        let shape = match like {
+            Some(s) if s.describes(&item.limits) => s.clone(),
+            _ => self.intern(&item.limits),
+        };
+        Slot {
+            rf: item.rf,
+            ttl: item.ttl.unwrap_or(NO_TTL),
+            shard_count: item.shard_count,
+            shape,
+            balances: item
+                .limits
+                .values()
+                .map(|st| Balance {
+                    tk: st.tk,
+                    tc: st.tc,
+                })
+                .collect(),
+        }
+    }
+
+    fn intern(&self, limits: &Limits) -> Arc<Shape> {
+        let mut shapes = lock(&self.shapes);
+        if let Some(s) = shapes.get(&ShapeOf(limits)) {
+            return s.clone();
+        }
+        let shape = Arc::new(Shape(
+            limits
+                .iter()
+                .map(|(n, st)| (Name::new(n), st.params()))
+                .collect(),
+        ));
+        shapes.insert(shape.clone());
+        shape
+    }
+
     /// The current image of one item (for tests and `inspect`).
     pub fn get(&self, key: &BucketKey) -> Option<BucketItem> {
-        self.part(key).get(key).cloned()
+        self.part(key).get(key).map(Slot::image)
     }
 
     /// Puts an item as-is (tests use it to set up scenarios).
     pub fn put(&self, key: BucketKey, item: BucketItem) {
-        self.part(&key).insert(key, item);
+        let mut g = self.part(&key);
+        let slot = self.slot(&item, None);
+        g.insert(&key, slot);
     }
 
     /// Number of items held.
@@ -83,108 +341,130 @@ impl MemoryStore {
 
     /// Drops every item whose `ttl` (epoch s) is at or before `now_s`, as DynamoDB's TTL
     /// sweeper does; returns how many. Such an item would be full again anyway, so
-    /// re-creating it from config on its next use loses nothing.
+    /// re-creating it from config on its next use loses nothing. Maps left mostly empty
+    /// give their memory back, and shapes no item holds any more are forgotten.
     pub fn evict_expired(&self, now_s: i64) -> usize {
         let mut evicted = 0;
         for p in &self.partitions {
             let mut g = lock(p);
-            let before = g.len();
-            g.retain(|_, item| item.ttl.is_none_or(|t| t > now_s));
-            evicted += before - g.len();
+            g.resources.retain(|_, items| {
+                let before = items.len();
+                items.retain(|_, slot| slot.ttl > now_s);
+                evicted += before - items.len();
+                if items.len() < items.capacity() / 4 {
+                    items.shrink_to(items.len() * 2);
+                }
+                !items.is_empty()
+            });
         }
+        lock(&self.shapes).retain(|s| Arc::strong_count(s) > 1);
         evicted
     }
 }
 
-/// Applies `debits` to `item` if the mode's conditions hold.
-/// Whether `debits` may be applied to `item` under the mode's conditions.
-fn debit_allowed(item: &BucketItem, debits: &[Debit], mode: DebitMode) -> bool {
+/// Whether `debits` may be applied to `slot` under the mode's conditions.
+fn debit_allowed(slot: &Slot, debits: &[Debit], mode: DebitMode) -> bool {
     let fast = match mode {
         DebitMode::Fast { now_s } => {
-            if item.ttl.is_some_and(|t| t <= now_s) {
+            if slot.ttl <= now_s {
                 return false;
             }
-            if item.limit(WCU_LIMIT).is_none_or(|w| w.tk < MILLI) {
+            if slot.balance(WCU_LIMIT).is_none_or(|(_, w)| w.tk < MILLI) {
                 return false;
             }
             true
         }
         DebitMode::RetryOnly => false,
     };
-    debits.iter().all(|d| match item.limit(&d.limit) {
+    debits.iter().all(|d| match slot.balance(&d.limit) {
         None => false,
-        Some(st) => {
-            let params_match = !fast || d.params.is_none_or(|p| st.params() == p);
-            let covered = !d.gated || st.tk >= d.amount;
-            params_match && covered && st.tk.checked_sub(d.amount).is_some()
+        Some((params, b)) => {
+            let params_match = !fast || d.params.is_none_or(|p| *params == p);
+            let covered = !d.gated || b.tk >= d.amount;
+            params_match && covered && b.tk.checked_sub(d.amount).is_some()
         }
     })
 }
 
 /// Applies allowed `debits` in place (see [`debit_allowed`]).
-fn apply_debit(item: &mut BucketItem, debits: &[Debit], mode: DebitMode) {
+fn apply_debit(slot: &mut Slot, debits: &[Debit], mode: DebitMode) {
     for d in debits {
-        if let Some(st) = item.limits.get_mut(&d.limit) {
-            st.tk -= d.amount;
-            st.tc = st.tc.saturating_add(d.amount);
+        if let Some(b) = slot.balance_mut(&d.limit) {
+            b.tk -= d.amount;
+            b.tc = b.tc.saturating_add(d.amount);
         }
     }
     if matches!(mode, DebitMode::Fast { .. }) {
-        if let Some(w) = item.limits.get_mut(WCU_LIMIT) {
+        if let Some(w) = slot.balance_mut(WCU_LIMIT) {
             w.tk -= MILLI;
             w.tc += MILLI;
         }
     }
 }
 
-fn apply_write(current: Option<&BucketItem>, w: &Write) -> Option<BucketItem> {
-    match w {
-        Write::Create { item, .. } => current.is_none().then(|| item.clone()),
-        Write::Update {
-            expected_rf,
-            rf,
-            ttl,
-            limits,
-            ..
-        } => {
-            let cur = current?;
-            if cur.rf != *expected_rf {
-                return None;
-            }
-            let mut next = cur.clone();
-            next.rf = *rf;
-            next.ttl = *ttl;
-            for lw in limits {
-                match lw {
-                    LimitWrite::Add {
-                        limit,
-                        tk_delta,
-                        tc_delta,
-                        floor,
-                        cap,
-                    } => {
-                        let st = next.limits.get_mut(limit)?;
-                        if floor.is_some_and(|f| st.tk < f) || cap.is_some_and(|c| st.tk > c) {
-                            return None;
-                        }
-                        st.tk = st.tk.checked_add(*tk_delta)?;
-                        st.tc = st.tc.saturating_add(*tc_delta);
-                    }
-                    LimitWrite::Set { limit, state } => {
-                        next.limits.insert(limit.clone(), *state);
-                    }
+/// The update a slow-path commit makes to `cur`, or `None` when a condition fails.
+fn apply_update(
+    cur: &BucketItem,
+    expected_rf: i64,
+    rf: i64,
+    ttl: Option<i64>,
+    limits: &[LimitWrite],
+) -> Option<BucketItem> {
+    if cur.rf != expected_rf {
+        return None;
+    }
+    let mut next = cur.clone();
+    next.rf = rf;
+    next.ttl = ttl;
+    for lw in limits {
+        match lw {
+            LimitWrite::Add {
+                limit,
+                tk_delta,
+                tc_delta,
+                floor,
+                cap,
+            } => {
+                let st = next.limits.get_mut(limit)?;
+                if floor.is_some_and(|f| st.tk < f) || cap.is_some_and(|c| st.tk > c) {
+                    return None;
                 }
+                st.tk = st.tk.checked_add(*tk_delta)?;
+                st.tc = st.tc.saturating_add(*tc_delta);
             }
-            Some(next)
+            LimitWrite::Set { limit, state } => {
+                next.limits.insert(limit, *state);
+            }
         }
-        Write::Debit { debits, .. } => {
-            let cur = current?;
-            if !debit_allowed(cur, debits, DebitMode::RetryOnly) {
-                return None;
+    }
+    Some(next)
+}
+
+impl MemoryStore {
+    /// What `w` makes of the item `current`, or `None` when its condition fails.
+    fn stage(&self, current: Option<&Slot>, w: &Write) -> Option<Slot> {
+        match w {
+            Write::Create { item, .. } => current.is_none().then(|| self.slot(item, None)),
+            Write::Update {
+                expected_rf,
+                rf,
+                ttl,
+                limits,
+                ..
+            } => {
+                let cur = current?;
+                let next = apply_update(&cur.image(), *expected_rf, *rf, *ttl, limits)?;
+                Some(self.slot(&next, Some(&cur.shape)))
             }
-            let mut next = cur.clone();
-            apply_debit(&mut next, debits, DebitMode::RetryOnly);
-            Some(next)
+            Write::Debit { debits, .. } => {
+                let cur = current?;
+                if !debit_allowed(cur, debits, DebitMode::RetryOnly) {
+                    return None;
+                }
+                let mut next = cur.clone();
+                apply_debit(&mut next, debits, DebitMode::RetryOnly);
+                Some(next)
+            }
         }
     }
 }
@@ -196,15 +476,14 @@ impl BucketStore for MemoryStore {
         debits: &[Debit],
         mode: DebitMode,
     ) -> Result<DebitOutcome, StoreError> {
-        // Check, then change in place: one clone, for the image the caller gets back.
         let mut g = self.part(key);
         Ok(match g.get_mut(key) {
             None => DebitOutcome::Refused(None),
-            Some(item) if debit_allowed(item, debits, mode) => {
-                apply_debit(item, debits, mode);
-                DebitOutcome::Applied(item.clone())
+            Some(slot) if debit_allowed(slot, debits, mode) => {
+                apply_debit(slot, debits, mode);
+                DebitOutcome::Applied(slot.image())
             }
-            Some(item) => DebitOutcome::Refused(Some(item.clone())),
+            Some(slot) => DebitOutcome::Refused(Some(slot.image())),
         })
     }
 
@@ -226,28 +505,27 @@ impl BucketStore for MemoryStore {
             });
         }
         let parts: BTreeSet<usize> = writes.iter().map(|w| partition_of(w.key())).collect();
-        let mut guards: HashMap<usize, MutexGuard<'_, Partition>> = parts
+        let mut guards: std::collections::HashMap<usize, MutexGuard<'_, Partition>> = parts
             .iter()
             .map(|&i| (i, lock(&self.partitions[i])))
             .collect();
         let mut staged = Vec::with_capacity(writes.len());
         let mut failed = Vec::new();
         for (i, w) in writes.iter().enumerate() {
-            let g = &guards[&partition_of(w.key())];
-            let current = g.get(w.key());
-            match apply_write(current, w) {
+            let current = guards[&partition_of(w.key())].get(w.key());
+            match self.stage(current, w) {
                 Some(next) => staged.push(next),
-                None => failed.push((i, current.cloned())),
+                None => failed.push((i, current.map(Slot::image))),
             }
         }
         if !failed.is_empty() {
             return Ok(CommitOutcome::Conflict(failed));
         }
-        for (w, next) in writes.iter().zip(&staged) {
-            let g = guards
+        for (w, next) in writes.iter().zip(staged) {
+            guards
                 .get_mut(&partition_of(w.key()))
-                .expect("locked above");
-            g.insert(w.key().clone(), next.clone());
+                .expect("locked above")
+                .insert(w.key(), next);
         }
         Ok(CommitOutcome::Committed)
     }
@@ -263,19 +541,19 @@ impl BucketStore for MemoryStore {
         let mut g = self.part(&key);
         Ok(match g.get_mut(&key) {
             None => BumpOutcome::Missing,
-            Some(item) if item.shard_count == old => {
-                item.shard_count = new;
+            Some(slot) if slot.shard_count == old => {
+                slot.shard_count = new;
                 BumpOutcome::Won
             }
-            Some(item) => BumpOutcome::Lost(item.shard_count),
+            Some(slot) => BumpOutcome::Lost(slot.shard_count),
         })
     }
 
     async fn raise_shard_count(&self, key: &BucketKey, new: u32) -> Result<bool, StoreError> {
         let mut g = self.part(key);
         Ok(match g.get_mut(key) {
-            Some(item) if item.shard_count < new => {
-                item.shard_count = new;
+            Some(slot) if slot.shard_count < new => {
+                slot.shard_count = new;
                 true
             }
             _ => false,
@@ -284,19 +562,67 @@ impl BucketStore for MemoryStore {
 
     async fn credit(&self, key: &BucketKey, credits: &[Credit]) -> Result<Vec<Credit>, StoreError> {
         let mut g = self.part(key);
-        let Some(item) = g.get_mut(key) else {
+        let Some(slot) = g.get_mut(key) else {
             return Ok(Vec::new());
         };
         let mut applied = Vec::new();
         for c in credits {
-            if let Some(st) = item.limits.get_mut(&c.limit) {
-                if st.tk.saturating_add(c.amount) <= c.ceiling {
-                    st.tk += c.amount;
-                    st.tc -= c.amount;
+            if let Some(b) = slot.balance_mut(&c.limit) {
+                if b.tk.saturating_add(c.amount) <= c.ceiling {
+                    b.tk += c.amount;
+                    b.tc -= c.amount;
                     applied.push(c.clone());
                 }
             }
         }
         Ok(applied)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The compact form is what makes an idle bucket cheap; keep it from growing unseen.
+    #[test]
+    fn a_stored_item_stays_compact() {
+        assert_eq!(
+            std::mem::size_of::<Address>() + std::mem::size_of::<Slot>(),
+            104
+        );
+    }
+
+    #[test]
+    fn items_of_the_same_limits_share_one_shape_and_unused_shapes_are_forgotten() {
+        let store = MemoryStore::new();
+        let params = LimitParams::new(10, 10, 1_000);
+        let item = |ttl| BucketItem {
+            rf: 1,
+            shard_count: 1,
+            ttl: Some(ttl),
+            limits: [("a", LimitState::new(params, 5, 0))].into_iter().collect(),
+        };
+        store.put(BucketKey::new("e1", "r", 0), item(10));
+        store.put(BucketKey::new("e2", "r", 0), item(20));
+        assert_eq!(lock(&store.shapes).len(), 1);
+        assert_eq!(store.get(&BucketKey::new("e2", "r", 0)), Some(item(20)));
+        assert_eq!(store.evict_expired(20), 2);
+        assert!(store.is_empty());
+        assert_eq!(lock(&store.shapes).len(), 0);
+    }
+
+    #[test]
+    fn an_item_without_ttl_round_trips_and_never_expires() {
+        let store = MemoryStore::new();
+        let item = BucketItem {
+            rf: 7,
+            shard_count: 4,
+            ttl: None,
+            limits: Limits::new(),
+        };
+        let key = BucketKey::new("e", "r", 3);
+        store.put(key.clone(), item.clone());
+        assert_eq!(store.evict_expired(i64::MAX - 1), 0);
+        assert_eq!(store.get(&key), Some(item));
     }
 }
