@@ -801,6 +801,64 @@ async fn x01_a_slow_pass_in_flight_is_followed_not_raced<S: BucketStore>(store: 
     assert_eq!(tk(&rig, 0, "rpm").await, 8_000);
 }
 
+/// A config rollout that changes a limit's parameters: the first new-config request
+/// rewrites the limit by the slow path, while a server still on the old parameters
+/// debits it by the fast path between that read and that commit. The rewrite must not
+/// overwrite that debit: it fails, and the request is taken from the item as it stands.
+async fn x02_a_parameter_rewrite_never_overwrites_a_concurrent_debit<S: BucketStore>(store: S) {
+    let rig = rig(store);
+    assert!(acquire(&rig, &rpm(10, 1)).await.admitted);
+    let old = LimitParams::new(10, 10, 60_000);
+    rig.store.before_commit(Box::new(move |inner| {
+        Box::pin(async move {
+            let debit = shardgate::store::Debit {
+                limit: "rpm".into(),
+                amount: 1_000,
+                gated: true,
+                params: Some(old),
+            };
+            let out = inner
+                .debit(
+                    &BucketKey::new("u1", "api", 0),
+                    &[debit],
+                    shardgate::store::DebitMode::Fast { now_s: T0 / 1_000 },
+                )
+                .await
+                .unwrap();
+            assert!(matches!(out, shardgate::store::DebitOutcome::Applied(_)));
+        })
+    }));
+    rig.store.clear();
+    assert!(acquire(&rig, &rpm(20, 1)).await.admitted);
+    let calls = rig.store.calls();
+    let commits: Vec<_> = calls
+        .iter()
+        .filter(|c| matches!(c, Call::Commit { .. }))
+        .collect();
+    assert_eq!(
+        commits,
+        [
+            &Call::Commit {
+                kinds: vec!["update"],
+                committed: false
+            },
+            &Call::Commit {
+                kinds: vec!["debit"],
+                committed: true
+            }
+        ],
+        "{calls:?}"
+    );
+    let it = item(&rig, "u1", "api", 0).await;
+    assert_eq!(it.limits["rpm"].tc, 3_000, "three debits, none overwritten");
+    assert_eq!(it.limits["rpm"].tk, 7_000);
+    // The next request rewrites the parameters, keeping every debit.
+    assert!(acquire(&rig, &rpm(20, 1)).await.admitted);
+    let it = item(&rig, "u1", "api", 0).await;
+    assert_eq!(it.limits["rpm"].params(), LimitParams::new(20, 20, 60_000));
+    assert_eq!((it.limits["rpm"].tk, it.limits["rpm"].tc), (6_000, 4_000));
+}
+
 /// Runs every scenario against a store built by `$make` (an async expression).
 macro_rules! scenarios {
     ($module:ident, $make:expr) => {
@@ -830,7 +888,8 @@ macro_rules! scenarios {
                 s33_parent_only_slow_path,
                 s34_fresh_process_debits_child_and_parent_together,
                 s35_cascading_child_takes_the_slow_path_not_a_retry,
-                x01_a_slow_pass_in_flight_is_followed_not_raced
+                x01_a_slow_pass_in_flight_is_followed_not_raced,
+                x02_a_parameter_rewrite_never_overwrites_a_concurrent_debit
             );
         }
     };

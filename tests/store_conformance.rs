@@ -254,6 +254,7 @@ pub async fn set_seeds_a_limit<S: BucketStore>(s: S) {
         limits: vec![LimitWrite::Set {
             limit: "tpm".into(),
             state: tpm,
+            read_tc: None,
         }],
     };
     assert!(matches!(
@@ -263,6 +264,42 @@ pub async fn set_seeds_a_limit<S: BucketStore>(s: S) {
     assert_eq!(
         s.read(&[key(0)]).await.unwrap()[0].as_ref().unwrap().limits["tpm"],
         tpm
+    );
+}
+
+/// A rewrite of a limit (new parameters) applies only to the limit as it was read: a
+/// debit that landed since (a server still on the old parameters, by the fast path) fails
+/// it, so that debit is never overwritten; a seed requires the limit still absent.
+pub async fn set_requires_the_limit_as_read<S: BucketStore>(s: S) {
+    create(&s, key(0), item(5_000, 1_000_000)).await;
+    let rewritten = LimitState::new(LimitParams::new(20, 20, 60_000), 9_000, 1_000);
+    let set = |limit: &str, read_tc| Write::Update {
+        key: key(0),
+        expected_rf: NOW_S * 1_000,
+        rf: NOW_S * 1_000,
+        ttl: Some(NOW_S + 1),
+        limits: vec![LimitWrite::Set {
+            limit: limit.into(),
+            state: rewritten,
+            read_tc,
+        }],
+    };
+    // Read at tc = 0; a fast-path debit of 1 token lands before the rewrite.
+    let applied = s.debit(&key(0), &debit(1_000), FAST).await.unwrap();
+    assert!(matches!(applied, DebitOutcome::Applied(_)));
+    for stale in [set("rpm", Some(0)), set("rpm", None), set("wcu", None)] {
+        let CommitOutcome::Conflict(failed) = s.commit(&[stale]).await.unwrap() else {
+            panic!("a rewrite of a limit that moved since the read must fail");
+        };
+        assert_eq!(failed[0].1.as_ref().unwrap().limits["rpm"].tk, 4_000);
+    }
+    assert!(matches!(
+        s.commit(&[set("rpm", Some(1_000))]).await.unwrap(),
+        CommitOutcome::Committed
+    ));
+    assert_eq!(
+        s.read(&[key(0)]).await.unwrap()[0].as_ref().unwrap().limits["rpm"],
+        rewritten
     );
 }
 
@@ -390,6 +427,7 @@ macro_rules! conformance {
                 update_needs_the_rf_lock_and_applies_deltas,
                 update_floor_and_cap_guard_concurrent_changes,
                 set_seeds_a_limit,
+                set_requires_the_limit_as_read,
                 commit_is_all_or_nothing,
                 read_returns_images_in_key_order,
                 bump_is_compare_and_set_on_shard_zero,

@@ -850,6 +850,7 @@ impl<S: BucketStore> Engine<S> {
                             writes.push(LimitWrite::Set {
                                 limit: c.limit.clone(),
                                 state: LimitState::new(c.params, after, st.tc + (before - after)),
+                                read_tc: Some(st.tc),
                             });
                         }
                         None => {
@@ -857,6 +858,7 @@ impl<S: BucketStore> Engine<S> {
                             writes.push(LimitWrite::Set {
                                 limit: c.limit.clone(),
                                 state: LimitState::new(c.params, after, share.ceiling - after),
+                                read_tc: None,
                             });
                         }
                     }
@@ -885,6 +887,7 @@ impl<S: BucketStore> Engine<S> {
                     writes.push(LimitWrite::Set {
                         limit: Name::const_new(WCU_LIMIT),
                         state: LimitState::new(self.wcu, self.wcu.cp, 0),
+                        read_tc: None,
                     });
                 }
                 (

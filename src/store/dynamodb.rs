@@ -428,7 +428,20 @@ fn update_expression(
                     cond.push(format!("{t} <= {kv}"));
                 }
             }
-            LimitWrite::Set { limit, state } => {
+            LimitWrite::Set {
+                limit,
+                state,
+                read_tc,
+            } => {
+                // As read: `tc` unmoved by a concurrent debit, or the limit still absent.
+                let c = e.name(format!("#c{i}"), attr(limit, "tc"));
+                match read_tc {
+                    Some(tc) => {
+                        let v = e.value(format!(":r{i}"), n(*tc));
+                        cond.push(format!("{c} = {v}"));
+                    }
+                    None => cond.push(format!("attribute_not_exists({c})")),
+                }
                 for (field, v) in [
                     ("tk", state.tk),
                     ("cp", state.cp),

@@ -432,7 +432,14 @@ fn apply_update(
                 st.tk = st.tk.checked_add(*tk_delta)?;
                 st.tc = st.tc.saturating_add(*tc_delta);
             }
-            LimitWrite::Set { limit, state } => {
+            LimitWrite::Set {
+                limit,
+                state,
+                read_tc,
+            } => {
+                if next.limits.get(limit).map(|st| st.tc) != *read_tc {
+                    return None;
+                }
                 next.limits.insert(limit, *state);
             }
         }

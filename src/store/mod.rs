@@ -228,10 +228,16 @@ pub enum LimitWrite {
         /// Require `tk <= cap` (no credit landed since the read that a refill would stack on).
         cap: Option<i64>,
     },
-    /// Seeds a limit the item lacks, or rewrites one whose parameters changed. Only safe
-    /// because the fast path cannot debit such a limit concurrently (its parameter term
-    /// fails), so nothing is overwritten.
-    Set { limit: Name, state: LimitState },
+    /// Seeds a limit the item lacks, or rewrites one whose parameters changed. A server
+    /// still on the old parameters may debit that limit by the fast path meanwhile, so the
+    /// write requires the limit as it was read: `read_tc` is the `tc` it held (any debit
+    /// since has moved it), `None` when the item had no such limit (it must still have
+    /// none). Nothing is ever overwritten.
+    Set {
+        limit: Name,
+        state: LimitState,
+        read_tc: Option<i64>,
+    },
 }
 
 impl LimitWrite {
