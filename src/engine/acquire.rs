@@ -190,7 +190,7 @@ impl<S: BucketStore> Engine<S> {
                     progress.push(None);
                     let idx = progress.len() - 1;
                     let seen = image.clone().map(|i| (shard, i));
-                    match self.resolve(b, shard, image, &avoid[idx], now).await {
+                    match Box::pin(self.resolve(b, shard, image, &avoid[idx], now)).await {
                         Ok(r) => progress[idx] = Some(Progress::resolved(r, seen)),
                         Err(e) => first_error = first_error.or(Some(e)),
                     }
@@ -202,14 +202,14 @@ impl<S: BucketStore> Engine<S> {
             }
         }
         if let Some(e) = first_error {
-            self.refund_applied(req, &progress, now).await;
+            Box::pin(self.refund_applied(req, &progress, now)).await;
             return Err(e);
         }
         let mut progress: SmallVec<[Progress; 2]> =
             progress.into_iter().map(|p| p.expect("set")).collect();
-        if let Err(e) = self.follow_slow_passes(req, &mut progress, &avoid).await {
+        if let Err(e) = Box::pin(self.follow_slow_passes(req, &mut progress, &avoid)).await {
             let opt: SmallVec<[Option<Progress>; 2]> = progress.into_iter().map(Some).collect();
-            self.refund_applied(req, &opt, now).await;
+            Box::pin(self.refund_applied(req, &opt, now)).await;
             return Err(e);
         }
 
@@ -219,7 +219,7 @@ impl<S: BucketStore> Engine<S> {
         {
             EngineStats::bump(&self.stats.fast_rejections);
             let opt: SmallVec<[Option<Progress>; 2]> = progress.into_iter().map(Some).collect();
-            self.refund_applied(req, &opt, now).await;
+            Box::pin(self.refund_applied(req, &opt, now)).await;
             return Ok(self.refused_decision(req, &opt, now));
         }
 
@@ -253,12 +253,12 @@ impl<S: BucketStore> Engine<S> {
         let _leading = self.slow_passes.lead(slow.iter().map(|&(i, shard, _)| {
             BucketKey::new(&req.buckets[i].entity, &req.buckets[i].resource, shard)
         }));
-        match self.slow_path(req, &slow).await {
+        match Box::pin(self.slow_path(req, &slow)).await {
             Ok((admitted, outcomes)) => {
                 let opt: SmallVec<[Option<Progress>; 2]> = progress.into_iter().map(Some).collect();
                 let now = self.clock.now_ms();
                 if !admitted {
-                    self.refund_applied(req, &opt, now).await;
+                    Box::pin(self.refund_applied(req, &opt, now)).await;
                 }
                 let mut outcomes = outcomes.into_iter();
                 let buckets = req
@@ -276,7 +276,7 @@ impl<S: BucketStore> Engine<S> {
             }
             Err(e) => {
                 let opt: SmallVec<[Option<Progress>; 2]> = progress.into_iter().map(Some).collect();
-                self.refund_applied(req, &opt, now).await;
+                Box::pin(self.refund_applied(req, &opt, now)).await;
                 Err(e)
             }
         }
