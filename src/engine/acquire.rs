@@ -207,10 +207,13 @@ impl<S: BucketStore> Engine<S> {
         }
         let mut progress: SmallVec<[Progress; 2]> =
             progress.into_iter().map(|p| p.expect("set")).collect();
-        if let Err(e) = Box::pin(self.follow_slow_passes(req, &mut progress, &avoid)).await {
-            let opt: SmallVec<[Option<Progress>; 2]> = progress.into_iter().map(Some).collect();
-            Box::pin(self.refund_applied(req, &opt, now)).await;
-            return Err(e);
+        let slow_bound = progress.iter().any(|p| matches!(p, Progress::Slow { .. }));
+        if slow_bound {
+            if let Err(e) = Box::pin(self.follow_slow_passes(req, &mut progress, &avoid)).await {
+                let opt: SmallVec<[Option<Progress>; 2]> = progress.into_iter().map(Some).collect();
+                Box::pin(self.refund_applied(req, &opt, now)).await;
+                return Err(e);
+            }
         }
 
         if progress
