@@ -743,8 +743,9 @@ async fn s35_cascading_child_takes_the_slow_path_not_a_retry<S: BucketStore>(sto
 
 // ------------------------------------------------------- ours, beyond the reference
 
-/// A request that needs the refill another request of this process is running waits for
-/// it and then takes the fast path: no read, no commit and no lost `rf` race of its own.
+/// A request on a shard whose refill another request of this process is running waits
+/// for it and then takes the fast path: no refused debit, no read, no commit and no lost
+/// `rf` race of its own.
 async fn x01_a_slow_pass_in_flight_is_followed_not_raced<S: BucketStore>(store: S) {
     let rig = rig(store);
     for _ in 0..10 {
@@ -757,19 +758,12 @@ async fn x01_a_slow_pass_in_flight_is_followed_not_raced<S: BucketStore>(store: 
         Box::pin(async move { held.notified().await })
     }));
     rig.store.clear();
-    let refused_debits = || {
-        rig.store
-            .calls()
-            .iter()
-            .filter(|c| matches!(c, Call::Debit { applied: false, .. }))
-            .count()
-    };
+    let followers = || EngineStats::get(&rig.engine.stats().slow_passes_followed);
     let req = rpm(10, 1);
     let (first, second, ()) = tokio::join!(acquire(&rig, &req), acquire(&rig, &req), async {
-        // Both fast debits refused: the first request holds its commit, the second
-        // (whose next step after its refusal is to look for a pass in flight) waits.
+        // The first request holds its commit; release it once the second waits for it.
         let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
-        while refused_debits() < 2 && tokio::time::Instant::now() < deadline {
+        while followers() < 1 && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(std::time::Duration::from_millis(1)).await;
         }
         release.notify_one();
@@ -784,7 +778,11 @@ async fn x01_a_slow_pass_in_flight_is_followed_not_raced<S: BucketStore>(store: 
         .iter()
         .filter(|c| matches!(c, Call::Commit { .. }))
         .count();
-    assert_eq!((reads, commits, debits(&calls)), (1, 1, 3), "{calls:?}");
+    // One pass for both. The second request's first debit is refused only when it was
+    // already on its way as the first began its pass (on a networked store both debits
+    // can be in flight together); once the pass is known, nothing is sent until it ends.
+    assert_eq!((reads, commits), (1, 1), "{calls:?}");
+    assert!(debits(&calls) <= 3, "{calls:?}");
     assert_eq!(
         calls.last(),
         Some(&Call::Debit {

@@ -163,6 +163,11 @@ impl<S: BucketStore> Engine<S> {
                 self.draw.draw(count, a)
             })
             .collect();
+        // A drawn shard this process is refilling has just run dry: wait for the refill
+        // rather than send a debit it would refuse.
+        if self.slow_passes.any() {
+            Box::pin(self.await_slow_passes(req, &shards)).await;
+        }
         // One bucket (the common request) is awaited directly: `join_all` allocates.
         let fast: SmallVec<[_; 2]> = if let [b] = &req.buckets[..] {
             smallvec::smallvec![self.fast_debit(b, shards[0], now).await]
@@ -285,6 +290,17 @@ impl<S: BucketStore> Engine<S> {
         }
     }
 
+    /// Waits for the slow passes in flight on the shards drawn for `req`'s fast path.
+    async fn await_slow_passes(&self, req: &Acquire, shards: &[u32]) {
+        for (b, &shard) in req.buckets.iter().zip(shards) {
+            let key = BucketKey::new(&b.entity, &b.resource, shard);
+            if let Some(pass_done) = self.slow_passes.in_flight(&key) {
+                EngineStats::bump(&self.stats.slow_passes_followed);
+                pass_done.await;
+            }
+        }
+    }
+
     /// Buckets bound for the slow path on a shard this process is already refilling wait
     /// for that pass, then try the fast path there again (see `inflight`). On an error,
     /// `progress` still records every debit applied, for the refund.
@@ -303,8 +319,8 @@ impl<S: BucketStore> Engine<S> {
             let Some(pass_done) = self.slow_passes.in_flight(&key) else {
                 continue;
             };
-            pass_done.await;
             EngineStats::bump(&self.stats.slow_passes_followed);
+            pass_done.await;
             let now = self.clock.now_ms();
             *p = match self.fast_debit(b, shard, now).await.map_err(wrap(b))? {
                 DebitOutcome::Applied(image) => {

@@ -11,6 +11,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use smallvec::SmallVec;
@@ -25,6 +26,8 @@ type Hasher = foldhash::quality::RandomState;
 pub(crate) struct SlowPasses {
     /// Dropping a sender (when its pass ends, however it ends) wakes every follower.
     leaders: Mutex<HashMap<BucketKey, watch::Sender<()>, Hasher>>,
+    /// How many passes are in flight: lets every request skip the lock while none is.
+    active: AtomicUsize,
 }
 
 impl SlowPasses {
@@ -32,8 +35,16 @@ impl SlowPasses {
         self.leaders.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Whether any slow pass is in flight (one atomic load).
+    pub(crate) fn any(&self) -> bool {
+        self.active.load(Ordering::Acquire) > 0
+    }
+
     /// Resolves when the slow pass in flight on `key` ends; `None` when there is none.
     pub(crate) fn in_flight(&self, key: &BucketKey) -> Option<impl Future<Output = ()> + use<>> {
+        if !self.any() {
+            return None;
+        }
         let mut done = self.lock().get(key)?.subscribe();
         Some(async move {
             // Only ever closed, never sent on: `changed` returns when the leader is gone.
@@ -49,6 +60,7 @@ impl SlowPasses {
         for key in keys {
             if !leaders.contains_key(&key) {
                 leaders.insert(key.clone(), watch::channel(()).0);
+                self.active.fetch_add(1, Ordering::Release);
                 mine.push(key);
             }
         }
@@ -75,6 +87,9 @@ impl Drop for Leading<'_> {
         for key in &self.keys {
             leaders.remove(key);
         }
+        self.passes
+            .active
+            .fetch_sub(self.keys.len(), Ordering::Release);
     }
 }
 
@@ -87,8 +102,9 @@ mod tests {
     async fn a_follower_wakes_when_the_leading_pass_ends_and_only_then() {
         let passes = SlowPasses::default();
         let key = BucketKey::new("e", "r", 0);
-        assert!(passes.in_flight(&key).is_none());
+        assert!(passes.in_flight(&key).is_none() && !passes.any());
         let leading = passes.lead([key.clone()]);
+        assert!(passes.any());
         let again = passes.lead([key.clone()]);
         assert!(again.keys.is_empty(), "one leader per shard");
         let done = passes.in_flight(&key).expect("in flight");
@@ -108,6 +124,6 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(5), done)
             .await
             .expect("woken when the pass ended");
-        assert!(passes.in_flight(&key).is_none());
+        assert!(passes.in_flight(&key).is_none() && !passes.any());
     }
 }
