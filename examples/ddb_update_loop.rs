@@ -34,6 +34,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+#[path = "support/latency.rs"]
+mod latency;
+
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{
     AttributeValue, ReturnConsumedCapacity, ReturnValue, ReturnValuesOnConditionCheckFailure,
@@ -275,14 +278,6 @@ async fn worker(
     t
 }
 
-fn percentile(sorted: &[u64], p: f64) -> u64 {
-    if sorted.is_empty() {
-        return 0;
-    }
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
-}
-
 async fn run(a: Args) -> Result<serde_json::Value, String> {
     let c = client(&a).await;
     let now_s = std::time::SystemTime::now()
@@ -322,7 +317,6 @@ async fn run(a: Args) -> Result<serde_json::Value, String> {
     }
     let elapsed = started.elapsed().as_secs_f64();
     all.latencies_us.sort_unstable();
-    let l = &all.latencies_us;
     Ok(serde_json::json!({
         "tool": "ddb_update_loop",
         "concurrency": a.concurrency,
@@ -335,12 +329,7 @@ async fn run(a: Args) -> Result<serde_json::Value, String> {
         "first_error": all.first_error,
         "ops_per_s": all.ok as f64 / elapsed,
         "write_units_per_op": if all.ok > 0 { all.capacity / all.ok as f64 } else { 0.0 },
-        "latency_us": {
-            "p50": percentile(l, 50.0),
-            "p99": percentile(l, 99.0),
-            "p99.9": percentile(l, 99.9),
-            "max": l.last().copied().unwrap_or(0),
-        },
+        "latency_us": latency::percentiles(&all.latencies_us),
     }))
 }
 

@@ -26,6 +26,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+#[path = "support/latency.rs"]
+mod latency;
+
 use bytes::{Bytes, BytesMut};
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use prost::Message;
@@ -244,15 +247,6 @@ async fn stream_slot(mut send: h2::client::SendRequest<Bytes>, shared: Arc<Share
     tally
 }
 
-fn percentile(sorted: &[u64], p: f64) -> u64 {
-    if sorted.is_empty() {
-        return 0;
-    }
-    // Nearest rank.
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
-}
-
 async fn run(args: Args) -> Result<serde_json::Value, String> {
     let data = std::fs::read(&args.frames).map_err(|e| format!("{}: {e}", args.frames))?;
     let bodies = split_frames(Bytes::from(data)).map_err(|e| format!("{}: {e}", args.frames))?;
@@ -363,6 +357,8 @@ async fn run(args: Args) -> Result<serde_json::Value, String> {
     } else {
         0.0
     };
+    let mut latency_us = latency::percentiles(&lat);
+    latency_us.insert("mean".into(), mean.into());
     Ok(serde_json::json!({
         "tool": "rls_load",
         "addr": args.addr,
@@ -379,13 +375,7 @@ async fn run(args: Args) -> Result<serde_json::Value, String> {
         "http_status": http,
         "grpc_status": grpc,
         "overall_code": overall,
-        "latency_us": {
-            "mean": mean,
-            "p50": percentile(&lat, 50.0),
-            "p99": percentile(&lat, 99.0),
-            "p99.9": percentile(&lat, 99.9),
-            "max": lat.last().copied().unwrap_or(0),
-        },
+        "latency_us": latency_us,
     }))
 }
 
