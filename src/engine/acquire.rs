@@ -212,8 +212,7 @@ impl<S: BucketStore> Engine<S> {
         }
         let mut progress: SmallVec<[Progress; 2]> =
             progress.into_iter().map(|p| p.expect("set")).collect();
-        let slow_bound = progress.iter().any(|p| matches!(p, Progress::Slow { .. }));
-        if slow_bound {
+        if progress.iter().any(|p| matches!(p, Progress::Slow { .. })) {
             if let Err(e) = Box::pin(self.follow_slow_passes(req, &mut progress, &avoid)).await {
                 let opt: SmallVec<[Option<Progress>; 2]> = progress.into_iter().map(Some).collect();
                 Box::pin(self.refund_applied(req, &opt, now)).await;
