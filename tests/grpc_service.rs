@@ -263,10 +263,10 @@ async fn over_limit_descriptor_takes_nothing_from_the_other_descriptors() {
 }
 
 /// A client retrying a refused request keeps being told each passing descriptor's real
-/// balance (config.md §3: whole tokens left after this request). The first refusal
-/// refunds alice's speculative debit and drops her cached image; the retry is then
-/// refused from the rejection cache, which reports a bucket it has no fresh image of as
-/// full.
+/// balance (config.md §3: whole tokens left after this request). alice's bucket was never
+/// short, so the rejection cache holds no image of it and the first refusal goes to the
+/// store: it refunds alice's speculative debit and keeps her image, credited. The retries
+/// are refused from the cache, which reports alice from that image.
 #[tokio::test]
 async fn retried_refused_request_keeps_reporting_the_siblings_real_balance() {
     let server = TestServer::start_frozen(USER_10_PER_MINUTE).await;

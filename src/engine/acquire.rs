@@ -144,7 +144,7 @@ impl<S: BucketStore> Engine<S> {
 
         let mut avoid: SmallVec<[Avoid; 2]> =
             (0..req.buckets.len()).map(|_| Avoid::new()).collect();
-        if self.rejections.enabled() {
+        if self.rejections.holds_any() {
             for (i, shards) in avoid.iter_mut().enumerate() {
                 if let Some(decision) = self.cached_refusal(req, i, shards, now) {
                     EngineStats::bump(&self.stats.rejection_cache_hits);
@@ -426,28 +426,26 @@ impl<S: BucketStore> Engine<S> {
             shard += 1;
         }
         let (_, shard, image) = best?;
+        // Every other bucket is reported from the last image this process saw of any of
+        // its shards (projected to now); it decides nothing here. A bucket with no image
+        // held sends the request to the store, which reports its real balance and leaves
+        // its image here for the next refusal.
         let buckets = req
             .buckets
             .iter()
             .enumerate()
             .map(|(j, other)| {
                 if j == i {
-                    return self.outcome_from_image(b, shard, &image, now, false);
+                    return Some(self.outcome_from_image(b, shard, &image, now, false));
                 }
-                // Report another bucket from the last image this process saw of any of
-                // its shards (projected to now); it decides nothing here.
                 let count = self.shards.get(&other.entity, &other.resource);
-                (0..count)
-                    .find_map(|s| {
-                        let key = BucketKey::new(&other.entity, &other.resource, s);
-                        self.rejections.latest(&key).map(|img| (s, img))
-                    })
-                    .map_or_else(
-                        || self.unknown_outcome(other),
-                        |(s, img)| self.outcome_from_image(other, s, &img, now, false),
-                    )
+                (0..count).find_map(|s| {
+                    let key = BucketKey::new(&other.entity, &other.resource, s);
+                    let img = self.rejections.latest(&key)?;
+                    Some(self.outcome_from_image(other, s, &img, now, false))
+                })
             })
-            .collect();
+            .collect::<Option<_>>()?;
         Some(Decision {
             admitted: false,
             buckets,
@@ -499,7 +497,15 @@ impl<S: BucketStore> Engine<S> {
             .debit(&key, &debits, DebitMode::Fast { now_s: now_s(now) })
             .await?;
         match &out {
-            DebitOutcome::Applied(image) | DebitOutcome::Refused(Some(image)) => {
+            DebitOutcome::Applied(image) => {
+                self.shards.learn(&b.entity, &b.resource, image.shard_count);
+                let short = b
+                    .limits
+                    .iter()
+                    .any(|c| image.limit(&c.limit).is_some_and(|st| st.tk < c.amount));
+                self.rejections.remember_admitted(&key, image, now, short);
+            }
+            DebitOutcome::Refused(Some(image)) => {
                 self.shards.learn(&b.entity, &b.resource, image.shard_count);
                 self.rejections.remember(&key, image, now);
             }
@@ -1031,6 +1037,11 @@ impl<S: BucketStore> Engine<S> {
                 .zip(progress)
                 .filter_map(|(b, p)| match p {
                     Some(Progress::Applied { shard, image }) => {
+                        // Held first, so that the refund below lands on it and a repeat of
+                        // this request, refused from the cache, reports this bucket's real
+                        // balance (an admitted image is otherwise kept only when short).
+                        let key = BucketKey::new(&b.entity, &b.resource, *shard);
+                        self.rejections.remember(&key, image, now);
                         Some(self.credit_bucket(b, *shard, image.shard_count, now))
                     }
                     _ => None,

@@ -1,5 +1,8 @@
-//! The rejection cache: the last image this process saw of each shard, trusted for a short
-//! time to refuse a request that image proves cannot fit, without a store call.
+//! The rejection cache: the last image this process saw of each shard that could refuse
+//! (a refusal's, or an admitted debit's that left a limit short of what it took, or a
+//! debit voided by a sibling's refusal), trusted for a short time to refuse a request that
+//! image proves cannot fit, without a store call. An admitted request on a bucket with
+//! room, the common case, costs the cache one atomic load while it holds nothing.
 //!
 //! It only ever refuses or steers the shard draw; it never admits. Its error is bounded:
 //! tokens returned by a path this process did not see (another server's refund) are
@@ -13,6 +16,7 @@
 
 use std::collections::HashMap;
 use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use crate::store::{BucketItem, BucketKey};
@@ -39,6 +43,9 @@ pub(crate) struct RejectionCache {
     capacity: usize,
     parts: Vec<Mutex<Part>>,
     hasher: Hasher,
+    /// Entries held in all parts. While it is zero (no bucket short lately, the common
+    /// case) every call returns before hashing or locking.
+    len: AtomicUsize,
 }
 
 impl RejectionCache {
@@ -48,6 +55,7 @@ impl RejectionCache {
             capacity: capacity.div_ceil(PARTS).max(1),
             parts: (0..PARTS).map(|_| Mutex::new(Part::default())).collect(),
             hasher: Hasher::default(),
+            len: AtomicUsize::new(0),
         }
     }
 
@@ -55,16 +63,42 @@ impl RejectionCache {
         self.ttl_ms > 0
     }
 
+    /// Whether a lookup could find anything.
+    pub(crate) fn holds_any(&self) -> bool {
+        self.enabled() && self.len.load(Ordering::Relaxed) > 0
+    }
+
     fn part(&self, key: &BucketKey) -> MutexGuard<'_, Part> {
         let i = (self.hasher.hash_one(key) as usize) % PARTS;
         self.parts[i].lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Remembers the image of a shard seen at `now`.
+    /// Remembers the image of a shard seen at `now` on a refusal.
     pub(crate) fn remember(&self, key: &BucketKey, image: &BucketItem, now: i64) {
-        if !self.enabled() {
-            return;
+        if self.enabled() {
+            self.keep(key, image, now);
         }
+    }
+
+    /// Remembers the image an admitted debit returned if it could refuse a request
+    /// (`short`: some limit no longer covers the amount just taken). Otherwise an image
+    /// held of the shard is dropped, as no longer true and of no use for refusing; the
+    /// cache then stays empty while no bucket is short, and admitting costs it nothing.
+    pub(crate) fn remember_admitted(
+        &self,
+        key: &BucketKey,
+        image: &BucketItem,
+        now: i64,
+        short: bool,
+    ) {
+        if short && self.enabled() {
+            self.keep(key, image, now);
+        } else if self.holds_any() && self.part(key).remove(key).is_some() {
+            self.len.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    fn keep(&self, key: &BucketKey, image: &BucketItem, now: i64) {
         let mut g = self.part(key);
         if let Some(e) = g.get_mut(key) {
             e.image.clone_from(image);
@@ -76,6 +110,7 @@ impl RejectionCache {
             // Full of recent refusals (many distinct buckets refused within the lifetime):
             // start over. Clearing costs one pass per `capacity` inserts, and losing
             // entries only sends requests to the store.
+            self.len.fetch_sub(g.len(), Ordering::Relaxed);
             g.clear();
         }
         g.insert(
@@ -86,12 +121,13 @@ impl RejectionCache {
                 refreshing_since: None,
             },
         );
+        self.len.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Applies a refund to the cached image of a shard, so the cache never refuses on a
     /// balance this process itself raised (each credit capped at its ceiling).
     pub(crate) fn credit(&self, key: &BucketKey, credits: &[crate::store::Credit]) {
-        if !self.enabled() {
+        if !self.holds_any() {
             return;
         }
         let mut g = self.part(key);
@@ -106,7 +142,7 @@ impl RejectionCache {
 
     /// The last image seen of a shard, however old (for reporting, never for refusing).
     pub(crate) fn latest(&self, key: &BucketKey) -> Option<BucketItem> {
-        if !self.enabled() {
+        if !self.holds_any() {
             return None;
         }
         self.part(key).get(key).map(|e| e.image.clone())
@@ -116,7 +152,7 @@ impl RejectionCache {
     /// older one while another caller refreshes it. `None` for the caller chosen to
     /// refresh (see the module comment).
     pub(crate) fn fresh(&self, key: &BucketKey, now: i64) -> Option<BucketItem> {
-        if !self.enabled() {
+        if !self.holds_any() {
             return None;
         }
         let mut g = self.part(key);
@@ -174,6 +210,38 @@ mod tests {
         cache.remember(&key, &image(), 2_100);
         assert!(cache.fresh(&key, 3_099).is_some());
         assert!(cache.fresh(&key, 3_100).is_none());
+    }
+
+    #[test]
+    fn an_admitted_image_is_kept_only_when_short_and_one_with_room_drops_the_image_held() {
+        let cache = RejectionCache::new(1_000, 16);
+        let key = BucketKey::new("e", "r", 0);
+        cache.remember_admitted(&key, &image(), 0, false);
+        assert!(!cache.holds_any(), "an image with room is not kept");
+        assert!(cache.fresh(&key, 1).is_none());
+        cache.remember_admitted(&key, &image(), 0, true);
+        assert!(cache.fresh(&key, 1).is_some(), "a short image is kept");
+        let newer = BucketItem { rf: 7, ..image() };
+        cache.remember_admitted(&key, &newer, 2, true);
+        assert_eq!(cache.fresh(&key, 3).map(|i| i.rf), Some(7), "replaced");
+        cache.remember_admitted(&key, &image(), 4, false);
+        assert!(
+            cache.fresh(&key, 5).is_none() && cache.latest(&key).is_none(),
+            "room again: the short image must not refuse any more"
+        );
+        assert!(!cache.holds_any());
+    }
+
+    #[test]
+    fn clearing_a_full_part_keeps_the_count_true() {
+        let cache = RejectionCache::new(1_000, 1);
+        let a = BucketKey::new("a", "r", 0);
+        let b = BucketKey::new("b", "r", 0);
+        cache.remember(&a, &image(), 0);
+        cache.remember(&b, &image(), 0);
+        let held =
+            usize::from(cache.fresh(&a, 1).is_some()) + usize::from(cache.fresh(&b, 1).is_some());
+        assert_eq!(cache.len.load(Ordering::Relaxed), held);
     }
 
     #[test]
