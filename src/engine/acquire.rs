@@ -168,9 +168,16 @@ impl<S: BucketStore> Engine<S> {
         if self.slow_passes.any() {
             Box::pin(self.await_slow_passes(req, &shards)).await;
         }
-        // One bucket (the common request) is awaited directly: `join_all` allocates.
+        // One bucket (the common request) is awaited directly, and two (a cascade pair)
+        // joined in place: `join_all` allocates.
         let fast: SmallVec<[_; 2]> = if let [b] = &req.buckets[..] {
             smallvec::smallvec![self.fast_debit(b, shards[0], now).await]
+        } else if let [a, b] = &req.buckets[..] {
+            let (x, y) = futures::join!(
+                self.fast_debit(a, shards[0], now),
+                self.fast_debit(b, shards[1], now)
+            );
+            smallvec::smallvec![x, y]
         } else {
             join_all(
                 req.buckets

@@ -6,9 +6,11 @@
 //! label set; the number of distinct rule keys is capped so hostile descriptor values
 //! cannot grow memory without bound.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use arc_swap::ArcSwap;
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
@@ -95,6 +97,9 @@ pub struct Metrics {
     config_info: Family<HashLabel, Gauge>,
     store_calls: Family<StoreLabels, Counter>,
     store_latency: Family<OperationLabel, Histogram>,
+    /// The two families' series of each (operation, outcome) seen, so that recording a
+    /// store call takes no lock (a `Family` lookup takes a read lock and hashes the labels).
+    store_series: ArcSwap<StoreSeries>,
     request_latency: Histogram,
     in_flight: Gauge,
 }
@@ -220,6 +225,7 @@ impl Metrics {
             store_latency: Family::new_with_constructor(|| {
                 Histogram::new(exponential_buckets(0.000_05, 2.0, 16))
             }),
+            store_series: ArcSwap::default(),
             request_latency: Histogram::new(exponential_buckets(0.000_05, 2.0, 16)),
             in_flight: Gauge::default(),
         };
@@ -506,13 +512,31 @@ impl Drop for RequestTimer<'_> {
     }
 }
 
+type StoreSeries =
+    HashMap<(&'static str, &'static str), (Counter, Histogram), foldhash::fast::RandomState>;
+
 impl CallObserver for Metrics {
     fn observe(&self, operation: &'static str, outcome: &'static str, elapsed: Duration) {
-        self.store_calls
-            .get_or_create(&StoreLabels { operation, outcome })
-            .inc();
-        self.store_latency
-            .get_or_create(&OperationLabel { operation })
-            .observe(elapsed.as_secs_f64());
+        let record = |(calls, latency): &(Counter, Histogram)| {
+            calls.inc();
+            latency.observe(elapsed.as_secs_f64());
+        };
+        if let Some(series) = self.store_series.load().get(&(operation, outcome)) {
+            return record(series);
+        }
+        // First call of this kind: create its series (they appear in /metrics from now
+        // on, as before) and publish them for the next calls.
+        let series = (
+            self.store_calls
+                .get_or_create_owned(&StoreLabels { operation, outcome }),
+            self.store_latency
+                .get_or_create_owned(&OperationLabel { operation }),
+        );
+        record(&series);
+        self.store_series.rcu(|known| {
+            let mut known = StoreSeries::clone(known);
+            known.insert((operation, outcome), series.clone());
+            known
+        });
     }
 }
