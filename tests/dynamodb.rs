@@ -476,3 +476,62 @@ async fn three_servers_share_one_bucket() {
     assert!(admitted <= bound, "admitted {admitted} > C + R·t = {bound}");
     assert!(admitted >= 40.0, "admitted only {admitted}");
 }
+
+/// An item this server cannot read (here a limit whose refill period is 0, as a hand edit
+/// or another tool could leave it) is refused with an error naming the item's key and
+/// what is wrong, and the item is left as it was.
+#[tokio::test]
+async fn a_corrupt_item_is_an_error_naming_its_key_and_reason() {
+    use aws_sdk_dynamodb::types::AttributeValue;
+    use shardgate::store::{Debit, DebitMode, StoreError};
+    let store = common::dynamo::store().await;
+    let key = BucketKey::new("corrupt", "api", 0);
+    let pk = store.pk(&key);
+    let n = |v: i64| AttributeValue::N(v.to_string());
+    store
+        .client()
+        .put_item()
+        .table_name(common::dynamo::TABLE)
+        .item("PK", AttributeValue::S(pk.clone()))
+        .item("SK", AttributeValue::S("#STATE".into()))
+        .item("rf", n(1))
+        .item("b_rpm_tk", n(5_000))
+        .item("b_rpm_cp", n(10_000))
+        .item("b_rpm_ra", n(10_000))
+        .item("b_rpm_rp", n(0))
+        .send()
+        .await
+        .unwrap();
+    let debit = [Debit {
+        limit: "rpm".into(),
+        amount: 1_000,
+        gated: true,
+        params: Some(LimitParams::new(10, 10, 60_000)),
+    }];
+    let err = store
+        .debit(&key, &debit, DebitMode::Fast { now_s: T0 / 1_000 })
+        .await
+        .unwrap_err();
+    match &err {
+        StoreError::Corrupt { key, reason } => {
+            assert_eq!(key, &pk);
+            assert_eq!(reason, "limit 'rpm' has refill period 0");
+        }
+        other => panic!("expected a corrupt-item error, got {other:?}"),
+    }
+    assert!(err.to_string().contains(&pk), "{err}");
+    let left = store
+        .client()
+        .get_item()
+        .table_name(common::dynamo::TABLE)
+        .key("PK", AttributeValue::S(pk))
+        .key("SK", AttributeValue::S("#STATE".into()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        left.item().unwrap()["b_rpm_tk"],
+        n(5_000),
+        "nothing written"
+    );
+}
