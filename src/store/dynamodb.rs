@@ -316,11 +316,17 @@ fn attr(limit: &str, field: &str) -> String {
     format!("b_{limit}_{field}")
 }
 
+/// Expression attribute names by alias.
+type Names = HashMap<String, String>;
+
+/// Expression attribute values by alias.
+type Values = HashMap<String, AttributeValue>;
+
 /// Expression attribute names and values under construction, with positional aliases.
 #[derive(Default)]
 struct Expr {
-    names: HashMap<String, String>,
-    values: HashMap<String, AttributeValue>,
+    names: Names,
+    values: Values,
 }
 
 impl Expr {
@@ -336,12 +342,7 @@ impl Expr {
 
     /// The names and values, moved out for the request (each `None` when empty, which
     /// DynamoDB requires).
-    fn into_parts(
-        self,
-    ) -> (
-        Option<HashMap<String, String>>,
-        Option<HashMap<String, AttributeValue>>,
-    ) {
+    fn into_parts(self) -> (Option<Names>, Option<Values>) {
         (
             (!self.names.is_empty()).then_some(self.names),
             (!self.values.is_empty()).then_some(self.values),
