@@ -812,6 +812,73 @@ async fn x01_a_slow_pass_in_flight_is_followed_not_raced<S: BucketStore>(store: 
     assert_eq!(tk(&rig, 0, "rpm").await, 8_000);
 }
 
+/// A request whose fast debit was refused *before* another request of this process began
+/// refilling that shard finds the pass in flight only afterwards: it waits for the pass
+/// and debits again by the fast path, rather than reading and racing the same `rf` lock.
+async fn x03_a_refused_request_follows_a_pass_begun_since<S: BucketStore>(store: S) {
+    let rig = rig(store);
+    for _ in 0..10 {
+        assert!(acquire(&rig, &rpm(10, 1)).await.admitted);
+    }
+    rig.clock.set(T0 + 60_000);
+    rig.store.clear();
+    let followers = || EngineStats::get(&rig.engine.stats().slow_passes_followed);
+    let reads = || {
+        rig.store
+            .calls()
+            .iter()
+            .filter(|c| matches!(c, Call::Read { .. }))
+            .count()
+    };
+    let sent = || debits(&rig.store.calls());
+    // The first request's refused debit is held until the second has begun its pass.
+    let pass_begun = Arc::new(tokio::sync::Notify::new());
+    let begun = pass_begun.clone();
+    rig.store.after_debit(Box::new(move |_| {
+        Box::pin(async move { begun.notified().await })
+    }));
+    // The second request's commit is held until the first waits for its pass.
+    let release = Arc::new(tokio::sync::Notify::new());
+    let held = release.clone();
+    rig.store.before_commit(Box::new(move |_| {
+        Box::pin(async move { held.notified().await })
+    }));
+    let req = rpm(10, 1);
+    let (first, second, ()) = tokio::join!(
+        acquire(&rig, &req),
+        async {
+            until(|| sent() >= 1).await;
+            acquire(&rig, &req).await
+        },
+        async {
+            until(|| reads() >= 1).await;
+            pass_begun.notify_one();
+            until(|| followers() >= 1).await;
+            release.notify_one();
+        }
+    );
+    assert!(first.admitted && second.admitted);
+    let calls = rig.store.calls();
+    let commits = calls
+        .iter()
+        .filter(|c| matches!(c, Call::Commit { .. }))
+        .count();
+    // Two refused debits, one pass (the second request's), then the first request's
+    // fast debit again.
+    assert_eq!((reads(), commits, debits(&calls)), (1, 1, 3), "{calls:?}");
+    assert_eq!(
+        calls.last(),
+        Some(&Call::Debit {
+            shard: 0,
+            retry_only: false,
+            applied: true,
+            missing: false
+        })
+    );
+    assert_eq!(followers(), 1);
+    assert_eq!(tk(&rig, 0, "rpm").await, 8_000);
+}
+
 /// A config rollout that changes a limit's parameters: the first new-config request
 /// rewrites the limit by the slow path, while a server still on the old parameters
 /// debits it by the fast path between that read and that commit. The rewrite must not
@@ -900,7 +967,8 @@ macro_rules! scenarios {
                 s34_fresh_process_debits_child_and_parent_together,
                 s35_cascading_child_takes_the_slow_path_not_a_retry,
                 x01_a_slow_pass_in_flight_is_followed_not_raced,
-                x02_a_parameter_rewrite_never_overwrites_a_concurrent_debit
+                x02_a_parameter_rewrite_never_overwrites_a_concurrent_debit,
+                x03_a_refused_request_follows_a_pass_begun_since
             );
         }
     };

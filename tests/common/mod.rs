@@ -48,12 +48,14 @@ pub enum Call {
 pub type Hook<S> = Box<dyn FnOnce(Arc<S>) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send>;
 
 /// Any store, recording calls, with one-shot hooks run before a commit or a bump
-/// (standing in for another server acting in between).
+/// (standing in for another server acting in between) or after a debit, before its
+/// answer reaches the engine (holding a request at that point).
 pub struct Recorder<S: BucketStore> {
     pub inner: Arc<S>,
     calls: Mutex<Vec<Call>>,
     before_commit: Mutex<Option<Hook<S>>>,
     before_bump: Mutex<Option<Hook<S>>>,
+    after_debit: Mutex<Option<Hook<S>>>,
 }
 
 impl<S: BucketStore> Recorder<S> {
@@ -63,6 +65,7 @@ impl<S: BucketStore> Recorder<S> {
             calls: Mutex::new(Vec::new()),
             before_commit: Mutex::new(None),
             before_bump: Mutex::new(None),
+            after_debit: Mutex::new(None),
         })
     }
 
@@ -80,6 +83,12 @@ impl<S: BucketStore> Recorder<S> {
 
     pub fn before_bump(&self, hook: Hook<S>) {
         *self.before_bump.lock().unwrap() = Some(hook);
+    }
+
+    /// Runs `hook` once, after the next debit is made and recorded, before its answer
+    /// is returned.
+    pub fn after_debit(&self, hook: Hook<S>) {
+        *self.after_debit.lock().unwrap() = Some(hook);
     }
 
     /// Creates an item through the contract (not recorded).
@@ -126,6 +135,10 @@ impl<S: BucketStore> BucketStore for Recorder<S> {
             applied: matches!(out, DebitOutcome::Applied(_)),
             missing: matches!(out, DebitOutcome::Refused(None)),
         });
+        let hook = self.after_debit.lock().unwrap().take();
+        if let Some(hook) = hook {
+            hook(self.inner.clone()).await;
+        }
         Ok(out)
     }
 
