@@ -144,6 +144,12 @@ struct Serve {
     /// Log format.
     #[arg(long, env = "SHARDGATE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
+    /// Threads answering requests (default: one per CPU core). Fewer threads hop fewer
+    /// tasks between cores: on a 2-core machine sharing its cores with DynamoDB Local,
+    /// one thread cut shardgate's CPU per DynamoDB decision by a fifth (README,
+    /// Performance).
+    #[arg(long, env = "SHARDGATE_WORKER_THREADS")]
+    worker_threads: Option<std::num::NonZeroUsize>,
     /// Serve gRPC over TLS with this PEM certificate chain (re-read when it changes).
     #[arg(long, env = "SHARDGATE_TLS_CERT", requires = "tls_key")]
     tls_cert: Option<PathBuf>,
@@ -203,8 +209,15 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(v * scale))
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
-    tokio::runtime::Runtime::new().map_err(|e| {
+/// A multi-thread runtime of `workers` threads (default: tokio's, one per core).
+fn runtime_with(
+    workers: Option<std::num::NonZeroUsize>,
+) -> Result<tokio::runtime::Runtime, ExitCode> {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = workers {
+        builder.worker_threads(n.get());
+    }
+    builder.enable_all().build().map_err(|e| {
         eprintln!("cannot start the runtime: {e}");
         ExitCode::FAILURE
     })
@@ -253,7 +266,7 @@ fn main() -> ExitCode {
         Command::Table {
             command: TableCommand::Create { dynamo },
         } => {
-            let rt = match runtime() {
+            let rt = match runtime_with(None) {
                 Ok(rt) => rt,
                 Err(code) => return code,
             };
@@ -278,7 +291,7 @@ fn main() -> ExitCode {
             entity,
             resource,
         } => {
-            let rt = match runtime() {
+            let rt = match runtime_with(None) {
                 Ok(rt) => rt,
                 Err(code) => return code,
             };
@@ -327,7 +340,7 @@ fn main() -> ExitCode {
                     max_value_bytes: args.max_value_bytes,
                 },
             };
-            let rt = match runtime() {
+            let rt = match runtime_with(args.worker_threads) {
                 Ok(rt) => rt,
                 Err(code) => return code,
             };

@@ -233,6 +233,7 @@ async fn serve_on<S: BucketStore>(
         partition_write_budget,
         tls = options.tls.is_some(),
         mtls = options.tls.as_ref().is_some_and(|t| t.client_ca.is_some()),
+        worker_threads = tokio::runtime::Handle::current().metrics().num_workers(),
         "serving"
     );
     let tls = match &options.tls {

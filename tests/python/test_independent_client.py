@@ -6,6 +6,7 @@ after k requests it is full again in k × 60/N s, and a refused request waits fo
 missing tokens plus 1 ms. The server runs on the system clock: durations are checked
 against ranges that the milliseconds elapsed during the test allow.
 """
+import json
 import subprocess
 import textwrap
 import time
@@ -355,6 +356,30 @@ def test_request_bounds_are_configurable_on_the_command_line(shardgate):
             server.should_rate_limit(bad)
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert message in e.value.details()
+
+
+def test_worker_threads_are_set_on_the_command_line(shardgate):
+    def serving_line(server):
+        for line in server.log().splitlines():
+            if line.startswith("{"):
+                record = json.loads(line)
+                if record.get("fields", {}).get("message") == "serving":
+                    return record["fields"]
+        raise AssertionError(f"no 'serving' line:\n{server.log()}")
+
+    one = shardgate(FIVE_PER_MINUTE, args=["--worker-threads", "1", "--log-format", "json"])
+    assert serving_line(one)["worker_threads"] == 1
+    assert one.should_rate_limit(request("api", desc(("user", "a")))).overall_code == OK
+    # Without the flag: tokio's default, one per core this process may use.
+    default = shardgate(FIVE_PER_MINUTE, args=["--log-format", "json"])
+    assert serving_line(default)["worker_threads"] >= 1
+    # Zero is refused before anything starts, naming the flag.
+    bad = subprocess.run(
+        [binary(), "serve", "--config", "unused.yaml", "--worker-threads", "0"],
+        capture_output=True, text=True, timeout=30,
+    )
+    assert bad.returncode != 0
+    assert "--worker-threads" in bad.stderr and "zero" in bad.stderr, bad.stderr
 
 
 def test_undecodable_bytes_are_invalid_argument_naming_the_field(shardgate):
