@@ -15,6 +15,10 @@ Environment (all optional):
     BENCH_CONNECTIONS=envoy  envoy: min(concurrency, 2) HTTP/2 connections carrying all
                              streams, as Envoy (one connection per worker, 2 workers on 2
                              cores); each: one connection per stream; N: N connections
+    BENCH_ROUNDS=1           memory: rounds of every case; round k runs shardgate and the
+                             ceiling in the opposite order to round k-1, and the report adds
+                             the median ratio over rounds (one round's ratio moves by ±0.1
+                             on a shared 2-core machine)
     BENCH_SAMPLE=200         answers sampled with grpcio per case (trailers + decode)
     BENCH_STORE_TIMEOUT=1s   shardgate --store-timeout and the UpdateItem loop's deadline
                              on DynamoDB Local
@@ -55,6 +59,7 @@ CONCURRENCY = [int(c) for c in os.environ.get("BENCH_CONCURRENCY", "1 16 64").sp
 SCENARIOS = os.environ.get("BENCH_SCENARIOS", "hot cascade three over distinct").split()
 CONNECTIONS = os.environ.get("BENCH_CONNECTIONS", "envoy")
 SAMPLE = int(os.environ.get("BENCH_SAMPLE", "200"))
+ROUNDS = max(1, int(os.environ.get("BENCH_ROUNDS", "1")))
 STORE_TIMEOUT = os.environ.get("BENCH_STORE_TIMEOUT", "1s")
 DDB_WARMUP = float(os.environ.get("BENCH_DDB_WARMUP", "5"))
 DDB_JVM_WARMUP = float(os.environ.get("BENCH_DDB_JVM_WARMUP", "20"))
@@ -361,49 +366,51 @@ def bench_memory(work, frames, manifest):
         if s == "hot":
             plan.append(("hot", "rls_load"))
     warmed_distinct = set()
-    for scenario, tool in plan:
+    for scenario, tool, c, rnd in ((s, t, c, k) for s, t in plan for c in CONCURRENCY
+                                   for k in range(1, ROUNDS + 1)):
         info = manifest[scenario]
-        for c in CONCURRENCY:
-            case = {"scenario": scenario, "tool": tool, "concurrency": c,
-                    "descriptors_per_request": info["descriptors_per_request"]}
-            for role, (proc, port) in servers.items():
-                tag = f"{scenario}-{tool}-c{c}-{role}"
-                log(f"  {tag}: warm-up, then {DURATION:g} s")
-                if tool == "h2load":
-                    if WARMUP > 0:
-                        h2load(port, info["file"], c, WARMUP)
-                else:
-                    if scenario == "distinct" and role not in warmed_distinct:
-                        # Create every bucket once: the steady state has them all.
-                        r = rls_load(port, info["file"], 64, DISTINCT_WARM_TIMEOUT, max_requests=info["frames"])
-                        log(f"    created {r['answers']} buckets in {r['window_s']:.1f} s")
-                        warmed_distinct.add(role)
-                    if WARMUP > 0:
-                        rls_load(port, info["file"], c, WARMUP, offset=c * 7919)
-                if role == "shardgate":
-                    settle(http_port)
-                before = scrape(http_port) if role == "shardgate" else None
-                cpu0, busy0, t0 = cpu_seconds(proc.pid), busy_seconds(), time.time()
-                log_path = os.path.join(work, f"{tag}.log")
-                if tool == "h2load":
-                    r = h2load(port, info["file"], c, DURATION, log_path)
-                else:
-                    r = rls_load(port, info["file"], c, DURATION, log_path, offset=c * 104729)
-                cpu1, busy1, t1 = cpu_seconds(proc.pid), busy_seconds(), time.time()
-                # Cores kept busy by everything else on the machine meanwhile.
-                r["other_cores"] = max(0.0, (busy1 - busy0) - (cpu1 - cpu0) - r["client_cpu_s"]) / (t1 - t0)
-                after = scrape(http_port) if role == "shardgate" else None
-                r["latency"] = percentiles(log_path)
-                os.unlink(log_path)
-                r["server_cpu_s"] = cpu1 - cpu0
-                n = r["answers"]
-                r["cpu_us_per_decision"] = r["server_cpu_s"] * 1e6 / n if n else 0
-                r["cpu_s_per_1k"] = r["server_cpu_s"] * 1e3 / n if n else 0
-                if before is not None:
-                    r["server"] = server_counts(before, after, info["descriptors_per_request"])
-                r["sample"] = sample(port, info["file"])
-                case[role] = r
-            cases.append(case)
+        case = {"scenario": scenario, "tool": tool, "concurrency": c, "round": rnd,
+                "descriptors_per_request": info["descriptors_per_request"]}
+        # Alternate who goes first, so a drift during the run favours neither.
+        order = list(servers.items()) if rnd % 2 else list(reversed(servers.items()))
+        for role, (proc, port) in order:
+            tag = f"{scenario}-{tool}-c{c}-r{rnd}-{role}"
+            log(f"  {tag}: warm-up, then {DURATION:g} s")
+            if tool == "h2load":
+                if WARMUP > 0:
+                    h2load(port, info["file"], c, WARMUP)
+            else:
+                if scenario == "distinct" and role not in warmed_distinct:
+                    # Create every bucket once: the steady state has them all.
+                    r = rls_load(port, info["file"], 64, DISTINCT_WARM_TIMEOUT, max_requests=info["frames"])
+                    log(f"    created {r['answers']} buckets in {r['window_s']:.1f} s")
+                    warmed_distinct.add(role)
+                if WARMUP > 0:
+                    rls_load(port, info["file"], c, WARMUP, offset=c * 7919)
+            if role == "shardgate":
+                settle(http_port)
+            before = scrape(http_port) if role == "shardgate" else None
+            cpu0, busy0, t0 = cpu_seconds(proc.pid), busy_seconds(), time.time()
+            log_path = os.path.join(work, f"{tag}.log")
+            if tool == "h2load":
+                r = h2load(port, info["file"], c, DURATION, log_path)
+            else:
+                r = rls_load(port, info["file"], c, DURATION, log_path, offset=c * 104729)
+            cpu1, busy1, t1 = cpu_seconds(proc.pid), busy_seconds(), time.time()
+            # Cores kept busy by everything else on the machine meanwhile.
+            r["other_cores"] = max(0.0, (busy1 - busy0) - (cpu1 - cpu0) - r["client_cpu_s"]) / (t1 - t0)
+            after = scrape(http_port) if role == "shardgate" else None
+            r["latency"] = percentiles(log_path)
+            os.unlink(log_path)
+            r["server_cpu_s"] = cpu1 - cpu0
+            n = r["answers"]
+            r["cpu_us_per_decision"] = r["server_cpu_s"] * 1e6 / n if n else 0
+            r["cpu_s_per_1k"] = r["server_cpu_s"] * 1e3 / n if n else 0
+            if before is not None:
+                r["server"] = server_counts(before, after, info["descriptors_per_request"])
+            r["sample"] = sample(port, info["file"])
+            case[role] = r
+        cases.append(case)
     stop_all()
     return cases
 
@@ -510,7 +517,7 @@ def memory_report(m, cases, manifest):
         sg, ce = case["shardgate"], case["ceiling"]
         gen = sg["client_cpu_s"] / max(sg.get("elapsed_s") or sg.get("window_s") or DURATION, 1e-6) * 100
         L.append(
-            f"| {case['scenario']} | {case['tool']} | {case['concurrency']} | {sg['req_per_s']:,.0f} | "
+            f"| {case['scenario']} | {label(case)} | {case['concurrency']} | {sg['req_per_s']:,.0f} | "
             f"{ce['req_per_s']:,.0f} | {ratio(sg['req_per_s'], ce['req_per_s'])} | "
             f"{sg['cpu_us_per_decision']:.1f} | {ce['cpu_us_per_decision']:.1f} | "
             f"{ratio(sg['cpu_us_per_decision'], ce['cpu_us_per_decision'])} | "
@@ -530,7 +537,7 @@ def memory_report(m, cases, manifest):
     for case in cases:
         a, b = case["shardgate"]["latency"], case["ceiling"]["latency"]
         L.append(
-            f"| {case['scenario']} | {case['tool']} | {case['concurrency']} | {fmt_ms(a['p50'])} | "
+            f"| {case['scenario']} | {label(case)} | {case['concurrency']} | {fmt_ms(a['p50'])} | "
             f"{fmt_ms(a['p99'])} | {fmt_ms(a['p99.9'])} | {fmt_ms(b['p50'])} | {fmt_ms(b['p99'])} | "
             f"{fmt_ms(b['p99.9'])} | {ratio(a['p99'], b['p99'])} |"
         )
@@ -549,7 +556,7 @@ def memory_report(m, cases, manifest):
     L.append("|---|---|--:|---|---|")
     for case in cases:
         L.append(
-            f"| {case['scenario']} | {case['tool']} | {case['concurrency']} | "
+            f"| {case['scenario']} | {label(case)} | {case['concurrency']} | "
             f"{verification(case['shardgate'], case['descriptors_per_request'])} | "
             f"{verification(case['ceiling'], case['descriptors_per_request'])} |"
         )
@@ -560,26 +567,50 @@ def memory_report(m, cases, manifest):
         s = case["shardgate"]["server"]
         calls = ", ".join(f"{k} {v:,.0f}" for k, v in sorted(s["store_calls"].items()))
         L.append(
-            f"| {case['scenario']} | {case['tool']} | {case['concurrency']} | {s['requests']:,.0f} | "
+            f"| {case['scenario']} | {label(case)} | {case['concurrency']} | {s['requests']:,.0f} | "
             f"{s['fast_path_hits']:,.0f} | {s['slow_paths']:,.0f} | {s['rejection_cache_hits']:,.0f} | {calls} |"
         )
+    groups = {}
+    for case in cases:
+        groups.setdefault((case["scenario"], case["tool"], case["concurrency"]), []).append(case)
+    if ROUNDS > 1:
+        L.append(f"\n## Across the {ROUNDS} rounds (shardgate and the ceiling in alternating order)\n")
+        L.append("| scenario | tool | c | req/s ratio per round | median | CPU ratio per round | median |")
+        L.append("|---|---|--:|---|--:|---|--:|")
+        for (scenario, tool, c), group in groups.items():
+            rs = [q(g["shardgate"]["req_per_s"], g["ceiling"]["req_per_s"]) for g in group]
+            cs = [q(g["shardgate"]["cpu_us_per_decision"], g["ceiling"]["cpu_us_per_decision"]) for g in group]
+            L.append(
+                f"| {scenario} | {tool} | {c} | {', '.join(f'{x:.2f}' for x in rs)} | "
+                f"{statistics.median(rs):.2f} | {', '.join(f'{x:.2f}' for x in cs)} | "
+                f"{statistics.median(cs):.2f} |"
+            )
     L.append("\n## Against the targets (reported, not asserted)\n")
-    for c in CONCURRENCY:
+    if ROUNDS > 1:
+        L.append(f"Medians over the {ROUNDS} rounds.\n")
+    for (scenario, tool, c), group in groups.items():
         if c != max(CONCURRENCY):
             continue
-        for case in cases:
-            if case["concurrency"] != c:
-                continue
-            sg, ce = case["shardgate"], case["ceiling"]
-            r = sg["req_per_s"] / ce["req_per_s"] if ce["req_per_s"] else 0
-            L.append(
-                f"- {case['scenario']} ({case['tool']}, c={c}): req/s {r:.0%} of the ceiling "
-                f"({'meets' if r >= 0.9 else 'misses'} ≥ 90 %); {sg['cpu_us_per_decision']:.1f} µs CPU "
-                f"per decision ({'meets' if sg['cpu_us_per_decision'] <= 20 else 'misses'} ≤ 20 µs); "
-                f"p99 {fmt_ms(sg['latency']['p99'])} ms "
-                f"({'meets' if sg['latency']['p99'] <= 2000 else 'misses'} ≤ 2 ms)"
-            )
+        r = statistics.median(q(g["shardgate"]["req_per_s"], g["ceiling"]["req_per_s"]) for g in group)
+        cpu = statistics.median(g["shardgate"]["cpu_us_per_decision"] for g in group)
+        p99 = statistics.median(g["shardgate"]["latency"]["p99"] for g in group)
+        L.append(
+            f"- {scenario} ({tool}, c={c}): req/s {r:.0%} of the ceiling "
+            f"({'meets' if r >= 0.9 else 'misses'} ≥ 90 %); {cpu:.1f} µs CPU "
+            f"per decision ({'meets' if cpu <= 20 else 'misses'} ≤ 20 µs); "
+            f"p99 {fmt_ms(p99)} ms "
+            f"({'meets' if p99 <= 2000 else 'misses'} ≤ 2 ms)"
+        )
     return "\n".join(L) + "\n"
+
+
+def label(case):
+    """The tool column: the tool, and the round when there are several."""
+    return f"{case['tool']}, round {case['round']}" if ROUNDS > 1 else case["tool"]
+
+
+def q(a, b):
+    return a / b if b else 0.0
 
 
 def machine_lines(m):
