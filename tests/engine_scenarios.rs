@@ -141,6 +141,20 @@ fn debits(calls: &[Call]) -> usize {
         .count()
 }
 
+fn reads(calls: &[Call]) -> usize {
+    calls
+        .iter()
+        .filter(|c| matches!(c, Call::Read { .. }))
+        .count()
+}
+
+fn commits(calls: &[Call]) -> usize {
+    calls
+        .iter()
+        .filter(|c| matches!(c, Call::Commit { .. }))
+        .count()
+}
+
 // ---------------------------------------------------------------- B. single shard
 
 /// S06 ten per minute.
@@ -755,31 +769,19 @@ async fn until(done: impl Fn() -> bool) {
 /// for it and then takes the fast path: no refused debit, no read, no commit and no lost
 /// `rf` race of its own.
 async fn x01_a_slow_pass_in_flight_is_followed_not_raced<S: BucketStore>(store: S) {
-    let rig = rig(store);
-    for _ in 0..10 {
-        assert!(acquire(&rig, &rpm(10, 1)).await.admitted);
-    }
-    rig.clock.set(T0 + 60_000);
+    let rig = exhausted_a_minute_ago(store).await;
     let release = Arc::new(tokio::sync::Notify::new());
     let held = release.clone();
     rig.store.before_commit(Box::new(move |_| {
         Box::pin(async move { held.notified().await })
     }));
-    rig.store.clear();
     let followers = || EngineStats::get(&rig.engine.stats().slow_passes_followed);
-    let reads = || {
-        rig.store
-            .calls()
-            .iter()
-            .filter(|c| matches!(c, Call::Read { .. }))
-            .count()
-    };
     let req = rpm(10, 1);
     let (first, second, ()) = tokio::join!(
         acquire(&rig, &req),
         async {
             // Starts once the first request is in its pass (it has read the item).
-            until(|| reads() >= 1).await;
+            until(|| reads(&rig.store.calls()) >= 1).await;
             acquire(&rig, &req).await
         },
         async {
@@ -789,13 +791,32 @@ async fn x01_a_slow_pass_in_flight_is_followed_not_raced<S: BucketStore>(store: 
         }
     );
     assert!(first.admitted && second.admitted);
-    let calls = rig.store.calls();
-    let commits = calls
-        .iter()
-        .filter(|c| matches!(c, Call::Commit { .. }))
-        .count();
     // One pass for both, and the second request sent nothing until it ended.
-    assert_eq!((reads(), commits, debits(&calls)), (1, 1, 2), "{calls:?}");
+    one_pass_followed(&rig, 2).await;
+}
+
+/// Ten of ten tokens taken, then the clock a minute on: the next request's fast debit is
+/// refused and a refill (one slow pass) admits it. The store's calls are cleared.
+async fn exhausted_a_minute_ago<S: BucketStore>(store: S) -> Rig<S> {
+    let rig = rig(store);
+    for _ in 0..10 {
+        assert!(acquire(&rig, &rpm(10, 1)).await.admitted);
+    }
+    rig.clock.set(T0 + 60_000);
+    rig.store.clear();
+    rig
+}
+
+/// Both requests of x01/x03 admitted through one slow pass that one of them followed:
+/// one read, one commit, `debits_sent` debits, the last an applied fast debit, two tokens
+/// taken from the refilled ten.
+async fn one_pass_followed<S: BucketStore>(rig: &Rig<S>, debits_sent: usize) {
+    let calls = rig.store.calls();
+    assert_eq!(
+        (reads(&calls), commits(&calls), debits(&calls)),
+        (1, 1, debits_sent),
+        "{calls:?}"
+    );
     assert_eq!(
         calls.last(),
         Some(&Call::Debit {
@@ -809,28 +830,15 @@ async fn x01_a_slow_pass_in_flight_is_followed_not_raced<S: BucketStore>(store: 
         EngineStats::get(&rig.engine.stats().slow_passes_followed),
         1
     );
-    assert_eq!(tk(&rig, 0, "rpm").await, 8_000);
+    assert_eq!(tk(rig, 0, "rpm").await, 8_000);
 }
 
 /// A request whose fast debit was refused *before* another request of this process began
 /// refilling that shard finds the pass in flight only afterwards: it waits for the pass
 /// and debits again by the fast path, rather than reading and racing the same `rf` lock.
 async fn x03_a_refused_request_follows_a_pass_begun_since<S: BucketStore>(store: S) {
-    let rig = rig(store);
-    for _ in 0..10 {
-        assert!(acquire(&rig, &rpm(10, 1)).await.admitted);
-    }
-    rig.clock.set(T0 + 60_000);
-    rig.store.clear();
+    let rig = exhausted_a_minute_ago(store).await;
     let followers = || EngineStats::get(&rig.engine.stats().slow_passes_followed);
-    let reads = || {
-        rig.store
-            .calls()
-            .iter()
-            .filter(|c| matches!(c, Call::Read { .. }))
-            .count()
-    };
-    let sent = || debits(&rig.store.calls());
     // The first request's refused debit is held until the second has begun its pass.
     let pass_begun = Arc::new(tokio::sync::Notify::new());
     let begun = pass_begun.clone();
@@ -847,36 +855,20 @@ async fn x03_a_refused_request_follows_a_pass_begun_since<S: BucketStore>(store:
     let (first, second, ()) = tokio::join!(
         acquire(&rig, &req),
         async {
-            until(|| sent() >= 1).await;
+            until(|| debits(&rig.store.calls()) >= 1).await;
             acquire(&rig, &req).await
         },
         async {
-            until(|| reads() >= 1).await;
+            until(|| reads(&rig.store.calls()) >= 1).await;
             pass_begun.notify_one();
             until(|| followers() >= 1).await;
             release.notify_one();
         }
     );
     assert!(first.admitted && second.admitted);
-    let calls = rig.store.calls();
-    let commits = calls
-        .iter()
-        .filter(|c| matches!(c, Call::Commit { .. }))
-        .count();
     // Two refused debits, one pass (the second request's), then the first request's
     // fast debit again.
-    assert_eq!((reads(), commits, debits(&calls)), (1, 1, 3), "{calls:?}");
-    assert_eq!(
-        calls.last(),
-        Some(&Call::Debit {
-            shard: 0,
-            retry_only: false,
-            applied: true,
-            missing: false
-        })
-    );
-    assert_eq!(followers(), 1);
-    assert_eq!(tk(&rig, 0, "rpm").await, 8_000);
+    one_pass_followed(&rig, 3).await;
 }
 
 /// A config rollout that changes a limit's parameters: the first new-config request
