@@ -143,15 +143,27 @@ impl Default for EngineOptions {
     }
 }
 
-/// Read access to the shard counts an engine has learnt (buckets with more than one
-/// shard), independent of the store type.
+/// Read access to what an engine holds, for metrics, independent of the store type.
 #[derive(Debug, Clone)]
-pub struct ShardCountsView(Arc<shard::ShardCounts>);
+pub struct EngineView {
+    stats: Arc<EngineStats>,
+    shards: Arc<shard::ShardCounts>,
+    rejections: Arc<rejection::RejectionCache>,
+}
 
-impl ShardCountsView {
+impl EngineView {
+    pub fn stats(&self) -> &EngineStats {
+        &self.stats
+    }
+
     /// Up to `limit` sharded buckets, most shards first: `(entity, resource, count)`.
     pub fn hottest(&self, limit: usize) -> Vec<(String, String, u32)> {
-        self.0.hottest(limit)
+        self.shards.hottest(limit)
+    }
+
+    /// Shard images the rejection cache holds now.
+    pub fn rejection_cache_entries(&self) -> usize {
+        self.rejections.entries()
     }
 }
 
@@ -191,7 +203,7 @@ pub struct Engine<S: BucketStore> {
     options: EngineOptions,
     wcu: LimitParams,
     shards: Arc<shard::ShardCounts>,
-    rejections: rejection::RejectionCache,
+    rejections: Arc<rejection::RejectionCache>,
     slow_passes: inflight::SlowPasses,
     stats: Arc<EngineStats>,
     ceiling_log: crate::throttle::LogThrottle,
@@ -224,10 +236,10 @@ impl<S: BucketStore> Engine<S> {
             draw,
             wcu: LimitParams::new(budget, budget, 1_000),
             shards: Arc::default(),
-            rejections: rejection::RejectionCache::new(
+            rejections: Arc::new(rejection::RejectionCache::new(
                 options.rejection_cache_ms,
                 options.rejection_cache_entries,
-            ),
+            )),
             slow_passes: inflight::SlowPasses::default(),
             options,
             stats: Arc::default(),
@@ -243,9 +255,19 @@ impl<S: BucketStore> Engine<S> {
         &self.stats
     }
 
-    /// A handle on the shard counts this process knows, for metrics.
-    pub fn shard_counts(&self) -> ShardCountsView {
-        ShardCountsView(self.shards.clone())
+    /// A handle on the engine's counters, shard counts and rejection cache, for metrics.
+    pub fn view(&self) -> EngineView {
+        EngineView {
+            stats: self.stats.clone(),
+            shards: self.shards.clone(),
+            rejections: self.rejections.clone(),
+        }
+    }
+
+    /// Drops the rejection-cache entries no request can use any more (the server calls
+    /// this on a timer; see `rejection.rs`). Returns how many were dropped.
+    pub fn prune_rejections(&self) -> usize {
+        self.rejections.prune(self.clock.now_ms())
     }
 
     pub fn options(&self) -> &EngineOptions {

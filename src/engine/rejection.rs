@@ -13,6 +13,10 @@
 //! old image (projected to now, so a refill is never missed) until that caller's image
 //! replaces it, or for one more lifetime if none does. Without this, each expiry of a
 //! hot refused bucket sent every request in flight to the store at once.
+//!
+//! [`RejectionCache::prune`] drops what no caller can still use (see its comment); the
+//! server calls it on a timer, so a bucket refused once and never asked for again does
+//! not stay, and once no bucket is short admitting goes back to the atomic load.
 
 use std::collections::HashMap;
 use std::hash::BuildHasher;
@@ -148,6 +152,36 @@ impl RejectionCache {
         self.part(key).get(key).map(|e| e.image.clone())
     }
 
+    /// Drops every entry no caller can trust any more: neither stored nor sent for a
+    /// refresh within the last two lifetimes (a live entry of a refused bucket is stored
+    /// again at least once a lifetime), or of an item expired by now. Returns how many
+    /// were dropped. Costs one atomic load while the cache is empty.
+    pub(crate) fn prune(&self, now: i64) -> usize {
+        if !self.holds_any() {
+            return 0;
+        }
+        let horizon = self.ttl_ms.saturating_mul(2);
+        let mut dropped = 0;
+        for part in &self.parts {
+            let mut g = part.lock().unwrap_or_else(|e| e.into_inner());
+            let before = g.len();
+            g.retain(|_, e| {
+                let used = e
+                    .refreshing_since
+                    .map_or(e.stored_at, |t| t.max(e.stored_at));
+                now - used < horizon && e.image.ttl.is_none_or(|t| t * 1_000 > now)
+            });
+            dropped += before - g.len();
+        }
+        self.len.fetch_sub(dropped, Ordering::Relaxed);
+        dropped
+    }
+
+    /// Entries held in the cache now.
+    pub(crate) fn entries(&self) -> usize {
+        self.len.load(Ordering::Relaxed)
+    }
+
     /// An image of a shard to trust now, if any: one younger than the lifetime, or an
     /// older one while another caller refreshes it. `None` for the caller chosen to
     /// refresh (see the module comment).
@@ -245,6 +279,34 @@ mod tests {
         let held = keys.iter().filter(|k| cache.fresh(k, 1).is_some()).count();
         assert!(held <= PARTS, "{held} entries held in {PARTS} parts of one");
         assert_eq!(cache.len.load(Ordering::Relaxed), held);
+    }
+
+    #[test]
+    fn prune_drops_only_what_no_caller_can_still_use() {
+        let cache = RejectionCache::new(1_000, 64);
+        let idle = BucketKey::new("idle", "r", 0);
+        let refreshed = BucketKey::new("refreshed", "r", 0);
+        let expiring = BucketKey::new("expiring", "r", 0);
+        cache.remember(&idle, &image(), 0);
+        cache.remember(&refreshed, &image(), 0);
+        let item = BucketItem {
+            ttl: Some(1),
+            ..image()
+        };
+        cache.remember(&expiring, &item, 0);
+        assert_eq!(cache.prune(999), 0, "all within the lifetime");
+        assert_eq!(cache.prune(1_000), 1, "the item expired at 1 s");
+        assert!(cache.latest(&expiring).is_none());
+        // A caller went to refresh `refreshed` at 1.5 s: the others trust it until 2.5 s.
+        assert!(cache.fresh(&refreshed, 1_500).is_none());
+        assert_eq!(cache.prune(1_999), 0);
+        assert_eq!(cache.prune(2_000), 1, "idle for two lifetimes");
+        assert!(cache.latest(&idle).is_none());
+        assert!(cache.fresh(&refreshed, 2_400).is_some(), "still trusted");
+        assert_eq!(cache.prune(3_499), 0);
+        assert_eq!(cache.prune(3_500), 1);
+        assert!(!cache.holds_any(), "empty again: admitting costs one load");
+        assert_eq!(cache.entries(), 0);
     }
 
     #[test]

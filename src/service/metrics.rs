@@ -7,7 +7,7 @@
 //! cannot grow memory without bound.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -21,7 +21,7 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
 use crate::config::{Config, DescriptorEntry, Rule};
-use crate::engine::{EngineStats, ShardCountsView};
+use crate::engine::{EngineStats, EngineView};
 use crate::store::dynamodb::{CallKind, CallTotals};
 use crate::store::metered::CallObserver;
 
@@ -107,13 +107,12 @@ pub struct Metrics {
 /// Engine counters and learnt shard counts, read at scrape time.
 #[derive(Debug)]
 struct EngineCollector {
-    stats: Arc<EngineStats>,
-    shards: ShardCountsView,
+    engine: EngineView,
 }
 
 impl Collector for EngineCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let s = &self.stats;
+        let s = self.engine.stats();
         let counters: [(&str, &str, u64); 7] = [
             (
                 "shard_doublings",
@@ -156,7 +155,16 @@ impl Collector for EngineCollector {
             let m = encoder.encode_descriptor(name, help, None, c.metric_type())?;
             c.encode(m)?;
         }
-        let hot = self.shards.hottest(HOT_BUCKETS_LISTED);
+        let held = ConstGauge::new(
+            i64::try_from(self.engine.rejection_cache_entries()).unwrap_or(i64::MAX),
+        );
+        held.encode(encoder.encode_descriptor(
+            "rejection_cache_entries",
+            "Shard images the rejection cache holds (buckets short or refused within about two cache lifetimes)",
+            None,
+            held.metric_type(),
+        )?)?;
+        let hot = self.engine.hottest(HOT_BUCKETS_LISTED);
         if !hot.is_empty() {
             let mut m = encoder.encode_descriptor(
                 "bucket_shards",
@@ -301,11 +309,11 @@ impl Metrics {
     }
 
     /// Adds the engine's counters and shard counts (read at each scrape).
-    pub fn attach_engine(&self, stats: Arc<EngineStats>, shards: ShardCountsView) {
+    pub fn attach_engine(&self, engine: EngineView) {
         self.registry
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .register_collector(Box::new(EngineCollector { stats, shards }));
+            .register_collector(Box::new(EngineCollector { engine }));
     }
 
     /// Adds DynamoDB's consumed capacity, read from `totals` (the store's call ledger) at

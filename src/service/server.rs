@@ -87,6 +87,9 @@ const BREAKER_COOL_OFF: Duration = Duration::from_millis(500);
 
 /// How often gRPC health re-checks that the store answers.
 const STORE_HEALTH_INTERVAL: Duration = Duration::from_secs(5);
+/// How often the rejection cache drops images no request can use any more (entries live
+/// at most two cache lifetimes past their last use, plus this).
+const REJECTION_PRUNE_INTERVAL: Duration = Duration::from_secs(1);
 
 /// How often the TLS files are checked for a new certificate.
 const TLS_RELOAD_POLL: Duration = Duration::from_secs(2);
@@ -177,7 +180,7 @@ async fn serve_on<S: BucketStore>(
     };
     let store = Arc::new(Metered::new(store, metrics.clone()));
     let engine = Arc::new(Engine::new(store, engine_options));
-    metrics.attach_engine(engine.stats().clone(), engine.shard_counts());
+    metrics.attach_engine(engine.view());
     let limiter = Arc::new(
         RateLimiter::new(config.clone(), engine)
             .with_global_shadow(options.global_shadow_mode)
@@ -256,6 +259,16 @@ async fn serve_on<S: BucketStore>(
             }
         })
     };
+    let prune_task = {
+        let engine = limiter.engine().clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(REJECTION_PRUNE_INTERVAL);
+            loop {
+                tick.tick().await;
+                engine.prune_rejections();
+            }
+        })
+    };
     let grpc_task = tokio::spawn(grpc::serve_with(
         limiter.clone(),
         grpc_listener,
@@ -267,6 +280,7 @@ async fn serve_on<S: BucketStore>(
 
     shutdown_signal().await;
     health_task.abort();
+    prune_task.abort();
     let _ = stop_tx.send(true);
     let grace = options.shutdown_grace;
     let drained = tokio::time::timeout(grace, async {

@@ -102,6 +102,7 @@ def test_exposition_format_families_and_types(shardgate):
     assert fresh.value(P + "config_load_error_total") == 0
     assert fresh.value(P + "domain_not_found_total") == 0
     assert fresh.value(P + "requests_in_flight") == 0
+    assert fresh.value(P + "rejection_cache_entries") == 0
     _, count, _ = fresh.histogram(P + "request_duration_seconds")
     assert count == 0
     for c in ENGINE_COUNTERS:
@@ -125,6 +126,7 @@ def test_exposition_format_families_and_types(shardgate):
         "store_call_duration_seconds": "histogram",
         "request_duration_seconds": "histogram",
         "requests_in_flight": "gauge",
+        "rejection_cache_entries": "gauge",
     }
     missing = {P + f: t for f, t in expected.items() if m.type_of(P + f) != t}
     missing.update({c: "counter" for c in ENGINE_COUNTERS
@@ -302,6 +304,37 @@ def test_rejection_cache_hits_and_refunds(shardgate):
     # `b` kept its tokens: 100 − 1 from the single request above (+ 0.03 refilled).
     r = server.should_rate_limit(request("m", desc(("b", "1"), hits=0)))
     assert r.statuses[0].limit_remaining == 99
+
+
+def test_rejection_cache_entries_are_dropped_once_no_request_can_use_them(shardgate):
+    """A bucket refused once and never asked for again must not stay in the cache: while
+    an entry is held, every admitted request pays a lookup. The server prunes entries
+    neither stored nor refreshed within two cache lifetimes (2 s), once a second."""
+    server = shardgate(RULES)
+    for i in range(3):  # a_rpm is 1/min: one admitted, then refused
+        server.should_rate_limit(request("m", desc(("a", f"idle{i}"))))
+        r = server.should_rate_limit(request("m", desc(("a", f"idle{i}"))))
+        assert r.overall_code == OVER_LIMIT
+    held = server.metrics().value(P + "rejection_cache_entries")
+    assert held == 3, held
+    # Still refused from the cache while the image is young: the entry is in use.
+    m0 = server.metrics()
+    assert server.should_rate_limit(request("m", desc(("a", "idle0")))).overall_code == OVER_LIMIT
+    assert diff_engine(m0, server.metrics(), "rejection_cache_hits") == 1
+    deadline = time.monotonic() + 10  # 2 s horizon + 1 s tick, with room for a slow machine
+    while time.monotonic() < deadline:
+        held = server.metrics().value(P + "rejection_cache_entries")
+        if held == 0:
+            break
+        time.sleep(0.2)
+    assert held == 0, held
+    # Nothing was lost: the buckets are still spent, now refused by the store.
+    m1 = server.metrics()
+    for i in range(3):
+        assert server.should_rate_limit(request("m", desc(("a", f"idle{i}")))).overall_code == OVER_LIMIT
+    m2 = server.metrics()
+    assert diff_engine(m1, m2, "rejection_cache_hits") == 0
+    assert m2.value(P + "rejection_cache_entries") == 3
 
 
 def burst(server, n):
