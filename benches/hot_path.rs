@@ -3,7 +3,9 @@
 //!   with the rule count);
 //! - token-bucket refill;
 //! - memory-store fast-path debit on one hot item and across 100,000 items;
-//! - one full decision through the service layer (no network).
+//! - one full decision through the service layer (no network), assembled as the server
+//!   assembles it (store-call and request metrics), for one descriptor, a cascade pair and
+//!   three descriptors, and for one descriptor without metrics.
 //!
 //! Run: `cargo bench --bench hot_path`.
 
@@ -17,8 +19,10 @@ use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use shardgate::config::Config;
 use shardgate::engine::bucket::{refill, LimitParams};
 use shardgate::engine::{Engine, EngineOptions, UNLIMITED_PARTITION_WRITE_BUDGET};
+use shardgate::service::metrics::Metrics;
 use shardgate::service::RateLimiter;
 use shardgate::store::memory::MemoryStore;
+use shardgate::store::metered::Metered;
 use shardgate::store::{
     BucketItem, BucketKey, BucketStore, Debit, DebitMode, LimitState, WCU_LIMIT,
 };
@@ -112,40 +116,86 @@ fn store_debit(c: &mut Criterion) {
     g.finish();
 }
 
+const DECISION_YAML: &str = r#"
+domain: bench
+descriptors:
+  - key: tenant
+    rate_limit: {unit: second, requests_per_unit: 1000000000}
+    descriptors:
+      - key: api_key
+        cascade: true
+        rate_limit: {unit: second, requests_per_unit: 1000000000}
+  - key: path
+    rate_limit: {unit: second, requests_per_unit: 1000000000}
+  - key: user
+    rate_limit: {unit: second, requests_per_unit: 1000000000}
+"#;
+
+fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: entries
+            .iter()
+            .map(|(k, v)| Entry {
+                key: (*k).into(),
+                value: (*v).into(),
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+/// One decision through the service layer, assembled as `shardgate serve` assembles it
+/// (the store wrapped by the call metrics, one `Metrics` shared by the limiter and the
+/// store), for the request shapes of the load benchmark; and the one-descriptor case
+/// without any metrics, to show what recording them costs.
 fn decision(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
-    let config = Config::from_yaml(
-        "bench.yaml",
-        "domain: bench\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: second, requests_per_unit: 1000000000}\n",
+    let options = EngineOptions {
+        partition_write_budget: UNLIMITED_PARTITION_WRITE_BUDGET,
+        ..EngineOptions::default()
+    };
+    let config = Arc::new(Config::from_yaml("bench.yaml", DECISION_YAML).unwrap());
+    let metrics = Arc::new(Metrics::new());
+    let store = Arc::new(Metered::new(Arc::new(MemoryStore::new()), metrics.clone()));
+    let served = RateLimiter::new(
+        config.clone(),
+        Arc::new(Engine::new(store, options.clone())),
     )
-    .unwrap();
-    let engine = Arc::new(Engine::new(
-        Arc::new(MemoryStore::new()),
-        EngineOptions {
-            partition_write_budget: UNLIMITED_PARTITION_WRITE_BUDGET,
-            ..EngineOptions::default()
-        },
-    ));
-    let limiter = RateLimiter::new(Arc::new(config), engine);
-    let request = RateLimitRequest {
+    .with_metrics(metrics);
+    let bare = RateLimiter::new(
+        config,
+        Arc::new(Engine::new(Arc::new(MemoryStore::new()), options)),
+    );
+    let request = |descriptors: Vec<RateLimitDescriptor>| RateLimitRequest {
         domain: "bench".into(),
-        descriptors: vec![RateLimitDescriptor {
-            entries: vec![Entry {
-                key: "tenant".into(),
-                value: "acme".into(),
-            }],
-            ..Default::default()
-        }],
+        descriptors,
         hits_addend: 0,
     };
-    c.bench_function("decision_one_descriptor", |b| {
+    let one = request(vec![descriptor(&[("tenant", "acme")])]);
+    let cascade = request(vec![descriptor(&[("tenant", "acme"), ("api_key", "k1")])]);
+    let three = request(vec![
+        descriptor(&[("tenant", "acme")]),
+        descriptor(&[("path", "/a")]),
+        descriptor(&[("user", "u1")]),
+    ]);
+    let mut g = c.benchmark_group("decision");
+    for (name, req) in [("one", &one), ("cascade", &cascade), ("three", &three)] {
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                rt.block_on(served.should_rate_limit(black_box(req)))
+                    .unwrap()
+            })
+        });
+    }
+    g.bench_function("one_without_metrics", |b| {
         b.iter(|| {
-            rt.block_on(limiter.should_rate_limit(black_box(&request)))
+            rt.block_on(bare.should_rate_limit(black_box(&one)))
                 .unwrap()
         })
     });
+    g.finish();
 }
 
 criterion_group!(benches, matcher, bucket_math, store_debit, decision);

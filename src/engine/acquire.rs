@@ -190,9 +190,47 @@ impl<S: BucketStore> Engine<S> {
             .collect()
         };
 
+        // The common case: every debit applied. Everything else goes on in a boxed future,
+        // which keeps this one (moved into the request's future, itself moved into the
+        // server's box) small.
+        if fast
+            .iter()
+            .all(|r| matches!(r, Ok(DebitOutcome::Applied(_))))
+        {
+            let buckets = req
+                .buckets
+                .iter()
+                .zip(&shards)
+                .zip(&fast)
+                .filter_map(|((b, &shard), r)| match r {
+                    Ok(DebitOutcome::Applied(image)) => {
+                        EngineStats::bump(&self.stats.fast_path_hits);
+                        Some(self.outcome_from_image(b, shard, image, now, true))
+                    }
+                    _ => None,
+                })
+                .collect();
+            return Ok(Decision {
+                admitted: true,
+                buckets,
+            });
+        }
+        Box::pin(self.settle(req, &shards, fast, &avoid, now)).await
+    }
+
+    /// Takes a request on from fast-path answers of which at least one was not applied:
+    /// resolves each refusal, follows or leads slow passes, refunds on refusal or error.
+    async fn settle(
+        &self,
+        req: &Acquire,
+        shards: &[u32],
+        fast: SmallVec<[Result<DebitOutcome, StoreError>; 2]>,
+        avoid: &[Avoid],
+        now: i64,
+    ) -> Result<Decision, EngineError> {
         let mut progress: SmallVec<[Option<Progress>; 2]> = SmallVec::new();
         let mut first_error = None;
-        for ((b, &shard), result) in req.buckets.iter().zip(&shards).zip(fast) {
+        for ((b, &shard), result) in req.buckets.iter().zip(shards).zip(fast) {
             match result {
                 Ok(DebitOutcome::Applied(image)) => {
                     EngineStats::bump(&self.stats.fast_path_hits);
@@ -220,7 +258,7 @@ impl<S: BucketStore> Engine<S> {
         let mut progress: SmallVec<[Progress; 2]> =
             progress.into_iter().map(|p| p.expect("set")).collect();
         if progress.iter().any(|p| matches!(p, Progress::Slow { .. })) {
-            if let Err(e) = Box::pin(self.follow_slow_passes(req, &mut progress, &avoid)).await {
+            if let Err(e) = Box::pin(self.follow_slow_passes(req, &mut progress, avoid)).await {
                 let opt: SmallVec<[Option<Progress>; 2]> = progress.into_iter().map(Some).collect();
                 Box::pin(self.refund_applied(req, &opt, now)).await;
                 return Err(e);

@@ -23,7 +23,7 @@ use crate::config::{
 };
 use crate::engine::bucket::{self, whole_tokens};
 use crate::engine::plan::{Plan, Slot};
-use crate::engine::{Decision, Engine, EngineError, LimitOutcome};
+use crate::engine::{Acquire, Decision, Engine, EngineError, LimitOutcome};
 use crate::store::{BucketKey, BucketStore};
 
 use super::metrics::{HitOutcome, Metrics, RuleCounters};
@@ -330,13 +330,17 @@ impl<S: BucketStore> RateLimiter<S> {
             (0..req.descriptors.len()).map(|_| None).collect();
         let mut over = false;
 
+        // The groups other than the enforced one are rare; each is stepped through in its
+        // own boxed future, which keeps this one (moved into the server's box on every
+        // request) small.
+        let in_group = |g: Group| {
+            treatments
+                .iter()
+                .any(|t| matches!(t, Treatment::Limited { group, .. } if *group == g))
+        };
         // 1. Overdraft usage happened already: always recorded.
-        let forced = self.plan(req, &treatments, |g| g == Group::Forced)?;
-        if !forced.0.is_empty() {
-            let d = self
-                .run(&forced.0, &forced.1, &treatments, true, &mut verdicts)
-                .await?;
-            over |= !d;
+        if in_group(Group::Forced) {
+            over |= !Box::pin(self.forced(req, &treatments, &mut verdicts)).await?;
         }
         // 2. The all-or-nothing group; only looked at when the answer is already no.
         let enforced = self.plan(req, &treatments, |g| g == Group::Enforced)?;
@@ -353,54 +357,11 @@ impl<S: BucketStore> RateLimiter<S> {
                 enforced_decision = Some(decision);
             }
         }
-        // 3. Quota descriptors: over only if all of them are.
-        let mut quota_seen = 0;
-        let mut quota_over = 0;
-        for (i, t) in treatments.iter().enumerate() {
-            if let Treatment::Limited {
-                group: Group::Quota,
-                ..
-            } = t
-            {
-                quota_seen += 1;
-                let single = self.plan_one(req, &treatments, i)?;
-                if over {
-                    self.run(&single.0, &single.1, &treatments, false, &mut verdicts)
-                        .await?;
-                    quota_over += 1;
-                } else {
-                    let d = self
-                        .decide(&single.0, &single.1, &treatments, &mut verdicts)
-                        .await?;
-                    if !d.admitted {
-                        quota_over += 1;
-                    }
-                }
-            }
-        }
-        if quota_seen > 0 && quota_seen == quota_over && !over {
-            over = true;
-            if let Some(d) = &enforced_decision {
-                self.engine.refund(&enforced.0.acquire, d).await;
-            }
-        }
-        // 4. Shadow rules: evaluated and counted, never enforced; they take tokens only
-        // when the request is admitted.
-        for (i, t) in treatments.iter().enumerate() {
-            if let Treatment::Limited {
-                group: Group::Shadow,
-                ..
-            } = t
-            {
-                let single = self.plan_one(req, &treatments, i)?;
-                if over {
-                    self.run(&single.0, &single.1, &treatments, false, &mut verdicts)
-                        .await?;
-                } else {
-                    self.decide(&single.0, &single.1, &treatments, &mut verdicts)
-                        .await?;
-                }
-            }
+        // 3 and 4: quota and shadow descriptors.
+        if in_group(Group::Quota) || in_group(Group::Shadow) {
+            let enforced = enforced_decision.as_ref().map(|d| (&enforced.0.acquire, d));
+            over = Box::pin(self.quota_and_shadow(req, &treatments, &mut verdicts, over, enforced))
+                .await?;
         }
 
         for (i, (t, v)) in treatments.iter().zip(&verdicts).enumerate() {
@@ -500,6 +461,81 @@ impl<S: BucketStore> RateLimiter<S> {
             slots.push((index, slot));
         }
         Ok((plan, slots))
+    }
+
+    /// Step 1 of a decision: debits the descriptors whose overdraft usage already happened
+    /// (always recorded). Returns whether every claim fit.
+    async fn forced(
+        &self,
+        req: &RateLimitRequest,
+        treatments: &[Treatment],
+        verdicts: &mut [Option<Verdict>],
+    ) -> Result<bool, CallError> {
+        let (plan, slots) = self.plan(req, treatments, |g| g == Group::Forced)?;
+        self.run(&plan, &slots, treatments, true, verdicts).await
+    }
+
+    /// Steps 3 and 4 of a decision, after the enforced group (`over`: the answer so far;
+    /// `enforced`: that group's plan and decision, refunded if the quota group turns the
+    /// answer to no). Returns the answer.
+    async fn quota_and_shadow(
+        &self,
+        req: &RateLimitRequest,
+        treatments: &[Treatment],
+        verdicts: &mut [Option<Verdict>],
+        mut over: bool,
+        enforced: Option<(&Acquire, &Decision)>,
+    ) -> Result<bool, CallError> {
+        // 3. Quota descriptors: over only if all of them are.
+        let mut quota_seen = 0;
+        let mut quota_over = 0;
+        for (i, t) in treatments.iter().enumerate() {
+            if let Treatment::Limited {
+                group: Group::Quota,
+                ..
+            } = t
+            {
+                quota_seen += 1;
+                let single = self.plan_one(req, treatments, i)?;
+                if over {
+                    self.run(&single.0, &single.1, treatments, false, verdicts)
+                        .await?;
+                    quota_over += 1;
+                } else {
+                    let d = self
+                        .decide(&single.0, &single.1, treatments, verdicts)
+                        .await?;
+                    if !d.admitted {
+                        quota_over += 1;
+                    }
+                }
+            }
+        }
+        if quota_seen > 0 && quota_seen == quota_over && !over {
+            over = true;
+            if let Some((acquire, d)) = enforced {
+                self.engine.refund(acquire, d).await;
+            }
+        }
+        // 4. Shadow rules: evaluated and counted, never enforced; they take tokens only
+        // when the request is admitted.
+        for (i, t) in treatments.iter().enumerate() {
+            if let Treatment::Limited {
+                group: Group::Shadow,
+                ..
+            } = t
+            {
+                let single = self.plan_one(req, treatments, i)?;
+                if over {
+                    self.run(&single.0, &single.1, treatments, false, verdicts)
+                        .await?;
+                } else {
+                    self.decide(&single.0, &single.1, treatments, verdicts)
+                        .await?;
+                }
+            }
+        }
+        Ok(over)
     }
 
     /// Acquires `plan` and records each descriptor's verdict.

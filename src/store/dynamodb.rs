@@ -5,7 +5,9 @@
 //! = ALL_OLD`), a read is one `BatchGetItem`, a commit is one `PutItem`/`UpdateItem` or one
 //! `TransactWriteItems`. Expression attribute names are positional (`#t0`, `#c0`, …) so
 //! limit names may contain `.` and `-`. Every call is counted by operation and outcome,
-//! with the capacity DynamoDB reports, in a [`CallLedger`].
+//! with the capacity DynamoDB reports, in a [`CallLedger`]. The SDK's call futures are
+//! boxed: each is several KB, and inline they made every future above them (the engine's,
+//! the request's) about 30 KB, copied and allocated on every decision.
 //!
 //! Table: `PK` (S) + `SK` (S), on-demand, TTL on `ttl`. Bucket item:
 //! `PK = {namespace}/BUCKET#{entity}#{resource}#{shard}`, `SK = #STATE`, attributes `rf`,
@@ -664,20 +666,23 @@ impl DynamoStore {
         e: Expr,
     ) -> Result<Result<BucketItem, Option<BucketItem>>, StoreError> {
         let (names, values) = e.into_parts();
-        let result = self
-            .client
-            .update_item()
-            .table_name(&self.table)
-            .set_key(Some(self.key_of(key)))
-            .update_expression(update)
-            .condition_expression(condition)
-            .set_expression_attribute_names(names)
-            .set_expression_attribute_values(values)
-            .return_values(ReturnValue::AllNew)
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .return_consumed_capacity(ReturnConsumedCapacity::Total)
-            .send()
-            .await;
+        let result = Box::pin(
+            self.client
+                .update_item()
+                .table_name(&self.table)
+                .set_key(Some(self.key_of(key)))
+                .update_expression(update)
+                .condition_expression(condition)
+                .set_expression_attribute_names(names)
+                .set_expression_attribute_values(values)
+                .return_values(ReturnValue::AllNew)
+                .return_values_on_condition_check_failure(
+                    ReturnValuesOnConditionCheckFailure::AllOld,
+                )
+                .return_consumed_capacity(ReturnConsumedCapacity::Total)
+                .send(),
+        )
+        .await;
         match result {
             Ok(out) => {
                 self.ledger
@@ -705,16 +710,19 @@ impl DynamoStore {
         key: &BucketKey,
         item: &BucketItem,
     ) -> Result<Option<Option<BucketItem>>, StoreError> {
-        let result = self
-            .client
-            .put_item()
-            .table_name(&self.table)
-            .set_item(Some(self.encode(key, item)))
-            .condition_expression("attribute_not_exists(PK)")
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .return_consumed_capacity(ReturnConsumedCapacity::Total)
-            .send()
-            .await;
+        let result = Box::pin(
+            self.client
+                .put_item()
+                .table_name(&self.table)
+                .set_item(Some(self.encode(key, item)))
+                .condition_expression("attribute_not_exists(PK)")
+                .return_values_on_condition_check_failure(
+                    ReturnValuesOnConditionCheckFailure::AllOld,
+                )
+                .return_consumed_capacity(ReturnConsumedCapacity::Total)
+                .send(),
+        )
+        .await;
         match result {
             Ok(out) => {
                 self.ledger
@@ -836,13 +844,14 @@ impl BucketStore for DynamoStore {
                     .consistent_read(true)
                     .build()
                     .map_err(|e| self.unavailable(&first, e.to_string()))?;
-                let out = self
-                    .client
-                    .batch_get_item()
-                    .request_items(&self.table, ka)
-                    .return_consumed_capacity(ReturnConsumedCapacity::Total)
-                    .send()
-                    .await;
+                let out = Box::pin(
+                    self.client
+                        .batch_get_item()
+                        .request_items(&self.table, ka)
+                        .return_consumed_capacity(ReturnConsumedCapacity::Total)
+                        .send(),
+                )
+                .await;
                 let out = match out {
                     Ok(o) => o,
                     Err(err) => {
@@ -886,13 +895,14 @@ impl BucketStore for DynamoStore {
             return self.commit_one(&writes[0]).await;
         }
         let items: Vec<TransactWriteItem> = writes.iter().map(|w| self.transact_item(w)).collect();
-        let result = self
-            .client
-            .transact_write_items()
-            .set_transact_items(Some(items))
-            .return_consumed_capacity(ReturnConsumedCapacity::Total)
-            .send()
-            .await;
+        let result = Box::pin(
+            self.client
+                .transact_write_items()
+                .set_transact_items(Some(items))
+                .return_consumed_capacity(ReturnConsumedCapacity::Total)
+                .send(),
+        )
+        .await;
         match result {
             Ok(out) => {
                 self.ledger.record(
