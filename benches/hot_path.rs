@@ -12,10 +12,10 @@
 use std::hint::black_box;
 use std::sync::Arc;
 
+#[path = "../tests/support/mod.rs"]
+mod support;
+
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use shardgate::config::Config;
 use shardgate::engine::bucket::{refill, LimitParams};
 use shardgate::engine::{Engine, EngineOptions, UNLIMITED_PARTITION_WRITE_BUDGET};
@@ -26,6 +26,7 @@ use shardgate::store::metered::Metered;
 use shardgate::store::{
     BucketItem, BucketKey, BucketStore, Debit, DebitMode, LimitState, WCU_LIMIT,
 };
+use support::{desc, request, HOT_PATH_YAML};
 
 /// A domain with `rules` leaf rules under a four-level path `a/b/c/d<i>`, plus rules at
 /// each shallower level, so lookups of every depth hit a rule.
@@ -116,34 +117,6 @@ fn store_debit(c: &mut Criterion) {
     g.finish();
 }
 
-const DECISION_YAML: &str = r#"
-domain: bench
-descriptors:
-  - key: tenant
-    rate_limit: {unit: second, requests_per_unit: 1000000000}
-    descriptors:
-      - key: api_key
-        cascade: true
-        rate_limit: {unit: second, requests_per_unit: 1000000000}
-  - key: path
-    rate_limit: {unit: second, requests_per_unit: 1000000000}
-  - key: user
-    rate_limit: {unit: second, requests_per_unit: 1000000000}
-"#;
-
-fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
-    RateLimitDescriptor {
-        entries: entries
-            .iter()
-            .map(|(k, v)| Entry {
-                key: (*k).into(),
-                value: (*v).into(),
-            })
-            .collect(),
-        ..Default::default()
-    }
-}
-
 /// One decision through the service layer, assembled as `shardgate serve` assembles it
 /// (the store wrapped by the call metrics, one `Metrics` shared by the limiter and the
 /// store), for the request shapes of the load benchmark; and the one-descriptor case
@@ -156,7 +129,7 @@ fn decision(c: &mut Criterion) {
         partition_write_budget: UNLIMITED_PARTITION_WRITE_BUDGET,
         ..EngineOptions::default()
     };
-    let config = Arc::new(Config::from_yaml("bench.yaml", DECISION_YAML).unwrap());
+    let config = Arc::new(Config::from_yaml("bench.yaml", HOT_PATH_YAML).unwrap());
     let metrics = Arc::new(Metrics::new());
     let store = Arc::new(Metered::new(Arc::new(MemoryStore::new()), metrics.clone()));
     let served = RateLimiter::new(
@@ -168,20 +141,24 @@ fn decision(c: &mut Criterion) {
         config,
         Arc::new(Engine::new(Arc::new(MemoryStore::new()), options)),
     );
-    let request = |descriptors: Vec<RateLimitDescriptor>| RateLimitRequest {
-        domain: "bench".into(),
-        descriptors,
-        hits_addend: 0,
-    };
-    let one = request(vec![descriptor(&[("tenant", "acme")])]);
-    let cascade = request(vec![descriptor(&[("tenant", "acme"), ("api_key", "k1")])]);
-    let three = request(vec![
-        descriptor(&[("tenant", "acme")]),
-        descriptor(&[("path", "/a")]),
-        descriptor(&[("user", "u1")]),
-    ]);
+    let one = request("d", vec![desc(&[("tenant", "acme")])]);
+    let cascade = request("d", vec![desc(&[("tenant", "acme"), ("api_key", "k1")])]);
+    let three = request(
+        "d",
+        vec![
+            desc(&[("tenant", "acme")]),
+            desc(&[("path", "/a")]),
+            desc(&[("user", "u1")]),
+        ],
+    );
     let mut g = c.benchmark_group("decision");
     for (name, req) in [("one", &one), ("cascade", &cascade), ("three", &three)] {
+        // A rule must match, or the bench would time the unknown-domain shortcut.
+        let answer = rt.block_on(served.should_rate_limit(req)).unwrap();
+        assert!(
+            answer.statuses.iter().all(|s| s.current_limit.is_some()),
+            "{name}"
+        );
         g.bench_function(name, |b| {
             b.iter(|| {
                 rt.block_on(served.should_rate_limit(black_box(req)))

@@ -15,7 +15,7 @@ use shardgate::config::Config;
 use shardgate::engine::{Engine, EngineOptions, UNLIMITED_PARTITION_WRITE_BUDGET};
 use shardgate::service::RateLimiter;
 use shardgate::store::memory::MemoryStore;
-use support::desc;
+use support::{desc, HOT_PATH_YAML};
 
 struct CountingAlloc;
 
@@ -113,27 +113,12 @@ fn an_idle_bucket_heap_cost_is_bounded() {
     }
 }
 
-const YAML: &str = r#"
-domain: d
-descriptors:
-  - key: tenant
-    rate_limit: {unit: second, requests_per_unit: 1000000000}
-    descriptors:
-      - key: api_key
-        cascade: true
-        rate_limit: {unit: second, requests_per_unit: 1000000000}
-  - key: path
-    rate_limit: {unit: second, requests_per_unit: 1000000000}
-  - key: user
-    rate_limit: {unit: second, requests_per_unit: 1000000000}
-"#;
-
 /// Allocations of the 10th identical call (the bucket exists, everything is warm).
 fn steady_allocations(descriptors: Vec<RateLimitDescriptor>) -> usize {
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
-    let config = Config::from_yaml("a.yaml", YAML).unwrap();
+    let config = Config::from_yaml("a.yaml", HOT_PATH_YAML).unwrap();
     let engine = Arc::new(Engine::new(
         Arc::new(MemoryStore::new()),
         EngineOptions {
@@ -194,7 +179,7 @@ async fn a_decision_future_stays_small() {
         let metrics = Arc::new(Metrics::new());
         let store = Arc::new(Metered::new(Arc::new(store), metrics.clone()));
         let engine = Arc::new(Engine::new(store, EngineOptions::default()));
-        let config = Config::from_yaml("a.yaml", YAML).unwrap();
+        let config = Config::from_yaml("a.yaml", HOT_PATH_YAML).unwrap();
         let limiter = RateLimiter::new(Arc::new(config), engine).with_metrics(metrics);
         let request = RateLimitRequest::default();
         let future = limiter.should_rate_limit(&request);

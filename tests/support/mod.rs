@@ -164,6 +164,24 @@ impl Rls {
     }
 }
 
+/// Domain `d` with the request shapes of the load benchmark: one bucket (`tenant`), a
+/// cascade pair (`tenant` + `api_key`), and `path` and `user` for a three-descriptor
+/// request; every limit far above any load, so each steady decision is admitted.
+pub const HOT_PATH_YAML: &str = r#"
+domain: d
+descriptors:
+  - key: tenant
+    rate_limit: {unit: second, requests_per_unit: 1000000000}
+    descriptors:
+      - key: api_key
+        cascade: true
+        rate_limit: {unit: second, requests_per_unit: 1000000000}
+  - key: path
+    rate_limit: {unit: second, requests_per_unit: 1000000000}
+  - key: user
+    rate_limit: {unit: second, requests_per_unit: 1000000000}
+"#;
+
 /// A descriptor from `(key, value)` entries.
 pub fn desc(entries: &[(&str, &str)]) -> RateLimitDescriptor {
     RateLimitDescriptor {
