@@ -696,7 +696,10 @@ def test_dynamodb_local_stopped_killed_and_restarted(stack):
         # SIGKILL: gone, connections refused (a stopped process dies of SIGKILL too).
         ddb.kill()
     phase = Phase("SIGKILL DynamoDB Local")
-    seen = stack.run_phase(server, phase, ["sigkill"])
+    # Paced to span several cool-offs: the circuit is still open from SIGSTOP (its last
+    # probe may hang up to the store timeout), and an unpaced phase (~0.4 s) can end
+    # before any probe reaches the dead store.
+    seen = stack.run_phase(server, phase, ["sigkill"], pace_s=0.01)
     stack.assert_failed_over(server, phase, seen)
     assert seen["s1"]["upstream_errors"] > seen["s0"]["upstream_errors"], seen["s1"]
 
