@@ -383,6 +383,43 @@ async fn s21_no_doubling_beyond_32_shards<S: BucketStore>(store: S) {
     assert_eq!(item(&rig, "u1", "api", 0).await.shard_count, 32);
 }
 
+/// S21b no doubling that would leave a shard's share smaller than the request: a limit
+/// of 20/min over 16 shards holds 1.25 tokens per shard, over 32 it would hold 0.625,
+/// and a 1-token request could never be admitted again on any shard.
+async fn s21b_no_doubling_below_one_request_per_shard<S: BucketStore>(store: S) {
+    let rig = rig(store);
+    let p = LimitParams::new(20, 20, 60_000);
+    for shard in 0..16 {
+        // Shard 0 is the hot one: its `wcu` spent at this very instant, so no refill helps.
+        let wcu_tk = if shard == 0 { 0 } else { 1_000_000 };
+        rig.store
+            .put(
+                BucketKey::new("u1", "api", shard),
+                rpm_item(16, 20, p.share(16).ceiling, wcu_tk),
+            )
+            .await;
+    }
+    rig.engine.learn_shard_count("u1", "api", 16);
+    rig.draw.push(0);
+    rig.store.clear();
+    let d = acquire(&rig, &rpm(20, 1)).await;
+    assert!(d.admitted, "the slow pass on the hot shard admits: {d:?}");
+    let calls = rig.store.calls();
+    assert!(
+        !calls.iter().any(|c| matches!(c, Call::Bump { .. })),
+        "{calls:?}"
+    );
+    assert_eq!(
+        EngineStats::get(&rig.engine.stats().doubling_refused_small_share),
+        1
+    );
+    assert_eq!(EngineStats::get(&rig.engine.stats().shard_doublings), 0);
+    let s0 = item(&rig, "u1", "api", 0).await;
+    assert_eq!(s0.shard_count, 16);
+    assert_eq!(s0.limits["rpm"].tk, 250, "1.25 tokens, one taken");
+    assert!(!exists(&rig, "u1", 16).await, "no shard beyond the 16");
+}
+
 /// S22 bump loser: another server doubled first; we adopt its count, propagate nothing.
 async fn s22_bump_loser_adopts_the_winners_count<S: BucketStore>(store: S) {
     let rig = rig(store);
@@ -944,6 +981,7 @@ macro_rules! scenarios {
                 s19_wcu_exhaustion_doubles_and_creates_the_drawn_shard,
                 s20_wcu_projection_prevents_a_spurious_doubling,
                 s21_no_doubling_beyond_32_shards,
+                s21b_no_doubling_below_one_request_per_shard,
                 s22_bump_loser_adopts_the_winners_count,
                 s23_bump_winner_propagates_to_existing_shards,
                 s24_retry_on_another_shard,

@@ -697,13 +697,24 @@ impl<S: BucketStore> Engine<S> {
     }
 
     /// Doubles the bucket's shard count on shard 0 (compare-and-set), propagates the new
-    /// count to the existing shards, and returns the count now in force.
+    /// count to the existing shards, and returns the count now in force. Declines at 32
+    /// shards, and when a doubled share could no longer hold the request's claims.
     async fn double(&self, b: &BucketClaim, count: u32) -> Result<u32, EngineError> {
         if count >= MAX_SHARD_COUNT {
             EngineStats::bump(&self.stats.doubling_refused_at_max);
             return Ok(count);
         }
         let new = (count * 2).min(MAX_SHARD_COUNT);
+        // Shards never merge back: a doubling that leaves a shard's share smaller than a
+        // gated claim of this request would refuse it on every shard for good. The shard
+        // stays hot instead, and its slow passes refill `wcu`, as at the maximum.
+        if b.limits
+            .iter()
+            .any(|c| !c.forced && c.amount > c.params.share(new).ceiling)
+        {
+            EngineStats::bump(&self.stats.doubling_refused_small_share);
+            return Ok(count);
+        }
         let outcome = self
             .store
             .bump_shard_count(&b.entity, &b.resource, count, new)

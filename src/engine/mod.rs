@@ -177,6 +177,9 @@ pub struct EngineStats {
     pub shard_retries: AtomicU64,
     pub shard_doublings: AtomicU64,
     pub doubling_refused_at_max: AtomicU64,
+    /// Doublings declined because a shard's share of a limit would fall below the
+    /// request's claim (a bucket whose capacity is only a few requests).
+    pub doubling_refused_small_share: AtomicU64,
     pub per_shard_ceiling_rejections: AtomicU64,
     pub consumption_only_retries: AtomicU64,
     pub refunds: AtomicU64,

@@ -113,11 +113,17 @@ struct EngineCollector {
 impl Collector for EngineCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let s = self.engine.stats();
-        let counters: [(&str, &str, u64); 7] = [
+        let counters: [(&str, &str, u64); 8] = [
             (
                 "shard_doublings",
                 "Shard-count doublings this server won",
                 EngineStats::get(&s.shard_doublings),
+            ),
+            (
+                "shard_doublings_declined",
+                "Doublings a hot shard called for but not made: the bucket had 32 shards, or a doubled shard's share could no longer hold the request",
+                EngineStats::get(&s.doubling_refused_at_max)
+                    + EngineStats::get(&s.doubling_refused_small_share),
             ),
             (
                 "rejection_cache_hits",

@@ -51,7 +51,8 @@ descriptors:
 """
 
 RULE_COUNTERS = ["total_hits", "over_limit", "near_limit", "within_limit", "shadow_mode"]
-ENGINE_COUNTERS = ["shard_doublings", "rejection_cache_hits", "per_shard_ceiling_rejections",
+ENGINE_COUNTERS = ["shard_doublings", "shard_doublings_declined", "rejection_cache_hits",
+                   "per_shard_ceiling_rejections",
                    "fast_path_hits", "slow_paths", "slow_passes_followed", "refunds"]
 ROUND_TRIP_S = 1.1  # past the rejection cache's 1 s trust in a refused image
 
