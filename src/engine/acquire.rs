@@ -17,6 +17,11 @@ use smallvec::SmallVec;
 /// Shards of one bucket known short, not to be drawn.
 type Avoid = SmallVec<[u32; 4]>;
 
+/// Per-bucket working state of one decision: inline for up to four buckets, as many
+/// descriptors as the service keeps inline, so that a request of three or four buckets
+/// does not allocate for it either.
+type PerBucket<T> = SmallVec<[T; 4]>;
+
 use super::bucket::{self, refill, LimitParams, MILLI};
 use super::{
     Acquire, BucketClaim, BucketOutcome, Decision, Engine, EngineError, EngineStats, LimitOutcome,
@@ -142,8 +147,7 @@ impl<S: BucketStore> Engine<S> {
         }
         let now = self.clock.now_ms();
 
-        let mut avoid: SmallVec<[Avoid; 2]> =
-            (0..req.buckets.len()).map(|_| Avoid::new()).collect();
+        let mut avoid: PerBucket<Avoid> = (0..req.buckets.len()).map(|_| Avoid::new()).collect();
         if self.rejections.holds_any() {
             for (i, shards) in avoid.iter_mut().enumerate() {
                 if let Some(decision) = self.cached_refusal(req, i, shards, now) {
@@ -154,7 +158,7 @@ impl<S: BucketStore> Engine<S> {
         }
 
         // Fast path, every bucket concurrently.
-        let shards: SmallVec<[u32; 2]> = req
+        let shards: PerBucket<u32> = req
             .buckets
             .iter()
             .zip(&avoid)
@@ -179,15 +183,16 @@ impl<S: BucketStore> Engine<S> {
             );
             smallvec::smallvec![x, y]
         } else {
-            join_all(
-                req.buckets
-                    .iter()
-                    .zip(&shards)
-                    .map(|(b, &s)| self.fast_debit(b, s, now)),
+            // Three or more: `join_all` allocates its output, which is kept as it is.
+            SmallVec::from_vec(
+                join_all(
+                    req.buckets
+                        .iter()
+                        .zip(&shards)
+                        .map(|(b, &s)| self.fast_debit(b, s, now)),
+                )
+                .await,
             )
-            .await
-            .into_iter()
-            .collect()
         };
 
         // The common case: every debit applied. Everything else goes on in a boxed future,
