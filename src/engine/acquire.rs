@@ -119,7 +119,7 @@ impl<S: BucketStore> Engine<S> {
     fn note_per_shard_ceiling(&self, req: &Acquire, decision: &Decision) {
         for (b, o) in req.buckets.iter().zip(&decision.buckets) {
             for (c, l) in b.limits.iter().zip(&o.limits) {
-                if !c.forced && c.amount > l.share.ceiling {
+                if c.exceeds(l.share) {
                     EngineStats::bump(&self.stats.per_shard_ceiling_rejections);
                     if let Some(suppressed) = self.ceiling_log.admit() {
                         tracing::warn!(
@@ -713,10 +713,7 @@ impl<S: BucketStore> Engine<S> {
         // Shards never merge back: a doubling that leaves a shard's share smaller than a
         // gated claim of this request would refuse it on every shard for good. The shard
         // stays hot instead, and its slow passes refill `wcu`, as at the maximum.
-        if b.limits
-            .iter()
-            .any(|c| !c.forced && c.amount > c.params.share(new).ceiling)
-        {
+        if b.limits.iter().any(|c| c.exceeds(c.params.share(new))) {
             EngineStats::bump(&self.stats.doubling_refused_small_share);
             return Ok(count);
         }

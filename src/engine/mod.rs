@@ -53,6 +53,14 @@ pub struct LimitClaim {
     pub forced: bool,
 }
 
+impl LimitClaim {
+    /// A gated claim larger than `share`'s ceiling: no shard of that size can ever admit
+    /// it (the per-shard request ceiling).
+    pub fn exceeds(&self, share: ShardShare) -> bool {
+        !self.forced && self.amount > share.ceiling
+    }
+}
+
 /// Everything one request takes from one (entity, resource) bucket.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BucketClaim {

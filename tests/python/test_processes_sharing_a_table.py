@@ -35,7 +35,8 @@ TABLE = "shardgate_process_tests"
 # ran the bucket dry.
 CAPACITY = 30
 RATE = 30  # tokens per second
-# Writes per second one shard absorbs: the admitted 30/s double the bucket twice.
+# Writes per second one shard absorbs: the admitted 30/s, and the bursts of each fresh
+# shard's share, double the bucket (to 8–16 shards in the runs seen).
 WRITE_BUDGET = 10
 CLIENTS_PER_SERVER = 6
 RUN_S = 6.0
