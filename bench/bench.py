@@ -753,8 +753,7 @@ def dynamodb_report(m, cases):
     L = [f"# shardgate load benchmark: DynamoDB Local\n", machine_lines(m)]
     L.append(
         f"shardgate `--store dynamodb` on DynamoDB Local (`scripts/dynamodb-local`, in memory), "
-        f"`--store-timeout {STORE_TIMEOUT}` (the 15 ms default is below DynamoDB Local's latency at "
-        f"c=64 on this machine), partition write budget "
+        f"`--store-timeout {STORE_TIMEOUT}` (h2load sends no `grpc-timeout`), partition write budget "
         f"{PARTITION_WRITE_BUDGET + ' writes/s per shard' if PARTITION_WRITE_BUDGET else 'the default (1000 writes/s per shard)'}, driven by h2load ({DURATION:g} s per case after {DDB_WARMUP:g} s "
         f"of warm-up), next to `examples/ddb_update_loop.rs` — the same conditional `UpdateItem` "
         f"as shardgate's fast path, with no rate limiter — at the same concurrency, on as many "

@@ -109,8 +109,15 @@ fn store_debit(c: &mut Criterion) {
         g.bench_function(BenchmarkId::from_parameter(items), |b| {
             b.iter(|| {
                 i = (i + 7919) % items;
-                rt.block_on(store.debit(&keys[i], &debits, DebitMode::Fast { now_s: 0 }))
-                    .unwrap()
+                rt.block_on(store.debit(
+                    &keys[i],
+                    &debits,
+                    DebitMode::Fast {
+                        now_s: 0,
+                        shard_count: 1,
+                    },
+                ))
+                .unwrap()
             })
         });
     }

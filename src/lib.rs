@@ -10,4 +10,5 @@ pub mod config;
 pub mod engine;
 pub mod service;
 pub mod store;
+pub mod text;
 mod throttle;

@@ -13,7 +13,8 @@ use shardgate::service::server::{self, ServeOptions, StoreKind};
 use shardgate::service::tls::TlsFiles;
 use shardgate::service::RequestLimits;
 use shardgate::store::dynamodb::{self, DynamoOptions, DynamoStore, TableCreated};
-use shardgate::store::{inspect, BucketItem};
+use shardgate::store::key::{stored_entity, MAX_NAMESPACE_BYTES};
+use shardgate::store::{inspect, BucketItem, Name};
 
 #[derive(Parser)]
 #[command(
@@ -77,8 +78,10 @@ struct Dynamo {
     /// Key prefix, so several deployments can share one table.
     #[arg(long, env = "SHARDGATE_NAMESPACE", default_value = "default")]
     namespace: String,
-    /// Deadline of one DynamoDB call, retries included (e.g. 15ms, 1s).
-    #[arg(long, env = "SHARDGATE_STORE_TIMEOUT", default_value = "15ms", value_parser = parse_duration)]
+    /// The longest one store call may take, retries included, and the deadline of a
+    /// caller that sends no `grpc-timeout` (e.g. 1s, 250ms). A caller's own deadline
+    /// (Envoy sends its `timeout`) is answered within, less a small margin.
+    #[arg(long, env = "SHARDGATE_STORE_TIMEOUT", default_value = "1s", value_parser = parse_duration)]
     store_timeout: Duration,
 }
 
@@ -297,10 +300,13 @@ fn main() -> ExitCode {
             };
             rt.block_on(async {
                 let store = DynamoStore::connect(&dynamo.admin_options()).await;
-                match inspect(&store, &entity, &resource).await {
+                // The bucket's key: a long entity is stored under its digest.
+                let stored = stored_entity(Name::new(&entity));
+                match inspect(&store, &stored, &resource).await {
                     Ok(shards) => {
                         let out = serde_json::json!({
                             "entity": entity,
+                            "stored_entity": stored.as_str(),
                             "resource": resource,
                             "shard_count": shards.len(),
                             "shards": shards.iter().map(|(s, i)| shard_json(*s, i)).collect::<Vec<_>>(),
@@ -314,8 +320,16 @@ fn main() -> ExitCode {
         }
         Command::Serve(args) => {
             init_logging(args.log_format);
+            let store_timeout = args.dynamo.store_timeout;
+            if args.dynamo.namespace.len() > MAX_NAMESPACE_BYTES {
+                return fail(format!(
+                    "--namespace is {} bytes long, at most {MAX_NAMESPACE_BYTES} (it is part of every store key)",
+                    args.dynamo.namespace.len()
+                ));
+            }
             let options = ServeOptions {
                 config: args.config,
+                store_timeout,
                 grpc_addr: args.grpc_addr,
                 http_addr: args.http_addr,
                 shutdown_grace: args.shutdown_grace,

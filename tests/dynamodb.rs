@@ -509,7 +509,14 @@ async fn a_corrupt_item_is_an_error_naming_its_key_and_reason() {
         params: Some(LimitParams::new(10, 10, 60_000)),
     }];
     let err = store
-        .debit(&key, &debit, DebitMode::Fast { now_s: T0 / 1_000 })
+        .debit(
+            &key,
+            &debit,
+            DebitMode::Fast {
+                now_s: T0 / 1_000,
+                shard_count: 1,
+            },
+        )
         .await
         .unwrap_err();
     match &err {

@@ -12,7 +12,9 @@ use shardgate::engine::{
     Acquire, BucketClaim, Decision, Engine, EngineOptions, EngineStats, LimitClaim, LimitParams,
     ManualClock, ScriptedDraw,
 };
-use shardgate::store::{BucketItem, BucketKey, BucketStore, BumpOutcome, LimitState, WCU_LIMIT};
+use shardgate::store::{
+    BucketItem, BucketKey, BucketStore, CommitOutcome, CountChange, LimitState, Write, WCU_LIMIT,
+};
 
 const T0: i64 = 1_800_000_000_000;
 
@@ -292,7 +294,8 @@ async fn exhaust_wcu<S: BucketStore>(rig: &Rig<S>) -> Acquire {
     req
 }
 
-/// S19 wcu-driven doubling: bump 1→2 on shard 0, lazy creation of shard 1 at half.
+/// S19 wcu-driven doubling: shard 0's count moves 1→2 (in the same write its balance is
+/// clamped to the new share), lazy creation of shard 1 at half.
 async fn s19_wcu_exhaustion_doubles_and_creates_the_drawn_shard<S: BucketStore>(store: S) {
     let rig = rig(store);
     let req = exhaust_wcu(&rig).await;
@@ -307,10 +310,10 @@ async fn s19_wcu_exhaustion_doubles_and_creates_the_drawn_shard<S: BucketStore>(
                 applied: false,
                 missing: false
             },
-            Call::Bump {
-                old: 1,
-                new: 2,
-                outcome: BumpOutcome::Won
+            Call::Read { shards: vec![0] },
+            Call::Commit {
+                kinds: vec!["raise"],
+                committed: true
             },
             Call::Read { shards: vec![1] },
             Call::Commit {
@@ -325,7 +328,10 @@ async fn s19_wcu_exhaustion_doubles_and_creates_the_drawn_shard<S: BucketStore>(
     assert_eq!(s1.limits[WCU_LIMIT].tk, 1_000_000);
     let s0 = item(&rig, "u1", "api", 0).await;
     assert_eq!(s0.shard_count, 2);
-    assert_eq!(s0.limits["rpm"].tk, 98_999_000, "a bump touches no balance");
+    assert_eq!(
+        s0.limits["rpm"].tk, 50_000_000,
+        "the doubling clamps shard 0 to its new share (the reference leaves 98,999 tokens)"
+    );
     assert_eq!(rig.engine.known_shard_count("u1", "api"), 2);
 }
 
@@ -339,10 +345,7 @@ async fn s20_wcu_projection_prevents_a_spurious_doubling<S: BucketStore>(store: 
     rig.store.clear();
     assert!(acquire(&rig, &req).await.admitted);
     let calls = rig.store.calls();
-    assert!(
-        !calls.iter().any(|c| matches!(c, Call::Bump { .. })),
-        "{calls:?}"
-    );
+    assert!(!doubled(&calls), "{calls:?}");
     assert_eq!(
         calls.last(),
         Some(&Call::Commit {
@@ -371,11 +374,7 @@ async fn s21_no_doubling_beyond_32_shards<S: BucketStore>(store: S) {
     rig.engine.learn_shard_count("u1", "api", 32);
     rig.draw.push(0);
     assert!(acquire(&rig, &rpm(100_000, 1)).await.admitted);
-    assert!(!rig
-        .store
-        .calls()
-        .iter()
-        .any(|c| matches!(c, Call::Bump { .. })));
+    assert!(!doubled(&rig.store.calls()));
     assert_eq!(
         EngineStats::get(&rig.engine.stats().doubling_refused_at_max),
         1
@@ -405,10 +404,7 @@ async fn s21b_no_doubling_below_one_request_per_shard<S: BucketStore>(store: S) 
     let d = acquire(&rig, &rpm(20, 1)).await;
     assert!(d.admitted, "the slow pass on the hot shard admits: {d:?}");
     let calls = rig.store.calls();
-    assert!(
-        !calls.iter().any(|c| matches!(c, Call::Bump { .. })),
-        "{calls:?}"
-    );
+    assert!(!doubled(&calls), "{calls:?}");
     assert_eq!(
         EngineStats::get(&rig.engine.stats().doubling_refused_small_share),
         1
@@ -420,30 +416,57 @@ async fn s21b_no_doubling_below_one_request_per_shard<S: BucketStore>(store: S) 
     assert!(!exists(&rig, "u1", 16).await, "no shard beyond the 16");
 }
 
-/// S22 bump loser: another server doubled first; we adopt its count, propagate nothing.
+/// Another server's doubling of `u1/api` from `old` shards: shard 0's count raised in a
+/// write under its lock (as `double` does), balances clamped by that server's pass.
+async fn double_elsewhere<S: BucketStore>(s: &S, old: u32, new: u32) {
+    let key = BucketKey::new("u1", "api", 0);
+    let zero = s.read(std::slice::from_ref(&key)).await.unwrap()[0]
+        .clone()
+        .expect("shard 0 exists");
+    assert_eq!(zero.shard_count, old);
+    let w = Write::Update {
+        key,
+        expected_rf: zero.rf,
+        rf: zero.rf + 1,
+        ttl: zero.ttl,
+        shard_count: Some(CountChange { read: old, new }),
+        limits: vec![],
+    };
+    assert_eq!(s.commit(&[w]).await.unwrap(), CommitOutcome::Committed);
+}
+
+/// Whether the calls include a committed doubling (a raise of shard 0's count).
+fn doubled(calls: &[Call]) -> bool {
+    calls
+        .iter()
+        .any(|c| matches!(c, Call::Commit { kinds, committed: true } if kinds == &vec!["raise"]))
+}
+
+/// S22 doubling loser: another server doubled first; we adopt its count and raise nothing.
 async fn s22_bump_loser_adopts_the_winners_count<S: BucketStore>(store: S) {
     let rig = rig(store);
     let req = exhaust_wcu(&rig).await;
-    let other_server: Hook<S> = Box::new(|s| {
-        Box::pin(async move {
-            let won = s.bump_shard_count("u1", "api", 1, 2).await.unwrap();
-            assert_eq!(won, BumpOutcome::Won);
-        })
-    });
-    rig.store.before_bump(other_server);
+    let other_server: Hook<S> =
+        Box::new(|s| Box::pin(async move { double_elsewhere(&*s, 1, 2).await }));
+    rig.store.before_commit(other_server);
     rig.store.clear();
     assert!(acquire(&rig, &req).await.admitted);
     let calls = rig.store.calls();
-    assert!(calls.contains(&Call::Bump {
-        old: 1,
-        new: 2,
-        outcome: BumpOutcome::Lost(2)
-    }));
-    assert!(!calls.iter().any(|c| matches!(c, Call::Raise { .. })));
+    assert!(
+        calls.contains(&Call::Commit {
+            kinds: vec!["raise"],
+            committed: false
+        }),
+        "{calls:?}"
+    );
+    assert!(!doubled(&calls), "{calls:?}");
     assert_eq!(rig.engine.known_shard_count("u1", "api"), 2);
+    assert_eq!(EngineStats::get(&rig.engine.stats().shard_doublings), 0);
+    assert_eq!(item(&rig, "u1", "api", 0).await.shard_count, 2);
 }
 
-/// S23 the bump winner propagates to existing shards and creates none itself.
+/// S23 the doubling's winner passes the count to the existing shards (clamping each to
+/// its new share) and creates none itself but the one its request goes to.
 async fn s23_bump_winner_propagates_to_existing_shards<S: BucketStore>(store: S) {
     let rig = rig(store);
     rig.store
@@ -457,16 +480,25 @@ async fn s23_bump_winner_propagates_to_existing_shards<S: BucketStore>(store: S)
     rig.draw.push(0);
     assert!(acquire(&rig, &rpm(100_000, 1)).await.admitted);
     let calls = rig.store.calls();
-    assert!(calls.contains(&Call::Bump {
-        old: 2,
-        new: 4,
-        outcome: BumpOutcome::Won
-    }));
-    assert!(calls.contains(&Call::Raise {
-        shard: 1,
-        wrote: true
-    }));
-    assert_eq!(item(&rig, "u1", "api", 1).await.shard_count, 4);
+    assert!(
+        calls.contains(&Call::Read { shards: vec![0, 1] }),
+        "{calls:?}"
+    );
+    let raises = calls
+        .iter()
+        .filter(|c| {
+            **c == Call::Commit {
+                kinds: vec!["raise"],
+                committed: true,
+            }
+        })
+        .count();
+    assert_eq!(raises, 2, "shard 0 doubles, shard 1 learns: {calls:?}");
+    for shard in [0, 1] {
+        let it = item(&rig, "u1", "api", shard).await;
+        assert_eq!(it.shard_count, 4);
+        assert_eq!(it.limits["rpm"].tk, 25_000_000, "clamped to a quarter");
+    }
     // The request itself went to one brand-new shard (2 here), created at a quarter.
     assert_eq!(tk(&rig, 2, "rpm").await, 25_000_000 - 1_000);
     assert!(!exists(&rig, "u1", 3).await);
@@ -576,7 +608,11 @@ async fn s27_per_shard_request_ceiling<S: BucketStore>(store: S) {
     }
 }
 
-/// S28 the doubling transient: at most 1.5 × capacity, exactly 1 + 99 + 50 here.
+/// S28 the doubling transient, which the reference engine bounds by 1.5 × capacity (its
+/// shard 0 keeps what it held, up to the whole capacity, while shard 1 starts at half).
+/// A doubling here clamps shard 0 to its new share in the write that raises its count, so
+/// the bucket never holds more than its capacity: 1 taken before, then shard 0's 50 and
+/// the new shard 1's 50.
 async fn s28_doubling_transient_is_one_and_a_half_capacity<S: BucketStore>(store: S) {
     let rig = rig(store);
     // Random draws, as in production.
@@ -591,19 +627,19 @@ async fn s28_doubling_transient_is_one_and_a_half_capacity<S: BucketStore>(store
     );
     let req = rpm(100, 1);
     assert!(engine.acquire(&req).await.unwrap().admitted);
-    // Another server doubles the bucket.
-    assert_eq!(
-        rig.store
-            .inner
-            .bump_shard_count("u1", "api", 1, 2)
-            .await
-            .unwrap(),
-        BumpOutcome::Won
-    );
-    let mut admitted = 1;
+    // Another server doubles the bucket; this one learns it from shard 0's refusal.
+    double_elsewhere(&*rig.store.inner, 1, 2).await;
+    let admitted = 1 + admit_until_refused(&engine, &req).await;
+    assert!(admitted <= 150, "the reference's bound: {admitted}");
+    assert_eq!(admitted, 101);
+}
+
+/// Admits `req` on `engine` until 20 refusals in a row; returns how many were admitted.
+async fn admit_until_refused<S: BucketStore>(engine: &Engine<S>, req: &Acquire) -> u32 {
+    let mut admitted = 0;
     let mut refusals_in_a_row = 0;
     for _ in 0..1_000 {
-        if engine.acquire(&req).await.unwrap().admitted {
+        if engine.acquire(req).await.unwrap().admitted {
             admitted += 1;
             refusals_in_a_row = 0;
         } else {
@@ -613,7 +649,96 @@ async fn s28_doubling_transient_is_one_and_a_half_capacity<S: BucketStore>(store
             }
         }
     }
-    assert_eq!(admitted, 150);
+    admitted
+}
+
+/// X04 concurrent doublings: a second server whose count is behind sees the hot shard's
+/// spent `wcu` right after the first server doubled the bucket. That exhaustion is the one
+/// the first doubling answered: it must not double again (the reference does: 2 → 4, and
+/// its transient compounds). Across both servers the bucket admits no more than the
+/// documented transient.
+async fn x04_a_doubling_already_made_is_not_made_again<S: BucketStore>(store: S) {
+    let rig = rig(store);
+    let req = exhaust_wcu(&rig).await; // 1001 admitted on shard 0 (100,000/min)
+    assert!(acquire(&rig, &req).await.admitted, "server A doubles 1 → 2");
+    assert_eq!(item(&rig, "u1", "api", 0).await.shard_count, 2);
+    // Server B has never seen the bucket sharded; it draws shard 0 under one shard.
+    let b = Engine::with_parts(
+        rig.store.clone(),
+        EngineOptions {
+            rejection_cache_ms: 0,
+            ..EngineOptions::default()
+        },
+        rig.clock.clone(),
+        Arc::new(ScriptedDraw::new([0])),
+    );
+    rig.store.clear();
+    assert!(b.acquire(&req).await.unwrap().admitted);
+    let calls = rig.store.calls();
+    assert!(!doubled(&calls), "{calls:?}");
+    assert_eq!(b.known_shard_count("u1", "api"), 2);
+    assert_eq!(item(&rig, "u1", "api", 0).await.shard_count, 2);
+    assert_eq!(EngineStats::get(&b.stats().shard_doublings), 0);
+}
+
+/// X05 a shard is never created with fewer shards than it was drawn under, even when the
+/// count cache forgets the bucket in between (a full cache partition is cleared).
+async fn x05_a_shard_drawn_under_four_is_created_for_four<S: BucketStore>(store: S) {
+    let rig = rig(store);
+    for shard in 0..3 {
+        put_rpm_shard(&rig, shard, 4, 100, 25_000).await;
+    }
+    rig.engine.learn_shard_count("u1", "api", 4);
+    rig.draw.push(3);
+    let forget = rig.engine.view();
+    rig.store.after_debit(Box::new(move |_| {
+        Box::pin(async move {
+            forget.forget_shard_counts();
+        })
+    }));
+    assert!(acquire(&rig, &rpm(100, 1)).await.admitted);
+    let s3 = item(&rig, "u1", "api", 3).await;
+    assert_eq!(s3.shard_count, 4);
+    assert_eq!(
+        s3.limits["rpm"].tk,
+        25_000 - 1_000,
+        "a quarter, not the whole 100"
+    );
+}
+
+/// X06 shard 0 expired and was created again by a server that knew one shard while
+/// shards 1–3 still say four: it holds the whole capacity. A server that knows four
+/// shards repairs it on its first touch (the fast path refuses a shard whose count is
+/// behind the drawer's): clamped to a quarter, count four; the first server then learns.
+async fn x06_a_shard_zero_recreated_with_one_shard_is_repaired<S: BucketStore>(store: S) {
+    let rig = rig(store);
+    for shard in 1..4 {
+        put_rpm_shard(&rig, shard, 4, 100, 25_000).await;
+    }
+    // A server that knew no shards creates shard 0 for one.
+    let stale = Engine::with_parts(
+        rig.store.clone(),
+        EngineOptions {
+            rejection_cache_ms: 0,
+            ..EngineOptions::default()
+        },
+        rig.clock.clone(),
+        Arc::new(ScriptedDraw::default()),
+    );
+    assert!(stale.acquire(&rpm(100, 1)).await.unwrap().admitted);
+    let s0 = item(&rig, "u1", "api", 0).await;
+    assert_eq!((s0.shard_count, s0.limits["rpm"].tk), (1, 99_000));
+    // A server that knows four draws shard 0.
+    rig.engine.learn_shard_count("u1", "api", 4);
+    rig.draw.push(0);
+    rig.store.clear();
+    assert!(acquire(&rig, &rpm(100, 1)).await.admitted);
+    let s0 = item(&rig, "u1", "api", 0).await;
+    assert_eq!(s0.shard_count, 4, "repaired: {:?}", rig.store.calls());
+    assert_eq!(s0.limits["rpm"].tk, 25_000 - 1_000, "clamped to a quarter");
+    // The stale server learns four from shard 0's refusal of its count.
+    assert!(stale.acquire(&rpm(100, 1)).await.unwrap().admitted);
+    assert_eq!(stale.known_shard_count("u1", "api"), 4);
 }
 
 /// S29 a lost create race becomes a consumption-only debit of the winner's item; if the
@@ -928,7 +1053,10 @@ async fn x02_a_parameter_rewrite_never_overwrites_a_concurrent_debit<S: BucketSt
                 .debit(
                     &BucketKey::new("u1", "api", 0),
                     &[debit],
-                    shardgate::store::DebitMode::Fast { now_s: T0 / 1_000 },
+                    shardgate::store::DebitMode::Fast {
+                        now_s: T0 / 1_000,
+                        shard_count: 1,
+                    },
                 )
                 .await
                 .unwrap();
@@ -966,6 +1094,206 @@ async fn x02_a_parameter_rewrite_never_overwrites_a_concurrent_debit<S: BucketSt
     assert_eq!((it.limits["rpm"].tk, it.limits["rpm"].tc), (6_000, 4_000));
 }
 
+/// X07 a request that waits for another's slow pass decides at the time the pass ended,
+/// not the time it arrived: here the clock moves 30 s during the wait, so the bucket has
+/// refilled to full by the time the follower's debit lands (the reference engine reads the
+/// clock once per request).
+async fn x07_a_follower_decides_at_the_time_it_stopped_waiting<S: BucketStore>(store: S) {
+    let rig = exhausted_a_minute_ago(store).await;
+    // The first request's commit (its pass planned at T0 + 60 s) is held; the clock moves
+    // only once it is.
+    let release = Arc::new(tokio::sync::Notify::new());
+    let committing = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (held, flag) = (release.clone(), committing.clone());
+    rig.store.before_commit(Box::new(move |_| {
+        Box::pin(async move {
+            flag.store(true, std::sync::atomic::Ordering::SeqCst);
+            held.notified().await
+        })
+    }));
+    let followers = || EngineStats::get(&rig.engine.stats().slow_passes_followed);
+    let req = rpm(10, 1);
+    let (first, second, ()) = tokio::join!(
+        acquire(&rig, &req),
+        async {
+            until(|| reads(&rig.store.calls()) >= 1).await;
+            acquire(&rig, &req).await
+        },
+        async {
+            until(|| followers() >= 1 && committing.load(std::sync::atomic::Ordering::SeqCst))
+                .await;
+            rig.clock.advance(30_000);
+            release.notify_one();
+        }
+    );
+    assert!(first.admitted && second.admitted);
+    // Stored: 8 tokens as of the pass (T0 + 60 s); 30 s later the bucket is full again.
+    assert_eq!(tk(&rig, 0, "rpm").await, 8_000);
+    assert_eq!(
+        second.buckets[0].limits[0].remaining,
+        10_000,
+        "{second:?} {:?}",
+        rig.store.calls()
+    );
+}
+
+/// X08 a refund that lands after another request's slow pass refilled the shard must not
+/// credit what that refill already gave back. The shard is full at 10 (its baseline a
+/// minute old); X takes 5 by the fast path; Y needs 6, refills (the clamp had removed the
+/// minute's refill, which now covers X's 5 again) and takes 6; X's sibling refuses and X
+/// is refunded. Credited on top, the shard would hold 9 after 6 served (15 from a bucket
+/// of 10); left alone, it holds 4.
+async fn x08_a_refund_after_a_refill_is_not_credited<S: BucketStore>(store: S) {
+    let rig = rig(store);
+    let mut a = rpm_item(1, 10, 10_000, 1_000_000);
+    a.rf = T0 - 60_000;
+    rig.store.put(BucketKey::new("u1", "api", 0), a).await;
+    // The sibling: a bucket with nothing left, refused from its image.
+    rig.store
+        .put(
+            BucketKey::new("sib", "api", 0),
+            rpm_item(1, 10, 0, 1_000_000),
+        )
+        .await;
+    let y_engine = Engine::with_parts(
+        rig.store.inner.clone(),
+        EngineOptions {
+            rejection_cache_ms: 0,
+            ..EngineOptions::default()
+        },
+        rig.clock.clone(),
+        Arc::new(ScriptedDraw::default()),
+    );
+    let y_engine = Arc::new(y_engine);
+    let y = y_engine.clone();
+    let y_done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let y_flag = y_done.clone();
+    // After X's first debit (on u1, applied) and before X learns its sibling refused.
+    rig.store.after_debit(Box::new(move |_| {
+        Box::pin(async move {
+            let d = y.acquire(&rpm(10, 6)).await.unwrap();
+            assert!(d.admitted, "Y refills and takes 6");
+            y_flag.store(true, std::sync::atomic::Ordering::SeqCst);
+        })
+    }));
+    let x = Acquire {
+        buckets: smallvec::smallvec![
+            bucket("u1", "api", vec![per_minute("rpm", 10, None, 5)]),
+            bucket("sib", "api", vec![per_minute("rpm", 10, None, 1)]),
+        ],
+    };
+    let d = acquire(&rig, &x).await;
+    assert!(!d.admitted);
+    assert!(y_done.load(std::sync::atomic::Ordering::SeqCst));
+    assert_eq!(
+        tk(&rig, 0, "rpm").await,
+        4_000,
+        "6 served from a full 10 leave 4"
+    );
+}
+
+/// X09 check-only requests (0 hits) that find a shard's `wcu` spent must not spread the
+/// bucket until an ordinary request no longer fits one shard: the guard judges the claim
+/// the bucket usually carries — at least one token, and the average a write has taken on
+/// the hot shard.
+async fn x09_check_only_requests_do_not_double_past_an_ordinary_request<S: BucketStore>(store: S) {
+    // 20/min over 16 shards: 1.25 tokens each; 32 would leave 0.625.
+    let rig = rig(store);
+    let p = LimitParams::new(20, 20, 60_000);
+    for shard in 0..16 {
+        let wcu_tk = if shard == 0 { 0 } else { 1_000_000 };
+        rig.store
+            .put(
+                BucketKey::new("u1", "api", shard),
+                rpm_item(16, 20, p.share(16).ceiling, wcu_tk),
+            )
+            .await;
+    }
+    rig.engine.learn_shard_count("u1", "api", 16);
+    rig.draw.push(0);
+    rig.store.clear();
+    let d = acquire(&rig, &rpm(20, 0)).await;
+    assert!(d.admitted, "{d:?}");
+    assert!(!doubled(&rig.store.calls()), "{:?}", rig.store.calls());
+    assert_eq!(
+        EngineStats::get(&rig.engine.stats().doubling_refused_small_share),
+        1
+    );
+    // 100/min over 16 shards (6.25 tokens each), where each write took 5 tokens on
+    // average: 1-token requests would spread it to 32 (3.125 each), and the usual
+    // 5-token request could never be admitted again.
+    let rig = rig_again(&rig);
+    let p = LimitParams::new(100, 100, 60_000);
+    for shard in 0..16 {
+        let mut it = rpm_item(16, 100, p.share(16).ceiling, 1_000_000);
+        if shard == 0 {
+            let w = it.limits.get_mut(WCU_LIMIT).unwrap();
+            w.tk = 0;
+            w.tc = 1_000_000; // a thousand writes...
+            it.limits.get_mut("rpm").unwrap().tc = 5_000_000; // ...of 5 tokens each
+        }
+        rig.store.put(BucketKey::new("u2", "api", shard), it).await;
+    }
+    rig.engine.learn_shard_count("u2", "api", 16);
+    rig.draw.push(0);
+    let req = one(bucket("u2", "api", vec![per_minute("rpm", 100, None, 1)]));
+    assert!(acquire(&rig, &req).await.admitted);
+    assert_eq!(
+        EngineStats::get(&rig.engine.stats().doubling_refused_small_share),
+        1
+    );
+    assert_eq!(rig.engine.known_shard_count("u2", "api"), 16);
+}
+
+/// A fresh rig on the same store (a second server, or a clean slate for another case).
+fn rig_again<S: BucketStore>(rig: &Rig<S>) -> Rig<S> {
+    let store = rig.store.clone();
+    let clock = rig.clock.clone();
+    let draw = Arc::new(ScriptedDraw::default());
+    let engine = Engine::with_parts(
+        store.clone(),
+        EngineOptions {
+            rejection_cache_ms: 0,
+            ..EngineOptions::default()
+        },
+        clock.clone(),
+        draw.clone(),
+    );
+    Rig {
+        engine,
+        store,
+        clock,
+        draw,
+    }
+}
+
+/// X10 an overdraft that would take a balance past the lowest one a store holds is
+/// refused and writes nothing, whatever the store; one that reaches it exactly is
+/// recorded, and the balance reads back exactly (DynamoDB's numbers would hold more
+/// digits than an `i64` decodes, so the bound keeps both stores alike).
+async fn x10_debt_stops_at_the_lowest_balance_on_every_store<S: BucketStore>(store: S) {
+    use shardgate::store::MIN_BALANCE;
+    let rig = rig(store);
+    let near = MIN_BALANCE + 5_000;
+    rig.store
+        .put(
+            BucketKey::new("u1", "api", 0),
+            rpm_item(1, 10, near, 1_000_000),
+        )
+        .await;
+    let overdraft = |tokens: i64| {
+        let mut c = per_minute("rpm", 10, None, tokens);
+        c.forced = true;
+        one(bucket("u1", "api", vec![c]))
+    };
+    let d = acquire(&rig, &overdraft(6)).await;
+    assert!(!d.admitted, "6 tokens would pass the lowest balance: {d:?}");
+    assert_eq!(tk(&rig, 0, "rpm").await, near, "nothing written");
+    let d = acquire(&rig, &overdraft(5)).await;
+    assert!(!d.buckets[0].limits[0].fits, "reported over, being in debt");
+    assert_eq!(tk(&rig, 0, "rpm").await, MIN_BALANCE, "recorded, exactly");
+}
+
 /// Runs every scenario against a store built by `$make` (an async expression).
 macro_rules! scenarios {
     ($module:ident, $make:expr) => {
@@ -998,7 +1326,14 @@ macro_rules! scenarios {
                 s35_cascading_child_takes_the_slow_path_not_a_retry,
                 x01_a_slow_pass_in_flight_is_followed_not_raced,
                 x02_a_parameter_rewrite_never_overwrites_a_concurrent_debit,
-                x03_a_refused_request_follows_a_pass_begun_since
+                x03_a_refused_request_follows_a_pass_begun_since,
+                x04_a_doubling_already_made_is_not_made_again,
+                x05_a_shard_drawn_under_four_is_created_for_four,
+                x06_a_shard_zero_recreated_with_one_shard_is_repaired,
+                x07_a_follower_decides_at_the_time_it_stopped_waiting,
+                x08_a_refund_after_a_refill_is_not_credited,
+                x09_check_only_requests_do_not_double_past_an_ordinary_request,
+                x10_debt_stops_at_the_lowest_balance_on_every_store
             );
         }
     };

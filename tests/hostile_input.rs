@@ -7,7 +7,7 @@ mod support;
 
 use std::sync::Arc;
 
-use shardgate::config::Config;
+use shardgate::config::{Config, MAX_TOKENS};
 use shardgate::engine::Engine;
 use shardgate::service::RateLimiter;
 use shardgate::store::memory::MemoryStore;
@@ -104,10 +104,20 @@ async fn huge_but_representable_hits_are_refused_without_debit() {
     let r = c
         .ok(request(
             "hostile",
-            vec![desc_hits(&[("user", "big")], u64::from(u32::MAX) * 1_000)],
+            vec![desc_hits(&[("user", "big")], MAX_TOKENS)],
         ))
         .await;
     assert_eq!(r.overall_code, 2, "over limit");
+    // One more than a descriptor may take: the request's error, naming the field.
+    refused_with(
+        &server,
+        request(
+            "hostile",
+            vec![desc_hits(&[("user", "big")], MAX_TOKENS + 1)],
+        ),
+        "descriptors[0].hits_addend",
+    )
+    .await;
     let r = c.ok(one("hostile", &[("user", "big")])).await;
     assert_eq!(
         r.statuses[0].limit_remaining, 2,

@@ -5,9 +5,10 @@
 mod common;
 
 use shardgate::engine::LimitParams;
+use shardgate::store::key::{MAX_ITEM_BYTES, MAX_PARTITION_KEY_BYTES};
 use shardgate::store::{
-    BucketItem, BucketKey, BucketStore, BumpOutcome, CommitOutcome, Credit, Debit, DebitMode,
-    DebitOutcome, LimitState, LimitWrite, Limits, Write, WCU_LIMIT,
+    BucketItem, BucketKey, BucketStore, CommitOutcome, CountChange, Credit, Debit, DebitMode,
+    DebitOutcome, LimitState, LimitWrite, Limits, Stamp, StoreError, Write, MIN_BALANCE, WCU_LIMIT,
 };
 
 const NOW_S: i64 = 1_800_000_000;
@@ -45,7 +46,19 @@ fn debit(amount: i64) -> Vec<Debit> {
     }]
 }
 
-const FAST: DebitMode = DebitMode::Fast { now_s: NOW_S };
+const FAST: DebitMode = DebitMode::Fast {
+    now_s: NOW_S,
+    shard_count: 1,
+};
+
+/// The `rf` every item of [`item`] is created with.
+const RF: i64 = NOW_S * 1_000;
+
+/// The stamp of every item of [`item`].
+const STAMP: Stamp = Stamp {
+    rf: RF,
+    shard_count: 1,
+};
 
 async fn create<S: BucketStore>(s: &S, k: BucketKey, it: BucketItem) {
     let out = s
@@ -188,6 +201,7 @@ pub async fn update_needs_the_rf_lock_and_applies_deltas<S: BucketStore>(s: S) {
         expected_rf,
         rf: rf + 10,
         ttl: Some(NOW_S + 500),
+        shard_count: None,
         limits: vec![LimitWrite::Add {
             limit: "rpm".into(),
             tk_delta: -2_000,
@@ -221,6 +235,7 @@ pub async fn update_floor_and_cap_guard_concurrent_changes<S: BucketStore>(s: S)
         expected_rf: rf,
         rf,
         ttl: None,
+        shard_count: None,
         limits: vec![LimitWrite::Add {
             limit: "rpm".into(),
             tk_delta: 0,
@@ -251,6 +266,7 @@ pub async fn set_seeds_a_limit<S: BucketStore>(s: S) {
         expected_rf: NOW_S * 1_000,
         rf: NOW_S * 1_000,
         ttl: Some(NOW_S + 1),
+        shard_count: None,
         limits: vec![LimitWrite::Set {
             limit: "tpm".into(),
             state: tpm,
@@ -278,6 +294,7 @@ pub async fn set_requires_the_limit_as_read<S: BucketStore>(s: S) {
         expected_rf: NOW_S * 1_000,
         rf: NOW_S * 1_000,
         ttl: Some(NOW_S + 1),
+        shard_count: None,
         limits: vec![LimitWrite::Set {
             limit: limit.into(),
             state: rewritten,
@@ -315,6 +332,7 @@ pub async fn commit_is_all_or_nothing<S: BucketStore>(s: S) {
             expected_rf: 0,
             rf: 0,
             ttl: None,
+            shard_count: None,
             limits: vec![],
         },
     ];
@@ -335,52 +353,6 @@ pub async fn read_returns_images_in_key_order<S: BucketStore>(s: S) {
     assert_eq!(images, vec![None, Some(item(2_000, 1_000_000))]);
 }
 
-pub async fn bump_is_compare_and_set_on_shard_zero<S: BucketStore>(s: S) {
-    assert_eq!(
-        s.bump_shard_count("tenant=acme", "api", 1, 2)
-            .await
-            .unwrap(),
-        BumpOutcome::Missing
-    );
-    create(&s, key(0), item(5_000, 1_000_000)).await;
-    assert_eq!(
-        s.bump_shard_count("tenant=acme", "api", 1, 2)
-            .await
-            .unwrap(),
-        BumpOutcome::Won
-    );
-    assert_eq!(
-        s.bump_shard_count("tenant=acme", "api", 1, 2)
-            .await
-            .unwrap(),
-        BumpOutcome::Lost(2)
-    );
-    let image = s.read(&[key(0)]).await.unwrap()[0].clone().unwrap();
-    assert_eq!(image.shard_count, 2);
-    assert_eq!(
-        image.limits,
-        item(5_000, 1_000_000).limits,
-        "no balance changes"
-    );
-}
-
-pub async fn raise_only_moves_counts_up<S: BucketStore>(s: S) {
-    assert!(
-        !s.raise_shard_count(&key(1), 4).await.unwrap(),
-        "missing: no write"
-    );
-    create(&s, key(1), item(5_000, 1_000_000)).await;
-    assert!(s.raise_shard_count(&key(1), 4).await.unwrap());
-    assert!(!s.raise_shard_count(&key(1), 2).await.unwrap());
-    assert_eq!(
-        s.read(&[key(1)]).await.unwrap()[0]
-            .as_ref()
-            .unwrap()
-            .shard_count,
-        4
-    );
-}
-
 pub async fn credit_never_lifts_above_the_ceiling<S: BucketStore>(s: S) {
     create(&s, key(0), item(4_000, 1_000_000)).await;
     let c = |amount| {
@@ -391,21 +363,193 @@ pub async fn credit_never_lifts_above_the_ceiling<S: BucketStore>(s: S) {
         }]
     };
     assert_eq!(
-        s.credit(&key(0), &c(2_000)).await.unwrap(),
+        s.credit(&key(0), STAMP, &c(2_000)).await.unwrap(),
         vec![],
         "would exceed"
     );
-    assert_eq!(s.credit(&key(0), &c(1_000)).await.unwrap(), c(1_000));
+    assert_eq!(s.credit(&key(0), STAMP, &c(1_000)).await.unwrap(), c(1_000));
     let image = s.read(&[key(0)]).await.unwrap()[0].clone().unwrap();
     assert_eq!(
         (image.limits["rpm"].tk, image.limits["rpm"].tc),
         (5_000, -1_000)
     );
     assert_eq!(
-        s.credit(&key(9), &c(1)).await.unwrap(),
+        s.credit(&key(9), STAMP, &c(1)).await.unwrap(),
         vec![],
         "never creates"
     );
+}
+
+/// A fast debit applies only to an item holding the shard count it was drawn under: its
+/// balance was sized for that count.
+pub async fn fast_debit_refuses_another_shard_count<S: BucketStore>(s: S) {
+    create(&s, key(0), item(5_000, 1_000_000)).await;
+    for count in [2, 4] {
+        let mode = DebitMode::Fast {
+            now_s: NOW_S,
+            shard_count: count,
+        };
+        assert_eq!(
+            s.debit(&key(0), &debit(1_000), mode).await.unwrap(),
+            DebitOutcome::Refused(Some(item(5_000, 1_000_000)))
+        );
+    }
+}
+
+/// An update may raise the item's shard count, only from the count it read (a bump or a
+/// raise landed since must not be undone).
+pub async fn update_raises_the_shard_count_from_the_count_read<S: BucketStore>(s: S) {
+    create(&s, key(0), item(5_000, 1_000_000)).await;
+    let raise = |read| Write::Update {
+        key: key(0),
+        expected_rf: RF,
+        rf: RF,
+        ttl: Some(NOW_S + 1),
+        shard_count: Some(CountChange { read, new: 4 }),
+        limits: vec![],
+    };
+    assert!(matches!(
+        s.commit(&[raise(2)]).await.unwrap(),
+        CommitOutcome::Conflict(_)
+    ));
+    assert_eq!(
+        s.commit(&[raise(1)]).await.unwrap(),
+        CommitOutcome::Committed
+    );
+    let image = s.read(&[key(0)]).await.unwrap()[0].clone().unwrap();
+    assert_eq!(image.shard_count, 4);
+}
+
+/// A refund lands only on an item not refilled nor doubled since the debit it refunds
+/// (`rf` and shard count as that debit's image showed).
+pub async fn credit_needs_the_stamp_the_debit_saw<S: BucketStore>(s: S) {
+    create(&s, key(0), item(4_000, 1_000_000)).await;
+    let c = vec![Credit {
+        limit: "rpm".into(),
+        amount: 1_000,
+        ceiling: 10_000,
+    }];
+    let refilled = Stamp {
+        rf: RF - 1,
+        ..STAMP
+    };
+    let doubled = Stamp {
+        shard_count: 2,
+        ..STAMP
+    };
+    for other in [refilled, doubled] {
+        assert_eq!(s.credit(&key(0), other, &c).await.unwrap(), vec![]);
+    }
+    let image = s.read(&[key(0)]).await.unwrap()[0].clone().unwrap();
+    assert_eq!(image.limits["rpm"].tk, 4_000, "nothing credited");
+    assert_eq!(s.credit(&key(0), STAMP, &c).await.unwrap(), c);
+}
+
+/// A debit that may go into debt still stops at the lowest balance.
+pub async fn ungated_debit_stops_at_the_lowest_balance<S: BucketStore>(s: S) {
+    create(&s, key(0), item(0, 1_000_000)).await;
+    let d = |amount| {
+        vec![Debit {
+            limit: "rpm".into(),
+            amount,
+            gated: false,
+            params: None,
+        }]
+    };
+    assert!(matches!(
+        s.debit(&key(0), &d(-MIN_BALANCE + 1), DebitMode::RetryOnly)
+            .await
+            .unwrap(),
+        DebitOutcome::Refused(Some(_))
+    ));
+    let DebitOutcome::Applied(after) = s
+        .debit(&key(0), &d(-MIN_BALANCE), DebitMode::RetryOnly)
+        .await
+        .unwrap()
+    else {
+        panic!("down to the lowest balance");
+    };
+    assert_eq!(after.limits["rpm"].tk, MIN_BALANCE);
+    assert_eq!(
+        s.read(&[key(0)]).await.unwrap()[0].clone().unwrap().limits["rpm"].tk,
+        MIN_BALANCE,
+        "stored and read back exactly"
+    );
+}
+
+/// A retry-only debit carrying a `ttl` writes it with the debit.
+pub async fn retry_debit_writes_its_ttl<S: BucketStore>(s: S) {
+    create(&s, key(0), item(1_000, 1_000_000)).await;
+    let w = Write::Debit {
+        key: key(0),
+        debits: vec![Debit {
+            limit: "rpm".into(),
+            amount: 5_000,
+            gated: false,
+            params: None,
+        }],
+        ttl: Some(NOW_S + 9_000),
+    };
+    assert_eq!(s.commit(&[w]).await.unwrap(), CommitOutcome::Committed);
+    let image = s.read(&[key(0)]).await.unwrap()[0].clone().unwrap();
+    assert_eq!(
+        (image.limits["rpm"].tk, image.ttl),
+        (-4_000, Some(NOW_S + 9_000))
+    );
+}
+
+/// A key longer than DynamoDB's partition-key limit (under the longest namespace) is
+/// refused by every call, as this request's error, by every store alike.
+pub async fn a_key_too_long_is_refused_by_every_call<S: BucketStore>(s: S) {
+    let long = BucketKey::new("x".repeat(MAX_PARTITION_KEY_BYTES), "api", 0);
+    let invalid = |r: Result<(), StoreError>| {
+        assert!(matches!(r, Err(StoreError::Invalid { .. })), "{r:?}");
+        let message = r.unwrap_err().to_string();
+        assert!(message.len() < 600, "elided: {message}");
+    };
+    invalid(s.debit(&long, &debit(1_000), FAST).await.map(drop));
+    invalid(s.read(std::slice::from_ref(&long)).await.map(drop));
+    let create = Write::Create {
+        key: long.clone(),
+        item: item(1_000, 1_000_000),
+    };
+    invalid(s.commit(&[create]).await.map(drop));
+    invalid(s.credit(&long, STAMP, &[]).await.map(drop));
+    // The longest key every store holds.
+    let at_bound = BucketKey::new("x".repeat(MAX_PARTITION_KEY_BYTES - 256 - 10 - 4), "api", 0);
+    create_ok(&s, at_bound.clone()).await;
+    assert!(s.read(&[at_bound]).await.unwrap()[0].is_some());
+}
+
+async fn create_ok<S: BucketStore>(s: &S, k: BucketKey) {
+    let out = s
+        .commit(&[Write::Create {
+            key: k,
+            item: item(1_000, 1_000_000),
+        }])
+        .await
+        .unwrap();
+    assert_eq!(out, CommitOutcome::Committed);
+}
+
+/// An item larger than DynamoDB's 400 KB is refused by every store alike.
+pub async fn an_item_too_large_is_refused<S: BucketStore>(s: S) {
+    let mut big = item(1_000, 1_000_000);
+    let name = "l".repeat(64);
+    let mut i = 0;
+    while shardgate::store::key::item_bytes(&key(0), &big) <= MAX_ITEM_BYTES {
+        big.limits
+            .insert(format!("{name}{i}"), LimitState::new(rpm(), 1_000, 0));
+        i += 1;
+    }
+    let out = s
+        .commit(&[Write::Create {
+            key: key(0),
+            item: big,
+        }])
+        .await;
+    assert!(matches!(out, Err(StoreError::Invalid { .. })), "{out:?}");
+    assert_eq!(s.read(&[key(0)]).await.unwrap(), vec![None]);
 }
 
 /// Runs every conformance case against a store built by `$make` (an async expression).
@@ -430,9 +574,14 @@ macro_rules! conformance {
                 set_requires_the_limit_as_read,
                 commit_is_all_or_nothing,
                 read_returns_images_in_key_order,
-                bump_is_compare_and_set_on_shard_zero,
-                raise_only_moves_counts_up,
-                credit_never_lifts_above_the_ceiling
+                credit_never_lifts_above_the_ceiling,
+                fast_debit_refuses_another_shard_count,
+                update_raises_the_shard_count_from_the_count_read,
+                credit_needs_the_stamp_the_debit_saw,
+                ungated_debit_stops_at_the_lowest_balance,
+                retry_debit_writes_its_ttl,
+                a_key_too_long_is_refused_by_every_call,
+                an_item_too_large_is_refused
             );
         }
     };

@@ -2,6 +2,8 @@
 //! store and probes it again, `failure_mode` decides the answer, and recovery needs no
 //! restart.
 
+mod support;
+
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -17,8 +19,8 @@ use shardgate::store::breaker::{Breaker, CircuitState};
 use shardgate::store::dynamodb::{DynamoOptions, DynamoStore};
 use shardgate::store::memory::MemoryStore;
 use shardgate::store::{
-    BucketItem, BucketKey, BucketStore, BumpOutcome, CommitOutcome, Credit, Debit, DebitMode,
-    DebitOutcome, StoreError, Write,
+    BucketItem, BucketKey, BucketStore, CommitOutcome, Credit, Debit, DebitMode, DebitOutcome,
+    Stamp, StoreError, Write,
 };
 
 /// A memory store that can be switched off, counting the calls that reach it.
@@ -28,6 +30,8 @@ struct Switchable {
     down: AtomicBool,
     /// Calls never answer (a store that accepts and hangs).
     hang: AtomicBool,
+    /// Every call takes this many ms first (a slow store).
+    delay_ms: AtomicU64,
     calls: AtomicU64,
 }
 
@@ -36,6 +40,10 @@ impl Switchable {
         self.calls.fetch_add(1, Ordering::SeqCst);
         if self.hang.load(Ordering::SeqCst) {
             std::future::pending::<()>().await;
+        }
+        let delay = self.delay_ms.load(Ordering::SeqCst);
+        if delay > 0 {
+            tokio::time::sleep(Duration::from_millis(delay)).await;
         }
         if self.down.load(Ordering::SeqCst) {
             Err(StoreError::Unavailable {
@@ -66,23 +74,14 @@ impl BucketStore for Switchable {
         self.check().await?;
         self.inner.commit(writes).await
     }
-    async fn bump_shard_count(
+    async fn credit(
         &self,
-        e: &str,
-        r: &str,
-        o: u32,
-        n: u32,
-    ) -> Result<BumpOutcome, StoreError> {
+        key: &BucketKey,
+        stamp: Stamp,
+        c: &[Credit],
+    ) -> Result<Vec<Credit>, StoreError> {
         self.check().await?;
-        self.inner.bump_shard_count(e, r, o, n).await
-    }
-    async fn raise_shard_count(&self, key: &BucketKey, n: u32) -> Result<bool, StoreError> {
-        self.check().await?;
-        self.inner.raise_shard_count(key, n).await
-    }
-    async fn credit(&self, key: &BucketKey, c: &[Credit]) -> Result<Vec<Credit>, StoreError> {
-        self.check().await?;
-        self.inner.credit(key, c).await
+        self.inner.credit(key, stamp, c).await
     }
 }
 
@@ -273,4 +272,105 @@ async fn every_dynamodb_call_has_a_deadline() {
         "two answers against a silent store took {:?}",
         started.elapsed()
     );
+}
+
+/// A gRPC call to `server` on `key` with the caller's deadline `timeout` (sent as
+/// `grpc-timeout`, as Envoy sends its filter's `timeout`).
+async fn call_within<S: BucketStore>(
+    server: &support::StoreServer<S>,
+    key: &str,
+    timeout: Option<Duration>,
+) -> Result<envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse, tonic::Status> {
+    let mut client = server.client().await;
+    let mut req = tonic::Request::new(request(key));
+    if let Some(t) = timeout {
+        req.set_timeout(t);
+    }
+    tokio::time::timeout(Duration::from_secs(10), client.0.should_rate_limit(req))
+        .await
+        .expect("answered")
+        .map(tonic::Response::into_inner)
+}
+
+/// A caller that allows 50 ms gets its `failure_mode` answer from the server when the
+/// store hangs — UNAVAILABLE for a `deny` rule, OK for `allow` — not its own
+/// DEADLINE_EXCEEDED: the store gets the caller's time less a margin.
+#[tokio::test]
+async fn a_caller_allowing_50ms_gets_its_failure_mode_answer_when_the_store_hangs() {
+    let store = Arc::new(Breaker::new(
+        Switchable::default(),
+        5,
+        Duration::from_millis(500),
+    ));
+    store.inner().hang.store(true, Ordering::SeqCst);
+    let server = support::StoreServer::start(RULES, store.clone(), EngineOptions::default()).await;
+    for _ in 0..3 {
+        let denied = call_within(&server, "closed", Some(Duration::from_millis(50))).await;
+        let status = denied.expect_err("fails closed");
+        assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+        let allowed = call_within(&server, "open", Some(Duration::from_millis(50)))
+            .await
+            .expect("fails open");
+        assert_eq!(allowed.overall_code, Code::Ok as i32);
+    }
+}
+
+/// A caller that allows 2 s is not failed at some shorter deadline of the server's: a
+/// store that takes 300 ms answers (the default store timeout is 1 s), and so does one
+/// without a deadline of its own.
+#[tokio::test]
+async fn a_patient_caller_waits_for_a_slow_store() {
+    let store = Arc::new(Breaker::new(
+        Switchable::default(),
+        5,
+        Duration::from_millis(500),
+    ));
+    store.inner().delay_ms.store(300, Ordering::SeqCst);
+    let server = support::StoreServer::start(RULES, store.clone(), EngineOptions::default()).await;
+    for timeout in [Some(Duration::from_secs(2)), None] {
+        let r = call_within(&server, "closed", timeout)
+            .await
+            .expect("the store answered");
+        assert_eq!(r.overall_code, Code::Ok as i32);
+        assert!(
+            r.statuses[0].current_limit.is_some(),
+            "decided, not failed open"
+        );
+    }
+    assert_eq!(store.state(), CircuitState::Closed);
+}
+
+/// A caller whose deadline leaves the store no time at all is answered at once by its
+/// `failure_mode`, without a store call: one hasty client costs the store nothing and
+/// cannot open the circuit for everyone.
+#[tokio::test]
+async fn a_caller_with_no_time_left_costs_the_store_nothing() {
+    let store = Arc::new(Breaker::new(
+        Switchable::default(),
+        1,
+        Duration::from_secs(60),
+    ));
+    let server = support::StoreServer::start(RULES, store.clone(), EngineOptions::default()).await;
+    for _ in 0..5 {
+        let r = call_within(&server, "closed", Some(Duration::from_micros(500))).await;
+        match r {
+            // The server's UNAVAILABLE, or the client's own deadline passing first.
+            Err(s) => assert!(
+                matches!(
+                    s.code(),
+                    tonic::Code::Unavailable
+                        | tonic::Code::DeadlineExceeded
+                        | tonic::Code::Cancelled
+                ),
+                "{s:?}"
+            ),
+            Ok(r) => panic!("no time for a decision: {r:?}"),
+        }
+    }
+    assert_eq!(store.inner().calls.load(Ordering::SeqCst), 0);
+    assert_eq!(store.state(), CircuitState::Closed);
+    let r = call_within(&server, "closed", Some(Duration::from_secs(2)))
+        .await
+        .unwrap();
+    assert_eq!(r.overall_code, Code::Ok as i32);
 }

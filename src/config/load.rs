@@ -96,6 +96,19 @@ pub enum ConfigErrorKind {
     },
     #[error("duplicate domain '{domain}' (also in {other})")]
     DuplicateDomain { domain: String, other: String },
+    #[error("'{key}' is {bytes} bytes long, at most {max} (it is part of every store key)")]
+    TooLong {
+        key: &'static str,
+        bytes: usize,
+        max: usize,
+    },
+    #[error("entity template '{template}' and resource '{resource}' would put {count} limits in one bucket item, at most {max}")]
+    TooManyLimits {
+        template: String,
+        resource: String,
+        count: usize,
+        max: usize,
+    },
 }
 
 /// One problem, located: `file:line:column: message`.

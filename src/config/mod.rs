@@ -98,6 +98,15 @@ pub enum FailureMode {
     Deny,
 }
 
+/// Most tokens a limit's `burst` may be, and one descriptor's hits (`hits_addend`): with
+/// millitokens in an `i64`, a bucket's balance, its debt and every sum of them stay far
+/// inside range on every store. (`requests_per_unit` is a `u32`, well below it.)
+pub const MAX_TOKENS: u64 = 1_000_000_000_000;
+
+/// Most limits one bucket item may hold (rules sharing an `entity:` template and a
+/// resource): each adds terms to the store's conditional writes, which DynamoDB bounds.
+pub const MAX_LIMITS_PER_BUCKET: usize = 16;
+
 /// The limit a rule declares: a token bucket of `burst` (default `requests_per_unit`)
 /// tokens refilled continuously at `requests_per_unit` per `unit`.
 #[derive(Debug, Clone, PartialEq, Eq)]

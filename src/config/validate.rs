@@ -10,7 +10,10 @@ use std::sync::Arc;
 
 use super::load::{ConfigError, ConfigErrorKind as K};
 use super::model::{DescriptorModel, DocumentModel, Node, NodeKind, Pos, RateLimitModel};
-use super::{EntityTemplate, FailureMode, RateLimit, RuleLimit, Unit};
+use super::{
+    EntityTemplate, FailureMode, RateLimit, RuleLimit, Unit, MAX_LIMITS_PER_BUCKET, MAX_TOKENS,
+};
+use crate::store::key::MAX_RESOURCE_BYTES;
 
 const TOP_KEYS: &[&str] = &["domain", "descriptors", "failure_mode"];
 const DESCRIPTOR_KEYS: &[&str] = &[
@@ -52,6 +55,7 @@ pub(crate) fn document(file: &Arc<str>, root: &Node) -> (Option<DocumentModel>, 
         file: Arc::clone(file),
         errors: Vec::new(),
         bucket_limits: HashMap::new(),
+        limits_per_bucket: HashMap::new(),
     };
     let doc = v.top(root);
     (doc, v.errors)
@@ -95,6 +99,8 @@ struct Validator {
     errors: Vec<ConfigError>,
     /// (template, resource, limit name) → the first rule declaring it.
     bucket_limits: HashMap<(String, String, String), BucketLimit>,
+    /// (template, resource) → how many limit names its bucket item holds.
+    limits_per_bucket: HashMap<(String, String), usize>,
 }
 
 impl Validator {
@@ -128,7 +134,21 @@ impl Validator {
                 );
                 None
             }
-            Some(f) => self.required_text(f),
+            Some(f) => self.required_text(f).filter(|d| {
+                // The domain is the default resource, part of every store key.
+                let fits = d.len() <= MAX_RESOURCE_BYTES;
+                if !fits {
+                    self.error(
+                        f.value.pos,
+                        K::TooLong {
+                            key: "domain",
+                            bytes: d.len(),
+                            max: MAX_RESOURCE_BYTES,
+                        },
+                    );
+                }
+                fits
+            }),
         };
         let scope = Scope {
             keys: Vec::new(),
@@ -466,7 +486,7 @@ impl Validator {
             .and_then(|n| self.integer(n, 0, u64::from(u32::MAX)));
         let burst = fields
             .get("burst")
-            .and_then(|n| self.integer(n, 1, u64::MAX));
+            .and_then(|n| self.integer(n, 1, MAX_TOKENS));
         let name = fields.get("name").and_then(|n| {
             let text = self.text(n)?;
             match limit_name_problem(&text) {
@@ -561,6 +581,17 @@ impl Validator {
     fn resource(&mut self, f: &Field) -> Option<String> {
         let resource = self.required_text(f)?;
         // Resources are part of the store key, written verbatim.
+        if resource.len() > MAX_RESOURCE_BYTES {
+            self.error(
+                f.value.pos,
+                K::TooLong {
+                    key: "resource",
+                    bytes: resource.len(),
+                    max: MAX_RESOURCE_BYTES,
+                },
+            );
+            return None;
+        }
         let reason = if resource.contains('#') {
             Some("'#' separates the parts of a bucket key")
         } else if resource.chars().any(char::is_control) {
@@ -620,6 +651,20 @@ impl Validator {
         pos: Pos,
     ) {
         let id = (template.as_str().to_string(), resource.to_string(), name);
+        if !self.bucket_limits.contains_key(&id) {
+            let bucket = (id.0.clone(), id.1.clone());
+            let count = self.limits_per_bucket.entry(bucket).or_default();
+            *count += 1;
+            if *count == MAX_LIMITS_PER_BUCKET + 1 {
+                let kind = K::TooManyLimits {
+                    template: id.0.clone(),
+                    resource: id.1.clone(),
+                    count: *count,
+                    max: MAX_LIMITS_PER_BUCKET,
+                };
+                self.error(pos, kind);
+            }
+        }
         match self.bucket_limits.get(&id) {
             Some(first) if first.params != *params => {
                 let kind = K::ConflictingLimit {

@@ -22,21 +22,35 @@ type Avoid = SmallVec<[u32; 4]>;
 /// does not allocate for it either.
 type PerBucket<T> = SmallVec<[T; 4]>;
 
-use super::bucket::{self, refill, LimitParams, MILLI};
+use super::bucket::{self, refill, MILLI};
+use super::pass::{self, BucketPlan, PassContext};
 use super::{
-    Acquire, BucketClaim, BucketOutcome, Decision, Engine, EngineError, EngineStats, LimitOutcome,
-    MAX_SHARD_COUNT,
+    Acquire, BucketClaim, BucketOutcome, Decision, Engine, EngineError, EngineStats, LimitClaim,
+    LimitOutcome, MAX_SHARD_COUNT,
 };
 use crate::store::{
-    BucketItem, BucketKey, BucketStore, BumpOutcome, CommitOutcome, Credit, Debit, DebitMode,
-    DebitOutcome, LimitState, LimitWrite, Name, StoreError, Write, WCU_LIMIT,
+    BucketItem, BucketKey, BucketStore, CommitOutcome, Credit, Debit, DebitMode, DebitOutcome,
+    Stamp, StoreError, Write, WCU_LIMIT,
 };
+
+/// How long a request refused because its bucket is contended is told to wait (the
+/// reference engine's contention answer).
+pub const CONTENTION_RETRY_MS: i64 = 100;
+
+/// A shard drawn for a bucket, and the shard count it was drawn under: the count its
+/// balance must be sized for, whatever the count cache says later (it can be cleared).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Draw {
+    shard: u32,
+    count: u32,
+}
 
 /// Why the fast path refused, judged from the old image alone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Refusal {
-    /// Expired, a claimed limit missing, parameters changed, or no `wcu`: only a slow
-    /// pass can fix the item.
+    /// Expired, a claimed limit missing, parameters changed, no `wcu`, or a shard count
+    /// other than the one drawn under: only a slow pass can fix the item (or, for a count
+    /// larger than this process knew, size the request for it).
     Stale,
     WcuExhausted,
     BothExhausted,
@@ -84,14 +98,6 @@ impl Progress {
     }
 }
 
-/// A slow-path plan for one bucket.
-struct BucketPlan {
-    write: Write,
-    fits: bool,
-    admitted: BucketOutcome,
-    refused: BucketOutcome,
-}
-
 fn now_s(now_ms: i64) -> i64 {
     now_ms.div_euclid(1_000)
 }
@@ -107,11 +113,46 @@ fn wrap(b: &BucketClaim) -> impl Fn(StoreError) -> EngineError + '_ {
 impl<S: BucketStore> Engine<S> {
     /// Decides `req`: debits every gated claim (and every forced one), or nothing.
     pub async fn acquire(&self, req: &Acquire) -> Result<Decision, EngineError> {
-        let decision = self.decide(req).await?;
+        let decision = match self.decide(req).await {
+            Ok(d) => d,
+            // A bucket too busy to write is a refusal with a short wait, not an outage
+            // (every debit applied was refunded before the error came back).
+            Err(EngineError::Store {
+                entity,
+                resource,
+                source: StoreError::Contention { .. },
+            }) => {
+                EngineStats::bump(&self.stats.contended);
+                return Ok(self.contended(req, &entity, &resource));
+            }
+            Err(e) => return Err(e),
+        };
         if !decision.admitted {
             self.note_per_shard_ceiling(req, &decision);
         }
         Ok(decision)
+    }
+
+    /// The refusal of a request whose bucket (`entity`, `resource`) stayed contended.
+    fn contended(&self, req: &Acquire, entity: &str, resource: &str) -> Decision {
+        let buckets = req
+            .buckets
+            .iter()
+            .map(|b| {
+                let mut o = self.unknown_outcome(b);
+                if b.entity == entity && b.resource == resource {
+                    for l in o.limits.iter_mut() {
+                        l.fits = false;
+                        l.wait_ms = Some(CONTENTION_RETRY_MS);
+                    }
+                }
+                o
+            })
+            .collect();
+        Decision {
+            admitted: false,
+            buckets,
+        }
     }
 
     /// Counts and logs a refusal that no shard could ever admit: a gated claim larger
@@ -158,28 +199,32 @@ impl<S: BucketStore> Engine<S> {
         }
 
         // Fast path, every bucket concurrently.
-        let shards: PerBucket<u32> = req
+        let draws: PerBucket<Draw> = req
             .buckets
             .iter()
             .zip(&avoid)
             .map(|(b, a)| {
                 let count = self.shards.get(&b.entity, &b.resource);
-                self.draw.draw(count, a)
+                Draw {
+                    shard: self.draw.draw(count, a),
+                    count,
+                }
             })
             .collect();
         // A drawn shard this process is refilling has just run dry: wait for the refill
-        // rather than send a debit it would refuse.
-        if self.slow_passes.any() {
-            Box::pin(self.await_slow_passes(req, &shards)).await;
+        // rather than send a debit it would refuse, and decide at the time it ended.
+        let mut now = now;
+        if self.slow_passes.any() && Box::pin(self.await_slow_passes(req, &draws)).await {
+            now = self.clock.now_ms();
         }
         // One bucket (the common request) is awaited directly, and two (a cascade pair)
         // joined in place: `join_all` allocates.
         let fast: SmallVec<[_; 2]> = if let [b] = &req.buckets[..] {
-            smallvec::smallvec![self.fast_debit(b, shards[0], now).await]
+            smallvec::smallvec![self.fast_debit(b, draws[0], now).await]
         } else if let [a, b] = &req.buckets[..] {
             let (x, y) = futures::join!(
-                self.fast_debit(a, shards[0], now),
-                self.fast_debit(b, shards[1], now)
+                self.fast_debit(a, draws[0], now),
+                self.fast_debit(b, draws[1], now)
             );
             smallvec::smallvec![x, y]
         } else {
@@ -188,8 +233,8 @@ impl<S: BucketStore> Engine<S> {
                 join_all(
                     req.buckets
                         .iter()
-                        .zip(&shards)
-                        .map(|(b, &s)| self.fast_debit(b, s, now)),
+                        .zip(&draws)
+                        .map(|(b, &d)| self.fast_debit(b, d, now)),
                 )
                 .await,
             )
@@ -205,12 +250,12 @@ impl<S: BucketStore> Engine<S> {
             let buckets = req
                 .buckets
                 .iter()
-                .zip(&shards)
+                .zip(&draws)
                 .zip(&fast)
-                .filter_map(|((b, &shard), r)| match r {
+                .filter_map(|((b, d), r)| match r {
                     Ok(DebitOutcome::Applied(image)) => {
                         EngineStats::bump(&self.stats.fast_path_hits);
-                        Some(self.outcome_from_image(b, shard, image, now, true))
+                        Some(self.outcome_from_image(b, d.shard, image, now, true))
                     }
                     _ => None,
                 })
@@ -220,7 +265,7 @@ impl<S: BucketStore> Engine<S> {
                 buckets,
             });
         }
-        Box::pin(self.settle(req, &shards, fast, &avoid, now)).await
+        Box::pin(self.settle(req, &draws, fast, &avoid, now)).await
     }
 
     /// Takes a request on from fast-path answers of which at least one was not applied:
@@ -228,14 +273,15 @@ impl<S: BucketStore> Engine<S> {
     async fn settle(
         &self,
         req: &Acquire,
-        shards: &[u32],
+        draws: &[Draw],
         fast: SmallVec<[Result<DebitOutcome, StoreError>; 2]>,
         avoid: &[Avoid],
-        now: i64,
+        mut now: i64,
     ) -> Result<Decision, EngineError> {
         let mut progress: SmallVec<[Option<Progress>; 2]> = SmallVec::new();
         let mut first_error = None;
-        for ((b, &shard), result) in req.buckets.iter().zip(shards).zip(fast) {
+        for ((b, &draw), result) in req.buckets.iter().zip(draws).zip(fast) {
+            let shard = draw.shard;
             match result {
                 Ok(DebitOutcome::Applied(image)) => {
                     EngineStats::bump(&self.stats.fast_path_hits);
@@ -245,7 +291,7 @@ impl<S: BucketStore> Engine<S> {
                     progress.push(None);
                     let idx = progress.len() - 1;
                     let seen = image.clone().map(|i| (shard, i));
-                    match Box::pin(self.resolve(b, shard, image, &avoid[idx], now)).await {
+                    match Box::pin(self.resolve(b, draw, image, &avoid[idx], now)).await {
                         Ok(r) => progress[idx] = Some(Progress::resolved(r, seen)),
                         Err(e) => first_error = first_error.or(Some(e)),
                     }
@@ -263,10 +309,16 @@ impl<S: BucketStore> Engine<S> {
         let mut progress: SmallVec<[Progress; 2]> =
             progress.into_iter().map(|p| p.expect("set")).collect();
         if progress.iter().any(|p| matches!(p, Progress::Slow { .. })) {
-            if let Err(e) = Box::pin(self.follow_slow_passes(req, &mut progress, avoid)).await {
-                let opt: SmallVec<[Option<Progress>; 2]> = progress.into_iter().map(Some).collect();
-                Box::pin(self.refund_applied(req, &opt, now)).await;
-                return Err(e);
+            match Box::pin(self.follow_slow_passes(req, &mut progress, avoid)).await {
+                // Having waited, the request is decided at the time the wait ended.
+                Ok(Some(later)) => now = later,
+                Ok(None) => {}
+                Err(e) => {
+                    let opt: SmallVec<[Option<Progress>; 2]> =
+                        progress.into_iter().map(Some).collect();
+                    Box::pin(self.refund_applied(req, &opt, now)).await;
+                    return Err(e);
+                }
             }
         }
 
@@ -339,15 +391,19 @@ impl<S: BucketStore> Engine<S> {
         }
     }
 
-    /// Waits for the slow passes in flight on the shards drawn for `req`'s fast path.
-    async fn await_slow_passes(&self, req: &Acquire, shards: &[u32]) {
-        for (b, &shard) in req.buckets.iter().zip(shards) {
-            let key = BucketKey::new(&b.entity, &b.resource, shard);
+    /// Waits for the slow passes in flight on the shards drawn for `req`'s fast path;
+    /// returns whether it waited for any.
+    async fn await_slow_passes(&self, req: &Acquire, draws: &[Draw]) -> bool {
+        let mut waited = false;
+        for (b, d) in req.buckets.iter().zip(draws) {
+            let key = BucketKey::new(&b.entity, &b.resource, d.shard);
             if let Some(pass_done) = self.slow_passes.in_flight(&key) {
                 EngineStats::bump(&self.stats.slow_passes_followed);
                 pass_done.await;
+                waited = true;
             }
         }
+        waited
     }
 
     /// Buckets bound for the slow path on a shard this process is already refilling wait
@@ -358,9 +414,10 @@ impl<S: BucketStore> Engine<S> {
         req: &Acquire,
         progress: &mut [Progress],
         avoid: &[Avoid],
-    ) -> Result<(), EngineError> {
+    ) -> Result<Option<i64>, EngineError> {
+        let mut waited_until = None;
         for (i, p) in progress.iter_mut().enumerate() {
-            let Progress::Slow { shard, .. } = *p else {
+            let Progress::Slow { shard, count, .. } = *p else {
                 continue;
             };
             let b = &req.buckets[i];
@@ -371,18 +428,20 @@ impl<S: BucketStore> Engine<S> {
             EngineStats::bump(&self.stats.slow_passes_followed);
             pass_done.await;
             let now = self.clock.now_ms();
-            *p = match self.fast_debit(b, shard, now).await.map_err(wrap(b))? {
+            waited_until = Some(now);
+            let draw = Draw { shard, count };
+            *p = match self.fast_debit(b, draw, now).await.map_err(wrap(b))? {
                 DebitOutcome::Applied(image) => {
                     EngineStats::bump(&self.stats.fast_path_hits);
                     Progress::Applied { shard, image }
                 }
                 DebitOutcome::Refused(image) => {
                     let seen = image.clone().map(|i| (shard, i));
-                    Progress::resolved(self.resolve(b, shard, image, &avoid[i], now).await?, seen)
+                    Progress::resolved(self.resolve(b, draw, image, &avoid[i], now).await?, seen)
                 }
             };
         }
-        Ok(())
+        Ok(waited_until)
     }
 
     /// Answers `req` from the store without writing: what each bucket would say now.
@@ -408,7 +467,7 @@ impl<S: BucketStore> Engine<S> {
                     .as_ref()
                     .map_or(1, |i| i.shard_count)
                     .max(self.shards.get(&b.entity, &b.resource));
-                self.plan_bucket(b, key, img.as_ref(), count, now).refused
+                pass::plan_bucket(b, key, img.as_ref(), count, &self.pass_context(now)).refused
             })
             .collect();
         let admitted = buckets.iter().zip(&req.buckets).all(|(o, b)| {
@@ -429,12 +488,11 @@ impl<S: BucketStore> Engine<S> {
         if !decision.admitted {
             return;
         }
-        let now = self.clock.now_ms();
         join_all(
             req.buckets
                 .iter()
                 .zip(&decision.buckets)
-                .map(|(b, o)| self.credit_bucket(b, o.shard, o.shard_count, now)),
+                .map(|(b, o)| self.credit_bucket(b, o.shard, o.shard_count, o.stamp)),
         )
         .await;
     }
@@ -508,6 +566,7 @@ impl<S: BucketStore> Engine<S> {
         BucketOutcome {
             shard: 0,
             shard_count: 1,
+            stamp: Stamp::default(),
             limits: b
                 .limits
                 .iter()
@@ -528,10 +587,10 @@ impl<S: BucketStore> Engine<S> {
     async fn fast_debit(
         &self,
         b: &BucketClaim,
-        shard: u32,
+        draw: Draw,
         now: i64,
     ) -> Result<DebitOutcome, StoreError> {
-        let key = BucketKey::new(&b.entity, &b.resource, shard);
+        let key = BucketKey::new(&b.entity, &b.resource, draw.shard);
         let debits: SmallVec<[Debit; 2]> = b
             .limits
             .iter()
@@ -544,7 +603,14 @@ impl<S: BucketStore> Engine<S> {
             .collect();
         let out = self
             .store
-            .debit(&key, &debits, DebitMode::Fast { now_s: now_s(now) })
+            .debit(
+                &key,
+                &debits,
+                DebitMode::Fast {
+                    now_s: now_s(now),
+                    shard_count: draw.count,
+                },
+            )
             .await?;
         match &out {
             DebitOutcome::Applied(image) => {
@@ -564,8 +630,8 @@ impl<S: BucketStore> Engine<S> {
         Ok(out)
     }
 
-    fn classify(&self, b: &BucketClaim, image: &BucketItem, now: i64) -> Refusal {
-        if image.ttl.is_some_and(|t| t <= now_s(now)) {
+    fn classify(&self, b: &BucketClaim, draw: Draw, image: &BucketItem, now: i64) -> Refusal {
+        if image.ttl.is_some_and(|t| t <= now_s(now)) || image.shard_count != draw.count {
             return Refusal::Stale;
         }
         let mut short = false;
@@ -607,12 +673,15 @@ impl<S: BucketStore> Engine<S> {
     async fn resolve(
         &self,
         b: &BucketClaim,
-        shard: u32,
+        draw: Draw,
         image: Option<BucketItem>,
         avoid: &[u32],
         now: i64,
     ) -> Result<Resolution, EngineError> {
-        let known = self.shards.get(&b.entity, &b.resource);
+        let shard = draw.shard;
+        // Never smaller than the count the shard was drawn under: the cache may have been
+        // cleared since, and a shard sized for fewer shards would hold too large a share.
+        let known = self.shards.get(&b.entity, &b.resource).max(draw.count);
         let Some(image) = image else {
             return Ok(Resolution::Slow {
                 shard,
@@ -620,7 +689,7 @@ impl<S: BucketStore> Engine<S> {
             });
         };
         let count = known.max(image.shard_count);
-        match self.classify(b, &image, now) {
+        match self.classify(b, draw, &image, now) {
             Refusal::Stale => Ok(Resolution::Slow { shard, count }),
             Refusal::WcuExhausted | Refusal::BothExhausted => {
                 // A bucket at its own limit never drives doubling.
@@ -633,7 +702,7 @@ impl<S: BucketStore> Engine<S> {
                     // Not a hot partition: the slow pass refills `wcu`.
                     return Ok(Resolution::Slow { shard, count });
                 }
-                let grown = self.double(b, count).await?;
+                let grown = self.double(b, &image, count).await?;
                 if grown > count {
                     let old: Vec<u32> = (0..count).collect();
                     let fresh = self.draw.draw(grown, &old);
@@ -665,26 +734,29 @@ impl<S: BucketStore> Engine<S> {
                         if (0..count).all(|s| tried.contains(&s)) {
                             break;
                         }
-                        let other = self.draw.draw(count, &tried);
-                        tried.push(other);
+                        let other = Draw {
+                            shard: self.draw.draw(count, &tried),
+                            count,
+                        };
+                        tried.push(other.shard);
                         EngineStats::bump(&self.stats.shard_retries);
                         match self.fast_debit(b, other, now).await.map_err(wrap(b))? {
                             DebitOutcome::Applied(image) => {
                                 return Ok(Resolution::Applied {
-                                    shard: other,
+                                    shard: other.shard,
                                     image,
                                 })
                             }
                             DebitOutcome::Refused(None) => {
                                 return Ok(Resolution::Slow {
-                                    shard: other,
+                                    shard: other.shard,
                                     count,
                                 })
                             }
                             DebitOutcome::Refused(Some(img)) => {
-                                if self.classify(b, &img, now) == Refusal::Stale {
+                                if self.classify(b, other, &img, now) == Refusal::Stale {
                                     return Ok(Resolution::Slow {
-                                        shard: other,
+                                        shard: other.shard,
                                         count: count.max(img.shard_count),
                                     });
                                 }
@@ -701,48 +773,90 @@ impl<S: BucketStore> Engine<S> {
         }
     }
 
-    /// Doubles the bucket's shard count on shard 0 (compare-and-set), propagates the new
-    /// count to the existing shards, and returns the count now in force. Declines at 32
-    /// shards, and when a doubled share could no longer hold the request's claims.
-    async fn double(&self, b: &BucketClaim, count: u32) -> Result<u32, EngineError> {
+    /// Doubles the bucket's shard count on shard 0, passes the new count to the existing
+    /// shards (each clamped to its new share as it learns it), and returns the count now
+    /// in force. Declines at 32 shards, and when a doubled share could no longer hold the
+    /// claims the bucket carries.
+    async fn double(
+        &self,
+        b: &BucketClaim,
+        hot: &BucketItem,
+        count: u32,
+    ) -> Result<u32, EngineError> {
         if count >= MAX_SHARD_COUNT {
             EngineStats::bump(&self.stats.doubling_refused_at_max);
             return Ok(count);
         }
         let new = (count * 2).min(MAX_SHARD_COUNT);
-        // Shards never merge back: a doubling that leaves a shard's share smaller than a
-        // gated claim of this request would refuse it on every shard for good. The shard
-        // stays hot instead, and its slow passes refill `wcu`, as at the maximum.
-        if b.limits.iter().any(|c| c.exceeds(c.params.share(new))) {
+        // Shards never merge back: a doubling that leaves a shard's share smaller than the
+        // claims the bucket carries would refuse them on every shard for good. The shard
+        // stays hot instead, and its slow passes refill `wcu`, as at the maximum. Judged
+        // by the usual claim, not only this request's: a check-only request (0 hits)
+        // must not spread the bucket until an ordinary one no longer fits.
+        if b.limits
+            .iter()
+            .any(|c| !c.forced && usual_claim(c, hot) > c.params.share(new).ceiling)
+        {
             EngineStats::bump(&self.stats.doubling_refused_small_share);
             return Ok(count);
         }
-        let outcome = self
-            .store
-            .bump_shard_count(&b.entity, &b.resource, count, new)
-            .await
-            .map_err(wrap(b))?;
-        match outcome {
-            BumpOutcome::Won => {
-                EngineStats::bump(&self.stats.shard_doublings);
-                tracing::info!(resource = %b.resource, from = count, to = new, "bucket doubled its shards");
-                let results = join_all((1..count).map(|s| {
-                    let key = BucketKey::new(&b.entity, &b.resource, s);
-                    async move { self.store.raise_shard_count(&key, new).await }
-                }))
-                .await;
-                for r in results {
-                    r.map_err(wrap(b))?;
+        let keys: Vec<BucketKey> = (0..count)
+            .map(|s| BucketKey::new(&b.entity, &b.resource, s))
+            .collect();
+        let mut images = self.store.read(&keys).await.map_err(wrap(b))?;
+        // Only the bucket's limits are rewritten (refilled, clamped); no claim is taken.
+        let clamp = BucketClaim {
+            limits: SmallVec::new(),
+            ..b.clone()
+        };
+        let ctx = self.pass_context(self.clock.now_ms());
+        // Shard 0 holds the count: it moves from what it holds to `new` in one write under
+        // its `rf` lock, which also clamps its balances to the new share (left as they
+        // were, shard 0 would hold a share sized for fewer shards while new ones are
+        // created with theirs: more than the capacity in all).
+        let mut won = false;
+        for _ in 0..3 {
+            let Some(zero) = &images[0] else {
+                return Ok(count);
+            };
+            if zero.shard_count >= new {
+                // Someone else doubled first: adopt their count.
+                self.shards.learn(&b.entity, &b.resource, zero.shard_count);
+                return Ok(count.max(zero.shard_count));
+            }
+            let plan = pass::plan_bucket(&clamp, &keys[0], Some(zero), new, &ctx);
+            match self.store.commit(&[plan.write]).await.map_err(wrap(b))? {
+                CommitOutcome::Committed => {
+                    won = true;
+                    break;
                 }
-                self.shards.learn(&b.entity, &b.resource, new);
-                Ok(new)
+                CommitOutcome::Conflict(failed) => {
+                    images[0] = failed.into_iter().next().and_then(|(_, image)| image);
+                }
             }
-            BumpOutcome::Lost(current) => {
-                self.shards.learn(&b.entity, &b.resource, current);
-                Ok(count.max(current))
-            }
-            BumpOutcome::Missing => Ok(count),
         }
+        if !won {
+            // Shard 0 kept changing under us: the next exhaustion tries again.
+            return Ok(count);
+        }
+        EngineStats::bump(&self.stats.shard_doublings);
+        tracing::info!(resource = %b.resource, from = count, to = new, "bucket doubled its shards");
+        // The other existing shards learn the count the same way, each under its own
+        // lock. One that changed since the read is left to its next slow pass: the fast
+        // path refuses a shard whose count is behind the drawer's, and that pass clamps.
+        join_all(keys.iter().zip(&images).skip(1).filter_map(|(key, image)| {
+            let image = image.as_ref()?;
+            let plan = pass::plan_bucket(&clamp, key, Some(image), new, &ctx);
+            let write = [plan.write];
+            Some(async move {
+                if let Err(e) = self.store.commit(&write).await {
+                    tracing::debug!(error = %e, "a shard could not learn the doubled count");
+                }
+            })
+        }))
+        .await;
+        self.shards.learn(&b.entity, &b.resource, new);
+        Ok(new)
     }
 
     /// The slow path over the buckets `targets` (index into `req`, shard, count).
@@ -758,7 +872,8 @@ impl<S: BucketStore> Engine<S> {
             .collect();
         let first = &req.buckets[targets[0].0];
         let images = self.store.read(&keys).await.map_err(wrap(first))?;
-        let now = self.clock.now_ms();
+        let ctx = self.pass_context(self.clock.now_ms());
+        let now = ctx.now;
         let plans: Vec<BucketPlan> = targets
             .iter()
             .zip(&keys)
@@ -768,7 +883,7 @@ impl<S: BucketStore> Engine<S> {
                 if let Some(img) = img {
                     self.shards.learn(&b.entity, &b.resource, img.shard_count);
                 }
-                self.plan_bucket(b, key, img.as_ref(), count, now)
+                pass::plan_bucket(b, key, img.as_ref(), count, &ctx)
             })
             .collect();
 
@@ -782,18 +897,17 @@ impl<S: BucketStore> Engine<S> {
         }
 
         let mut writes: Vec<Write> = plans.iter().map(|p| p.write.clone()).collect();
+        let mut admitted: Vec<BucketOutcome> = plans.iter().map(|p| p.admitted.clone()).collect();
         for round in 0..3 {
             match self.store.commit(&writes).await.map_err(wrap(first))? {
-                CommitOutcome::Committed => {
-                    return Ok((true, plans.into_iter().map(|p| p.admitted).collect()));
-                }
+                CommitOutcome::Committed => return Ok((true, admitted)),
                 CommitOutcome::Conflict(failed) => {
                     if round == 2 {
                         break;
                     }
                     EngineStats::bump(&self.stats.consumption_only_retries);
                     for (idx, current) in failed {
-                        let (i, shard, _) = targets[idx];
+                        let (i, shard, count) = targets[idx];
                         let b = &req.buckets[i];
                         if let Write::Debit { .. } = writes[idx] {
                             // The balance no longer covers the request.
@@ -805,26 +919,19 @@ impl<S: BucketStore> Engine<S> {
                             }
                             return Ok((false, outcomes));
                         }
-                        writes[idx] = match current {
+                        writes[idx] = match &current {
                             // Lost the lock or the create race: take the tokens only if the
-                            // item as it stands covers them, with no refill.
-                            Some(_) => Write::Debit {
-                                key: keys[idx].clone(),
-                                debits: b
-                                    .limits
-                                    .iter()
-                                    .map(|c| Debit {
-                                        limit: c.limit.clone(),
-                                        amount: c.amount,
-                                        gated: !c.forced,
-                                        params: None,
-                                    })
-                                    .collect(),
-                            },
+                            // item as it stands covers them, with no refill. What it
+                            // reports is that item after the debit.
+                            Some(img) => {
+                                admitted[idx] = self.retry_outcome(b, shard, img, now);
+                                pass::retry_debit(b, &keys[idx], img, &ctx)
+                            }
                             // The item vanished (evicted) since the read: create it again.
                             None => {
-                                self.plan_bucket(b, &keys[idx], None, targets[idx].2, now)
-                                    .write
+                                let plan = pass::plan_bucket(b, &keys[idx], None, count, &ctx);
+                                admitted[idx] = plan.admitted;
+                                plan.write
                             }
                         };
                     }
@@ -835,179 +942,31 @@ impl<S: BucketStore> Engine<S> {
         Ok((false, plans.into_iter().map(|p| p.refused).collect()))
     }
 
-    /// Plans the slow-path write of one bucket from its image (or its creation).
-    fn plan_bucket(
-        &self,
-        b: &BucketClaim,
-        key: &BucketKey,
-        image: Option<&BucketItem>,
-        count: u32,
-        now: i64,
-    ) -> BucketPlan {
-        let mut fits = true;
-        let mut admitted = SmallVec::new();
-        let mut refused = SmallVec::new();
-        let mut record =
-            |c: &super::LimitClaim, before: i64, share: bucket::ShardShare, fits: &mut bool| {
-                let ok = before >= c.amount;
-                *fits &= ok || c.forced;
-                let after = if ok || c.forced {
-                    before - c.amount
-                } else {
-                    before
-                };
-                admitted.push(LimitOutcome {
-                    fits: ok,
-                    remaining: after,
-                    share,
-                    ra: c.params.ra,
-                    wait_ms: if ok {
-                        Some(0)
-                    } else {
-                        bucket::wait_for(before, c.amount, share, c.params.ra)
-                    },
-                });
-                refused.push(LimitOutcome {
-                    fits: ok,
-                    remaining: before,
-                    share,
-                    ra: c.params.ra,
-                    wait_ms: bucket::wait_for(before, c.amount, share, c.params.ra),
-                });
-                after
-            };
-
-        let (write, count) = match image {
-            None => {
-                let mut item = BucketItem {
-                    rf: now,
-                    shard_count: count,
-                    ttl: None,
-                    limits: Default::default(),
-                };
-                for c in &b.limits {
-                    let share = c.params.share(count);
-                    let after = record(c, share.ceiling, share, &mut fits);
-                    item.limits
-                        .insert(c.limit.clone(), LimitState::new(c.params, after, c.amount));
-                }
-                item.limits
-                    .insert(WCU_LIMIT, LimitState::new(self.wcu, self.wcu.cp, 0));
-                item.ttl = Some(self.ttl_s(item.limits.values().map(|s| s.params()), now));
-                (
-                    Write::Create {
-                        key: key.clone(),
-                        item,
-                    },
-                    count,
-                )
-            }
-            Some(item) => {
-                let count = count.max(item.shard_count);
-                let rf = item.rf;
-                let mut writes = Vec::new();
-                let mut params_after: Vec<LimitParams> = Vec::new();
-                for c in &b.limits {
-                    let share = c.params.share(count);
-                    match item.limit(&c.limit) {
-                        Some(st) if st.params() == c.params => {
-                            let (before, _) = refill(st.tk, rf, now, share);
-                            let after = record(c, before, share, &mut fits);
-                            let gained = before - st.tk;
-                            let taken = before - after;
-                            writes.push(LimitWrite::Add {
-                                limit: c.limit.clone(),
-                                tk_delta: after - st.tk,
-                                tc_delta: taken,
-                                floor: (!c.forced && taken - gained > 0).then_some(taken - gained),
-                                cap: (gained > 0).then_some(st.tk),
-                            });
-                        }
-                        Some(st) => {
-                            // The rule changed: keep what the shard held (refilled under the
-                            // old parameters), clamped to the new share.
-                            let (old, _) = refill(st.tk, rf, now, st.params().share(count));
-                            let before = old.min(share.ceiling);
-                            let after = record(c, before, share, &mut fits);
-                            writes.push(LimitWrite::Set {
-                                limit: c.limit.clone(),
-                                state: LimitState::new(c.params, after, st.tc + (before - after)),
-                                read_tc: Some(st.tc),
-                            });
-                        }
-                        None => {
-                            let after = record(c, share.ceiling, share, &mut fits);
-                            writes.push(LimitWrite::Set {
-                                limit: c.limit.clone(),
-                                state: LimitState::new(c.params, after, share.ceiling - after),
-                                read_tc: None,
-                            });
-                        }
-                    }
-                    params_after.push(c.params);
-                }
-                // Limits of this item the request does not name (and `wcu`) are refilled
-                // and clamped, so the one write carries every limit's materialisation.
-                for (name, st) in item.limits.iter() {
-                    if b.limits.iter().any(|c| c.limit == name) {
-                        continue;
-                    }
-                    let share = st.params().share(if name == WCU_LIMIT { 1 } else { count });
-                    let (now_tk, _) = refill(st.tk, rf, now, share);
-                    if now_tk != st.tk {
-                        writes.push(LimitWrite::Add {
-                            limit: Name::new(name),
-                            tk_delta: now_tk - st.tk,
-                            tc_delta: 0,
-                            floor: None,
-                            cap: (now_tk > st.tk).then_some(st.tk),
-                        });
-                    }
-                    params_after.push(st.params());
-                }
-                if item.limit(WCU_LIMIT).is_none() {
-                    writes.push(LimitWrite::Set {
-                        limit: Name::const_new(WCU_LIMIT),
-                        state: LimitState::new(self.wcu, self.wcu.cp, 0),
-                        read_tc: None,
-                    });
-                }
-                (
-                    Write::Update {
-                        key: key.clone(),
-                        expected_rf: rf,
-                        rf: now.max(rf),
-                        ttl: Some(self.ttl_s(params_after.into_iter(), now)),
-                        limits: writes,
-                    },
-                    count,
-                )
-            }
-        };
-        BucketPlan {
-            write,
-            fits,
-            admitted: BucketOutcome {
-                shard: key.shard,
-                shard_count: count,
-                limits: admitted,
-            },
-            refused: BucketOutcome {
-                shard: key.shard,
-                shard_count: count,
-                limits: refused,
-            },
+    /// What a slow pass knows at `now`.
+    fn pass_context(&self, now: i64) -> PassContext {
+        PassContext {
+            now,
+            wcu: self.wcu,
+            ttl_multiplier: self.options.ttl_multiplier,
         }
     }
 
-    /// `ttl` (epoch s) for an item with these limits: the multiplier × the longest
-    /// time-to-full, so an expired item would be full again anyway.
-    fn ttl_s(&self, params: impl Iterator<Item = LimitParams>, now: i64) -> i64 {
-        let longest = params
-            .filter_map(|p| p.seconds_to_full())
-            .max()
-            .unwrap_or(86_400);
-        now_s(now).saturating_add(self.options.ttl_multiplier.saturating_mul(longest))
+    /// What a consumption-only retry on `image` reports once applied: the image less
+    /// this request's claims, not refilled (the retry does not refill).
+    fn retry_outcome(
+        &self,
+        b: &BucketClaim,
+        shard: u32,
+        image: &BucketItem,
+        now: i64,
+    ) -> BucketOutcome {
+        let mut after = image.clone();
+        for c in &b.limits {
+            if let Some(st) = after.limits.get_mut(&c.limit) {
+                st.tk = st.tk.saturating_sub(c.amount);
+            }
+        }
+        self.outcome_from_image(b, shard, &after, now, true)
     }
 
     /// The outcome of bucket `b` according to an image; `debited` says whether the image
@@ -1052,6 +1011,7 @@ impl<S: BucketStore> Engine<S> {
         BucketOutcome {
             shard,
             shard_count: count,
+            stamp: Stamp::of(image),
             limits,
         }
     }
@@ -1100,7 +1060,7 @@ impl<S: BucketStore> Engine<S> {
                         // balance (an admitted image is otherwise kept only when short).
                         let key = BucketKey::new(&b.entity, &b.resource, *shard);
                         self.rejections.remember(&key, image, now);
-                        Some(self.credit_bucket(b, *shard, image.shard_count, now))
+                        Some(self.credit_bucket(b, *shard, image.shard_count, Stamp::of(image)))
                     }
                     _ => None,
                 }),
@@ -1108,7 +1068,9 @@ impl<S: BucketStore> Engine<S> {
         .await;
     }
 
-    async fn credit_bucket(&self, b: &BucketClaim, shard: u32, count: u32, _now: i64) {
+    /// Refunds what `b`'s claims took from `shard`, on condition that nothing refilled
+    /// or doubled it since the debit whose image bore `stamp` (see `BucketStore::credit`).
+    async fn credit_bucket(&self, b: &BucketClaim, shard: u32, count: u32, stamp: Stamp) {
         let key = BucketKey::new(&b.entity, &b.resource, shard);
         let count = count.max(self.shards.get(&b.entity, &b.resource));
         let credits: Vec<Credit> = b
@@ -1126,9 +1088,23 @@ impl<S: BucketStore> Engine<S> {
         }
         self.rejections.credit(&key, &credits);
         EngineStats::bump(&self.stats.refunds);
-        if let Err(e) = self.store.credit(&key, &credits).await {
+        if let Err(e) = self.store.credit(&key, stamp, &credits).await {
             // A lost refund costs this bucket one request's tokens; never an over-admission.
             tracing::warn!(resource = %b.resource, error = %e, "refund of a voided debit failed");
         }
     }
+}
+
+/// The claim a bucket's limit usually carries, judged from a hot shard's image: this
+/// request's, at least one token (an ordinary request: Envoy's default `hits_addend`),
+/// and at least the average taken per fast-path write on that shard (`tc` over the
+/// writes `wcu` counted) — so check-only or small requests cannot spread a bucket until
+/// its ordinary requests no longer fit a shard's share.
+fn usual_claim(c: &LimitClaim, hot: &BucketItem) -> i64 {
+    let writes = hot.limit(WCU_LIMIT).map_or(0, |w| w.tc / MILLI);
+    let average = match hot.limit(&c.limit) {
+        Some(st) if writes > 0 && st.tc > 0 => st.tc / writes,
+        _ => 0,
+    };
+    c.amount.max(MILLI).max(average)
 }

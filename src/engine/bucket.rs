@@ -46,6 +46,33 @@ impl LimitParams {
         }
     }
 
+    /// Milliseconds until a shard holding `balance` (refilled to now; negative in debt)
+    /// is surely full again, whatever shard count the bucket grows to: `None` if it never
+    /// will (no refill, and something to refill). Debt repays at the shard's share of the
+    /// rate, which a later doubling divides again, so the debt term assumes the most
+    /// shards; the full-from-empty term does not depend on the count. The basis of the
+    /// item TTL: an item expired after this long would be re-created exactly as it is.
+    pub fn full_again_ms(&self, balance: i64) -> Option<i64> {
+        let balance = balance.min(0);
+        if self.ra <= 0 {
+            return (self.cp <= 0 && balance == 0).then_some(0);
+        }
+        // Shares floor their ceiling and rate, so each count is measured as it divides.
+        let mut longest = 0i128;
+        let mut count = 1;
+        while count <= super::MAX_SHARD_COUNT {
+            let share = self.share(count);
+            if share.ra <= 0 {
+                return None;
+            }
+            let missing = i128::from(share.ceiling) - i128::from(balance);
+            let ms = div_ceil_i128(missing * i128::from(share.rp), i128::from(share.ra));
+            longest = longest.max(ms);
+            count *= 2;
+        }
+        Some(saturate(longest))
+    }
+
     /// Seconds until an empty bucket is full again (the basis of the item TTL); `None`
     /// for a limit that never refills.
     pub fn seconds_to_full(&self) -> Option<i64> {
@@ -220,7 +247,55 @@ mod tests {
         assert_eq!(LimitParams::new(5, 0, 60_000).seconds_to_full(), None);
     }
 
+    #[test]
+    fn full_again_counts_debt_at_the_slowest_share_and_never_for_no_refill() {
+        let p = LimitParams::new(10, 10, 1_000); // 10/s, burst 10
+        assert_eq!(
+            p.full_again_ms(10_000),
+            Some(1_000),
+            "full: the from-empty time"
+        );
+        assert_eq!(
+            p.full_again_ms(3_000),
+            Some(1_000),
+            "never less than from empty"
+        );
+        // 5,000 tokens of debt at 10/s take 500 s on one shard; at 32 shards a shard's
+        // share (312 millitokens per second, the ceiling as much) takes 32 times longer.
+        let at_32 = ((312 + 5_000_000_i64) * 1_000 + 311) / 312;
+        assert_eq!(p.full_again_ms(-5_000_000), Some(at_32));
+        assert!(at_32 > 500_000 * 32);
+        let never = LimitParams::new(3, 0, 1_000);
+        assert_eq!(never.full_again_ms(3_000), None);
+        assert_eq!(never.full_again_ms(0), None);
+        let empty = LimitParams::new(0, 0, 1_000);
+        assert_eq!(
+            empty.full_again_ms(0),
+            Some(0),
+            "nothing to refill: always full"
+        );
+        assert_eq!(empty.full_again_ms(-1), None, "its debt never repays");
+    }
+
     proptest! {
+        /// A shard of any count, refilled from `balance` at its share's rate, is full by
+        /// `full_again_ms` (refill is lazy and exact, so one step suffices).
+        #[test]
+        fn full_again_is_enough_at_every_shard_count(
+            cap in 1u64..1_000_000,
+            rate in 1u64..1_000_000,
+            period in 1u64..100_000,
+            balance in -1_000_000_000i64..1_000_000_000,
+            shards in 0u32..6,
+        ) {
+            let p = LimitParams::new(cap, rate, period);
+            let share = p.share(1 << shards);
+            let start = balance.min(share.ceiling);
+            let ms = p.full_again_ms(start).expect("refills");
+            let (tk, _) = refill(start, 0, ms, share);
+            prop_assert_eq!(tk, share.ceiling);
+        }
+
         #[test]
         fn refill_never_exceeds_the_ceiling(
             tk in -1_000_000_000i64..1_000_000_000,

@@ -10,6 +10,7 @@ mod acquire;
 pub mod bucket;
 mod clock;
 mod inflight;
+mod pass;
 pub mod plan;
 mod rejection;
 mod shard;
@@ -20,11 +21,13 @@ use std::sync::Arc;
 use smallvec::SmallVec;
 use thiserror::Error;
 
+pub use acquire::CONTENTION_RETRY_MS;
 pub use bucket::{LimitParams, ShardShare};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use shard::{RandomDraw, ScriptedDraw, ShardDraw};
 
-use crate::store::{BucketStore, Name, StoreError};
+use crate::store::{BucketStore, Name, Stamp, StoreError};
+use crate::text::quote;
 
 /// Most shards one bucket is spread over.
 pub const MAX_SHARD_COUNT: u32 = 32;
@@ -101,6 +104,8 @@ pub struct LimitOutcome {
 pub struct BucketOutcome {
     pub shard: u32,
     pub shard_count: u32,
+    /// The shard's item as this request left it, for a refund (see `BucketStore::credit`).
+    pub stamp: Stamp,
     pub limits: SmallVec<[LimitOutcome; 2]>,
 }
 
@@ -113,10 +118,11 @@ pub struct Decision {
     pub buckets: SmallVec<[BucketOutcome; 2]>,
 }
 
-/// Engine failures: the store failed, with the bucket it concerned.
+/// Engine failures: the store failed, with the bucket it concerned (its entity shown
+/// elided: it holds request values).
 #[derive(Debug, Error)]
 pub enum EngineError {
-    #[error("bucket of entity '{entity}' resource '{resource}': {source}")]
+    #[error("bucket of entity '{}' resource '{resource}': {source}", quote(entity))]
     Store {
         entity: String,
         resource: String,
@@ -125,6 +131,21 @@ pub enum EngineError {
     },
     #[error("invalid acquire: {0}")]
     Invalid(String),
+}
+
+impl EngineError {
+    /// Whether the error is the request's own (the store refused its key or item), not
+    /// the store's: the request is answered as invalid, never by `failure_mode`.
+    pub fn is_request_error(&self) -> bool {
+        matches!(
+            self,
+            EngineError::Invalid(_)
+                | EngineError::Store {
+                    source: StoreError::Invalid { .. },
+                    ..
+                }
+        )
+    }
 }
 
 /// Tunables of the engine.
@@ -173,6 +194,13 @@ impl EngineView {
     pub fn rejection_cache_entries(&self) -> usize {
         self.rejections.entries()
     }
+
+    /// Forgets every shard count learnt, as a full cache partition is cleared (tests
+    /// use it to clear the cache at a chosen moment).
+    #[doc(hidden)]
+    pub fn forget_shard_counts(&self) {
+        self.shards.clear();
+    }
 }
 
 /// Counters the engine keeps (exposed for tests and metrics).
@@ -191,6 +219,8 @@ pub struct EngineStats {
     pub per_shard_ceiling_rejections: AtomicU64,
     pub consumption_only_retries: AtomicU64,
     pub refunds: AtomicU64,
+    /// Requests refused because a bucket's item stayed busy with concurrent transactions.
+    pub contended: AtomicU64,
     /// Buckets that waited for this process's slow pass on their shard instead of
     /// running their own.
     pub slow_passes_followed: AtomicU64,

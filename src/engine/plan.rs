@@ -9,7 +9,8 @@ use thiserror::Error;
 
 use super::bucket::MILLI;
 use super::{Acquire, BucketClaim, LimitClaim, LimitParams};
-use crate::config::{DescriptorEntry, RateLimit, Rule, RuleLimit};
+use crate::config::{DescriptorEntry, RateLimit, Rule, RuleLimit, MAX_TOKENS};
+use crate::store::key::stored_entity;
 use crate::store::Name;
 
 /// Where one descriptor's limit sits in the plan.
@@ -21,13 +22,13 @@ pub struct Slot {
     pub parent: Option<(usize, usize)>,
 }
 
-/// A request amount that does not fit the engine's integer range.
+/// A request amount beyond what one descriptor may take ([`MAX_TOKENS`]), or (summed over
+/// a request's descriptors) beyond the engine's integer range.
 #[derive(Debug, Error, PartialEq, Eq)]
-#[error("hits {hits} for limit '{limit}' of entity '{entity}' is too large")]
+#[error("hits {hits} for limit '{limit}' exceed the maximum of {MAX_TOKENS}")]
 pub struct AmountOverflow {
     pub hits: u64,
     pub limit: String,
-    pub entity: String,
 }
 
 /// An acquire under construction, with the slot of every descriptor added to it.
@@ -113,15 +114,19 @@ impl Plan {
         forced: bool,
         cascades: bool,
     ) -> Result<(usize, usize), AmountOverflow> {
-        let overflow = |entity: &str| AmountOverflow {
+        let overflow = || AmountOverflow {
             hits,
             limit: limit_name.to_string(),
-            entity: entity.to_string(),
         };
+        if hits > MAX_TOKENS {
+            return Err(overflow());
+        }
         let amount = i64::try_from(hits)
             .ok()
             .and_then(|h| h.checked_mul(MILLI))
-            .ok_or_else(|| overflow(&entity))?;
+            .ok_or_else(overflow)?;
+        // Buckets are keyed by the stored form: a long entity by its digest.
+        let entity = stored_entity(entity);
         let bi = match self
             .acquire
             .buckets
@@ -143,10 +148,7 @@ impl Plan {
         bucket.cascades |= cascades;
         if let Some(li) = bucket.limits.iter().position(|l| l.limit == limit_name) {
             let l = &mut bucket.limits[li];
-            l.amount = l
-                .amount
-                .checked_add(amount)
-                .ok_or_else(|| overflow(&bucket.entity))?;
+            l.amount = l.amount.checked_add(amount).ok_or_else(overflow)?;
             l.forced |= forced;
             return Ok((bi, li));
         }

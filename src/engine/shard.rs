@@ -76,6 +76,13 @@ impl ShardCounts {
         all
     }
 
+    /// Forgets every count (what a full partition does to its own).
+    pub(crate) fn clear(&self) {
+        for p in &self.parts {
+            p.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        }
+    }
+
     /// Learns `count` if it is larger than what is known.
     pub(crate) fn learn(&self, entity: &str, resource: &str, count: u32) {
         if count <= 1 {

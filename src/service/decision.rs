@@ -24,8 +24,10 @@ use crate::config::{
 use crate::engine::bucket::{self, whole_tokens};
 use crate::engine::plan::{Plan, Slot};
 use crate::engine::{Acquire, Decision, Engine, EngineError, LimitOutcome};
-use crate::store::{BucketKey, BucketStore};
+use crate::store::{BucketKey, BucketStore, StoreError, DEFAULT_STORE_TIMEOUT};
+use tokio::time::Instant;
 
+use super::deadline::Bounded;
 use super::metrics::{HitOutcome, Metrics, RuleCounters};
 use crate::throttle::LogThrottle;
 
@@ -66,7 +68,31 @@ pub enum CallError {
     InvalidArgument(String),
     /// The store failed and the rules involved fail closed.
     #[error("rate-limit store unavailable: {0}")]
-    Unavailable(#[source] EngineError),
+    Unavailable(#[source] StoreFailure),
+}
+
+/// How the store failed a call.
+#[derive(Debug, Error)]
+pub enum StoreFailure {
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    /// The store did not answer by the call's deadline (see `deadline.rs`).
+    #[error("no answer from the store within the call's deadline")]
+    Deadline,
+}
+
+impl StoreFailure {
+    /// The metric label of the failure's cause.
+    fn cause(&self) -> &'static str {
+        match self {
+            StoreFailure::Engine(EngineError::Store {
+                source: StoreError::CircuitOpen { .. },
+                ..
+            }) => "circuit_open",
+            StoreFailure::Engine(_) => "store",
+            StoreFailure::Deadline => "deadline",
+        }
+    }
 }
 
 /// Per-descriptor working state of one call: inline for the usual few descriptors.
@@ -123,8 +149,14 @@ pub struct RateLimiter<S: BucketStore> {
     engine: Arc<Engine<S>>,
     limits: RequestLimits,
     global_shadow: bool,
+    /// The longest a call may wait for the store, and the deadline of a caller that sets
+    /// none (`--store-timeout`).
+    store_timeout: std::time::Duration,
     metrics: Arc<Metrics>,
     store_failure_log: LogThrottle,
+    /// The store has answered since start-up (the server's warm-up); health says
+    /// NOT_SERVING until it has.
+    ready: std::sync::atomic::AtomicBool,
 }
 
 impl<S: BucketStore> RateLimiter<S> {
@@ -135,8 +167,10 @@ impl<S: BucketStore> RateLimiter<S> {
             engine,
             limits: RequestLimits::default(),
             global_shadow: false,
+            store_timeout: DEFAULT_STORE_TIMEOUT,
             metrics,
             store_failure_log: LogThrottle::new(std::time::Duration::from_secs(10)),
+            ready: std::sync::atomic::AtomicBool::new(true),
         }
     }
 
@@ -153,8 +187,18 @@ impl<S: BucketStore> RateLimiter<S> {
         &self.metrics
     }
 
-    /// Whether the store answers: one read of a key no bucket uses, bounded in time.
+    /// Marks whether the store has answered since start-up (see `check_store`).
+    pub fn set_ready(&self, ready: bool) {
+        self.ready
+            .store(ready, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Whether the store answers: not before it has since start-up (the server warms it
+    /// up), then one read of a key no bucket uses, bounded in time.
     pub async fn check_store(&self) -> Result<(), String> {
+        if !self.ready.load(std::sync::atomic::Ordering::Acquire) {
+            return Err("warming up: the store has not answered yet".to_string());
+        }
         let probe = [BucketKey::new("%health", "%health", 0)];
         match tokio::time::timeout(
             std::time::Duration::from_secs(2),
@@ -177,6 +221,16 @@ impl<S: BucketStore> RateLimiter<S> {
     pub fn with_request_limits(mut self, limits: RequestLimits) -> Self {
         self.limits = limits;
         self
+    }
+
+    /// The longest a call waits for the store (and a caller without a deadline's).
+    pub fn with_store_timeout(mut self, timeout: std::time::Duration) -> Self {
+        self.store_timeout = timeout;
+        self
+    }
+
+    pub fn store_timeout(&self) -> std::time::Duration {
+        self.store_timeout
     }
 
     pub fn engine(&self) -> &Arc<Engine<S>> {
@@ -254,10 +308,21 @@ impl<S: BucketStore> RateLimiter<S> {
         Ok(())
     }
 
-    /// Answers one request.
+    /// Answers one request from a caller that set no deadline (the store timeout is).
     pub async fn should_rate_limit(
         &self,
         req: &RateLimitRequest,
+    ) -> Result<RateLimitResponse, CallError> {
+        let deadline = Instant::now() + self.store_timeout;
+        self.should_rate_limit_by(req, deadline).await
+    }
+
+    /// Answers one request; the store must have answered by `deadline`, else the request
+    /// is answered by its rules' `failure_mode` (see `deadline.rs`).
+    pub async fn should_rate_limit_by(
+        &self,
+        req: &RateLimitRequest,
+        deadline: Instant,
     ) -> Result<RateLimitResponse, CallError> {
         let _timer = self.metrics.request();
         self.validate(req)?;
@@ -340,18 +405,31 @@ impl<S: BucketStore> RateLimiter<S> {
         };
         // 1. Overdraft usage happened already: always recorded.
         if in_group(Group::Forced) {
-            over |= !Box::pin(self.forced(req, &treatments, &mut verdicts)).await?;
+            over |= !Box::pin(self.forced(req, &treatments, &mut verdicts, deadline)).await?;
         }
         // 2. The all-or-nothing group; only looked at when the answer is already no.
         let enforced = self.plan(req, &treatments, |g| g == Group::Enforced)?;
         let mut enforced_decision = None;
         if !enforced.0.is_empty() {
             if over {
-                self.run(&enforced.0, &enforced.1, &treatments, false, &mut verdicts)
-                    .await?;
+                self.run(
+                    &enforced.0,
+                    &enforced.1,
+                    &treatments,
+                    false,
+                    &mut verdicts,
+                    deadline,
+                )
+                .await?;
             } else {
                 let decision = self
-                    .decide(&enforced.0, &enforced.1, &treatments, &mut verdicts)
+                    .decide(
+                        &enforced.0,
+                        &enforced.1,
+                        &treatments,
+                        &mut verdicts,
+                        deadline,
+                    )
                     .await?;
                 over |= !decision.admitted;
                 enforced_decision = Some(decision);
@@ -360,8 +438,15 @@ impl<S: BucketStore> RateLimiter<S> {
         // 3 and 4: quota and shadow descriptors.
         if in_group(Group::Quota) || in_group(Group::Shadow) {
             let enforced = enforced_decision.as_ref().map(|d| (&enforced.0.acquire, d));
-            over = Box::pin(self.quota_and_shadow(req, &treatments, &mut verdicts, over, enforced))
-                .await?;
+            over = Box::pin(self.quota_and_shadow(
+                req,
+                &treatments,
+                &mut verdicts,
+                over,
+                enforced,
+                deadline,
+            ))
+            .await?;
         }
 
         for (i, (t, v)) in treatments.iter().zip(&verdicts).enumerate() {
@@ -470,9 +555,11 @@ impl<S: BucketStore> RateLimiter<S> {
         req: &RateLimitRequest,
         treatments: &[Treatment],
         verdicts: &mut [Option<Verdict>],
+        deadline: Instant,
     ) -> Result<bool, CallError> {
         let (plan, slots) = self.plan(req, treatments, |g| g == Group::Forced)?;
-        self.run(&plan, &slots, treatments, true, verdicts).await
+        self.run(&plan, &slots, treatments, true, verdicts, deadline)
+            .await
     }
 
     /// Steps 3 and 4 of a decision, after the enforced group (`over`: the answer so far;
@@ -485,6 +572,7 @@ impl<S: BucketStore> RateLimiter<S> {
         verdicts: &mut [Option<Verdict>],
         mut over: bool,
         enforced: Option<(&Acquire, &Decision)>,
+        deadline: Instant,
     ) -> Result<bool, CallError> {
         // 3. Quota descriptors: over only if all of them are.
         let mut quota_seen = 0;
@@ -498,12 +586,12 @@ impl<S: BucketStore> RateLimiter<S> {
                 quota_seen += 1;
                 let single = self.plan_one(req, treatments, i)?;
                 if over {
-                    self.run(&single.0, &single.1, treatments, false, verdicts)
+                    self.run(&single.0, &single.1, treatments, false, verdicts, deadline)
                         .await?;
                     quota_over += 1;
                 } else {
                     let d = self
-                        .decide(&single.0, &single.1, treatments, verdicts)
+                        .decide(&single.0, &single.1, treatments, verdicts, deadline)
                         .await?;
                     if !d.admitted {
                         quota_over += 1;
@@ -527,10 +615,10 @@ impl<S: BucketStore> RateLimiter<S> {
             {
                 let single = self.plan_one(req, treatments, i)?;
                 if over {
-                    self.run(&single.0, &single.1, treatments, false, verdicts)
+                    self.run(&single.0, &single.1, treatments, false, verdicts, deadline)
                         .await?;
                 } else {
-                    self.decide(&single.0, &single.1, treatments, verdicts)
+                    self.decide(&single.0, &single.1, treatments, verdicts, deadline)
                         .await?;
                 }
             }
@@ -545,8 +633,9 @@ impl<S: BucketStore> RateLimiter<S> {
         slots: &[(usize, Slot)],
         treatments: &[Treatment],
         verdicts: &mut [Option<Verdict>],
+        deadline: Instant,
     ) -> Result<Decision, CallError> {
-        match self.engine.acquire(&plan.acquire).await {
+        match self.by(deadline, self.engine.acquire(&plan.acquire)).await {
             Ok(decision) => {
                 record(&decision, slots, verdicts);
                 Ok(decision)
@@ -563,11 +652,12 @@ impl<S: BucketStore> RateLimiter<S> {
         treatments: &[Treatment],
         write: bool,
         verdicts: &mut [Option<Verdict>],
+        deadline: Instant,
     ) -> Result<bool, CallError> {
         let result = if write {
-            self.engine.acquire(&plan.acquire).await
+            self.by(deadline, self.engine.acquire(&plan.acquire)).await
         } else {
-            self.engine.peek(&plan.acquire).await
+            self.by(deadline, self.engine.peek(&plan.acquire)).await
         };
         match result {
             Ok(decision) => {
@@ -584,17 +674,42 @@ impl<S: BucketStore> RateLimiter<S> {
         }
     }
 
-    /// A store failure: fail closed if any rule involved says `deny`, else answer OK.
+    /// The engine's answer to `call`, if it comes by `deadline` (see `Bounded`). Not an
+    /// `async fn`: one would hold `call` twice (its argument, and moved into the bound).
+    fn by(
+        &self,
+        deadline: Instant,
+        call: impl std::future::Future<Output = Result<Decision, EngineError>>,
+    ) -> impl std::future::Future<Output = Result<Decision, StoreFailure>> {
+        futures::FutureExt::map(Bounded::new(call, deadline), |answer| match answer {
+            Some(result) => result.map_err(StoreFailure::Engine),
+            None => Err(StoreFailure::Deadline),
+        })
+    }
+
+    /// A store failure: fail closed if any rule involved says `deny`, else answer OK. A
+    /// request-specific error (the store refused this request's key) is the request's:
+    /// INVALID_ARGUMENT, whatever the rules say.
     fn on_store_failure(
         &self,
-        e: EngineError,
+        e: StoreFailure,
         slots: &[(usize, Slot)],
         treatments: &[Treatment],
     ) -> Result<Decision, CallError> {
+        if let StoreFailure::Engine(e) = &e {
+            if e.is_request_error() {
+                self.metrics.request_refused_by_store();
+                return Err(CallError::InvalidArgument(format!(
+                    "a descriptor's bucket cannot be stored: {e}"
+                )));
+            }
+        }
         let deny = slots.iter().any(|(i, _)| match &treatments[*i] {
             Treatment::Limited { rule, .. } => rule.failure_mode == FailureMode::Deny,
             Treatment::Free { .. } => false,
         });
+        self.metrics
+            .store_failure(e.cause(), if deny { "unavailable" } else { "allowed" });
         if let Some(suppressed) = self.store_failure_log.admit() {
             tracing::warn!(
                 error = %e,

@@ -16,9 +16,11 @@ use tonic::codegen::http;
 use tonic::{Request, Response, Status};
 use tonic_health::ServingStatus;
 
+use super::deadline;
 use super::decision::{CallError, RateLimiter};
 use super::tls::TlsState;
 use crate::store::BucketStore;
+use crate::text::{elide, MESSAGE_BYTES};
 
 /// Service names the health service reports on: the overall server and the rate-limit
 /// service under its short and full names.
@@ -45,12 +47,30 @@ impl<S: BucketStore> RateLimitService for Grpc<S> {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
-        match self.limiter.should_rate_limit(request.get_ref()).await {
+        // Before anything else: the caller's clock started when it sent the request.
+        let received = tokio::time::Instant::now();
+        let caller = request
+            .metadata()
+            .get("grpc-timeout")
+            .and_then(|v| v.to_str().ok())
+            .and_then(deadline::parse_grpc_timeout);
+        let by = deadline::deadline(received, caller, self.limiter.store_timeout());
+        match self
+            .limiter
+            .should_rate_limit_by(request.get_ref(), by)
+            .await
+        {
             Ok(resp) => Ok(Response::new(resp)),
-            Err(CallError::InvalidArgument(m)) => Err(Status::invalid_argument(m)),
-            Err(e @ CallError::Unavailable(_)) => Err(Status::unavailable(e.to_string())),
+            Err(e @ CallError::InvalidArgument(_)) => Err(Status::invalid_argument(message(&e))),
+            Err(e @ CallError::Unavailable(_)) => Err(Status::unavailable(message(&e))),
         }
     }
+}
+
+/// A status message: an error's text, bounded (a client refuses trailers past a few KB,
+/// and a message quotes request values).
+fn message(e: &CallError) -> String {
+    elide(&e.to_string(), MESSAGE_BYTES).into_owned()
 }
 
 /// Serves gRPC on `listener` until `shutdown` resolves (health always SERVING).

@@ -19,6 +19,7 @@ use super::decision::{CallError, RateLimiter};
 use super::json;
 use crate::config::{RuleLimit, Unit};
 use crate::store::BucketStore;
+use crate::text::{elide, MESSAGE_BYTES};
 
 /// The HTTP routes over one rate limiter.
 pub fn router<S: BucketStore>(limiter: Arc<RateLimiter<S>>) -> Router {
@@ -131,7 +132,7 @@ async fn json_call<S: BucketStore>(
         (
             StatusCode::BAD_REQUEST,
             [(header::CONTENT_TYPE, "application/json")],
-            serde_json::json!({ "error": m }).to_string(),
+            serde_json::json!({ "error": elide(&m, MESSAGE_BYTES) }).to_string(),
         )
             .into_response()
     };
@@ -159,7 +160,7 @@ async fn json_call<S: BucketStore>(
         Err(e @ CallError::Unavailable(_)) => (
             StatusCode::SERVICE_UNAVAILABLE,
             [(header::CONTENT_TYPE, "application/json")],
-            serde_json::json!({ "error": e.to_string() }).to_string(),
+            serde_json::json!({ "error": elide(&e.to_string(), MESSAGE_BYTES) }).to_string(),
         )
             .into_response(),
     }

@@ -102,6 +102,17 @@ pub struct Metrics {
     store_series: ArcSwap<StoreSeries>,
     request_latency: Histogram,
     in_flight: Gauge,
+    store_failures: Family<FailureLabels, Counter>,
+    store_refused_requests: Counter,
+}
+
+/// Labels of a request answered without the store: why, and how.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FailureLabels {
+    /// `store` (it failed), `deadline` (no answer in time), `circuit_open`.
+    cause: &'static str,
+    /// `unavailable` (a `deny` rule: UNAVAILABLE) or `allowed` (OK, nothing counted).
+    answer: &'static str,
 }
 
 /// Engine counters and learnt shard counts, read at scrape time.
@@ -113,7 +124,7 @@ struct EngineCollector {
 impl Collector for EngineCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let s = self.engine.stats();
-        let counters: [(&str, &str, u64); 8] = [
+        let counters: [(&str, &str, u64); 9] = [
             (
                 "shard_doublings",
                 "Shard-count doublings this server won",
@@ -154,6 +165,11 @@ impl Collector for EngineCollector {
                 "refunds",
                 "Debits refunded because another bucket of the request refused",
                 EngineStats::get(&s.refunds),
+            ),
+            (
+                "contended_refusals",
+                "Requests refused because a bucket's item stayed busy with concurrent transactions",
+                EngineStats::get(&s.contended),
             ),
         ];
         for (name, help, v) in counters {
@@ -242,6 +258,8 @@ impl Metrics {
             store_series: ArcSwap::default(),
             request_latency: Histogram::new(exponential_buckets(0.000_05, 2.0, 16)),
             in_flight: Gauge::default(),
+            store_failures: Family::default(),
+            store_refused_requests: Counter::default(),
         };
         registry.register(
             "rate_limit_total_hits",
@@ -308,6 +326,16 @@ impl Metrics {
             "ShouldRateLimit calls being answered",
             m.in_flight.clone(),
         );
+        registry.register(
+            "store_failure_answers",
+            "Requests answered by failure_mode because the store failed, gave no answer by the call's deadline, or its circuit was open",
+            m.store_failures.clone(),
+        );
+        registry.register(
+            "store_refused_requests",
+            "Requests answered INVALID_ARGUMENT because the store refused their bucket (a key or item it cannot hold)",
+            m.store_refused_requests.clone(),
+        );
         Metrics {
             registry: Mutex::new(registry),
             ..m
@@ -357,6 +385,18 @@ impl Metrics {
 
     pub fn config_rejected(&self) {
         self.config_load_error.inc();
+    }
+
+    /// A request answered by `failure_mode` (see [`FailureLabels`]).
+    pub fn store_failure(&self, cause: &'static str, answer: &'static str) {
+        self.store_failures
+            .get_or_create(&FailureLabels { cause, answer })
+            .inc();
+    }
+
+    /// A request whose bucket the store refused.
+    pub fn request_refused_by_store(&self) {
+        self.store_refused_requests.inc();
     }
 
     pub fn domain_not_found(&self) {

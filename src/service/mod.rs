@@ -3,6 +3,7 @@
 //!
 //! Nothing here holds bucket logic: decisions come from the engine.
 
+mod deadline;
 mod decision;
 pub mod grpc;
 pub mod http;

@@ -22,6 +22,7 @@ use crate::engine::{
     UNLIMITED_PARTITION_WRITE_BUDGET,
 };
 use crate::store::breaker::Breaker;
+use crate::store::detached::Detached;
 use crate::store::dynamodb::{DynamoOptions, DynamoStore};
 use crate::store::memory::MemoryStore;
 use crate::store::metered::Metered;
@@ -51,6 +52,9 @@ pub struct ServeOptions {
     pub shutdown_grace: Duration,
     /// TLS on the gRPC port, if set.
     pub tls: Option<TlsFiles>,
+    /// The longest a call waits for the store, and the deadline of a caller that sets
+    /// none (a caller's `grpc-timeout` shortens it).
+    pub store_timeout: Duration,
 }
 
 /// Why the server could not start or stopped with an error.
@@ -94,6 +98,16 @@ const REJECTION_PRUNE_INTERVAL: Duration = Duration::from_secs(1);
 /// How often the TLS files are checked for a new certificate.
 const TLS_RELOAD_POLL: Duration = Duration::from_secs(2);
 
+/// How long each start-up attempt to reach the store may take (credentials, a first call,
+/// connections): far more than a call may take once serving.
+const WARM_UP_PATIENCE: Duration = Duration::from_secs(10);
+
+/// Connections opened to DynamoDB before serving (more are opened as calls need them).
+const WARM_UP_CONNECTIONS: usize = 8;
+
+/// A future that resolves once the store has answered (the server's warm-up).
+type WarmUp = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
 async fn bind(addr: SocketAddr) -> Result<TcpListener, ServeError> {
     TcpListener::bind(addr)
         .await
@@ -135,28 +149,41 @@ pub async fn run(options: ServeOptions) -> Result<(), ServeError> {
             };
             let listeners = (grpc_listener, http_listener);
             let result = serve_on(
-                store, budget, config, listeners, &options, metrics, "memory",
+                store, budget, config, listeners, &options, metrics, "memory", None,
             )
             .await;
             sweeper.abort();
             result?;
         }
         StoreKind::DynamoDb(dynamo) => {
-            let store = Arc::new(Breaker::new(
-                DynamoStore::connect(dynamo).await,
+            let mut dynamo = dynamo.clone();
+            dynamo.timeout = options.store_timeout;
+            let breaker = Arc::new(Breaker::new(
+                DynamoStore::connect(&dynamo).await,
                 BREAKER_THRESHOLD,
                 BREAKER_COOL_OFF,
             ));
             {
-                let store = store.clone();
+                let store = breaker.clone();
                 metrics.attach_capacity(move || store.inner().ledger().totals());
             }
+            let warm_up: WarmUp = Box::pin(warm_up(breaker.clone()));
+            // Each call in a task of its own: a caller's deadline never cancels a call
+            // that is resolving credentials or opening a connection (see `detached.rs`).
+            let store = Arc::new(Detached::new(breaker));
             let budget = options
                 .partition_write_budget
                 .unwrap_or(DEFAULT_PARTITION_WRITE_BUDGET);
             let listeners = (grpc_listener, http_listener);
             serve_on(
-                store, budget, config, listeners, &options, metrics, "dynamodb",
+                store,
+                budget,
+                config,
+                listeners,
+                &options,
+                metrics,
+                "dynamodb",
+                Some(warm_up),
             )
             .await?;
         }
@@ -165,6 +192,38 @@ pub async fn run(options: ServeOptions) -> Result<(), ServeError> {
     Ok(())
 }
 
+/// Resolves once DynamoDB has answered a first call (retried until it does, each attempt
+/// under [`WARM_UP_PATIENCE`]), then closes the circuit the calls made meanwhile may have
+/// opened.
+async fn warm_up(store: Arc<Breaker<DynamoStore>>) {
+    let started = std::time::Instant::now();
+    let mut attempts = 0u32;
+    loop {
+        attempts += 1;
+        match store
+            .inner()
+            .warm_up(WARM_UP_CONNECTIONS, WARM_UP_PATIENCE)
+            .await
+        {
+            Ok(()) => {
+                store.close();
+                tracing::info!(
+                    after = ?started.elapsed(),
+                    attempts,
+                    connections = WARM_UP_CONNECTIONS,
+                    "store answered: serving"
+                );
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, attempts, "store not answering yet: health NOT_SERVING");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
 async fn serve_on<S: BucketStore>(
     store: Arc<S>,
     partition_write_budget: u64,
@@ -173,6 +232,7 @@ async fn serve_on<S: BucketStore>(
     options: &ServeOptions,
     metrics: Arc<Metrics>,
     store_name: &str,
+    warm_up: Option<WarmUp>,
 ) -> Result<(), ServeError> {
     let engine_options = EngineOptions {
         partition_write_budget,
@@ -185,8 +245,10 @@ async fn serve_on<S: BucketStore>(
         RateLimiter::new(config.clone(), engine)
             .with_global_shadow(options.global_shadow_mode)
             .with_request_limits(options.request_limits.clone())
+            .with_store_timeout(options.store_timeout)
             .with_metrics(metrics.clone()),
     );
+    limiter.set_ready(warm_up.is_none());
 
     let _watch = {
         let limiter = limiter.clone();
@@ -243,12 +305,19 @@ async fn serve_on<S: BucketStore>(
         Some(files) => Some(Arc::new(TlsState::start(files.clone(), TLS_RELOAD_POLL)?)),
         None => None,
     };
-    // gRPC health follows the store: NOT_SERVING while it does not answer.
-    let (healthy_tx, healthy_rx) = watch::channel(true);
+    // gRPC health follows the store: NOT_SERVING until it has answered a first call, and
+    // while it does not answer.
+    let (healthy_tx, healthy_rx) = watch::channel(warm_up.is_none());
     let health_task = {
         let limiter = limiter.clone();
         tokio::spawn(async move {
+            if let Some(warm_up) = warm_up {
+                warm_up.await;
+                limiter.set_ready(true);
+                healthy_tx.send_replace(true);
+            }
             let mut tick = tokio::time::interval(STORE_HEALTH_INTERVAL);
+            tick.tick().await;
             loop {
                 tick.tick().await;
                 let ok = limiter.check_store().await;

@@ -2,14 +2,15 @@
 //! failures it stops calling the store for a cool-off period (calls fail at once), then
 //! lets one probe through; the probe's success closes the circuit again. An outage then
 //! costs microseconds per request instead of a timeout each, and recovery needs no
-//! restart. Only `Unavailable` errors count: a corrupt item is not an outage.
+//! restart. Only the store's own faults count ([`StoreError::is_fault`]): one request's
+//! invalid key, a corrupt item or contention on one bucket proves the store answered.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::{
-    BucketItem, BucketKey, BucketStore, BumpOutcome, CommitOutcome, Credit, Debit, DebitMode,
-    DebitOutcome, StoreError, Write,
+    BucketItem, BucketKey, BucketStore, CommitOutcome, Credit, Debit, DebitMode, DebitOutcome,
+    Stamp, StoreError, Write,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,6 +63,12 @@ impl<S: BucketStore> Breaker<S> {
             Circuit::Open { .. } => CircuitState::Open,
             Circuit::Probing => CircuitState::Probing,
         }
+    }
+
+    /// Closes the circuit: the store was seen answering by other means (the server's
+    /// warm-up), so calls need not wait for the next probe.
+    pub fn close(&self) {
+        *self.circuit.lock().unwrap_or_else(|e| e.into_inner()) = Circuit::Closed { failures: 0 };
     }
 
     /// Whether a call may go to the store now (and whether it is the probe); `Err` fails
@@ -131,7 +138,7 @@ impl<S: BucketStore> Breaker<S> {
         };
         let result = call.await;
         pending.armed = false;
-        self.settle(matches!(result, Err(StoreError::Unavailable { .. })));
+        self.settle(result.as_ref().err().is_some_and(StoreError::is_fault));
         result
     }
 }
@@ -180,27 +187,13 @@ impl<S: BucketStore> BucketStore for Breaker<S> {
         self.guarded(&first, self.inner.commit(writes)).await
     }
 
-    async fn bump_shard_count(
+    async fn credit(
         &self,
-        entity: &str,
-        resource: &str,
-        old: u32,
-        new: u32,
-    ) -> Result<BumpOutcome, StoreError> {
-        let key = BucketKey::new(entity, resource, 0);
-        self.guarded(
-            &key,
-            self.inner.bump_shard_count(entity, resource, old, new),
-        )
-        .await
-    }
-
-    async fn raise_shard_count(&self, key: &BucketKey, new: u32) -> Result<bool, StoreError> {
-        self.guarded(key, self.inner.raise_shard_count(key, new))
+        key: &BucketKey,
+        stamp: Stamp,
+        credits: &[Credit],
+    ) -> Result<Vec<Credit>, StoreError> {
+        self.guarded(key, self.inner.credit(key, stamp, credits))
             .await
-    }
-
-    async fn credit(&self, key: &BucketKey, credits: &[Credit]) -> Result<Vec<Credit>, StoreError> {
-        self.guarded(key, self.inner.credit(key, credits)).await
     }
 }

@@ -18,6 +18,9 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::Duration;
 
+use aws_credential_types::provider::{self, ProvideCredentials, SharedCredentialsProvider};
+use aws_credential_types::Credentials;
+use aws_sdk_dynamodb::error::DisplayErrorContext;
 use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
@@ -29,12 +32,17 @@ use aws_sdk_dynamodb::types::{
     TransactWriteItem, Update,
 };
 use aws_sdk_dynamodb::Client;
+use futures::future::{BoxFuture, FutureExt, Shared};
 
+use super::key::{check_item, check_key};
+use super::DEFAULT_STORE_TIMEOUT;
 use super::{
-    BucketItem, BucketKey, BucketStore, BumpOutcome, CommitOutcome, Credit, Debit, DebitMode,
-    DebitOutcome, LimitState, LimitWrite, Limits, StoreError, Write, MAX_COMMIT_ITEMS, WCU_LIMIT,
+    BucketItem, BucketKey, BucketStore, CommitOutcome, CountChange, Credit, Debit, DebitMode,
+    DebitOutcome, LimitState, LimitWrite, Limits, Stamp, StoreError, Write, MAX_COMMIT_ITEMS,
+    MIN_BALANCE, WCU_LIMIT,
 };
 use crate::engine::bucket::MILLI;
+use crate::text::elide;
 
 type Item = HashMap<String, AttributeValue>;
 
@@ -53,11 +61,14 @@ pub struct DynamoOptions {
     pub timeout: Duration,
 }
 
-/// Well under Envoy's default 20 ms rate-limit timeout.
-pub const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_millis(15);
-
-/// Builds a DynamoDB client from the standard AWS configuration chain.
+/// Builds a DynamoDB client from the standard AWS configuration chain. Its calls are
+/// bounded by `options.timeout`; its credentials are resolved by [`DetachedCredentials`].
 pub async fn client(options: &DynamoOptions) -> Client {
+    connection(options).await.0
+}
+
+/// A client (see [`client`]) and the credentials provider it uses, if the chain found one.
+async fn connection(options: &DynamoOptions) -> (Client, Option<SharedCredentialsProvider>) {
     let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest());
     if let Some(region) = &options.region {
         loader = loader.region(aws_config::Region::new(region.clone()));
@@ -80,11 +91,92 @@ pub async fn client(options: &DynamoOptions) -> Client {
                 .with_initial_backoff(Duration::from_millis(1))
                 .with_max_backoff((options.timeout / 4).max(Duration::from_millis(1))),
         );
+    let credentials = shared
+        .credentials_provider()
+        .map(|p| SharedCredentialsProvider::new(DetachedCredentials::new(p)));
+    if let Some(provider) = &credentials {
+        builder = builder.credentials_provider(provider.clone());
+    }
     if shared.region().is_none() && options.endpoint.is_some() {
         // DynamoDB Local ignores the region, but the SDK needs one to sign requests.
         builder = builder.region(aws_config::Region::new("us-east-1"));
     }
-    Client::from_conf(builder.build())
+    (Client::from_conf(builder.build()), credentials)
+}
+
+/// A fetch of credentials, shared by every caller waiting for it; its error as text (the
+/// SDK's error is not `Clone`).
+type CredentialsFetch = Shared<BoxFuture<'static, Result<Credentials, String>>>;
+
+/// Credentials resolved in a task of their own, shared by concurrent callers.
+///
+/// The SDK resolves credentials inside the call that needs them (its identity cache
+/// loads them in the caller's future), so a call that gives up mid-fetch — an IMDS or
+/// STS round trip on a cold start or a refresh — cancels the fetch, and the next call
+/// starts it over; with every call bounded by a deadline shorter than the fetch, none
+/// would ever get credentials. Here a fetch runs to its end whatever its callers do, and
+/// the next caller finds its result.
+#[derive(Debug)]
+pub struct DetachedCredentials {
+    inner: SharedCredentialsProvider,
+    /// The fetch in flight or last finished.
+    fetch: std::sync::Mutex<Option<CredentialsFetch>>,
+}
+
+/// A finished fetch is handed to a later caller only while its credentials have this
+/// much left before they expire (the SDK asks again ten seconds before expiry).
+const CREDENTIALS_REUSE_MARGIN: Duration = Duration::from_secs(60);
+
+impl DetachedCredentials {
+    pub fn new(inner: SharedCredentialsProvider) -> DetachedCredentials {
+        DetachedCredentials {
+            inner,
+            fetch: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// The fetch to wait for: the one in flight, or a finished one whose credentials are
+    /// still good (its caller gave up before receiving them), else a new one.
+    fn current(&self) -> CredentialsFetch {
+        let mut fetch = self.fetch.lock().unwrap_or_else(|e| e.into_inner());
+        let reusable = fetch.as_ref().is_some_and(|f| match f.peek() {
+            None => true,
+            Some(Ok(c)) => c.expiry().is_none_or(|at| {
+                at.duration_since(std::time::SystemTime::now())
+                    .is_ok_and(|left| left > CREDENTIALS_REUSE_MARGIN)
+            }),
+            Some(Err(_)) => false,
+        });
+        if !reusable {
+            let inner = self.inner.clone();
+            let task = tokio::spawn(async move {
+                inner
+                    .provide_credentials()
+                    .await
+                    .map_err(|e| DisplayErrorContext(e).to_string())
+            });
+            let shared: BoxFuture<'static, Result<Credentials, String>> = Box::pin(async move {
+                task.await
+                    .unwrap_or_else(|e| Err(format!("credentials fetch ended: {e}")))
+            });
+            *fetch = Some(shared.shared());
+        }
+        fetch.clone().expect("set above")
+    }
+}
+
+impl ProvideCredentials for DetachedCredentials {
+    fn provide_credentials<'a>(&'a self) -> provider::future::ProvideCredentials<'a>
+    where
+        Self: 'a,
+    {
+        let fetch = self.current();
+        provider::future::ProvideCredentials::new(async move {
+            fetch
+                .await
+                .map_err(provider::error::CredentialsError::provider_error)
+        })
+    }
 }
 
 /// What `table create` did.
@@ -184,6 +276,24 @@ fn describe<E: ProvideErrorMetadata + std::fmt::Debug, R: std::fmt::Debug>(
         other => format!("{other:?}"),
     }
 }
+
+/// DynamoDB error codes that refuse one request (its key, item or expression), not the
+/// store: they never count towards the circuit breaker.
+const REQUEST_ERRORS: [&str; 3] = [
+    "ValidationException",
+    "ItemCollectionSizeLimitExceededException",
+    "SerializationException",
+];
+
+/// A single-item write DynamoDB refused because a transaction holds the item.
+const CONFLICT: &str = "TransactionConflictException";
+
+/// Backoff caps (full jitter) of the retries of a write refused by [`CONFLICT`]; small,
+/// since the store call's deadline bounds the whole call. Then it is [`StoreError::Contention`].
+const CONFLICT_BACKOFF_CAPS_MS: [u64; 3] = [2, 4, 8];
+
+/// Most bytes of a DynamoDB error text carried into a [`StoreError`].
+const REASON_BYTES: usize = 256;
 
 /// One DynamoDB call's operation and outcome.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -303,6 +413,11 @@ pub struct DynamoStore {
     client: Client,
     table: String,
     namespace: String,
+    /// The deadline of one contract call (the SDK's operation timeout, and the bound of
+    /// this store's own retry loops).
+    timeout: Duration,
+    /// What the client resolves credentials with (resolved ahead by [`Self::warm_up`]).
+    credentials: Option<SharedCredentialsProvider>,
     ledger: CallLedger,
 }
 
@@ -352,8 +467,9 @@ impl Expr {
     }
 }
 
-/// The `ADD` and condition of a debit, with positional aliases.
-fn debit_expression(debits: &[Debit], mode: DebitMode) -> (String, String, Expr) {
+/// The `ADD` (and, for a retry-only debit with a `ttl`, `SET`) and condition of a debit,
+/// with positional aliases.
+fn debit_expression(debits: &[Debit], mode: DebitMode, ttl: Option<i64>) -> (String, String, Expr) {
     use std::fmt::Write;
     // Written into two strings as it goes: this runs on every fast-path debit.
     let mut e = Expr::default();
@@ -373,7 +489,8 @@ fn debit_expression(debits: &[Debit], mode: DebitMode) -> (String, String, Expr)
         if d.gated {
             let _ = write!(cond, " AND {t} >= {pos}");
         } else {
-            let _ = write!(cond, " AND attribute_exists({t})");
+            let floor = e.value(format!(":f{i}"), n(MIN_BALANCE.saturating_add(d.amount)));
+            let _ = write!(cond, " AND {t} >= {floor}");
         }
         if let (DebitMode::Fast { .. }, Some(p)) = (mode, d.params) {
             for (field, v) in [("cp", p.cp), ("ra", p.ra), ("rp", p.rp)] {
@@ -383,7 +500,10 @@ fn debit_expression(debits: &[Debit], mode: DebitMode) -> (String, String, Expr)
             }
         }
     }
-    if let DebitMode::Fast { now_s } = mode {
+    if let DebitMode::Fast { now_s, shard_count } = mode {
+        let sc = e.name("#sc".into(), "shard_count".into());
+        let scv = e.value(":sc".into(), n(i64::from(shard_count)));
+        let _ = write!(cond, " AND {sc} = {scv}");
         let wt = e.name("#wt".into(), attr(WCU_LIMIT, "tk"));
         let wc = e.name("#wc".into(), attr(WCU_LIMIT, "tc"));
         let wneg = e.value(":wneg".into(), n(-MILLI));
@@ -397,6 +517,11 @@ fn debit_expression(debits: &[Debit], mode: DebitMode) -> (String, String, Expr)
         let now = e.value(":now".into(), n(now_s));
         let _ = write!(cond, " AND (attribute_not_exists({ttl}) OR {ttl} > {now})");
     }
+    if let Some(t) = ttl {
+        let name = e.name("#ttl".into(), "ttl".into());
+        let v = e.value(":ttl".into(), n(t));
+        let _ = write!(add, " SET {name} = {v}");
+    }
     (add, cond, e)
 }
 
@@ -405,6 +530,7 @@ fn update_expression(
     expected_rf: i64,
     rf: i64,
     ttl: Option<i64>,
+    shard_count: Option<CountChange>,
     limits: &[LimitWrite],
 ) -> (String, String, Expr) {
     let mut e = Expr::default();
@@ -423,6 +549,13 @@ fn update_expression(
         None => remove.push(ttl_name),
     }
     let mut cond = vec![format!("{rf_name} = {erf}")];
+    if let Some(change) = shard_count {
+        let sc = e.name("#sc".into(), "shard_count".into());
+        let read = e.value(":scr".into(), n(i64::from(change.read)));
+        let new = e.value(":scn".into(), n(i64::from(change.new)));
+        set.push(format!("{sc} = {new}"));
+        cond.push(format!("{sc} = {read}"));
+    }
     for (i, w) in limits.iter().enumerate() {
         match w {
             LimitWrite::Add {
@@ -494,10 +627,19 @@ fn update_of(w: &Write) -> Option<(String, String, Expr)> {
             expected_rf,
             rf,
             ttl,
+            shard_count,
             limits,
             ..
-        } => Some(update_expression(*expected_rf, *rf, *ttl, limits)),
-        Write::Debit { debits, .. } => Some(debit_expression(debits, DebitMode::RetryOnly)),
+        } => Some(update_expression(
+            *expected_rf,
+            *rf,
+            *ttl,
+            *shard_count,
+            limits,
+        )),
+        Write::Debit { debits, ttl, .. } => {
+            Some(debit_expression(debits, DebitMode::RetryOnly, *ttl))
+        }
     }
 }
 
@@ -576,25 +718,110 @@ fn decode(item: &Item) -> Result<BucketItem, String> {
 impl DynamoStore {
     /// Connects with the standard AWS chain (see [`client`]).
     pub async fn connect(options: &DynamoOptions) -> DynamoStore {
-        DynamoStore::new(client(options).await, &options.table, &options.namespace)
+        let (client, credentials) = connection(options).await;
+        let mut store = DynamoStore::new(client, &options.table, &options.namespace)
+            .with_timeout(options.timeout);
+        store.credentials = credentials;
+        store
     }
 
+    /// A store on `table` with keys under `namespace`, its calls bounded by
+    /// [`DEFAULT_STORE_TIMEOUT`] (the client's own timeouts are its builder's).
     pub fn new(client: Client, table: &str, namespace: &str) -> DynamoStore {
         DynamoStore {
             client,
             table: table.to_string(),
             namespace: namespace.to_string(),
+            timeout: DEFAULT_STORE_TIMEOUT,
+            credentials: None,
             ledger: CallLedger::default(),
         }
+    }
+
+    /// Bounds this store's own retry loops (unprocessed keys) by `timeout`.
+    pub fn with_timeout(mut self, timeout: Duration) -> DynamoStore {
+        self.timeout = timeout;
+        self
     }
 
     pub fn client(&self) -> &Client {
         &self.client
     }
 
+    /// Gets the store ready to answer within its deadline: resolves credentials, then
+    /// makes a first call and opens `connections` connections (one concurrent call each),
+    /// every step under `patience` instead of the store timeout, so that a cold process
+    /// (credentials through IMDS or IRSA, a first TLS handshake) or a cold store (a JVM
+    /// just started) is ready before it serves. Succeeds once the first call is answered.
+    pub async fn warm_up(&self, connections: usize, patience: Duration) -> Result<(), StoreError> {
+        let probe = BucketKey::new("%health", "%health", 0);
+        if let Some(provider) = &self.credentials {
+            match tokio::time::timeout(patience, provider.provide_credentials()).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => {
+                    let reason = format!("no credentials: {}", DisplayErrorContext(e));
+                    return Err(self.unavailable(&probe, reason));
+                }
+                Err(_) => {
+                    let reason = format!("no credentials within {patience:?}");
+                    return Err(self.unavailable(&probe, reason));
+                }
+            }
+        }
+        let first = self.patient_read(&probe, patience).await;
+        first?;
+        let more = (1..connections).map(|_| self.patient_read(&probe, patience));
+        for r in futures::future::join_all(more).await {
+            if let Err(e) = r {
+                tracing::debug!(error = %e, "a warm-up connection failed");
+            }
+        }
+        Ok(())
+    }
+
+    /// One strongly consistent read of `key` under `patience` (not the store timeout).
+    async fn patient_read(&self, key: &BucketKey, patience: Duration) -> Result<(), StoreError> {
+        let ka = KeysAndAttributes::builder()
+            .set_keys(Some(vec![self.key_of(key)]))
+            .consistent_read(true)
+            .build()
+            .map_err(|e| self.unavailable(key, e.to_string()))?;
+        let timeouts = aws_config::timeout::TimeoutConfig::builder()
+            .operation_timeout(patience)
+            .operation_attempt_timeout(patience)
+            .connect_timeout(patience)
+            .build();
+        let out = Box::pin(
+            self.client
+                .batch_get_item()
+                .request_items(&self.table, ka)
+                .return_consumed_capacity(ReturnConsumedCapacity::Total)
+                .customize()
+                .config_override(aws_sdk_dynamodb::config::Builder::new().timeout_config(timeouts))
+                .send(),
+        )
+        .await;
+        match out {
+            Ok(o) => {
+                self.ledger
+                    .record("BatchGetItem", "ok", capacity_all(o.consumed_capacity()));
+                Ok(())
+            }
+            Err(err) => {
+                self.ledger.record("BatchGetItem", "error", 0.0);
+                Err(self.failure(key, &err))
+            }
+        }
+    }
+
     /// The calls made so far.
     pub fn ledger(&self) -> &CallLedger {
         &self.ledger
+    }
+
+    /// The prefix of every key this store writes.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
     }
 
     /// The partition key of a bucket shard.
@@ -615,7 +842,27 @@ impl DynamoStore {
     fn unavailable(&self, key: &BucketKey, reason: String) -> StoreError {
         StoreError::Unavailable {
             key: self.pk(key),
-            reason,
+            reason: elide(&reason, REASON_BYTES).into_owned(),
+        }
+    }
+
+    /// What a failed SDK call means: this request's error ([`REQUEST_ERRORS`]) or the
+    /// store's (everything else: timeouts, 5xx, throttling, connections, credentials).
+    fn failure<E, R>(&self, key: &BucketKey, err: &SdkError<E, R>) -> StoreError
+    where
+        E: ProvideErrorMetadata + std::fmt::Debug,
+        R: std::fmt::Debug,
+    {
+        let reason = elide(&describe(err), REASON_BYTES).into_owned();
+        match err.code() {
+            Some(code) if REQUEST_ERRORS.contains(&code) => StoreError::Invalid {
+                key: self.pk(key),
+                reason,
+            },
+            _ => StoreError::Unavailable {
+                key: self.pk(key),
+                reason,
+            },
         }
     }
 
@@ -657,14 +904,34 @@ impl DynamoStore {
         out
     }
 
-    /// One conditional `UpdateItem`; `Ok(Err(old image))` when the condition failed.
+    /// One conditional `UpdateItem` built by `expression` (again for each retry after a
+    /// [`CONFLICT`]); `Ok(Err(old image))` when the condition failed.
     async fn update(
+        &self,
+        key: &BucketKey,
+        expression: impl Fn() -> (String, String, Expr),
+    ) -> Result<Result<BucketItem, Option<BucketItem>>, StoreError> {
+        for cap in CONFLICT_BACKOFF_CAPS_MS {
+            let (u, c, e) = expression();
+            match self.update_once(key, u, c, e).await? {
+                Some(done) => return Ok(done),
+                None => backoff(cap).await,
+            }
+        }
+        let (u, c, e) = expression();
+        self.update_once(key, u, c, e)
+            .await?
+            .ok_or_else(|| StoreError::Contention { key: self.pk(key) })
+    }
+
+    /// One `UpdateItem` attempt; `None` when a transaction held the item.
+    async fn update_once(
         &self,
         key: &BucketKey,
         update: String,
         condition: String,
         e: Expr,
-    ) -> Result<Result<BucketItem, Option<BucketItem>>, StoreError> {
+    ) -> Result<Option<Result<BucketItem, Option<BucketItem>>>, StoreError> {
         let (names, values) = e.into_parts();
         let result = Box::pin(
             self.client
@@ -690,26 +957,48 @@ impl DynamoStore {
                 let image = self
                     .decode_opt(key, out.attributes())?
                     .ok_or_else(|| self.unavailable(key, "UpdateItem returned no item".into()))?;
-                Ok(Ok(image))
+                Ok(Some(Ok(image)))
             }
             Err(err) => {
                 if let Some(UpdateItemError::ConditionalCheckFailedException(ccf)) =
                     err.as_service_error()
                 {
                     self.ledger.record("UpdateItem", "condition_failed", 1.0);
-                    return Ok(Err(self.decode_opt(key, ccf.item())?));
+                    return Ok(Some(Err(self.decode_opt(key, ccf.item())?)));
+                }
+                if err.code() == Some(CONFLICT) {
+                    self.ledger.record("UpdateItem", "conflict", 0.0);
+                    return Ok(None);
                 }
                 self.ledger.record("UpdateItem", "error", 0.0);
-                Err(self.unavailable(key, describe(&err)))
+                Err(self.failure(key, &err))
             }
         }
     }
 
+    /// A conditional `PutItem` of a new item; `Ok(Some(current))` when it exists already.
     async fn put_new(
         &self,
         key: &BucketKey,
         item: &BucketItem,
     ) -> Result<Option<Option<BucketItem>>, StoreError> {
+        for cap in CONFLICT_BACKOFF_CAPS_MS {
+            match self.put_once(key, item).await? {
+                Some(done) => return Ok(done),
+                None => backoff(cap).await,
+            }
+        }
+        self.put_once(key, item)
+            .await?
+            .ok_or_else(|| StoreError::Contention { key: self.pk(key) })
+    }
+
+    /// One `PutItem` attempt; `None` when a transaction held the item.
+    async fn put_once(
+        &self,
+        key: &BucketKey,
+        item: &BucketItem,
+    ) -> Result<Option<Option<Option<BucketItem>>>, StoreError> {
         let result = Box::pin(
             self.client
                 .put_item()
@@ -727,17 +1016,21 @@ impl DynamoStore {
             Ok(out) => {
                 self.ledger
                     .record("PutItem", "ok", capacity(out.consumed_capacity()));
-                Ok(None)
+                Ok(Some(None))
             }
             Err(err) => {
                 if let Some(PutItemError::ConditionalCheckFailedException(ccf)) =
                     err.as_service_error()
                 {
                     self.ledger.record("PutItem", "condition_failed", 1.0);
-                    return Ok(Some(self.decode_opt(key, ccf.item())?));
+                    return Ok(Some(Some(self.decode_opt(key, ccf.item())?)));
+                }
+                if err.code() == Some(CONFLICT) {
+                    self.ledger.record("PutItem", "conflict", 0.0);
+                    return Ok(None);
                 }
                 self.ledger.record("PutItem", "error", 0.0);
-                Err(self.unavailable(key, describe(&err)))
+                Err(self.failure(key, &err))
             }
         }
     }
@@ -791,8 +1084,8 @@ impl DynamoStore {
                 Some(image) => refused(image),
             },
             Write::Update { key, .. } | Write::Debit { key, .. } => {
-                let (u, c, e) = update_of(w).expect("updates and debits have an expression");
-                match self.update(key, u, c, e).await? {
+                let expression = || update_of(w).expect("updates and debits have an expression");
+                match self.update(key, expression).await? {
                     Ok(_) => CommitOutcome::Committed,
                     Err(image) => refused(image),
                 }
@@ -808,11 +1101,16 @@ impl BucketStore for DynamoStore {
         debits: &[Debit],
         mode: DebitMode,
     ) -> Result<DebitOutcome, StoreError> {
-        let (u, c, e) = debit_expression(debits, mode);
-        Ok(match self.update(key, u, c, e).await? {
-            Ok(image) => DebitOutcome::Applied(image),
-            Err(image) => DebitOutcome::Refused(image),
-        })
+        check_key(key)?;
+        Ok(
+            match self
+                .update(key, || debit_expression(debits, mode, None))
+                .await?
+            {
+                Ok(image) => DebitOutcome::Applied(image),
+                Err(image) => DebitOutcome::Refused(image),
+            },
+        )
     }
 
     async fn read(&self, keys: &[BucketKey]) -> Result<Vec<Option<BucketItem>>, StoreError> {
@@ -820,6 +1118,9 @@ impl BucketStore for DynamoStore {
             .first()
             .cloned()
             .unwrap_or_else(|| BucketKey::new("", "", 0));
+        for k in keys {
+            check_key(k)?;
+        }
         let mut by_pk: HashMap<String, Item> = HashMap::new();
         let mut wanted: Vec<Item> = Vec::new();
         let mut seen = std::collections::HashSet::new();
@@ -828,6 +1129,9 @@ impl BucketStore for DynamoStore {
                 wanted.push(self.key_of(k));
             }
         }
+        // Unprocessed keys (throttling) are asked for again with backoff, but never past
+        // the call's deadline: the SDK's own timeout covers one call, not this loop.
+        let deadline = tokio::time::Instant::now() + self.timeout;
         for chunk in wanted.chunks(MAX_COMMIT_ITEMS) {
             let mut pending: Vec<Item> = chunk.to_vec();
             let mut delay = Duration::from_millis(10);
@@ -836,6 +1140,9 @@ impl BucketStore for DynamoStore {
                     break;
                 }
                 if attempt > 0 {
+                    if tokio::time::Instant::now() + delay >= deadline {
+                        break;
+                    }
                     tokio::time::sleep(delay).await;
                     delay *= 2;
                 }
@@ -856,7 +1163,7 @@ impl BucketStore for DynamoStore {
                     Ok(o) => o,
                     Err(err) => {
                         self.ledger.record("BatchGetItem", "error", 0.0);
-                        return Err(self.unavailable(&first, describe(&err)));
+                        return Err(self.failure(&first, &err));
                     }
                 };
                 self.ledger
@@ -873,7 +1180,10 @@ impl BucketStore for DynamoStore {
                 }
             }
             if !pending.is_empty() {
-                return Err(self.unavailable(&first, "BatchGetItem left keys unprocessed".into()));
+                return Err(self.unavailable(
+                    &first,
+                    "BatchGetItem left keys unprocessed (throttled) until the deadline".into(),
+                ));
             }
         }
         keys.iter()
@@ -890,6 +1200,12 @@ impl BucketStore for DynamoStore {
                     writes.len()
                 ),
             });
+        }
+        for w in writes {
+            check_key(w.key())?;
+            if let Write::Create { key, item } = w {
+                check_item(key, item)?;
+            }
         }
         if writes.len() == 1 {
             return self.commit_one(&writes[0]).await;
@@ -921,7 +1237,7 @@ impl BucketStore for DynamoStore {
                 };
                 let Some(reasons) = reasons else {
                     self.ledger.record("TransactWriteItems", "error", 0.0);
-                    return Err(self.unavailable(writes[0].key(), describe(&err)));
+                    return Err(self.failure(writes[0].key(), &err));
                 };
                 self.ledger.record("TransactWriteItems", "cancelled", 0.0);
                 let mut failed = Vec::new();
@@ -932,6 +1248,20 @@ impl BucketStore for DynamoStore {
                             failed.push((i, self.decode_opt(writes[i].key(), r.item())?));
                         }
                         Some("None") | None => {}
+                        // This request's item (too large, a bad expression): its error.
+                        Some(code @ ("ValidationError" | "ItemCollectionSizeLimitExceeded")) => {
+                            return Err(StoreError::Invalid {
+                                key: self.pk(writes[i].key()),
+                                reason: format!(
+                                    "{code}: {}",
+                                    elide(r.message().unwrap_or("no message"), REASON_BYTES)
+                                ),
+                            });
+                        }
+                        // The store's capacity: an outage.
+                        Some(code @ ("ProvisionedThroughputExceeded" | "ThrottlingError")) => {
+                            return Err(self.unavailable(writes[i].key(), code.to_string()));
+                        }
                         // A conflicting concurrent transaction: treat as a lost race and
                         // let the caller retry against the item as it is now.
                         Some(_) => unknown.push(i),
@@ -952,70 +1282,22 @@ impl BucketStore for DynamoStore {
         }
     }
 
-    async fn bump_shard_count(
+    async fn credit(
         &self,
-        entity: &str,
-        resource: &str,
-        old: u32,
-        new: u32,
-    ) -> Result<BumpOutcome, StoreError> {
-        let key = BucketKey::new(entity, resource, 0);
-        let mut e = Expr::default();
-        let sc = e.name("#sc".into(), "shard_count".into());
-        let nv = e.value(":new".into(), n(i64::from(new)));
-        let ov = e.value(":old".into(), n(i64::from(old)));
-        let result = self
-            .update(
-                &key,
-                format!("SET {sc} = {nv}"),
-                format!("attribute_exists(PK) AND {sc} = {ov}"),
-                e,
-            )
-            .await?;
-        Ok(match result {
-            Ok(_) => BumpOutcome::Won,
-            Err(None) => BumpOutcome::Missing,
-            Err(Some(image)) => BumpOutcome::Lost(image.shard_count),
-        })
-    }
-
-    async fn raise_shard_count(&self, key: &BucketKey, new: u32) -> Result<bool, StoreError> {
-        let mut e = Expr::default();
-        let sc = e.name("#sc".into(), "shard_count".into());
-        let nv = e.value(":new".into(), n(i64::from(new)));
-        let result = self
-            .update(
-                key,
-                format!("SET {sc} = {nv}"),
-                format!("attribute_exists(PK) AND {sc} < {nv}"),
-                e,
-            )
-            .await?;
-        Ok(result.is_ok())
-    }
-
-    async fn credit(&self, key: &BucketKey, credits: &[Credit]) -> Result<Vec<Credit>, StoreError> {
+        key: &BucketKey,
+        stamp: Stamp,
+        credits: &[Credit],
+    ) -> Result<Vec<Credit>, StoreError> {
+        check_key(key)?;
         let mut todo: Vec<Credit> = credits.to_vec();
         for _ in 0..2 {
             if todo.is_empty() {
                 break;
             }
-            let mut e = Expr::default();
-            let mut add = Vec::new();
-            let mut cond = vec!["attribute_exists(PK)".to_string()];
-            for (i, c) in todo.iter().enumerate() {
-                let t = e.name(format!("#t{i}"), attr(&c.limit, "tk"));
-                let tc = e.name(format!("#c{i}"), attr(&c.limit, "tc"));
-                let a = e.value(format!(":a{i}"), n(c.amount));
-                let na = e.value(format!(":n{i}"), n(-c.amount));
-                let lim = e.value(format!(":l{i}"), n(c.ceiling.saturating_sub(c.amount)));
-                add.push(format!("{t} {a}, {tc} {na}"));
-                cond.push(format!("{t} <= {lim}"));
-            }
-            let update = format!("ADD {}", add.join(", "));
-            match self.update(key, update, cond.join(" AND "), e).await? {
+            match self.update(key, || credit_expression(stamp, &todo)).await? {
                 Ok(_) => return Ok(todo),
                 Err(None) => return Ok(Vec::new()),
+                Err(Some(image)) if Stamp::of(&image) != stamp => return Ok(Vec::new()),
                 Err(Some(image)) => {
                     // Keep only the credits that still fit under their ceiling.
                     todo.retain(|c| {
@@ -1028,6 +1310,34 @@ impl BucketStore for DynamoStore {
         }
         Ok(Vec::new())
     }
+}
+
+/// Waits a random time below `cap_ms` (full jitter) before a retry.
+async fn backoff(cap_ms: u64) {
+    let ms = rand::random_range(0..=cap_ms * 1_000);
+    tokio::time::sleep(Duration::from_micros(ms)).await;
+}
+
+/// The `ADD` and condition of a refund: the item not refilled nor doubled since the debit
+/// (`rf` and count as it showed), each limit's balance at or under its ceiling after it.
+fn credit_expression(stamp: Stamp, credits: &[Credit]) -> (String, String, Expr) {
+    let mut e = Expr::default();
+    let mut add = Vec::new();
+    let rf = e.name("#rf".into(), "rf".into());
+    let erf = e.value(":erf".into(), n(stamp.rf));
+    let sc = e.name("#sc".into(), "shard_count".into());
+    let esc = e.value(":esc".into(), n(i64::from(stamp.shard_count)));
+    let mut cond = vec![format!("{rf} = {erf}"), format!("{sc} = {esc}")];
+    for (i, c) in credits.iter().enumerate() {
+        let t = e.name(format!("#t{i}"), attr(&c.limit, "tk"));
+        let tc = e.name(format!("#c{i}"), attr(&c.limit, "tc"));
+        let a = e.value(format!(":a{i}"), n(c.amount));
+        let na = e.value(format!(":n{i}"), n(-c.amount));
+        let lim = e.value(format!(":l{i}"), n(c.ceiling.saturating_sub(c.amount)));
+        add.push(format!("{t} {a}, {tc} {na}"));
+        cond.push(format!("{t} <= {lim}"));
+    }
+    (format!("ADD {}", add.join(", ")), cond.join(" AND "), e)
 }
 
 #[cfg(test)]
@@ -1043,7 +1353,11 @@ mod tests {
             gated: true,
             params: Some(LimitParams::new(10, 10, 60_000)),
         }];
-        let (u, c, e) = debit_expression(&debits, DebitMode::Fast { now_s: 5 });
+        let fast = DebitMode::Fast {
+            now_s: 5,
+            shard_count: 2,
+        };
+        let (u, c, e) = debit_expression(&debits, fast, None);
         assert_eq!(u, "ADD #t0 :n0, #c0 :a0, #wt :wneg, #wc :wpos");
         assert!(
             !u.contains("rpm") && !c.contains("rpm"),
@@ -1051,7 +1365,9 @@ mod tests {
         );
         assert_eq!(e.names["#t0"], "b_rpm.v2-x_y_tk");
         assert!(c.starts_with("attribute_exists(PK) AND #t0 >= :a0 AND #cp0 = :cp0"));
-        assert!(c.ends_with("#wt >= :wpos AND (attribute_not_exists(#ttl) OR #ttl > :now)"));
+        assert!(c.ends_with(
+            "#sc = :sc AND #wt >= :wpos AND (attribute_not_exists(#ttl) OR #ttl > :now)"
+        ));
     }
 
     #[test]

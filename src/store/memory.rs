@@ -12,6 +12,9 @@
 //! names and parameters an item carries (which config decides) are one shared [`Shape`],
 //! leaving only balances, `rf`, `ttl` and the shard count per item. Images handed to the
 //! engine are rebuilt from that form; the contract's types never see it.
+//!
+//! It refuses what DynamoDB would refuse (`key.rs`: a key or an item too large), so a
+//! test on this store sees what a fleet would.
 
 use std::collections::BTreeSet;
 use std::hash::{BuildHasher, Hash};
@@ -20,10 +23,11 @@ use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 use hashbrown::{Equivalent, HashMap, HashSet};
 use smallvec::SmallVec;
 
+use super::key::{check_item, check_key};
 use super::{
-    BucketItem, BucketKey, BucketStore, BumpOutcome, CommitOutcome, Credit, Debit, DebitMode,
-    DebitOutcome, LimitState, LimitWrite, Limits, Name, StoreError, Write, MAX_COMMIT_ITEMS,
-    WCU_LIMIT,
+    BucketItem, BucketKey, BucketStore, CommitOutcome, CountChange, Credit, Debit, DebitMode,
+    DebitOutcome, LimitState, LimitWrite, Limits, Name, Stamp, StoreError, Write, MAX_COMMIT_ITEMS,
+    MIN_BALANCE, WCU_LIMIT,
 };
 use crate::engine::bucket::MILLI;
 use crate::engine::LimitParams;
@@ -365,8 +369,8 @@ impl MemoryStore {
 /// Whether `debits` may be applied to `slot` under the mode's conditions.
 fn debit_allowed(slot: &Slot, debits: &[Debit], mode: DebitMode) -> bool {
     let fast = match mode {
-        DebitMode::Fast { now_s } => {
-            if slot.ttl <= now_s {
+        DebitMode::Fast { now_s, shard_count } => {
+            if slot.ttl <= now_s || slot.shard_count != shard_count {
                 return false;
             }
             if slot.balance(WCU_LIMIT).is_none_or(|(_, w)| w.tk < MILLI) {
@@ -380,8 +384,11 @@ fn debit_allowed(slot: &Slot, debits: &[Debit], mode: DebitMode) -> bool {
         None => false,
         Some((params, b)) => {
             let params_match = !fast || d.params.is_none_or(|p| *params == p);
-            let covered = !d.gated || b.tk >= d.amount;
-            params_match && covered && b.tk.checked_sub(d.amount).is_some()
+            let floor = if d.gated { 0 } else { MIN_BALANCE };
+            let covered =
+                b.tk.checked_sub(d.amount)
+                    .is_some_and(|after| after >= floor);
+            params_match && covered
         }
     })
 }
@@ -408,6 +415,7 @@ fn apply_update(
     expected_rf: i64,
     rf: i64,
     ttl: Option<i64>,
+    shard_count: Option<CountChange>,
     limits: &[LimitWrite],
 ) -> Option<BucketItem> {
     if cur.rf != expected_rf {
@@ -416,6 +424,12 @@ fn apply_update(
     let mut next = cur.clone();
     next.rf = rf;
     next.ttl = ttl;
+    if let Some(change) = shard_count {
+        if cur.shard_count != change.read {
+            return None;
+        }
+        next.shard_count = change.new;
+    }
     for lw in limits {
         match lw {
             LimitWrite::Add {
@@ -448,31 +462,49 @@ fn apply_update(
 }
 
 impl MemoryStore {
-    /// What `w` makes of the item `current`, or `None` when its condition fails.
-    fn stage(&self, current: Option<&Slot>, w: &Write) -> Option<Slot> {
-        match w {
-            Write::Create { item, .. } => current.is_none().then(|| self.slot(item, None)),
+    /// What `w` makes of the item `current`: `Ok(None)` when its condition fails, an
+    /// error when the item it would write is larger than a store may hold.
+    fn stage(&self, current: Option<&Slot>, w: &Write) -> Result<Option<Slot>, StoreError> {
+        Ok(match w {
+            Write::Create { key, item } => {
+                check_item(key, item)?;
+                current.is_none().then(|| self.slot(item, None))
+            }
             Write::Update {
+                key,
                 expected_rf,
                 rf,
                 ttl,
+                shard_count,
                 limits,
-                ..
             } => {
-                let cur = current?;
-                let next = apply_update(&cur.image(), *expected_rf, *rf, *ttl, limits)?;
+                let Some(cur) = current else {
+                    return Ok(None);
+                };
+                let image = cur.image();
+                let Some(next) =
+                    apply_update(&image, *expected_rf, *rf, *ttl, *shard_count, limits)
+                else {
+                    return Ok(None);
+                };
+                check_item(key, &next)?;
                 Some(self.slot(&next, Some(&cur.shape)))
             }
-            Write::Debit { debits, .. } => {
-                let cur = current?;
+            Write::Debit { debits, ttl, .. } => {
+                let Some(cur) = current else {
+                    return Ok(None);
+                };
                 if !debit_allowed(cur, debits, DebitMode::RetryOnly) {
-                    return None;
+                    return Ok(None);
                 }
                 let mut next = cur.clone();
                 apply_debit(&mut next, debits, DebitMode::RetryOnly);
+                if let Some(t) = ttl {
+                    next.ttl = *t;
+                }
                 Some(next)
             }
-        }
+        })
     }
 }
 
@@ -483,6 +515,7 @@ impl BucketStore for MemoryStore {
         debits: &[Debit],
         mode: DebitMode,
     ) -> Result<DebitOutcome, StoreError> {
+        check_key(key)?;
         let mut g = self.part(key);
         Ok(match g.get_mut(key) {
             None => DebitOutcome::Refused(None),
@@ -495,6 +528,9 @@ impl BucketStore for MemoryStore {
     }
 
     async fn read(&self, keys: &[BucketKey]) -> Result<Vec<Option<BucketItem>>, StoreError> {
+        for k in keys {
+            check_key(k)?;
+        }
         Ok(keys.iter().map(|k| self.get(k)).collect())
     }
 
@@ -511,6 +547,9 @@ impl BucketStore for MemoryStore {
                 ),
             });
         }
+        for w in writes {
+            check_key(w.key())?;
+        }
         let parts: BTreeSet<usize> = writes.iter().map(|w| partition_of(w.key())).collect();
         let mut guards: std::collections::HashMap<usize, MutexGuard<'_, Partition>> = parts
             .iter()
@@ -520,7 +559,7 @@ impl BucketStore for MemoryStore {
         let mut failed = Vec::new();
         for (i, w) in writes.iter().enumerate() {
             let current = guards[&partition_of(w.key())].get(w.key());
-            match self.stage(current, w) {
+            match self.stage(current, w)? {
                 Some(next) => staged.push(next),
                 None => failed.push((i, current.map(Slot::image))),
             }
@@ -537,39 +576,16 @@ impl BucketStore for MemoryStore {
         Ok(CommitOutcome::Committed)
     }
 
-    async fn bump_shard_count(
+    async fn credit(
         &self,
-        entity: &str,
-        resource: &str,
-        old: u32,
-        new: u32,
-    ) -> Result<BumpOutcome, StoreError> {
-        let key = BucketKey::new(entity, resource, 0);
-        let mut g = self.part(&key);
-        Ok(match g.get_mut(&key) {
-            None => BumpOutcome::Missing,
-            Some(slot) if slot.shard_count == old => {
-                slot.shard_count = new;
-                BumpOutcome::Won
-            }
-            Some(slot) => BumpOutcome::Lost(slot.shard_count),
-        })
-    }
-
-    async fn raise_shard_count(&self, key: &BucketKey, new: u32) -> Result<bool, StoreError> {
+        key: &BucketKey,
+        stamp: Stamp,
+        credits: &[Credit],
+    ) -> Result<Vec<Credit>, StoreError> {
+        check_key(key)?;
         let mut g = self.part(key);
-        Ok(match g.get_mut(key) {
-            Some(slot) if slot.shard_count < new => {
-                slot.shard_count = new;
-                true
-            }
-            _ => false,
-        })
-    }
-
-    async fn credit(&self, key: &BucketKey, credits: &[Credit]) -> Result<Vec<Credit>, StoreError> {
-        let mut g = self.part(key);
-        let Some(slot) = g.get_mut(key) else {
+        let bears = |slot: &&mut Slot| slot.rf == stamp.rf && slot.shard_count == stamp.shard_count;
+        let Some(slot) = g.get_mut(key).filter(bears) else {
             return Ok(Vec::new());
         };
         let mut applied = Vec::new();

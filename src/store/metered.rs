@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{
-    BucketItem, BucketKey, BucketStore, BumpOutcome, CommitOutcome, Credit, Debit, DebitMode,
-    DebitOutcome, StoreError, Write,
+    BucketItem, BucketKey, BucketStore, CommitOutcome, Credit, Debit, DebitMode, DebitOutcome,
+    Stamp, StoreError, Write,
 };
 
 /// Receives one record per store call.
@@ -80,42 +80,14 @@ impl<S: BucketStore> BucketStore for Metered<S> {
         r
     }
 
-    async fn bump_shard_count(
+    async fn credit(
         &self,
-        entity: &str,
-        resource: &str,
-        old: u32,
-        new: u32,
-    ) -> Result<BumpOutcome, StoreError> {
+        key: &BucketKey,
+        stamp: Stamp,
+        credits: &[Credit],
+    ) -> Result<Vec<Credit>, StoreError> {
         let started = Instant::now();
-        let r = self
-            .inner
-            .bump_shard_count(entity, resource, old, new)
-            .await;
-        self.record("bump_shard_count", started, &r, |o| match o {
-            BumpOutcome::Won => "won",
-            BumpOutcome::Lost(_) => "lost",
-            BumpOutcome::Missing => "missing",
-        });
-        r
-    }
-
-    async fn raise_shard_count(&self, key: &BucketKey, new: u32) -> Result<bool, StoreError> {
-        let started = Instant::now();
-        let r = self.inner.raise_shard_count(key, new).await;
-        self.record("raise_shard_count", started, &r, |w| {
-            if *w {
-                "raised"
-            } else {
-                "unchanged"
-            }
-        });
-        r
-    }
-
-    async fn credit(&self, key: &BucketKey, credits: &[Credit]) -> Result<Vec<Credit>, StoreError> {
-        let started = Instant::now();
-        let r = self.inner.credit(key, credits).await;
+        let r = self.inner.credit(key, stamp, credits).await;
         self.record("credit", started, &r, |applied| {
             if applied.len() == credits.len() {
                 "applied"

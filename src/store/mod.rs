@@ -6,7 +6,9 @@
 //! shard, never decides admission. `memory.rs` is the embedded default.
 
 pub mod breaker;
+pub mod detached;
 pub mod dynamodb;
+pub mod key;
 pub mod memory;
 pub mod metered;
 
@@ -17,6 +19,7 @@ use smallvec::SmallVec;
 use thiserror::Error;
 
 use crate::engine::LimitParams;
+use crate::text::quote;
 
 /// The name of the reserved limit that measures a shard's write pressure.
 pub const WCU_LIMIT: &str = "wcu";
@@ -181,13 +184,20 @@ impl BucketItem {
     }
 }
 
+/// The lowest balance a stored limit may hold (millitokens): a debit that would take it
+/// lower is refused even when it may go into debt. Debts that deep never repay in any
+/// useful time, and the bound keeps every balance, delta and sum inside `i64` on every
+/// store alike (DynamoDB's numbers have 38 digits; ours must decode).
+pub const MIN_BALANCE: i64 = -(1 << 62);
+
 /// One limit's part of a debit.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Debit {
     pub limit: Name,
     /// Millitokens to subtract (and add to `tc`).
     pub amount: i64,
-    /// When true the debit requires `tk >= amount`; when false it may drive `tk` negative.
+    /// When true the debit requires `tk >= amount`; when false it may drive `tk` negative,
+    /// down to [`MIN_BALANCE`] (it requires `tk >= MIN_BALANCE + amount`).
     pub gated: bool,
     /// Fast path only: the stored parameters must equal these (after a config change the
     /// first request on each shard falls to the slow path, which rewrites them).
@@ -197,10 +207,11 @@ pub struct Debit {
 /// Which conditions a debit carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DebitMode {
-    /// The fast path: the item exists, is not expired (`ttl > now_s`), every named limit
-    /// exists with exactly the given parameters and covers its gated amount, and the `wcu`
-    /// limit holds at least one token, which is debited too.
-    Fast { now_s: i64 },
+    /// The fast path: the item exists, is not expired (`ttl > now_s`), holds exactly this
+    /// shard count (its balances were sized for the count the shard was drawn under),
+    /// every named limit exists with exactly the given parameters and covers its gated
+    /// amount, and the `wcu` limit holds at least one token, which is debited too.
+    Fast { now_s: i64, shard_count: u32 },
     /// The consumption-only retry after a lost lock or create race: the item exists and
     /// every gated amount is covered. No `wcu`, no parameter or expiry terms.
     RetryOnly,
@@ -253,16 +264,34 @@ impl LimitWrite {
 pub enum Write {
     /// Create the item if it does not exist (`attribute_not_exists(PK)`).
     Create { key: BucketKey, item: BucketItem },
-    /// Update an existing item under the optimistic lock `rf == expected_rf`.
+    /// Update an existing item under the optimistic lock `rf == expected_rf`; `ttl` is
+    /// set (`None`: removed, the item never expires).
     Update {
         key: BucketKey,
         expected_rf: i64,
         rf: i64,
         ttl: Option<i64>,
+        /// Raise the item's shard count, on condition that it still holds the count read
+        /// (another doubling since would otherwise be undone).
+        shard_count: Option<CountChange>,
         limits: Vec<LimitWrite>,
     },
-    /// A consumption-only retry debit (see [`DebitMode::RetryOnly`]).
-    Debit { key: BucketKey, debits: Vec<Debit> },
+    /// A consumption-only retry debit (see [`DebitMode::RetryOnly`]); `ttl`, when set, is
+    /// written too (a debit into debt moves the time the item is full again).
+    Debit {
+        key: BucketKey,
+        debits: Vec<Debit>,
+        ttl: Option<i64>,
+    },
+}
+
+/// A shard count an update moves from what it read to a larger one: how a bucket doubles
+/// (on shard 0, the source of truth) and how the new count reaches the other shards, in
+/// the same write that clamps each balance to the new, smaller share.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CountChange {
+    pub read: u32,
+    pub new: u32,
 }
 
 impl Write {
@@ -282,19 +311,28 @@ pub enum CommitOutcome {
     Conflict(Vec<(usize, Option<BucketItem>)>),
 }
 
-/// Result of a shard-count bump on shard 0.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BumpOutcome {
-    /// Our compare-and-set won.
-    Won,
-    /// Someone else moved it first; this is the count shard 0 holds now.
-    Lost(u32),
-    /// Shard 0 does not exist.
-    Missing,
+/// What a refund requires of its item: the refill baseline `rf` and the shard count the
+/// debit's image showed. A slow pass since then either moved `rf` or (in the same
+/// millisecond) refilled nothing, and a doubling moved the count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Stamp {
+    pub rf: i64,
+    pub shard_count: u32,
+}
+
+impl Stamp {
+    /// The stamp of `item` as it is.
+    pub fn of(item: &BucketItem) -> Stamp {
+        Stamp {
+            rf: item.rf,
+            shard_count: item.shard_count,
+        }
+    }
 }
 
 /// A refund of millitokens a voided debit took: applied only while `tk + amount <=
-/// ceiling`, so a refund can never lift a shard above its share.
+/// ceiling`, so a refund can never lift a shard above its share, and only while the item
+/// has not been refilled or doubled since the debit (see [`BucketStore::credit`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Credit {
     pub limit: Name,
@@ -302,22 +340,51 @@ pub struct Credit {
     pub ceiling: i64,
 }
 
-/// Errors a store reports. They carry the bucket they concern where there is one.
+/// Errors a store reports. They carry the bucket they concern where there is one (shown
+/// elided: a key holds request values).
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum StoreError {
-    #[error("store unavailable for {key}: {reason}")]
+    /// The store itself failed: a timeout, a 5xx, throttling, a connection that could not
+    /// be made or broke. The only kind that counts towards the circuit breaker.
+    #[error("store unavailable for {}: {reason}", quote(key))]
     Unavailable { key: String, reason: String },
     /// The circuit breaker failed the call without trying the store (it failed
     /// repeatedly; a probe will try again shortly).
     #[error(
-        "store unavailable for {key}: circuit open after repeated failures, probing again shortly"
+        "store unavailable for {}: circuit open after repeated failures, probing again shortly",
+        quote(key)
     )]
     CircuitOpen { key: String },
-    #[error("corrupt bucket item {key}: {reason}")]
+    #[error("corrupt bucket item {}: {reason}", quote(key))]
     Corrupt { key: String, reason: String },
-    #[error("invalid store request for {key}: {reason}")]
+    /// The store refused this request's key or item (too long, too large, malformed): the
+    /// request's own error, never the store's.
+    #[error("invalid store request for {}: {reason}", quote(key))]
     Invalid { key: String, reason: String },
+    /// A write kept losing to concurrent transactions on its item: the bucket is busy,
+    /// the store is not failing.
+    #[error(
+        "contention on {}: the item is busy with concurrent transactions",
+        quote(key)
+    )]
+    Contention { key: String },
 }
+
+impl StoreError {
+    /// Whether the store itself failed (what a circuit breaker counts). A refusal of one
+    /// request's key, a corrupt item or contention on one bucket is not an outage.
+    pub fn is_fault(&self) -> bool {
+        matches!(self, StoreError::Unavailable { .. })
+    }
+}
+
+/// How long one store call may take by default (`--store-timeout`), and the deadline of a
+/// caller that sets none: long enough for what a cold or briefly slow store needs
+/// (credentials, a first TLS connection, the SDK's retries) to finish rather than fail as
+/// an outage, short enough that a hung store opens the circuit within about a second and
+/// a caller without a deadline of its own waits no longer. A caller with a deadline
+/// (Envoy sends one) is answered within it whatever this is.
+pub const DEFAULT_STORE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Most items one commit may carry (DynamoDB's transaction limit).
 pub const MAX_COMMIT_ITEMS: usize = 100;
@@ -345,27 +412,15 @@ pub trait BucketStore: Send + Sync + 'static {
         writes: &[Write],
     ) -> impl Future<Output = Result<CommitOutcome, StoreError>> + Send;
 
-    /// `SET shard_count = new` on shard 0 of (entity, resource) if it holds `old`.
-    fn bump_shard_count(
-        &self,
-        entity: &str,
-        resource: &str,
-        old: u32,
-        new: u32,
-    ) -> impl Future<Output = Result<BumpOutcome, StoreError>> + Send;
-
-    /// `SET shard_count = new` on an existing item whose count is lower (propagation).
-    /// Returns whether it wrote.
-    fn raise_shard_count(
-        &self,
-        key: &BucketKey,
-        new: u32,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
-
-    /// Refund voided debits (best effort; see [`Credit`]). Returns the credits applied.
+    /// Refund voided debits (best effort; see [`Credit`]), only while the item still
+    /// bears `stamp`, the one the debit's image showed: a slow pass since then refilled
+    /// from that baseline, which may already have given the voided tokens back (the clamp
+    /// at the ceiling had removed them), and a refund on top would mint them; a doubling
+    /// since shrank the share the ceilings were computed for. Returns the credits applied.
     fn credit(
         &self,
         key: &BucketKey,
+        stamp: Stamp,
         credits: &[Credit],
     ) -> impl Future<Output = Result<Vec<Credit>, StoreError>> + Send;
 }

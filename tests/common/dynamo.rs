@@ -58,3 +58,42 @@ pub async fn store() -> DynamoStore {
     store.ledger().record_sequence();
     store
 }
+
+/// What DynamoDB's TTL sweeper does (DynamoDB Local has none): deletes every item of the
+/// store's namespace whose `ttl` is at or before `now_s`. Returns how many.
+pub async fn sweep(store: &DynamoStore, now_s: i64) -> usize {
+    use aws_sdk_dynamodb::types::AttributeValue;
+    let client = client();
+    let prefix = format!("{}/", store.namespace());
+    let mut deleted = 0;
+    let mut start = None;
+    loop {
+        let page = client
+            .scan()
+            .table_name(TABLE)
+            .filter_expression("begins_with(PK, :p) AND #ttl <= :now")
+            .expression_attribute_names("#ttl", "ttl")
+            .expression_attribute_values(":p", AttributeValue::S(prefix.clone()))
+            .expression_attribute_values(":now", AttributeValue::N(now_s.to_string()))
+            .consistent_read(true)
+            .set_exclusive_start_key(start)
+            .send()
+            .await
+            .expect("scan the test table");
+        for item in page.items() {
+            client
+                .delete_item()
+                .table_name(TABLE)
+                .key("PK", item["PK"].clone())
+                .key("SK", item["SK"].clone())
+                .send()
+                .await
+                .expect("delete an expired item");
+            deleted += 1;
+        }
+        start = page.last_evaluated_key().cloned();
+        if start.is_none() {
+            return deleted;
+        }
+    }
+}

@@ -11,8 +11,8 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
 use shardgate::store::{
-    BucketItem, BucketKey, BucketStore, BumpOutcome, CommitOutcome, Credit, Debit, DebitMode,
-    DebitOutcome, StoreError, Write,
+    BucketItem, BucketKey, BucketStore, CommitOutcome, Credit, Debit, DebitMode, DebitOutcome,
+    Stamp, StoreError, Write,
 };
 
 /// One store call as the engine made it.
@@ -31,15 +31,6 @@ pub enum Call {
         kinds: Vec<&'static str>,
         committed: bool,
     },
-    Bump {
-        old: u32,
-        new: u32,
-        outcome: BumpOutcome,
-    },
-    Raise {
-        shard: u32,
-        wrote: bool,
-    },
     Credit {
         shard: u32,
     },
@@ -47,14 +38,15 @@ pub enum Call {
 
 pub type Hook<S> = Box<dyn FnOnce(Arc<S>) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send>;
 
-/// Any store, recording calls, with one-shot hooks run before a commit or a bump
-/// (standing in for another server acting in between) or after a debit, before its
-/// answer reaches the engine (holding a request at that point).
+/// Any store, recording calls, with one-shot hooks run before a commit (standing in for
+/// another server acting in between) or after a debit, before its answer reaches the
+/// engine (holding a request at that point). A commit's kinds are `create`, `update`,
+/// `raise` (an update that raises the shard count: a doubling, or a shard learning it) and
+/// `debit` (a consumption-only retry).
 pub struct Recorder<S: BucketStore> {
     pub inner: Arc<S>,
     calls: Mutex<Vec<Call>>,
     before_commit: Mutex<Option<Hook<S>>>,
-    before_bump: Mutex<Option<Hook<S>>>,
     after_debit: Mutex<Option<Hook<S>>>,
 }
 
@@ -64,7 +56,6 @@ impl<S: BucketStore> Recorder<S> {
             inner: Arc::new(inner),
             calls: Mutex::new(Vec::new()),
             before_commit: Mutex::new(None),
-            before_bump: Mutex::new(None),
             after_debit: Mutex::new(None),
         })
     }
@@ -79,10 +70,6 @@ impl<S: BucketStore> Recorder<S> {
 
     pub fn before_commit(&self, hook: Hook<S>) {
         *self.before_commit.lock().unwrap() = Some(hook);
-    }
-
-    pub fn before_bump(&self, hook: Hook<S>) {
-        *self.before_bump.lock().unwrap() = Some(hook);
     }
 
     /// Runs `hook` once, after the next debit is made and recorded, before its answer
@@ -160,6 +147,10 @@ impl<S: BucketStore> BucketStore for Recorder<S> {
                 .iter()
                 .map(|w| match w {
                     Write::Create { .. } => "create",
+                    Write::Update {
+                        shard_count: Some(_),
+                        ..
+                    } => "raise",
                     Write::Update { .. } => "update",
                     Write::Debit { .. } => "debit",
                 })
@@ -169,36 +160,13 @@ impl<S: BucketStore> BucketStore for Recorder<S> {
         Ok(out)
     }
 
-    async fn bump_shard_count(
+    async fn credit(
         &self,
-        entity: &str,
-        resource: &str,
-        old: u32,
-        new: u32,
-    ) -> Result<BumpOutcome, StoreError> {
-        let hook = self.before_bump.lock().unwrap().take();
-        if let Some(hook) = hook {
-            hook(self.inner.clone()).await;
-        }
-        let outcome = self
-            .inner
-            .bump_shard_count(entity, resource, old, new)
-            .await?;
-        self.log(Call::Bump { old, new, outcome });
-        Ok(outcome)
-    }
-
-    async fn raise_shard_count(&self, key: &BucketKey, new: u32) -> Result<bool, StoreError> {
-        let wrote = self.inner.raise_shard_count(key, new).await?;
-        self.log(Call::Raise {
-            shard: key.shard,
-            wrote,
-        });
-        Ok(wrote)
-    }
-
-    async fn credit(&self, key: &BucketKey, credits: &[Credit]) -> Result<Vec<Credit>, StoreError> {
+        key: &BucketKey,
+        stamp: Stamp,
+        credits: &[Credit],
+    ) -> Result<Vec<Credit>, StoreError> {
         self.log(Call::Credit { shard: key.shard });
-        self.inner.credit(key, credits).await
+        self.inner.credit(key, stamp, credits).await
     }
 }

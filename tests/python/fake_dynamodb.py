@@ -6,7 +6,8 @@ Just enough of DynamoDB's JSON protocol for shardgate to admit a request on a ne
 missing; `BatchGetItem` finds nothing; `PutItem` creates it. Each `UpdateItem` is
 recorded under the call number found in its bucket's entity (`k=<n>`) and held for
 `hold` seconds first (`release` ends every hold at once). With `failing` set, every call
-is answered with a (non-retryable) ValidationException.
+is answered as a failing DynamoDB answers: HTTP 500, InternalServerError (the SDK retries
+it within the store timeout, then the call fails as the store's fault).
 """
 import json
 import re
@@ -49,7 +50,7 @@ class FakeDynamo:
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
                 op = self.headers.get("X-Amz-Target", "").rpartition(".")[2]
                 if fake.failing:
-                    self.reply(400, {"__type": "com.amazon.coral.validate#ValidationException",
+                    self.reply(500, {"__type": "com.amazonaws.dynamodb.v20120810#InternalServerError",
                                      "message": "the stand-in is failing on purpose"})
                 elif op == "UpdateItem":
                     m = re.search(r"#k=(\d+)#", body["Key"]["PK"]["S"])

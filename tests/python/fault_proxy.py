@@ -14,7 +14,10 @@ also on connections kept alive from before:
 - `ptee`: `400` `ProvisionedThroughputExceededException`;
 - `throttle`: `400` `ThrottlingException` (the `com.amazon.coral.availability` namespace
   DynamoDB's control plane uses);
-- `reset`: read the request, then close the connection with SO_LINGER 0 (a TCP RST).
+- `reset`: read the request, then close the connection with SO_LINGER 0 (a TCP RST);
+- `conflict`: `400` `TransactionConflictException` to single-item writes (`UpdateItem`,
+  `PutItem`), as DynamoDB answers one that meets a transaction in progress on its item;
+  reads and transactions are forwarded.
 
 Errors are sent as DynamoDB sends them: `Content-Type: application/x-amz-json-1.0`, a
 JSON body with `__type` (namespace `#` code) and `message`, `x-amzn-RequestId` and
@@ -30,7 +33,7 @@ see talking to the store directly.
 Run: `python fault_proxy.py --upstream 127.0.0.1:8000`; it binds two free loopback ports
 and prints `LISTEN <proxy port> CONTROL <control port>` on its first stdout line.
 Control (HTTP GET on the control port, JSON answers):
-`/mode?fault=pass|delay|http500|ptee|throttle|reset[&ms=N]` sets the fault and returns the
+`/mode?fault=pass|delay|http500|ptee|throttle|reset|conflict[&ms=N]` sets the fault and returns the
 counters; `/stats` returns them.
 
 `FaultProxy` below starts it as a subprocess for tests.
@@ -50,7 +53,7 @@ import urllib.request
 import uuid
 import zlib
 
-FAULTS = ("pass", "delay", "http500", "ptee", "throttle", "reset")
+FAULTS = ("pass", "delay", "http500", "ptee", "throttle", "reset", "conflict")
 
 ERRORS = {
     "http500": (500, "Internal Server Error",
@@ -63,7 +66,13 @@ ERRORS = {
     "throttle": (400, "Bad Request",
                  "com.amazon.coral.availability#ThrottlingException",
                  "Rate of requests exceeds the allowed throughput."),
+    "conflict": (400, "Bad Request",
+                 "com.amazonaws.dynamodb.v20120810#TransactionConflictException",
+                 "Transaction is ongoing for the item"),
 }
+
+# The operations `conflict` answers (the others are forwarded).
+SINGLE_ITEM_WRITES = ("UpdateItem", "PutItem")
 
 MAX_HEAD = 64 * 1024
 MAX_BODY = 16 * 1024 * 1024
@@ -272,6 +281,8 @@ class Proxy:
                     self.count("faulted", "reset")
                     reset(writer)
                     return
+                if fault == "conflict" and op not in SINGLE_ITEM_WRITES:
+                    fault = "pass"
                 if fault in ERRORS:
                     self.count("faulted", fault)
                     writer.write(error_response(fault))

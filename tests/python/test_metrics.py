@@ -357,15 +357,18 @@ def test_shard_doublings_and_bucket_shards(shardgate):
     assert labels == {"entity": "hot=h", "resource": "m"}
     # Each doubling this server won doubled the count: 1 → 2 → 4 … ≤ 32.
     assert count == 2 ** doublings and 2 <= count <= 32, (count, doublings)
-    assert m.sum(P + "store_calls_total", operation="bump_shard_count", outcome="won") == doublings
     assert m.type_of(engine_family(m, "bucket_shards")) == "gauge"
     # The engine's counters agree with the store calls (no contention: every applied
-    # debit is a fast-path hit, every slow path one read and one commit).
+    # debit is a fast-path hit, every slow path one read and one commit). A doubling
+    # from c shards reads them and commits shard 0's new count, then one commit per other
+    # existing shard: between 1 and c commits, c - 1 in all at most over the doublings.
     assert engine(m, "fast_path_hits") == m.value(
         P + "store_calls_total", operation="debit", outcome="applied")
+    commits = m.sum(P + "store_calls_total", operation="commit")
+    slow = engine(m, "slow_paths")
+    assert slow + doublings <= commits <= slow + count - 1, (slow, doublings, commits)
     # (reads also include the periodic store health check)
-    assert engine(m, "slow_paths") == m.sum(P + "store_calls_total", operation="commit") \
-        <= m.sum(P + "store_calls_total", operation="read")
+    assert slow + doublings <= m.sum(P + "store_calls_total", operation="read")
     assert rule_counts(m, "m.hot") == {
         "total_hits": 40, "within_limit": 40, "over_limit": 0, "near_limit": 0, "shadow_mode": 0}
     assert m.value(P + "requests_in_flight") == 0

@@ -131,6 +131,53 @@ impl Drop for TestServer {
     }
 }
 
+/// A running in-process server on any store (the gRPC surface over `RateLimiter`,
+/// engine defaults as `serve` uses them for that store); it stops when dropped.
+pub struct StoreServer<S: shardgate::store::BucketStore> {
+    pub addr: SocketAddr,
+    pub limiter: Arc<RateLimiter<S>>,
+    shutdown: Option<oneshot::Sender<()>>,
+}
+
+impl<S: shardgate::store::BucketStore> StoreServer<S> {
+    pub async fn start(yaml: &str, store: Arc<S>, options: EngineOptions) -> StoreServer<S> {
+        let config = Config::from_yaml("test.yaml", yaml)
+            .unwrap_or_else(|e| panic!("test config must be valid:\n{e}"));
+        let engine = Arc::new(Engine::new(store, options));
+        let limiter = Arc::new(RateLimiter::new(Arc::new(config), engine));
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind loopback");
+        let addr = listener.local_addr().expect("local addr");
+        let (tx, rx) = oneshot::channel::<()>();
+        tokio::spawn(grpc::serve(limiter.clone(), listener, async {
+            let _ = rx.await;
+        }));
+        StoreServer {
+            addr,
+            limiter,
+            shutdown: Some(tx),
+        }
+    }
+
+    pub async fn client(&self) -> Rls {
+        let channel = Channel::from_shared(format!("http://{}", self.addr))
+            .expect("valid uri")
+            .connect()
+            .await
+            .expect("connect to the in-process server");
+        Rls(RateLimitServiceClient::new(channel))
+    }
+}
+
+impl<S: shardgate::store::BucketStore> Drop for StoreServer<S> {
+    fn drop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
 /// A thin client wrapper: every call has a deadline so that a hung server fails the test
 /// instead of hanging it.
 #[derive(Clone)]

@@ -1,0 +1,531 @@
+//! A slow pass's plan for one bucket shard, from the image just read (or its absence):
+//! refill every limit to now, clamp it to the shard's share, check each claim, and write
+//! the result as one conditional store write — a create, or an update under the `rf` lock
+//! with additive deltas — plus the outcomes to report whether the request is admitted or
+//! not. Also the consumption-only retry that follows a lost lock.
+//!
+//! Pure: no clock, no store, no I/O, so every rule here is tested on its own. The acquire
+//! algorithm (`acquire.rs`) decides when a pass runs and what to do with its plan.
+//!
+//! Expiry. Every write stamps `ttl = now + multiplier × (time until the shard would be
+//! full again from the balance written)` ([`LimitParams::full_again_ms`]: debt included,
+//! at the slowest share a later doubling can give it), or no `ttl` at all when a limit
+//! never refills; so an item the store expires would be re-created exactly as it was, and
+//! expiry never changes a decision. Concurrent writers are allowed for: a gated debit that
+//! lands between our read and our write can only take what the shard held (it never goes
+//! below zero), so a balance of ours that may go negative (an overdraft claim) is counted
+//! that much lower. The fast path writes no `ttl`: it only debits a shard that covers the
+//! amount, so the balance it leaves is at least zero and full again within the
+//! from-empty time, which every `ttl` written already covers.
+
+use smallvec::SmallVec;
+
+use super::bucket::{refill, wait_for, LimitParams, ShardShare};
+use super::{BucketClaim, BucketOutcome, LimitClaim, LimitOutcome};
+use crate::store::{
+    BucketItem, BucketKey, CountChange, Debit, LimitState, LimitWrite, Name, Stamp, Write,
+    MIN_BALANCE, WCU_LIMIT,
+};
+
+/// A limit's `tc` (total consumed) is folded back by this much once it reaches it: it only
+/// ever grows, and DynamoDB's numbers would outgrow what an `i64` decodes. Additive, so it
+/// commutes with concurrent debits like every other delta.
+pub(crate) const TC_FOLD: i64 = 1 << 62;
+
+/// What a pass knows besides the bucket: the time and the engine's settings.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PassContext {
+    /// Epoch milliseconds the pass refills to.
+    pub now: i64,
+    /// Parameters of the reserved `wcu` limit.
+    pub wcu: LimitParams,
+    /// Item `ttl` = this × the time until the item would be full again.
+    pub ttl_multiplier: i64,
+}
+
+/// A slow-path plan for one bucket shard.
+#[derive(Debug, Clone)]
+pub(crate) struct BucketPlan {
+    pub write: Write,
+    /// Every gated claim fits (and every overdraft claim can be recorded).
+    pub fits: bool,
+    /// What to report once the write is committed.
+    pub admitted: BucketOutcome,
+    /// What to report if the request is refused (nothing written).
+    pub refused: BucketOutcome,
+}
+
+fn now_s(now_ms: i64) -> i64 {
+    now_ms.div_euclid(1_000)
+}
+
+/// `ttl` (epoch s) of an item whose limits are full again after these many ms (`None`
+/// among them: never): the multiplier × the longest, or no expiry at all.
+pub(crate) fn expiry(
+    now: i64,
+    multiplier: i64,
+    horizons: impl IntoIterator<Item = Option<i64>>,
+) -> Option<i64> {
+    let mut longest = 0i64;
+    for h in horizons {
+        longest = longest.max(h?);
+    }
+    let seconds = longest.div_euclid(1_000) + i64::from(longest.rem_euclid(1_000) > 0);
+    Some(now_s(now).saturating_add(multiplier.saturating_mul(seconds)))
+}
+
+/// The outcomes of a pass, built claim by claim.
+#[derive(Default)]
+struct Outcomes {
+    fits: bool,
+    admitted: SmallVec<[LimitOutcome; 2]>,
+    refused: SmallVec<[LimitOutcome; 2]>,
+}
+
+impl Outcomes {
+    fn new() -> Outcomes {
+        Outcomes {
+            fits: true,
+            ..Outcomes::default()
+        }
+    }
+
+    /// Takes claim `c` from `before` (the shard's balance refilled to now); returns the
+    /// balance after it. A gated claim is taken when the balance covers it; an overdraft
+    /// claim always, unless the debt would pass [`MIN_BALANCE`].
+    fn take(&mut self, c: &LimitClaim, before: i64, share: ShardShare) -> i64 {
+        let covers = before >= c.amount;
+        let recordable = c.forced
+            && before
+                .checked_sub(c.amount)
+                .is_some_and(|after| after >= MIN_BALANCE);
+        self.fits &= covers || recordable;
+        let after = if covers || recordable {
+            before - c.amount
+        } else {
+            before
+        };
+        let wait_ms = wait_for(before, c.amount, share, c.params.ra);
+        self.admitted.push(LimitOutcome {
+            fits: covers,
+            remaining: after,
+            share,
+            ra: c.params.ra,
+            wait_ms: if covers { Some(0) } else { wait_ms },
+        });
+        self.refused.push(LimitOutcome {
+            fits: covers,
+            remaining: before,
+            share,
+            ra: c.params.ra,
+            wait_ms,
+        });
+        after
+    }
+
+    fn into_plan(self, write: Write, key: &BucketKey, count: u32, stamps: Stamps) -> BucketPlan {
+        BucketPlan {
+            write,
+            fits: self.fits,
+            admitted: BucketOutcome {
+                shard: key.shard,
+                shard_count: count,
+                stamp: stamps.written,
+                limits: self.admitted,
+            },
+            refused: BucketOutcome {
+                shard: key.shard,
+                shard_count: count,
+                stamp: stamps.read,
+                limits: self.refused,
+            },
+        }
+    }
+}
+
+/// The item's stamp as read and as the write leaves it.
+#[derive(Debug, Clone, Copy)]
+struct Stamps {
+    read: Stamp,
+    written: Stamp,
+}
+
+/// How much of a limit's `tc` to fold back (see [`TC_FOLD`]).
+fn tc_fold(tc: i64) -> i64 {
+    if tc >= TC_FOLD {
+        -TC_FOLD
+    } else {
+        0
+    }
+}
+
+/// Plans the slow-path write of bucket `b` on `key` from `image`, sized for `count`
+/// shards (or the image's count, if larger).
+pub(crate) fn plan_bucket(
+    b: &BucketClaim,
+    key: &BucketKey,
+    image: Option<&BucketItem>,
+    count: u32,
+    ctx: &PassContext,
+) -> BucketPlan {
+    match image {
+        None => plan_create(b, key, count, ctx),
+        Some(item) => plan_update(b, key, item, count, ctx),
+    }
+}
+
+fn plan_create(b: &BucketClaim, key: &BucketKey, count: u32, ctx: &PassContext) -> BucketPlan {
+    let mut out = Outcomes::new();
+    let mut item = BucketItem {
+        rf: ctx.now,
+        shard_count: count,
+        ttl: None,
+        limits: Default::default(),
+    };
+    let mut horizons: SmallVec<[Option<i64>; 3]> = SmallVec::new();
+    for c in &b.limits {
+        let share = c.params.share(count);
+        let after = out.take(c, share.ceiling, share);
+        item.limits.insert(
+            c.limit.clone(),
+            LimitState::new(c.params, after, share.ceiling - after),
+        );
+        horizons.push(c.params.full_again_ms(after));
+    }
+    item.limits
+        .insert(WCU_LIMIT, LimitState::new(ctx.wcu, ctx.wcu.cp, 0));
+    horizons.push(ctx.wcu.full_again_ms(ctx.wcu.cp));
+    item.ttl = expiry(ctx.now, ctx.ttl_multiplier, horizons);
+    let stamp = Stamp::of(&item);
+    let stamps = Stamps {
+        read: stamp,
+        written: stamp,
+    };
+    let write = Write::Create {
+        key: key.clone(),
+        item,
+    };
+    out.into_plan(write, key, count, stamps)
+}
+
+fn plan_update(
+    b: &BucketClaim,
+    key: &BucketKey,
+    item: &BucketItem,
+    count: u32,
+    ctx: &PassContext,
+) -> BucketPlan {
+    let now = ctx.now;
+    let count = count.max(item.shard_count);
+    let rf = item.rf;
+    let mut out = Outcomes::new();
+    let mut writes = Vec::new();
+    let mut horizons: SmallVec<[Option<i64>; 3]> = SmallVec::new();
+    for c in &b.limits {
+        let share = c.params.share(count);
+        match item.limit(&c.limit) {
+            Some(st) if st.params() == c.params => {
+                let (before, _) = refill(st.tk, rf, now, share);
+                let after = out.take(c, before, share);
+                let gained = before - st.tk;
+                let taken = before - after;
+                let tk_delta = after - st.tk;
+                // The balance after the write must stay at or above the claim's floor
+                // whatever concurrent debits land first: zero for a gated claim, the
+                // lowest balance for an overdraft.
+                let lowest = if c.forced { MIN_BALANCE } else { 0 };
+                writes.push(LimitWrite::Add {
+                    limit: c.limit.clone(),
+                    tk_delta,
+                    tc_delta: taken + tc_fold(st.tc),
+                    floor: (tk_delta < 0).then(|| lowest - tk_delta),
+                    cap: (gained > 0).then_some(st.tk),
+                });
+                // A concurrent gated debit may take what the shard held before ours.
+                let lowest_after = if c.forced {
+                    after.saturating_sub(st.tk.max(0))
+                } else {
+                    after
+                };
+                horizons.push(c.params.full_again_ms(lowest_after));
+            }
+            Some(st) => {
+                // The rule changed: keep what the shard held (refilled under the old
+                // parameters), clamped to the new share.
+                let (old, _) = refill(st.tk, rf, now, st.params().share(count));
+                let before = old.min(share.ceiling);
+                let after = out.take(c, before, share);
+                let tc = st.tc + tc_fold(st.tc) + (before - after);
+                writes.push(LimitWrite::Set {
+                    limit: c.limit.clone(),
+                    state: LimitState::new(c.params, after, tc),
+                    read_tc: Some(st.tc),
+                });
+                horizons.push(c.params.full_again_ms(after));
+            }
+            None => {
+                let after = out.take(c, share.ceiling, share);
+                writes.push(LimitWrite::Set {
+                    limit: c.limit.clone(),
+                    state: LimitState::new(c.params, after, share.ceiling - after),
+                    read_tc: None,
+                });
+                horizons.push(c.params.full_again_ms(after));
+            }
+        }
+    }
+    // Limits of this item the request does not name (and `wcu`) are refilled and
+    // clamped, so the one write carries every limit's materialisation.
+    for (name, st) in item.limits.iter() {
+        if b.limits.iter().any(|c| c.limit == name) {
+            continue;
+        }
+        let share = st.params().share(if name == WCU_LIMIT { 1 } else { count });
+        let (now_tk, _) = refill(st.tk, rf, now, share);
+        let fold = tc_fold(st.tc);
+        if now_tk != st.tk || fold != 0 {
+            writes.push(LimitWrite::Add {
+                limit: Name::new(name),
+                tk_delta: now_tk - st.tk,
+                tc_delta: fold,
+                floor: None,
+                cap: (now_tk > st.tk).then_some(st.tk),
+            });
+        }
+        horizons.push(st.params().full_again_ms(now_tk));
+    }
+    if item.limit(WCU_LIMIT).is_none() {
+        writes.push(LimitWrite::Set {
+            limit: Name::const_new(WCU_LIMIT),
+            state: LimitState::new(ctx.wcu, ctx.wcu.cp, 0),
+            read_tc: None,
+        });
+        horizons.push(ctx.wcu.full_again_ms(ctx.wcu.cp));
+    }
+    let written_rf = now.max(rf);
+    let write = Write::Update {
+        key: key.clone(),
+        expected_rf: rf,
+        rf: written_rf,
+        ttl: expiry(now, ctx.ttl_multiplier, horizons),
+        // A shard that knows fewer shards than the bucket has holds a share sized for
+        // that smaller count: the balance is clamped above, the count raised here.
+        shard_count: (count > item.shard_count).then_some(CountChange {
+            read: item.shard_count,
+            new: count,
+        }),
+        limits: writes,
+    };
+    let stamps = Stamps {
+        read: Stamp::of(item),
+        written: Stamp {
+            rf: written_rf,
+            shard_count: count,
+        },
+    };
+    out.into_plan(write, key, count, stamps)
+}
+
+/// The consumption-only retry of bucket `b` after its lock or create race was lost: take
+/// every claim from `current` as it stands, without refill (the store checks the gated
+/// amounts again). An overdraft claim moves the time the item is full again: its `ttl` is
+/// raised to cover the debt (never lowered: another writer may have set it for more).
+pub(crate) fn retry_debit(
+    b: &BucketClaim,
+    key: &BucketKey,
+    current: &BucketItem,
+    ctx: &PassContext,
+) -> Write {
+    let debits = b
+        .limits
+        .iter()
+        .map(|c| Debit {
+            limit: c.limit.clone(),
+            amount: c.amount,
+            gated: !c.forced,
+            params: None,
+        })
+        .collect();
+    let ttl = if b.limits.iter().any(|c| c.forced) {
+        let horizons = current.limits.iter().map(|(name, st)| {
+            let lowest = match b.limits.iter().find(|c| c.limit == name) {
+                // Concurrent gated debits may take what it holds first.
+                Some(c) if c.forced => st.tk.min(0).saturating_sub(c.amount),
+                Some(c) => st.tk - c.amount,
+                None => st.tk,
+            };
+            st.params().full_again_ms(lowest)
+        });
+        match (expiry(ctx.now, ctx.ttl_multiplier, horizons), current.ttl) {
+            (Some(new), Some(old)) if new > old => Some(new),
+            _ => None,
+        }
+    } else {
+        None
+    };
+    Write::Debit {
+        key: key.clone(),
+        debits,
+        ttl,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::bucket::MILLI;
+
+    const NOW: i64 = 1_800_000_000_000;
+
+    fn ctx() -> PassContext {
+        PassContext {
+            now: NOW,
+            wcu: LimitParams::new(1_000, 1_000, 1_000),
+            ttl_multiplier: 7,
+        }
+    }
+
+    fn claim(params: LimitParams, tokens: i64, forced: bool) -> BucketClaim {
+        BucketClaim {
+            entity: "e".into(),
+            resource: "r".into(),
+            limits: smallvec::smallvec![LimitClaim {
+                limit: "l".into(),
+                params,
+                amount: tokens * MILLI,
+                forced,
+            }],
+            cascades: false,
+        }
+    }
+
+    fn key() -> BucketKey {
+        BucketKey::new("e", "r", 0)
+    }
+
+    fn ttl_of(w: &Write) -> Option<i64> {
+        match w {
+            Write::Create { item, .. } => item.ttl,
+            Write::Update { ttl, .. } => *ttl,
+            Write::Debit { ttl, .. } => *ttl,
+        }
+    }
+
+    #[test]
+    fn a_full_item_expires_after_seven_times_its_time_from_empty() {
+        let per_second = LimitParams::new(10, 10, 1_000);
+        let plan = plan_bucket(&claim(per_second, 1, false), &key(), None, 1, &ctx());
+        assert!(plan.fits);
+        assert_eq!(ttl_of(&plan.write), Some(NOW / 1_000 + 7));
+    }
+
+    #[test]
+    fn debt_keeps_an_item_until_it_is_repaid() {
+        // 10/s, burst 10, an overdraft of 5,000 tokens: 4,990 tokens of debt, 499 s on one
+        // shard, and up to 32 times that if the bucket later spreads over 32 shards.
+        let p = LimitParams::new(10, 10, 1_000);
+        let plan = plan_bucket(&claim(p, 5_000, true), &key(), None, 1, &ctx());
+        assert!(plan.fits);
+        assert_eq!(plan.admitted.limits[0].remaining, -4_990 * MILLI);
+        let ttl = ttl_of(&plan.write).expect("expires eventually");
+        assert!(ttl >= NOW / 1_000 + 7 * 499 * 32, "{ttl}");
+    }
+
+    #[test]
+    fn a_limit_that_never_refills_never_expires() {
+        let never = LimitParams::new(3, 0, 1_000);
+        let plan = plan_bucket(&claim(never, 1, false), &key(), None, 1, &ctx());
+        assert_eq!(ttl_of(&plan.write), None);
+        // Updating it keeps it so.
+        let Write::Create { item, .. } = plan.write else {
+            panic!("a create")
+        };
+        let later = PassContext {
+            now: NOW + 60_000,
+            ..ctx()
+        };
+        let plan = plan_bucket(&claim(never, 1, false), &key(), Some(&item), 1, &later);
+        assert!(plan.fits);
+        assert_eq!(ttl_of(&plan.write), None);
+    }
+
+    #[test]
+    fn an_overdraft_past_the_lowest_balance_is_refused_not_recorded() {
+        let p = LimitParams::new(10, 10, 1_000);
+        let mut b = claim(p, 0, true);
+        b.limits[0].amount = 10 * MILLI - MIN_BALANCE + 1;
+        let plan = plan_bucket(&b, &key(), None, 1, &ctx());
+        assert!(!plan.fits);
+        assert_eq!(
+            plan.admitted.limits[0].remaining,
+            10 * MILLI,
+            "nothing taken"
+        );
+    }
+
+    #[test]
+    fn tc_is_folded_before_it_can_outgrow_an_i64() {
+        let p = LimitParams::new(10, 10, 1_000);
+        let mut item = match plan_bucket(&claim(p, 1, false), &key(), None, 1, &ctx()).write {
+            Write::Create { item, .. } => item,
+            _ => unreachable!(),
+        };
+        item.limits.get_mut("l").unwrap().tc = TC_FOLD + 5;
+        let plan = plan_bucket(&claim(p, 1, false), &key(), Some(&item), 1, &ctx());
+        let Write::Update { limits, .. } = plan.write else {
+            panic!("an update")
+        };
+        let LimitWrite::Add { tc_delta, .. } = &limits[0] else {
+            panic!("an add")
+        };
+        assert_eq!(*tc_delta, MILLI - TC_FOLD);
+    }
+
+    #[test]
+    fn a_shard_that_knows_fewer_shards_is_clamped_and_raised() {
+        let p = LimitParams::new(100, 100, 60_000);
+        let mut item = match plan_bucket(&claim(p, 0, false), &key(), None, 1, &ctx()).write {
+            Write::Create { item, .. } => item,
+            _ => unreachable!(),
+        };
+        item.limits.get_mut("l").unwrap().tk = 100 * MILLI;
+        let plan = plan_bucket(&claim(p, 1, false), &key(), Some(&item), 4, &ctx());
+        let Write::Update {
+            shard_count,
+            limits,
+            ..
+        } = &plan.write
+        else {
+            panic!("an update")
+        };
+        assert_eq!(*shard_count, Some(CountChange { read: 1, new: 4 }));
+        let LimitWrite::Add { tk_delta, .. } = &limits[0] else {
+            panic!("an add")
+        };
+        assert_eq!(
+            100 * MILLI + tk_delta,
+            25 * MILLI - MILLI,
+            "a quarter, less one"
+        );
+    }
+
+    #[test]
+    fn a_retried_overdraft_raises_the_ttl_and_never_lowers_it() {
+        let p = LimitParams::new(10, 10, 1_000);
+        let item = match plan_bucket(&claim(p, 1, false), &key(), None, 1, &ctx()).write {
+            Write::Create { item, .. } => item,
+            _ => unreachable!(),
+        };
+        let raised = retry_debit(&claim(p, 5_000, true), &key(), &item, &ctx());
+        assert!(ttl_of(&raised).unwrap() > item.ttl.unwrap());
+        let gated = retry_debit(&claim(p, 1, false), &key(), &item, &ctx());
+        assert_eq!(ttl_of(&gated), None, "a gated retry leaves the ttl alone");
+    }
+
+    #[test]
+    fn expiry_rounds_up_to_whole_seconds() {
+        assert_eq!(expiry(1_000, 7, [Some(1)]), Some(1 + 7));
+        assert_eq!(expiry(1_000, 7, [Some(1_000), Some(0)]), Some(1 + 7));
+        assert_eq!(expiry(1_000, 7, [Some(5), None]), None);
+    }
+}

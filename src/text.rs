@@ -1,0 +1,45 @@
+//! Bounded texts: request values end up in error messages and log lines (an entity is
+//! built from them), and a status message of several kilobytes breaks clients (grpcio
+//! refuses trailers past its 8 KB soft limit). Anything quoted from a request is elided
+//! to a short head that says how long the whole was.
+
+use std::borrow::Cow;
+
+/// Most bytes of a quoted value (an entity, a key) kept in a message.
+pub const QUOTE_BYTES: usize = 128;
+
+/// Most bytes of one error message (a gRPC status message, a log line's error).
+pub const MESSAGE_BYTES: usize = 1_024;
+
+/// `text` if it is at most `max` bytes long, else its first bytes (cut at a character
+/// boundary) followed by `…(N bytes)`.
+pub fn elide(text: &str, max: usize) -> Cow<'_, str> {
+    if text.len() <= max {
+        return Cow::Borrowed(text);
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    Cow::Owned(format!("{}…({} bytes)", &text[..end], text.len()))
+}
+
+/// A quoted value, elided to [`QUOTE_BYTES`].
+pub fn quote(text: &str) -> Cow<'_, str> {
+    elide(text, QUOTE_BYTES)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn short_texts_pass_long_ones_say_their_length() {
+        assert_eq!(elide("abc", 3), "abc");
+        assert_eq!(elide("abcdef", 3), "abc…(6 bytes)");
+        // Never splits a character: 'é' is two bytes.
+        assert_eq!(elide("éé", 3), "é…(4 bytes)");
+        let long = "/".repeat(10_000);
+        assert!(quote(&long).len() < QUOTE_BYTES + 20);
+    }
+}
