@@ -190,20 +190,39 @@ impl ProvideCredentials for SlowCredentials {
     }
 }
 
-/// A client whose every call must end within 200 ms, with credentials from `provider`.
-fn hasty_client(provider: SharedCredentialsProvider) -> Client {
-    let timeouts = aws_sdk_dynamodb::config::timeout::TimeoutConfig::builder()
-        .operation_timeout(Duration::from_millis(200))
-        .operation_attempt_timeout(Duration::from_millis(200))
-        .build();
-    let conf = aws_sdk_dynamodb::Config::builder()
+/// A client of `endpoint` with credentials from `provider` and, if given, a deadline for
+/// each of its calls.
+fn local_client(
+    endpoint: &str,
+    provider: SharedCredentialsProvider,
+    each: Option<Duration>,
+) -> Client {
+    let mut conf = aws_sdk_dynamodb::Config::builder()
         .behavior_version(BehaviorVersion::latest())
         .region(Region::new("us-east-1"))
         .credentials_provider(provider)
-        .endpoint_url(common::dynamo::endpoint())
-        .timeout_config(timeouts)
-        .build();
-    Client::from_conf(conf)
+        .endpoint_url(endpoint);
+    if let Some(t) = each {
+        let timeouts = aws_sdk_dynamodb::config::timeout::TimeoutConfig::builder()
+            .operation_timeout(t)
+            .operation_attempt_timeout(t)
+            .build();
+        conf = conf.timeout_config(timeouts);
+    }
+    Client::from_conf(conf.build())
+}
+
+fn static_credentials() -> SharedCredentialsProvider {
+    SharedCredentialsProvider::new(Credentials::new("local", "local", None, None, "t"))
+}
+
+/// A client of DynamoDB Local whose every call must end within 200 ms.
+fn hasty_client(provider: SharedCredentialsProvider) -> Client {
+    local_client(
+        &common::dynamo::endpoint(),
+        provider,
+        Some(Duration::from_millis(200)),
+    )
 }
 
 /// Twelve reads, 100 ms apart; how many succeeded.
@@ -288,13 +307,8 @@ async fn a_call_its_caller_gave_up_on_still_completes_when_detached() {
     let _table = common::dynamo::store().await;
     let endpoint = slow_relay(Duration::from_millis(1_000)).await;
     let conf = |ns: &str| {
-        let c = aws_sdk_dynamodb::Config::builder()
-            .behavior_version(BehaviorVersion::latest())
-            .region(Region::new("us-east-1"))
-            .credentials_provider(Credentials::new("local", "local", None, None, "t"))
-            .endpoint_url(&endpoint)
-            .build();
-        DynamoStore::new(Client::from_conf(c), common::dynamo::TABLE, ns)
+        let client = local_client(&endpoint, static_credentials(), None);
+        DynamoStore::new(client, common::dynamo::TABLE, ns)
     };
     let key = [BucketKey::new("e", "r", 0)];
 
@@ -394,14 +408,8 @@ async fn always_unprocessed() -> (String, Arc<AtomicU64>) {
 #[tokio::test]
 async fn unprocessed_keys_are_asked_again_only_within_the_deadline() {
     let (endpoint, requests) = always_unprocessed().await;
-    let conf = aws_sdk_dynamodb::Config::builder()
-        .behavior_version(BehaviorVersion::latest())
-        .region(Region::new("us-east-1"))
-        .credentials_provider(Credentials::new("local", "local", None, None, "t"))
-        .endpoint_url(&endpoint)
-        .build();
-    let store = DynamoStore::new(Client::from_conf(conf), "t", "ns")
-        .with_timeout(Duration::from_millis(25));
+    let client = local_client(&endpoint, static_credentials(), None);
+    let store = DynamoStore::new(client, "t", "ns").with_timeout(Duration::from_millis(25));
     let err = store
         .read(&[BucketKey::new("e", "r", 0)])
         .await

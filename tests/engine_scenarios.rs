@@ -382,25 +382,37 @@ async fn s21_no_doubling_beyond_32_shards<S: BucketStore>(store: S) {
     assert_eq!(item(&rig, "u1", "api", 0).await.shard_count, 32);
 }
 
+/// `entity/api` spread over 16 shards of an `rpm` limit of `rate`/min, each full at its
+/// share, shard 0 the hot one: its `wcu` spent at this very instant, so no refill helps.
+/// `hot` adjusts shard 0's item; the next draw is shard 0, the calls are cleared.
+async fn sixteen_shards_hot_on_zero<S: BucketStore>(
+    rig: &Rig<S>,
+    entity: &str,
+    rate: u64,
+    hot: impl Fn(&mut BucketItem),
+) {
+    let p = LimitParams::new(rate, rate, 60_000);
+    for shard in 0..16 {
+        let wcu_tk = if shard == 0 { 0 } else { 1_000_000 };
+        let mut it = rpm_item(16, rate, p.share(16).ceiling, wcu_tk);
+        if shard == 0 {
+            hot(&mut it);
+        }
+        rig.store
+            .put(BucketKey::new(entity, "api", shard), it)
+            .await;
+    }
+    rig.engine.learn_shard_count(entity, "api", 16);
+    rig.draw.push(0);
+    rig.store.clear();
+}
+
 /// S21b no doubling that would leave a shard's share smaller than the request: a limit
 /// of 20/min over 16 shards holds 1.25 tokens per shard, over 32 it would hold 0.625,
 /// and a 1-token request could never be admitted again on any shard.
 async fn s21b_no_doubling_below_one_request_per_shard<S: BucketStore>(store: S) {
     let rig = rig(store);
-    let p = LimitParams::new(20, 20, 60_000);
-    for shard in 0..16 {
-        // Shard 0 is the hot one: its `wcu` spent at this very instant, so no refill helps.
-        let wcu_tk = if shard == 0 { 0 } else { 1_000_000 };
-        rig.store
-            .put(
-                BucketKey::new("u1", "api", shard),
-                rpm_item(16, 20, p.share(16).ceiling, wcu_tk),
-            )
-            .await;
-    }
-    rig.engine.learn_shard_count("u1", "api", 16);
-    rig.draw.push(0);
-    rig.store.clear();
+    sixteen_shards_hot_on_zero(&rig, "u1", 20, |_| {}).await;
     let d = acquire(&rig, &rpm(20, 1)).await;
     assert!(d.admitted, "the slow pass on the hot shard admits: {d:?}");
     let calls = rig.store.calls();
@@ -1199,19 +1211,7 @@ async fn x08_a_refund_after_a_refill_is_not_credited<S: BucketStore>(store: S) {
 async fn x09_check_only_requests_do_not_double_past_an_ordinary_request<S: BucketStore>(store: S) {
     // 20/min over 16 shards: 1.25 tokens each; 32 would leave 0.625.
     let rig = rig(store);
-    let p = LimitParams::new(20, 20, 60_000);
-    for shard in 0..16 {
-        let wcu_tk = if shard == 0 { 0 } else { 1_000_000 };
-        rig.store
-            .put(
-                BucketKey::new("u1", "api", shard),
-                rpm_item(16, 20, p.share(16).ceiling, wcu_tk),
-            )
-            .await;
-    }
-    rig.engine.learn_shard_count("u1", "api", 16);
-    rig.draw.push(0);
-    rig.store.clear();
+    sixteen_shards_hot_on_zero(&rig, "u1", 20, |_| {}).await;
     let d = acquire(&rig, &rpm(20, 0)).await;
     assert!(d.admitted, "{d:?}");
     assert!(!doubled(&rig.store.calls()), "{:?}", rig.store.calls());
@@ -1223,19 +1223,12 @@ async fn x09_check_only_requests_do_not_double_past_an_ordinary_request<S: Bucke
     // average: 1-token requests would spread it to 32 (3.125 each), and the usual
     // 5-token request could never be admitted again.
     let rig = rig_again(&rig);
-    let p = LimitParams::new(100, 100, 60_000);
-    for shard in 0..16 {
-        let mut it = rpm_item(16, 100, p.share(16).ceiling, 1_000_000);
-        if shard == 0 {
-            let w = it.limits.get_mut(WCU_LIMIT).unwrap();
-            w.tk = 0;
-            w.tc = 1_000_000; // a thousand writes...
-            it.limits.get_mut("rpm").unwrap().tc = 5_000_000; // ...of 5 tokens each
-        }
-        rig.store.put(BucketKey::new("u2", "api", shard), it).await;
-    }
-    rig.engine.learn_shard_count("u2", "api", 16);
-    rig.draw.push(0);
+    sixteen_shards_hot_on_zero(&rig, "u2", 100, |it| {
+        let w = it.limits.get_mut(WCU_LIMIT).unwrap();
+        w.tc = 1_000_000; // a thousand writes...
+        it.limits.get_mut("rpm").unwrap().tc = 5_000_000; // ...of 5 tokens each
+    })
+    .await;
     let req = one(bucket("u2", "api", vec![per_minute("rpm", 100, None, 1)]));
     assert!(acquire(&rig, &req).await.admitted);
     assert_eq!(

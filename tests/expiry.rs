@@ -5,14 +5,12 @@
 //! whose `ttl` has passed, as DynamoDB's would.
 
 mod common;
+mod support;
 
 use std::sync::Arc;
 
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use envoy_types::pb::google::protobuf::UInt64Value;
 use shardgate::config::Config;
 use shardgate::engine::{Engine, EngineOptions, ManualClock, RandomDraw};
 use shardgate::service::RateLimiter;
@@ -91,21 +89,11 @@ fn rig<S: Sweep>(store: S) -> Rig<S> {
 }
 
 fn request(entries: &[(&str, &str)], hits: Option<u64>) -> RateLimitRequest {
-    RateLimitRequest {
-        domain: "ttl".into(),
-        descriptors: vec![RateLimitDescriptor {
-            entries: entries
-                .iter()
-                .map(|(k, v)| Entry {
-                    key: (*k).into(),
-                    value: (*v).into(),
-                })
-                .collect(),
-            hits_addend: hits.map(|value| UInt64Value { value }),
-            ..Default::default()
-        }],
-        hits_addend: 0,
-    }
+    let d = match hits {
+        Some(h) => support::desc_hits(entries, h),
+        None => support::desc(entries),
+    };
+    support::request("ttl", vec![d])
 }
 
 impl<S: Sweep> Rig<S> {

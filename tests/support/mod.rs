@@ -79,20 +79,13 @@ impl TestServer {
             Arc::new(RandomDraw),
         ));
         let limiter = Arc::new(RateLimiter::new(Arc::new(config), engine));
-        let listener = TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind loopback");
-        let addr = listener.local_addr().expect("local addr");
-        let (tx, rx) = oneshot::channel::<()>();
-        tokio::spawn(grpc::serve(limiter.clone(), listener, async {
-            let _ = rx.await;
-        }));
+        let (addr, shutdown) = serve(limiter.clone()).await;
         TestServer {
             addr,
             store,
             limiter,
             clock: manual,
-            shutdown: Some(tx),
+            shutdown: Some(shutdown),
         }
     }
 
@@ -131,6 +124,21 @@ impl Drop for TestServer {
     }
 }
 
+/// Serves `limiter` over gRPC on a loopback port until the sender is dropped or sent to.
+async fn serve<S: shardgate::store::BucketStore>(
+    limiter: Arc<RateLimiter<S>>,
+) -> (SocketAddr, oneshot::Sender<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind loopback");
+    let addr = listener.local_addr().expect("local addr");
+    let (tx, rx) = oneshot::channel::<()>();
+    tokio::spawn(grpc::serve(limiter, listener, async {
+        let _ = rx.await;
+    }));
+    (addr, tx)
+}
+
 /// A running in-process server on any store (the gRPC surface over `RateLimiter`,
 /// engine defaults as `serve` uses them for that store); it stops when dropped.
 pub struct StoreServer<S: shardgate::store::BucketStore> {
@@ -145,18 +153,11 @@ impl<S: shardgate::store::BucketStore> StoreServer<S> {
             .unwrap_or_else(|e| panic!("test config must be valid:\n{e}"));
         let engine = Arc::new(Engine::new(store, options));
         let limiter = Arc::new(RateLimiter::new(Arc::new(config), engine));
-        let listener = TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind loopback");
-        let addr = listener.local_addr().expect("local addr");
-        let (tx, rx) = oneshot::channel::<()>();
-        tokio::spawn(grpc::serve(limiter.clone(), listener, async {
-            let _ = rx.await;
-        }));
+        let (addr, shutdown) = serve(limiter.clone()).await;
         StoreServer {
             addr,
             limiter,
-            shutdown: Some(tx),
+            shutdown: Some(shutdown),
         }
     }
 
