@@ -13,7 +13,7 @@ type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 use std::sync::Arc;
 
 use super::model::{DescriptorModel, DocumentModel};
-use super::validate::composite_part;
+use super::stats_key::child_key;
 use super::{FailureMode, Level, Rule};
 
 /// One entry of a request descriptor. The service implements it for Envoy's proto entry.
@@ -165,7 +165,7 @@ impl Compiler<'_> {
                 value: d.value.clone(),
                 share_threshold: d.share_threshold,
             });
-            let stats_key = format!("{}.{}", up.stats_key, composite_part(&d.key, &d.value));
+            let stats_key = child_key(&up.stats_key, &d.key, d.value.as_deref());
             let resource = d.resource.as_deref().unwrap_or(up.resource);
             let rule = d.rate_limit.as_ref().map(|rl| {
                 let index = *self.next_rule;

@@ -6,10 +6,12 @@
 //! nothing here knows about token buckets beyond the parameters a rule declares.
 
 mod entity;
+mod error;
 mod load;
 mod matcher;
 mod model;
 pub mod reload;
+mod stats_key;
 mod validate;
 
 use std::collections::HashMap;
@@ -17,8 +19,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 pub use entity::{encode_component, EntityTemplate, TemplateError};
-pub use load::{ConfigError, ConfigErrorKind, ConfigErrors};
+pub use error::{ConfigError, ConfigErrorKind, ConfigErrors};
 pub use matcher::DescriptorEntry;
+pub use stats_key::{entries_key, hit_key};
 
 /// Time unit of a rule, as in envoyproxy/ratelimit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -8,8 +8,9 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::load::{ConfigError, ConfigErrorKind as K};
+use super::error::{ConfigError, ConfigErrorKind as K};
 use super::model::{DescriptorModel, DocumentModel, Node, NodeKind, Pos, RateLimitModel};
+use super::stats_key::child_key;
 use super::{
     EntityTemplate, FailureMode, RateLimit, RuleLimit, Unit, MAX_LIMITS_PER_BUCKET, MAX_TOKENS,
 };
@@ -81,7 +82,7 @@ impl<'n> Fields<'n> {
 struct Scope {
     /// Keys on the path from the root, this node's included once entered.
     keys: Vec<String>,
-    /// envoyproxy/ratelimit's composite key prefix: `domain.k_v.`.
+    /// envoyproxy/ratelimit's composite key of this node (`domain.k_v`).
     composite: String,
     resource: String,
     /// The nearest ancestor with a `rate_limit`: its line and whether it is unlimited.
@@ -152,7 +153,7 @@ impl Validator {
         };
         let scope = Scope {
             keys: Vec::new(),
-            composite: format!("{}.", domain.as_deref().unwrap_or_default()),
+            composite: domain.clone().unwrap_or_default(),
             resource: domain.clone().unwrap_or_default(),
             nearest_limit: None,
         };
@@ -328,7 +329,7 @@ impl Validator {
             };
             let id = (d.key.clone(), d.value.clone());
             if let Some(first_line) = siblings.get(&id) {
-                let key = format!("{}{}", scope.composite, composite_part(&d.key, &d.value));
+                let key = child_key(&scope.composite, &d.key, d.value.as_deref());
                 self.error(
                     d.pos,
                     K::DuplicateCompositeKey {
@@ -392,7 +393,7 @@ impl Validator {
         let mut scope = parent.clone();
         scope.keys.extend(key.clone());
         if let Some(k) = &key {
-            scope.composite = format!("{}{}.", parent.composite, composite_part(k, &value));
+            scope.composite = child_key(&parent.composite, k, value.as_deref());
         }
         if let Some(r) = &resource {
             scope.resource = r.clone();
@@ -686,14 +687,6 @@ impl Validator {
                 );
             }
         }
-    }
-}
-
-/// envoyproxy/ratelimit's composite key of a node: `key_value`, or `key` when key-only.
-pub(crate) fn composite_part(key: &str, value: &Option<String>) -> String {
-    match value {
-        Some(v) => format!("{key}_{v}"),
-        None => key.to_string(),
     }
 }
 

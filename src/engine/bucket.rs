@@ -4,17 +4,7 @@
 //! `i64` (elapsed × rate, deficit × period) is computed in `i128`. Balances may be negative
 //! (debt); division of a possibly negative balance floors (`div_euclid`).
 
-/// Tokens are stored and computed in thousandths.
-pub const MILLI: i64 = 1_000;
-
-/// Parameters of one limit as stored on a bucket item: capacity and refill amount in
-/// millitokens (undivided by the shard count), refill period in milliseconds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct LimitParams {
-    pub cp: i64,
-    pub ra: i64,
-    pub rp: i64,
-}
+pub use crate::store::{LimitParams, MILLI};
 
 /// The view one shard has of a limit: its ceiling and refill rate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,7 +50,7 @@ impl LimitParams {
         // Shares floor their ceiling and rate, so each count is measured as it divides.
         let mut longest = 0i128;
         let mut count = 1;
-        while count <= super::MAX_SHARD_COUNT {
+        while count <= crate::store::MAX_SHARD_COUNT {
             let share = self.share(count);
             if share.ra <= 0 {
                 return None;

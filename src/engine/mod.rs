@@ -29,8 +29,7 @@ pub use shard::{RandomDraw, ScriptedDraw, ShardDraw};
 use crate::store::{BucketStore, Name, Stamp, StoreError};
 use crate::text::quote;
 
-/// Most shards one bucket is spread over.
-pub const MAX_SHARD_COUNT: u32 = 32;
+pub use crate::store::MAX_SHARD_COUNT;
 
 /// Writes per second one shard item absorbs before the engine spreads the bucket wider:
 /// DynamoDB's per-partition write ceiling.

@@ -19,7 +19,7 @@ use smallvec::SmallVec;
 use thiserror::Error;
 
 use crate::config::{
-    Config, DescriptorEntry, FailureMode, Level, RateLimit, Rule, RuleLimit, Unit,
+    entries_key, Config, DescriptorEntry, FailureMode, Level, RateLimit, Rule, RuleLimit, Unit,
 };
 use crate::engine::bucket::{self, whole_tokens};
 use crate::engine::plan::{Plan, Slot};
@@ -856,10 +856,7 @@ fn override_rule(domain: &Arc<str>, d: &RateLimitDescriptor, rpu: u32, unit: i32
             share_threshold: false,
         })
         .collect();
-    let stats_key = std::iter::once(domain.to_string())
-        .chain(d.entries.iter().map(|e| format!("{}_{}", e.key, e.value)))
-        .collect::<Vec<_>>()
-        .join(".");
+    let stats_key = entries_key(domain, &d.entries);
     Rule {
         index: None,
         domain: domain.clone(),

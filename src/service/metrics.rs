@@ -20,10 +20,10 @@ use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
-use crate::config::{Config, DescriptorEntry, Rule};
+use crate::config::{hit_key, Config, DescriptorEntry, Rule};
 use crate::engine::{EngineStats, EngineView};
-use crate::store::dynamodb::{CallKind, CallTotals};
 use crate::store::metered::CallObserver;
+use crate::store::metered::{CallKind, CallTotals};
 
 /// Most distinct rule keys tracked; further keys are counted under `_overflow_`.
 pub const MAX_RULE_KEYS: usize = 10_000;
@@ -483,27 +483,7 @@ impl Metrics {
     /// request's own entries, or with `value_to_metric` the request's values where the
     /// rule has none or a wildcard. Capped in distinct values.
     fn rule_labels<E: DescriptorEntry>(&self, rule: &Rule, entries: &[E]) -> RuleLabels {
-        let key = if rule.detailed_metric || rule.value_to_metric {
-            let mut key = rule.domain.to_string();
-            for (level, e) in rule.levels.iter().zip(entries) {
-                key.push('.');
-                key.push_str(e.key());
-                let literal = level.value.as_deref().filter(|v| !v.contains('*'));
-                match (rule.detailed_metric, literal) {
-                    (false, Some(v)) => {
-                        key.push('_');
-                        key.push_str(v);
-                    }
-                    _ => {
-                        key.push('_');
-                        key.push_str(e.value());
-                    }
-                }
-            }
-            key
-        } else {
-            rule.stats_key.clone()
-        };
+        let key = hit_key(rule, entries);
         let domain = rule.domain.to_string();
         if !(rule.detailed_metric || rule.value_to_metric) {
             // A rule's own key: as many as the config has rules, no cap needed.

@@ -10,6 +10,7 @@ pub mod http;
 mod json;
 pub mod metrics;
 pub mod server;
+mod socket;
 pub mod tls;
 
 pub use decision::{CallError, RateLimiter, RequestLimits};

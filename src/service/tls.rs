@@ -159,7 +159,7 @@ impl TlsState {
                 if tx.is_closed() {
                     return;
                 }
-                super::grpc::no_delay(&tcp);
+                super::socket::no_delay(&tcp);
                 let acceptor = TlsAcceptor::from(current.load_full());
                 let tx = tx.clone();
                 tokio::spawn(async move {

@@ -26,11 +26,9 @@ use smallvec::SmallVec;
 use super::key::{check_item, check_key};
 use super::{
     BucketItem, BucketKey, BucketStore, CommitOutcome, CountChange, Credit, Debit, DebitMode,
-    DebitOutcome, LimitState, LimitWrite, Limits, Name, Stamp, StoreError, Write, MAX_COMMIT_ITEMS,
-    MIN_BALANCE, WCU_LIMIT,
+    DebitOutcome, LimitParams, LimitState, LimitWrite, Limits, Name, Stamp, StoreError, Write,
+    MAX_COMMIT_ITEMS, MILLI, MIN_BALANCE, WCU_LIMIT,
 };
-use crate::engine::bucket::MILLI;
-use crate::engine::LimitParams;
 
 const PARTITIONS: usize = 64;
 

@@ -9,6 +9,22 @@ use super::{
     Stamp, StoreError, Write,
 };
 
+/// One call's operation and outcome, as a store names them (DynamoDB: its API's
+/// operation, `ok`, `condition_failed`, `conflict`, `error`, …).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CallKind {
+    pub operation: &'static str,
+    pub outcome: &'static str,
+}
+
+/// Totals of one kind of call, as the store accounts them.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CallTotals {
+    pub calls: u64,
+    /// Capacity units DynamoDB reported (`ReturnConsumedCapacity = TOTAL`).
+    pub capacity: f64,
+}
+
 /// Receives one record per store call.
 pub trait CallObserver: Send + Sync + 'static {
     fn observe(&self, operation: &'static str, outcome: &'static str, elapsed: Duration);

@@ -1,0 +1,183 @@
+//! Bucket items as DynamoDB stores them: the key of a shard
+//! (`{namespace}/BUCKET#{entity}#{resource}#{shard}`, `SK = #STATE`) and the attributes
+//! of an item (`rf`, `shard_count`, `ttl`, `entity_id`, `resource`, and per limit
+//! `b_{limit}_{tk,cp,ra,rp,tc}`, every number an integer), both ways. A corrupt item is
+//! an error naming its key and the reason.
+
+use std::collections::{BTreeMap, HashMap};
+
+use aws_sdk_dynamodb::types::AttributeValue;
+
+use super::expr::{attr, n, s};
+use super::DynamoStore;
+use crate::store::{BucketItem, BucketKey, LimitState, Limits, StoreError};
+
+/// One item as the SDK carries it.
+pub(super) type Item = HashMap<String, AttributeValue>;
+
+/// An item's number attribute; the error is the reason it is corrupt.
+fn parse_n(attr: &str, v: &AttributeValue) -> Result<i64, String> {
+    match v {
+        AttributeValue::N(text) => text
+            .parse::<i64>()
+            .map_err(|_| format!("'{attr}' is not an integer in range: {text}")),
+        other => Err(format!("'{attr}' is not a number: {other:?}")),
+    }
+}
+
+/// Decodes a bucket item. A limit is recognised when its `tk` and `cp` exist. The error
+/// is the reason the item is corrupt; the caller names the key (only then: formatting it
+/// on every decode showed in profiles).
+pub(super) fn decode(item: &Item) -> Result<BucketItem, String> {
+    let rf = item
+        .get("rf")
+        .map(|v| parse_n("rf", v))
+        .transpose()?
+        .ok_or_else(|| "no 'rf'".to_string())?;
+    let shard_count = match item.get("shard_count") {
+        Some(v) => u32::try_from(parse_n("shard_count", v)?)
+            .map_err(|_| "'shard_count' out of range".to_string())?
+            .max(1),
+        None => 1,
+    };
+    let ttl = item.get("ttl").map(|v| parse_n("ttl", v)).transpose()?;
+    let mut fields: BTreeMap<&str, [Option<i64>; 5]> = BTreeMap::new();
+    for (name, v) in item {
+        let Some(rest) = name.strip_prefix("b_") else {
+            continue;
+        };
+        let Some((limit, field)) = rest.rsplit_once('_') else {
+            continue;
+        };
+        let slot = match field {
+            "tk" => 0,
+            "cp" => 1,
+            "ra" => 2,
+            "rp" => 3,
+            "tc" => 4,
+            _ => continue,
+        };
+        fields.entry(limit).or_default()[slot] = Some(parse_n(name, v)?);
+    }
+    let mut limits = Limits::new();
+    for (limit, [tk, cp, ra, rp, tc]) in fields {
+        let (Some(tk), Some(cp)) = (tk, cp) else {
+            continue;
+        };
+        let rp = rp.unwrap_or(0);
+        if rp <= 0 {
+            return Err(format!("limit '{limit}' has refill period {rp}"));
+        }
+        limits.insert(
+            limit,
+            LimitState {
+                tk,
+                cp,
+                ra: ra.unwrap_or(0),
+                rp,
+                tc: tc.unwrap_or(0),
+            },
+        );
+    }
+    Ok(BucketItem {
+        rf,
+        shard_count,
+        ttl,
+        limits,
+    })
+}
+
+impl DynamoStore {
+    /// The partition key of a bucket shard.
+    pub fn pk(&self, key: &BucketKey) -> String {
+        format!(
+            "{}/BUCKET#{}#{}#{}",
+            self.namespace, key.entity, key.resource, key.shard
+        )
+    }
+
+    pub(super) fn key_of(&self, key: &BucketKey) -> Item {
+        HashMap::from([
+            ("PK".to_string(), s(self.pk(key))),
+            ("SK".to_string(), s("#STATE")),
+        ])
+    }
+
+    pub(super) fn decode_opt(
+        &self,
+        key: &BucketKey,
+        item: Option<&Item>,
+    ) -> Result<Option<BucketItem>, StoreError> {
+        item.filter(|i| !i.is_empty())
+            .map(|i| {
+                decode(i).map_err(|reason| StoreError::Corrupt {
+                    key: self.pk(key),
+                    reason,
+                })
+            })
+            .transpose()
+    }
+
+    pub(super) fn encode(&self, key: &BucketKey, item: &BucketItem) -> Item {
+        let mut out = self.key_of(key);
+        out.insert("entity_id".into(), s(key.entity.clone()));
+        out.insert("resource".into(), s(key.resource.clone()));
+        out.insert("rf".into(), n(item.rf));
+        out.insert("shard_count".into(), n(i64::from(item.shard_count)));
+        if let Some(t) = item.ttl {
+            out.insert("ttl".into(), n(t));
+        }
+        for (limit, st) in item.limits.iter() {
+            for (field, v) in [
+                ("tk", st.tk),
+                ("cp", st.cp),
+                ("ra", st.ra),
+                ("rp", st.rp),
+                ("tc", st.tc),
+            ] {
+                out.insert(attr(limit, field), n(v));
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn decode_splits_limit_names_on_the_last_underscore() {
+        let mut item: Item = HashMap::new();
+        item.insert("rf".into(), n(7));
+        for (f, v) in [("tk", 1), ("cp", 2), ("ra", 3), ("rp", 4), ("tc", 5)] {
+            item.insert(format!("b_my_limit_{f}"), n(v));
+        }
+        let it = decode(&item).unwrap();
+        assert_eq!(
+            *it.limits.get("my_limit").unwrap(),
+            LimitState {
+                tk: 1,
+                cp: 2,
+                ra: 3,
+                rp: 4,
+                tc: 5
+            }
+        );
+        assert_eq!(it.shard_count, 1);
+    }
+
+    #[test]
+    fn decode_rejects_corrupt_numbers() {
+        let mut item: Item = HashMap::new();
+        item.insert("rf".into(), AttributeValue::N("1.5".into()));
+        assert_eq!(
+            decode(&item).unwrap_err(),
+            "'rf' is not an integer in range: 1.5"
+        );
+        item.insert("rf".into(), n(1));
+        item.insert("b_x_tk".into(), n(1));
+        item.insert("b_x_cp".into(), n(1));
+        item.insert("b_x_rp".into(), n(0));
+        assert_eq!(decode(&item).unwrap_err(), "limit 'x' has refill period 0");
+    }
+}

@@ -1,0 +1,194 @@
+//! What a store holds: bucket items, their keys and their units. The contract's calls
+//! (`mod.rs`) read and write these; the engine decides with them. The format belongs
+//! here, with the stores, so that no store depends on the engine: amounts are integer
+//! millitokens, times epoch milliseconds (`ttl`: seconds), parameters undivided by the
+//! shard count.
+
+use compact_str::CompactString;
+use smallvec::SmallVec;
+
+/// Tokens are stored and computed in thousandths.
+pub const MILLI: i64 = 1_000;
+
+/// Most shards one bucket is spread over (and the largest count an item records that a
+/// reader believes).
+pub const MAX_SHARD_COUNT: u32 = 32;
+
+/// Parameters of one limit as stored on a bucket item: capacity and refill amount in
+/// millitokens (undivided by the shard count), refill period in milliseconds. The
+/// token-bucket arithmetic on them is the engine's (`engine/bucket.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LimitParams {
+    pub cp: i64,
+    pub ra: i64,
+    pub rp: i64,
+}
+
+/// The name of the reserved limit that measures a shard's write pressure.
+pub const WCU_LIMIT: &str = "wcu";
+
+/// A name of the request path (entity, resource, limit name): held inline up to 24 bytes,
+/// so keys and items of ordinary names are copied without touching the heap.
+pub type Name = CompactString;
+
+/// Address of one bucket item: one shard of one (entity, resource).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BucketKey {
+    pub entity: Name,
+    pub resource: Name,
+    pub shard: u32,
+}
+
+impl BucketKey {
+    pub fn new(entity: impl AsRef<str>, resource: impl AsRef<str>, shard: u32) -> BucketKey {
+        BucketKey {
+            entity: Name::new(entity.as_ref()),
+            resource: Name::new(resource.as_ref()),
+            shard,
+        }
+    }
+
+    /// The same bucket, another shard.
+    pub fn with_shard(&self, shard: u32) -> BucketKey {
+        BucketKey {
+            shard,
+            ..self.clone()
+        }
+    }
+}
+
+impl std::fmt::Display for BucketKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}#{}#{}", self.entity, self.resource, self.shard)
+    }
+}
+
+/// State of one limit on an item (`b_{limit}_*` on DynamoDB): balance and consumed
+/// counter in millitokens, parameters undivided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LimitState {
+    pub tk: i64,
+    pub cp: i64,
+    pub ra: i64,
+    pub rp: i64,
+    pub tc: i64,
+}
+
+impl LimitState {
+    /// A limit with these parameters holding `tk`, having consumed `tc`.
+    pub fn new(params: LimitParams, tk: i64, tc: i64) -> LimitState {
+        LimitState {
+            tk,
+            cp: params.cp,
+            ra: params.ra,
+            rp: params.rp,
+            tc,
+        }
+    }
+
+    pub fn params(&self) -> LimitParams {
+        LimitParams {
+            cp: self.cp,
+            ra: self.ra,
+            rp: self.rp,
+        }
+    }
+}
+
+/// The limits of one item by name, in name order. Two (one limit and `wcu`, the common
+/// item) are held inline, so copying an image costs no allocation.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Limits(pub(super) SmallVec<[(Name, LimitState); 2]>);
+
+impl Limits {
+    pub fn new() -> Limits {
+        Limits::default()
+    }
+
+    fn position(&self, name: &str) -> Result<usize, usize> {
+        self.0.binary_search_by(|(n, _)| n.as_str().cmp(name))
+    }
+
+    pub fn get(&self, name: &str) -> Option<&LimitState> {
+        self.position(name).ok().map(|i| &self.0[i].1)
+    }
+
+    pub fn get_mut(&mut self, name: &str) -> Option<&mut LimitState> {
+        self.position(name).ok().map(|i| &mut self.0[i].1)
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.position(name).is_ok()
+    }
+
+    /// Sets `name` to `state`; returns the state it replaces.
+    pub fn insert(&mut self, name: impl AsRef<str>, state: LimitState) -> Option<LimitState> {
+        let name = name.as_ref();
+        match self.position(name) {
+            Ok(i) => Some(std::mem::replace(&mut self.0[i].1, state)),
+            Err(i) => {
+                self.0.insert(i, (Name::new(name), state));
+                None
+            }
+        }
+    }
+
+    /// `(name, state)` in name order.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &LimitState)> {
+        self.0.iter().map(|(n, s)| (n.as_str(), s))
+    }
+
+    pub fn values(&self) -> impl Iterator<Item = &LimitState> + '_ {
+        self.0.iter().map(|(_, s)| s)
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl std::ops::Index<&str> for Limits {
+    type Output = LimitState;
+
+    /// The named limit; panics when there is none (as a map's index does).
+    fn index(&self, name: &str) -> &LimitState {
+        self.get(name)
+            .unwrap_or_else(|| panic!("no limit named '{name}' on this item"))
+    }
+}
+
+impl<N: AsRef<str>> FromIterator<(N, LimitState)> for Limits {
+    fn from_iter<I: IntoIterator<Item = (N, LimitState)>>(iter: I) -> Limits {
+        let mut limits = Limits::new();
+        for (n, s) in iter {
+            limits.insert(n, s);
+        }
+        limits
+    }
+}
+
+/// One bucket item: every limit of one (entity, resource) shard, the refill baseline and
+/// lock `rf` (epoch ms), the shard count it knows, and its expiry `ttl` (epoch s).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BucketItem {
+    pub rf: i64,
+    pub shard_count: u32,
+    pub ttl: Option<i64>,
+    pub limits: Limits,
+}
+
+impl BucketItem {
+    pub fn limit(&self, name: &str) -> Option<&LimitState> {
+        self.limits.get(name)
+    }
+}
+
+/// The lowest balance a stored limit may hold (millitokens): a debit that would take it
+/// lower is refused even when it may go into debt. Debts that deep never repay in any
+/// useful time, and the bound keeps every balance, delta and sum inside `i64` on every
+/// store alike (DynamoDB's numbers have 38 digits; ours must decode).
+pub const MIN_BALANCE: i64 = -(1 << 62);
