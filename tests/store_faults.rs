@@ -274,14 +274,13 @@ async fn every_dynamodb_call_has_a_deadline() {
     );
 }
 
-/// A gRPC call to `server` on `key` with the caller's deadline `timeout` (sent as
+/// A gRPC call on `client` on `key` with the caller's deadline `timeout` (sent as
 /// `grpc-timeout`, as Envoy sends its filter's `timeout`).
-async fn call_within<S: BucketStore>(
-    server: &support::StoreServer<S>,
+async fn call_within(
+    client: &mut support::Rls,
     key: &str,
     timeout: Option<Duration>,
 ) -> Result<envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse, tonic::Status> {
-    let mut client = server.client().await;
     let mut req = tonic::Request::new(request(key));
     if let Some(t) = timeout {
         req.set_timeout(t);
@@ -292,23 +291,34 @@ async fn call_within<S: BucketStore>(
         .map(tonic::Response::into_inner)
 }
 
+/// A client of `server` whose connection is up and has carried a call (as Envoy's
+/// long-lived connection has): a request for a domain no rule knows, no store call.
+async fn connected<S: BucketStore>(server: &support::StoreServer<S>) -> support::Rls {
+    let mut client = server.client().await;
+    let mut warm = request("x");
+    warm.domain = "no-such-domain".into();
+    client.ok(warm).await;
+    client
+}
+
 /// A caller that allows 50 ms gets its `failure_mode` answer from the server when the
 /// store hangs — UNAVAILABLE for a `deny` rule, OK for `allow` — not its own
 /// DEADLINE_EXCEEDED: the store gets the caller's time less a margin.
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_caller_allowing_50ms_gets_its_failure_mode_answer_when_the_store_hangs() {
     let store = Arc::new(Breaker::new(
         Switchable::default(),
         5,
         Duration::from_millis(500),
     ));
-    store.inner().hang.store(true, Ordering::SeqCst);
     let server = support::StoreServer::start(RULES, store.clone(), EngineOptions::default()).await;
+    let mut client = connected(&server).await;
+    store.inner().hang.store(true, Ordering::SeqCst);
     for _ in 0..3 {
-        let denied = call_within(&server, "closed", Some(Duration::from_millis(50))).await;
+        let denied = call_within(&mut client, "closed", Some(Duration::from_millis(50))).await;
         let status = denied.expect_err("fails closed");
         assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
-        let allowed = call_within(&server, "open", Some(Duration::from_millis(50)))
+        let allowed = call_within(&mut client, "open", Some(Duration::from_millis(50)))
             .await
             .expect("fails open");
         assert_eq!(allowed.overall_code, Code::Ok as i32);
@@ -327,8 +337,9 @@ async fn a_patient_caller_waits_for_a_slow_store() {
     ));
     store.inner().delay_ms.store(300, Ordering::SeqCst);
     let server = support::StoreServer::start(RULES, store.clone(), EngineOptions::default()).await;
+    let mut client = connected(&server).await;
     for timeout in [Some(Duration::from_secs(2)), None] {
-        let r = call_within(&server, "closed", timeout)
+        let r = call_within(&mut client, "closed", timeout)
             .await
             .expect("the store answered");
         assert_eq!(r.overall_code, Code::Ok as i32);
@@ -351,8 +362,9 @@ async fn a_caller_with_no_time_left_costs_the_store_nothing() {
         Duration::from_secs(60),
     ));
     let server = support::StoreServer::start(RULES, store.clone(), EngineOptions::default()).await;
+    let mut client = connected(&server).await;
     for _ in 0..5 {
-        let r = call_within(&server, "closed", Some(Duration::from_micros(500))).await;
+        let r = call_within(&mut client, "closed", Some(Duration::from_micros(500))).await;
         match r {
             // The server's UNAVAILABLE, or the client's own deadline passing first.
             Err(s) => assert!(
@@ -369,7 +381,7 @@ async fn a_caller_with_no_time_left_costs_the_store_nothing() {
     }
     assert_eq!(store.inner().calls.load(Ordering::SeqCst), 0);
     assert_eq!(store.state(), CircuitState::Closed);
-    let r = call_within(&server, "closed", Some(Duration::from_secs(2)))
+    let r = call_within(&mut client, "closed", Some(Duration::from_secs(2)))
         .await
         .unwrap();
     assert_eq!(r.overall_code, Code::Ok as i32);

@@ -1,4 +1,7 @@
-//! The acquire algorithm: one all-or-nothing decision over several buckets.
+//! The acquire algorithm: one all-or-nothing decision over several buckets. This file
+//! drives it (and holds its per-request state); `cached.rs` answers from the rejection
+//! cache, `resolve.rs` takes a refused debit on (classification, doubling, retries),
+//! `pass.rs` plans a slow pass, `outcome.rs` builds what a decision reports.
 //!
 //! 1. Rejection cache: a fresh image proving every shard of some bucket short refuses
 //!    with no store call.
@@ -15,22 +18,18 @@ use futures::future::join_all;
 use smallvec::SmallVec;
 
 /// Shards of one bucket known short, not to be drawn.
-type Avoid = SmallVec<[u32; 4]>;
+pub(super) type Avoid = SmallVec<[u32; 4]>;
 
 /// Per-bucket working state of one decision: inline for up to four buckets, as many
 /// descriptors as the service keeps inline, so that a request of three or four buckets
 /// does not allocate for it either.
-type PerBucket<T> = SmallVec<[T; 4]>;
+pub(super) type PerBucket<T> = SmallVec<[T; 4]>;
 
-use super::bucket::{self, refill, MILLI};
 use super::pass::{self, BucketPlan, PassContext};
-use super::{
-    Acquire, BucketClaim, BucketOutcome, Decision, Engine, EngineError, EngineStats, LimitClaim,
-    LimitOutcome, MAX_SHARD_COUNT,
-};
+use super::{Acquire, BucketClaim, BucketOutcome, Decision, Engine, EngineError, EngineStats};
 use crate::store::{
     BucketItem, BucketKey, BucketStore, CommitOutcome, Credit, Debit, DebitMode, DebitOutcome,
-    Stamp, StoreError, Write, WCU_LIMIT,
+    Stamp, StoreError, Write,
 };
 
 /// How long a request refused because its bucket is contended is told to wait (the
@@ -40,46 +39,22 @@ pub const CONTENTION_RETRY_MS: i64 = 100;
 /// A shard drawn for a bucket, and the shard count it was drawn under: the count its
 /// balance must be sized for, whatever the count cache says later (it can be cleared).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Draw {
-    shard: u32,
-    count: u32,
-}
-
-/// Why the fast path refused, judged from the old image alone.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Refusal {
-    /// Expired, a claimed limit missing, parameters changed, no `wcu`, or a shard count
-    /// other than the one drawn under: only a slow pass can fix the item (or, for a count
-    /// larger than this process knew, size the request for it).
-    Stale,
-    WcuExhausted,
-    BothExhausted,
-    LimitExhausted,
-}
-
-/// Where a refused bucket goes next.
-#[derive(Debug)]
-enum Resolution {
-    /// A retry on another shard succeeded.
-    Applied { shard: u32, image: BucketItem },
-    /// The image proves a gated claim cannot fit.
-    Rejected { shard: u32, image: BucketItem },
-    /// Needs the slow path on this shard, sized for this count.
-    Slow { shard: u32, count: u32 },
+pub(super) struct Draw {
+    pub shard: u32,
+    pub count: u32,
 }
 
 /// State of one bucket while a request is being decided.
 #[derive(Debug)]
-enum Progress {
-    Applied {
-        shard: u32,
-        image: BucketItem,
-    },
-    Rejected {
-        shard: u32,
-        image: BucketItem,
-    },
-    /// Needs the slow path; `seen` is the image its fast-path refusal returned.
+pub(super) enum Progress {
+    /// Not looked at yet, or its store call failed.
+    Pending,
+    /// Debited (by the fast path, or a retry on another shard); `image` as the debit left it.
+    Applied { shard: u32, image: BucketItem },
+    /// The image proves a gated claim cannot fit.
+    Rejected { shard: u32, image: BucketItem },
+    /// Needs the slow path on `shard`, sized for `count` shards; `seen` is the image its
+    /// fast-path refusal returned (of that shard or, after a doubling, another).
     Slow {
         shard: u32,
         count: u32,
@@ -87,22 +62,20 @@ enum Progress {
     },
 }
 
-impl Progress {
-    /// Where a refused bucket stands once resolved; `seen` is its fast-path refusal's image.
-    fn resolved(r: Resolution, seen: Option<(u32, BucketItem)>) -> Progress {
-        match r {
-            Resolution::Applied { shard, image } => Progress::Applied { shard, image },
-            Resolution::Rejected { shard, image } => Progress::Rejected { shard, image },
-            Resolution::Slow { shard, count } => Progress::Slow { shard, count, seen },
-        }
-    }
+/// One bucket a slow pass plans: its index in the request, the shard, the shard count
+/// its plan is sized for.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct SlowTarget {
+    pub bucket: usize,
+    pub shard: u32,
+    pub count: u32,
 }
 
-fn now_s(now_ms: i64) -> i64 {
+pub(super) fn now_s(now_ms: i64) -> i64 {
     now_ms.div_euclid(1_000)
 }
 
-fn wrap(b: &BucketClaim) -> impl Fn(StoreError) -> EngineError + '_ {
+pub(super) fn wrap(b: &BucketClaim) -> impl Fn(StoreError) -> EngineError + '_ {
     move |source| EngineError::Store {
         entity: b.entity.to_string(),
         resource: b.resource.to_string(),
@@ -131,52 +104,6 @@ impl<S: BucketStore> Engine<S> {
             self.note_per_shard_ceiling(req, &decision);
         }
         Ok(decision)
-    }
-
-    /// The refusal of a request whose bucket (`entity`, `resource`) stayed contended.
-    fn contended(&self, req: &Acquire, entity: &str, resource: &str) -> Decision {
-        let buckets = req
-            .buckets
-            .iter()
-            .map(|b| {
-                let mut o = self.unknown_outcome(b);
-                if b.entity == entity && b.resource == resource {
-                    for l in o.limits.iter_mut() {
-                        l.fits = false;
-                        l.wait_ms = Some(CONTENTION_RETRY_MS);
-                    }
-                }
-                o
-            })
-            .collect();
-        Decision {
-            admitted: false,
-            buckets,
-        }
-    }
-
-    /// Counts and logs a refusal that no shard could ever admit: a gated claim larger
-    /// than one shard's share (the per-shard request ceiling).
-    fn note_per_shard_ceiling(&self, req: &Acquire, decision: &Decision) {
-        for (b, o) in req.buckets.iter().zip(&decision.buckets) {
-            for (c, l) in b.limits.iter().zip(&o.limits) {
-                if c.exceeds(l.share) {
-                    EngineStats::bump(&self.stats.per_shard_ceiling_rejections);
-                    if let Some(suppressed) = self.ceiling_log.admit() {
-                        tracing::warn!(
-                            resource = %b.resource,
-                            limit = %c.limit,
-                            requested_milli = c.amount,
-                            shard_share_milli = l.share.ceiling,
-                            shard_count = o.shard_count,
-                            similar_not_logged = suppressed,
-                            "request larger than one shard's share can never be admitted"
-                        );
-                    }
-                    return;
-                }
-            }
-        }
     }
 
     async fn decide(&self, req: &Acquire) -> Result<Decision, EngineError> {
@@ -278,45 +205,44 @@ impl<S: BucketStore> Engine<S> {
         avoid: &[Avoid],
         mut now: i64,
     ) -> Result<Decision, EngineError> {
-        let mut progress: SmallVec<[Option<Progress>; 2]> = SmallVec::new();
+        let mut progress: SmallVec<[Progress; 2]> = SmallVec::new();
         let mut first_error = None;
         for ((b, &draw), result) in req.buckets.iter().zip(draws).zip(fast) {
-            let shard = draw.shard;
-            match result {
+            let idx = progress.len();
+            progress.push(match result {
                 Ok(DebitOutcome::Applied(image)) => {
                     EngineStats::bump(&self.stats.fast_path_hits);
-                    progress.push(Some(Progress::Applied { shard, image }));
+                    Progress::Applied {
+                        shard: draw.shard,
+                        image,
+                    }
                 }
                 Ok(DebitOutcome::Refused(image)) => {
-                    progress.push(None);
-                    let idx = progress.len() - 1;
-                    let seen = image.clone().map(|i| (shard, i));
                     match Box::pin(self.resolve(b, draw, image, &avoid[idx], now)).await {
-                        Ok(r) => progress[idx] = Some(Progress::resolved(r, seen)),
-                        Err(e) => first_error = first_error.or(Some(e)),
+                        Ok(p) => p,
+                        Err(e) => {
+                            first_error = first_error.or(Some(e));
+                            Progress::Pending
+                        }
                     }
                 }
                 Err(e) => {
-                    progress.push(None);
                     first_error = first_error.or(Some(wrap(b)(e)));
+                    Progress::Pending
                 }
-            }
+            });
         }
         if let Some(e) = first_error {
             Box::pin(self.refund_applied(req, &progress, now)).await;
             return Err(e);
         }
-        let mut progress: SmallVec<[Progress; 2]> =
-            progress.into_iter().map(|p| p.expect("set")).collect();
         if progress.iter().any(|p| matches!(p, Progress::Slow { .. })) {
             match Box::pin(self.follow_slow_passes(req, &mut progress, avoid)).await {
                 // Having waited, the request is decided at the time the wait ended.
                 Ok(Some(later)) => now = later,
                 Ok(None) => {}
                 Err(e) => {
-                    let opt: SmallVec<[Option<Progress>; 2]> =
-                        progress.into_iter().map(Some).collect();
-                    Box::pin(self.refund_applied(req, &opt, now)).await;
+                    Box::pin(self.refund_applied(req, &progress, now)).await;
                     return Err(e);
                 }
             }
@@ -327,16 +253,19 @@ impl<S: BucketStore> Engine<S> {
             .any(|p| matches!(p, Progress::Rejected { .. }))
         {
             EngineStats::bump(&self.stats.fast_rejections);
-            let opt: SmallVec<[Option<Progress>; 2]> = progress.into_iter().map(Some).collect();
-            Box::pin(self.refund_applied(req, &opt, now)).await;
-            return Ok(self.refused_decision(req, &opt, now));
+            Box::pin(self.refund_applied(req, &progress, now)).await;
+            return Ok(self.refused_decision(req, &progress, now));
         }
 
-        let slow: Vec<(usize, u32, u32)> = progress
+        let slow: Vec<SlowTarget> = progress
             .iter()
             .enumerate()
-            .filter_map(|(i, p)| match p {
-                Progress::Slow { shard, count, .. } => Some((i, *shard, *count)),
+            .filter_map(|(bucket, p)| match *p {
+                Progress::Slow { shard, count, .. } => Some(SlowTarget {
+                    bucket,
+                    shard,
+                    count,
+                }),
                 _ => None,
             })
             .collect();
@@ -359,23 +288,23 @@ impl<S: BucketStore> Engine<S> {
         }
 
         EngineStats::bump(&self.stats.slow_paths);
-        let _leading = self.slow_passes.lead(slow.iter().map(|&(i, shard, _)| {
-            BucketKey::new(&req.buckets[i].entity, &req.buckets[i].resource, shard)
+        let _leading = self.slow_passes.lead(slow.iter().map(|t| {
+            let b = &req.buckets[t.bucket];
+            BucketKey::new(&b.entity, &b.resource, t.shard)
         }));
         match Box::pin(self.slow_path(req, &slow)).await {
             Ok((admitted, outcomes)) => {
-                let opt: SmallVec<[Option<Progress>; 2]> = progress.into_iter().map(Some).collect();
                 let now = self.clock.now_ms();
                 if !admitted {
-                    Box::pin(self.refund_applied(req, &opt, now)).await;
+                    Box::pin(self.refund_applied(req, &progress, now)).await;
                 }
                 let mut outcomes = outcomes.into_iter();
                 let buckets = req
                     .buckets
                     .iter()
-                    .zip(&opt)
+                    .zip(&progress)
                     .map(|(b, p)| match p {
-                        Some(Progress::Applied { shard, image }) => {
+                        Progress::Applied { shard, image } => {
                             self.outcome_from_image(b, *shard, image, now, admitted)
                         }
                         _ => outcomes.next().expect("one outcome per slow bucket"),
@@ -384,8 +313,7 @@ impl<S: BucketStore> Engine<S> {
                 Ok(Decision { admitted, buckets })
             }
             Err(e) => {
-                let opt: SmallVec<[Option<Progress>; 2]> = progress.into_iter().map(Some).collect();
-                Box::pin(self.refund_applied(req, &opt, now)).await;
+                Box::pin(self.refund_applied(req, &progress, now)).await;
                 Err(e)
             }
         }
@@ -436,8 +364,7 @@ impl<S: BucketStore> Engine<S> {
                     Progress::Applied { shard, image }
                 }
                 DebitOutcome::Refused(image) => {
-                    let seen = image.clone().map(|i| (shard, i));
-                    Progress::resolved(self.resolve(b, draw, image, &avoid[i], now).await?, seen)
+                    self.resolve(b, draw, image, &avoid[i], now).await?
                 }
             };
         }
@@ -497,94 +424,7 @@ impl<S: BucketStore> Engine<S> {
         .await;
     }
 
-    /// A refusal from the rejection cache for bucket `i`, if every shard of it is proven
-    /// short; otherwise fills `avoid` with the shards known short.
-    fn cached_refusal(
-        &self,
-        req: &Acquire,
-        i: usize,
-        avoid: &mut Avoid,
-        now: i64,
-    ) -> Option<Decision> {
-        let b = &req.buckets[i];
-        if b.limits.iter().any(|c| c.forced) {
-            return None;
-        }
-        let mut count = self.shards.get(&b.entity, &b.resource);
-        let mut best: Option<(i64, u32, BucketItem)> = None;
-        let mut shard = 0;
-        while shard < count {
-            let key = BucketKey::new(&b.entity, &b.resource, shard);
-            let image = self.rejections.fresh(&key, now)?;
-            count = count.max(image.shard_count);
-            let outcome = self.outcome_from_image(b, shard, &image, now, false);
-            if outcome.limits.iter().all(|l| l.fits) {
-                return None;
-            }
-            avoid.push(shard);
-            let wait = outcome
-                .limits
-                .iter()
-                .map(|l| l.wait_ms.unwrap_or(i64::MAX))
-                .max()
-                .unwrap_or(0);
-            if best.as_ref().is_none_or(|(w, _, _)| wait < *w) {
-                best = Some((wait, shard, image));
-            }
-            shard += 1;
-        }
-        let (_, shard, image) = best?;
-        // Every other bucket is reported from the last image this process saw of any of
-        // its shards (projected to now); it decides nothing here. A bucket with no image
-        // held sends the request to the store, which reports its real balance and leaves
-        // its image here for the next refusal.
-        let buckets = req
-            .buckets
-            .iter()
-            .enumerate()
-            .map(|(j, other)| {
-                if j == i {
-                    return Some(self.outcome_from_image(b, shard, &image, now, false));
-                }
-                let count = self.shards.get(&other.entity, &other.resource);
-                (0..count).find_map(|s| {
-                    let key = BucketKey::new(&other.entity, &other.resource, s);
-                    let img = self.rejections.latest(&key)?;
-                    Some(self.outcome_from_image(other, s, &img, now, false))
-                })
-            })
-            .collect::<Option<_>>()?;
-        Some(Decision {
-            admitted: false,
-            buckets,
-        })
-    }
-
-    /// What to report for a bucket nothing is known about (a request refused elsewhere
-    /// before it was looked at): its full share.
-    fn unknown_outcome(&self, b: &BucketClaim) -> BucketOutcome {
-        BucketOutcome {
-            shard: 0,
-            shard_count: 1,
-            stamp: Stamp::default(),
-            limits: b
-                .limits
-                .iter()
-                .map(|c| {
-                    let share = c.params.share(1);
-                    LimitOutcome {
-                        fits: share.ceiling >= c.amount,
-                        remaining: share.ceiling,
-                        share,
-                        ra: c.params.ra,
-                        wait_ms: bucket::wait_for(share.ceiling, c.amount, share, c.params.ra),
-                    }
-                })
-                .collect(),
-        }
-    }
-
-    async fn fast_debit(
+    pub(super) async fn fast_debit(
         &self,
         b: &BucketClaim,
         draw: Draw,
@@ -630,247 +470,21 @@ impl<S: BucketStore> Engine<S> {
         Ok(out)
     }
 
-    fn classify(&self, b: &BucketClaim, draw: Draw, image: &BucketItem, now: i64) -> Refusal {
-        if image.ttl.is_some_and(|t| t <= now_s(now)) || image.shard_count != draw.count {
-            return Refusal::Stale;
-        }
-        let mut short = false;
-        for c in &b.limits {
-            match image.limit(&c.limit) {
-                Some(st) if st.params() == c.params => short |= st.tk < c.amount,
-                _ => return Refusal::Stale,
-            }
-        }
-        match image.limit(WCU_LIMIT) {
-            None => Refusal::Stale,
-            Some(w) if w.tk < MILLI => {
-                if short {
-                    Refusal::BothExhausted
-                } else {
-                    Refusal::WcuExhausted
-                }
-            }
-            Some(_) => Refusal::LimitExhausted,
-        }
-    }
-
-    /// True when refilling the image to `now` would still leave a gated claim short.
-    fn refill_would_not_help(
-        &self,
-        b: &BucketClaim,
-        shard: u32,
-        image: &BucketItem,
-        now: i64,
-    ) -> bool {
-        let outcome = self.outcome_from_image(b, shard, image, now, false);
-        outcome
-            .limits
-            .iter()
-            .zip(&b.limits)
-            .any(|(l, c)| !l.fits && !c.forced)
-    }
-
-    async fn resolve(
-        &self,
-        b: &BucketClaim,
-        draw: Draw,
-        image: Option<BucketItem>,
-        avoid: &[u32],
-        now: i64,
-    ) -> Result<Resolution, EngineError> {
-        let shard = draw.shard;
-        // Never smaller than the count the shard was drawn under: the cache may have been
-        // cleared since, and a shard sized for fewer shards would hold too large a share.
-        let known = self.shards.get(&b.entity, &b.resource).max(draw.count);
-        let Some(image) = image else {
-            return Ok(Resolution::Slow {
-                shard,
-                count: known,
-            });
-        };
-        let count = known.max(image.shard_count);
-        match self.classify(b, draw, &image, now) {
-            Refusal::Stale => Ok(Resolution::Slow { shard, count }),
-            Refusal::WcuExhausted | Refusal::BothExhausted => {
-                // A bucket at its own limit never drives doubling.
-                if self.refill_would_not_help(b, shard, &image, now) {
-                    return Ok(Resolution::Rejected { shard, image });
-                }
-                let wcu = image.limit(WCU_LIMIT).expect("classified with wcu");
-                let (projected, _) = refill(wcu.tk, image.rf, now, wcu.params().share(1));
-                if projected >= MILLI {
-                    // Not a hot partition: the slow pass refills `wcu`.
-                    return Ok(Resolution::Slow { shard, count });
-                }
-                let grown = self.double(b, &image, count).await?;
-                if grown > count {
-                    let old: Vec<u32> = (0..count).collect();
-                    let fresh = self.draw.draw(grown, &old);
-                    Ok(Resolution::Slow {
-                        shard: fresh,
-                        count: grown,
-                    })
-                } else {
-                    Ok(Resolution::Slow { shard, count })
-                }
-            }
-            Refusal::LimitExhausted => {
-                let mut tried: Vec<u32> = avoid.to_vec();
-                tried.push(shard);
-                if count > 1 && b.cascades {
-                    // A cascading child takes the slow path on an untried shard instead
-                    // of a child-only retry (the reference engine's rule).
-                    if self.refill_would_not_help(b, shard, &image, now) {
-                        return Ok(Resolution::Rejected { shard, image });
-                    }
-                    let other = self.draw.draw(count, &tried);
-                    return Ok(Resolution::Slow {
-                        shard: other,
-                        count,
-                    });
-                }
-                if count > 1 {
-                    for _ in 0..2 {
-                        if (0..count).all(|s| tried.contains(&s)) {
-                            break;
-                        }
-                        let other = Draw {
-                            shard: self.draw.draw(count, &tried),
-                            count,
-                        };
-                        tried.push(other.shard);
-                        EngineStats::bump(&self.stats.shard_retries);
-                        match self.fast_debit(b, other, now).await.map_err(wrap(b))? {
-                            DebitOutcome::Applied(image) => {
-                                return Ok(Resolution::Applied {
-                                    shard: other.shard,
-                                    image,
-                                })
-                            }
-                            DebitOutcome::Refused(None) => {
-                                return Ok(Resolution::Slow {
-                                    shard: other.shard,
-                                    count,
-                                })
-                            }
-                            DebitOutcome::Refused(Some(img)) => {
-                                if self.classify(b, other, &img, now) == Refusal::Stale {
-                                    return Ok(Resolution::Slow {
-                                        shard: other.shard,
-                                        count: count.max(img.shard_count),
-                                    });
-                                }
-                            }
-                        }
-                    }
-                }
-                if self.refill_would_not_help(b, shard, &image, now) {
-                    Ok(Resolution::Rejected { shard, image })
-                } else {
-                    Ok(Resolution::Slow { shard, count })
-                }
-            }
-        }
-    }
-
-    /// Doubles the bucket's shard count on shard 0, passes the new count to the existing
-    /// shards (each clamped to its new share as it learns it), and returns the count now
-    /// in force. Declines at 32 shards, and when a doubled share could no longer hold the
-    /// claims the bucket carries.
-    async fn double(
-        &self,
-        b: &BucketClaim,
-        hot: &BucketItem,
-        count: u32,
-    ) -> Result<u32, EngineError> {
-        if count >= MAX_SHARD_COUNT {
-            EngineStats::bump(&self.stats.doubling_refused_at_max);
-            return Ok(count);
-        }
-        let new = (count * 2).min(MAX_SHARD_COUNT);
-        // Shards never merge back: a doubling that leaves a shard's share smaller than the
-        // claims the bucket carries would refuse them on every shard for good. The shard
-        // stays hot instead, and its slow passes refill `wcu`, as at the maximum. Judged
-        // by the usual claim, not only this request's: a check-only request (0 hits)
-        // must not spread the bucket until an ordinary one no longer fits.
-        if b.limits
-            .iter()
-            .any(|c| !c.forced && usual_claim(c, hot) > c.params.share(new).ceiling)
-        {
-            EngineStats::bump(&self.stats.doubling_refused_small_share);
-            return Ok(count);
-        }
-        let keys: Vec<BucketKey> = (0..count)
-            .map(|s| BucketKey::new(&b.entity, &b.resource, s))
-            .collect();
-        let mut images = self.store.read(&keys).await.map_err(wrap(b))?;
-        // Only the bucket's limits are rewritten (refilled, clamped); no claim is taken.
-        let clamp = BucketClaim {
-            limits: SmallVec::new(),
-            ..b.clone()
-        };
-        let ctx = self.pass_context(self.clock.now_ms());
-        // Shard 0 holds the count: it moves from what it holds to `new` in one write under
-        // its `rf` lock, which also clamps its balances to the new share (left as they
-        // were, shard 0 would hold a share sized for fewer shards while new ones are
-        // created with theirs: more than the capacity in all).
-        let mut won = false;
-        for _ in 0..3 {
-            let Some(zero) = &images[0] else {
-                return Ok(count);
-            };
-            if zero.shard_count >= new {
-                // Someone else doubled first: adopt their count.
-                self.shards.learn(&b.entity, &b.resource, zero.shard_count);
-                return Ok(count.max(zero.shard_count));
-            }
-            let plan = pass::plan_bucket(&clamp, &keys[0], Some(zero), new, &ctx);
-            match self.store.commit(&[plan.write]).await.map_err(wrap(b))? {
-                CommitOutcome::Committed => {
-                    won = true;
-                    break;
-                }
-                CommitOutcome::Conflict(failed) => {
-                    images[0] = failed.into_iter().next().and_then(|(_, image)| image);
-                }
-            }
-        }
-        if !won {
-            // Shard 0 kept changing under us: the next exhaustion tries again.
-            return Ok(count);
-        }
-        EngineStats::bump(&self.stats.shard_doublings);
-        tracing::info!(resource = %b.resource, from = count, to = new, "bucket doubled its shards");
-        // The other existing shards learn the count the same way, each under its own
-        // lock. One that changed since the read is left to its next slow pass: the fast
-        // path refuses a shard whose count is behind the drawer's, and that pass clamps.
-        join_all(keys.iter().zip(&images).skip(1).filter_map(|(key, image)| {
-            let image = image.as_ref()?;
-            let plan = pass::plan_bucket(&clamp, key, Some(image), new, &ctx);
-            let write = [plan.write];
-            Some(async move {
-                if let Err(e) = self.store.commit(&write).await {
-                    tracing::debug!(error = %e, "a shard could not learn the doubled count");
-                }
-            })
-        }))
-        .await;
-        self.shards.learn(&b.entity, &b.resource, new);
-        Ok(new)
-    }
-
-    /// The slow path over the buckets `targets` (index into `req`, shard, count).
-    /// Returns whether everything fit and was committed, and their outcomes.
+    /// The slow path over the buckets `targets`. Returns whether everything fit and was
+    /// committed, and their outcomes.
     async fn slow_path(
         &self,
         req: &Acquire,
-        targets: &[(usize, u32, u32)],
+        targets: &[SlowTarget],
     ) -> Result<(bool, Vec<BucketOutcome>), EngineError> {
         let keys: Vec<BucketKey> = targets
             .iter()
-            .map(|&(i, s, _)| BucketKey::new(&req.buckets[i].entity, &req.buckets[i].resource, s))
+            .map(|t| {
+                let b = &req.buckets[t.bucket];
+                BucketKey::new(&b.entity, &b.resource, t.shard)
+            })
             .collect();
-        let first = &req.buckets[targets[0].0];
+        let first = &req.buckets[targets[0].bucket];
         let images = self.store.read(&keys).await.map_err(wrap(first))?;
         let ctx = self.pass_context(self.clock.now_ms());
         let now = ctx.now;
@@ -878,8 +492,8 @@ impl<S: BucketStore> Engine<S> {
             .iter()
             .zip(&keys)
             .zip(&images)
-            .map(|((&(i, _, count), key), img)| {
-                let b = &req.buckets[i];
+            .map(|((t, key), img)| {
+                let (b, count) = (&req.buckets[t.bucket], t.count);
                 if let Some(img) = img {
                     self.shards.learn(&b.entity, &b.resource, img.shard_count);
                 }
@@ -907,8 +521,12 @@ impl<S: BucketStore> Engine<S> {
                     }
                     EngineStats::bump(&self.stats.consumption_only_retries);
                     for (idx, current) in failed {
-                        let (i, shard, count) = targets[idx];
-                        let b = &req.buckets[i];
+                        let SlowTarget {
+                            bucket,
+                            shard,
+                            count,
+                        } = targets[idx];
+                        let b = &req.buckets[bucket];
                         if let Write::Debit { .. } = writes[idx] {
                             // The balance no longer covers the request.
                             let mut outcomes: Vec<BucketOutcome> =
@@ -943,7 +561,7 @@ impl<S: BucketStore> Engine<S> {
     }
 
     /// What a slow pass knows at `now`.
-    fn pass_context(&self, now: i64) -> PassContext {
+    pub(super) fn pass_context(&self, now: i64) -> PassContext {
         PassContext {
             now,
             wcu: self.wcu,
@@ -951,110 +569,14 @@ impl<S: BucketStore> Engine<S> {
         }
     }
 
-    /// What a consumption-only retry on `image` reports once applied: the image less
-    /// this request's claims, not refilled (the retry does not refill).
-    fn retry_outcome(
-        &self,
-        b: &BucketClaim,
-        shard: u32,
-        image: &BucketItem,
-        now: i64,
-    ) -> BucketOutcome {
-        let mut after = image.clone();
-        for c in &b.limits {
-            if let Some(st) = after.limits.get_mut(&c.limit) {
-                st.tk = st.tk.saturating_sub(c.amount);
-            }
-        }
-        self.outcome_from_image(b, shard, &after, now, true)
-    }
-
-    /// The outcome of bucket `b` according to an image; `debited` says whether the image
-    /// already includes this request's debit.
-    fn outcome_from_image(
-        &self,
-        b: &BucketClaim,
-        shard: u32,
-        image: &BucketItem,
-        now: i64,
-        debited: bool,
-    ) -> BucketOutcome {
-        let count = image
-            .shard_count
-            .max(self.shards.get(&b.entity, &b.resource));
-        let limits = b
-            .limits
-            .iter()
-            .map(|c| {
-                let share = c.params.share(count);
-                let tk = image.limit(&c.limit).map_or(share.ceiling, |s| s.tk);
-                let (now_tk, _) = refill(tk, image.rf, now, share);
-                if debited {
-                    LimitOutcome {
-                        fits: true,
-                        remaining: now_tk,
-                        share,
-                        ra: c.params.ra,
-                        wait_ms: Some(0),
-                    }
-                } else {
-                    LimitOutcome {
-                        fits: now_tk >= c.amount,
-                        remaining: now_tk,
-                        share,
-                        ra: c.params.ra,
-                        wait_ms: bucket::wait_for(now_tk, c.amount, share, c.params.ra),
-                    }
-                }
-            })
-            .collect();
-        BucketOutcome {
-            shard,
-            shard_count: count,
-            stamp: Stamp::of(image),
-            limits,
-        }
-    }
-
-    /// The decision for a request refused after some buckets were looked at.
-    fn refused_decision(&self, req: &Acquire, progress: &[Option<Progress>], now: i64) -> Decision {
-        let buckets = req
-            .buckets
-            .iter()
-            .zip(progress)
-            .map(|(b, p)| match p {
-                Some(Progress::Applied { shard, image }) => {
-                    // Report the balance as it was before the refunded debit.
-                    let mut o = self.outcome_from_image(b, *shard, image, now, false);
-                    for (l, c) in o.limits.iter_mut().zip(&b.limits) {
-                        l.remaining = l.remaining.saturating_add(c.amount).min(l.share.ceiling);
-                        l.fits = true;
-                        l.wait_ms = Some(0);
-                    }
-                    o
-                }
-                Some(Progress::Rejected { shard, image })
-                | Some(Progress::Slow {
-                    seen: Some((shard, image)),
-                    ..
-                }) => self.outcome_from_image(b, *shard, image, now, false),
-                _ => self.unknown_outcome(b),
-            })
-            .collect();
-        Decision {
-            admitted: false,
-            buckets,
-        }
-    }
-
     /// Refunds every bucket of `progress` that was debited.
-    async fn refund_applied(&self, req: &Acquire, progress: &[Option<Progress>], now: i64) {
+    async fn refund_applied(&self, req: &Acquire, progress: &[Progress], now: i64) {
         join_all(
             req.buckets
                 .iter()
                 .zip(progress)
                 .filter_map(|(b, p)| match p {
-                    Some(Progress::Applied { shard, image }) => {
+                    Progress::Applied { shard, image } => {
                         // Held first, so that the refund below lands on it and a repeat of
                         // this request, refused from the cache, reports this bucket's real
                         // balance (an admitted image is otherwise kept only when short).
@@ -1093,18 +615,4 @@ impl<S: BucketStore> Engine<S> {
             tracing::warn!(resource = %b.resource, error = %e, "refund of a voided debit failed");
         }
     }
-}
-
-/// The claim a bucket's limit usually carries, judged from a hot shard's image: this
-/// request's, at least one token (an ordinary request: Envoy's default `hits_addend`),
-/// and at least the average taken per fast-path write on that shard (`tc` over the
-/// writes `wcu` counted) — so check-only or small requests cannot spread a bucket until
-/// its ordinary requests no longer fit a shard's share.
-fn usual_claim(c: &LimitClaim, hot: &BucketItem) -> i64 {
-    let writes = hot.limit(WCU_LIMIT).map_or(0, |w| w.tc / MILLI);
-    let average = match hot.limit(&c.limit) {
-        Some(st) if writes > 0 && st.tc > 0 => st.tc / writes,
-        _ => 0,
-    };
-    c.amount.max(MILLI).max(average)
 }

@@ -8,11 +8,14 @@
 
 mod acquire;
 pub mod bucket;
+mod cached;
 mod clock;
 mod inflight;
+mod outcome;
 mod pass;
 pub mod plan;
 mod rejection;
+mod resolve;
 mod shard;
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -1,0 +1,185 @@
+//! What a decision reports per bucket: each limit's balance refilled to now, the shard's
+//! share, and how long until the claim would fit — from an image, for a bucket nothing
+//! is known of, after a consumption-only retry, for a refused or contended request; and
+//! the count and log line of a refusal no shard could ever admit.
+
+use super::acquire::Progress;
+use super::bucket::{self, refill};
+use super::{
+    Acquire, BucketClaim, BucketOutcome, Decision, Engine, EngineStats, LimitOutcome,
+    CONTENTION_RETRY_MS,
+};
+use crate::store::{BucketItem, BucketStore, Stamp};
+
+impl<S: BucketStore> Engine<S> {
+    /// The refusal of a request whose bucket (`entity`, `resource`) stayed contended.
+    pub(super) fn contended(&self, req: &Acquire, entity: &str, resource: &str) -> Decision {
+        let buckets = req
+            .buckets
+            .iter()
+            .map(|b| {
+                let mut o = self.unknown_outcome(b);
+                if b.entity == entity && b.resource == resource {
+                    for l in o.limits.iter_mut() {
+                        l.fits = false;
+                        l.wait_ms = Some(CONTENTION_RETRY_MS);
+                    }
+                }
+                o
+            })
+            .collect();
+        Decision {
+            admitted: false,
+            buckets,
+        }
+    }
+
+    /// Counts and logs a refusal that no shard could ever admit: a gated claim larger
+    /// than one shard's share (the per-shard request ceiling).
+    pub(super) fn note_per_shard_ceiling(&self, req: &Acquire, decision: &Decision) {
+        for (b, o) in req.buckets.iter().zip(&decision.buckets) {
+            for (c, l) in b.limits.iter().zip(&o.limits) {
+                if c.exceeds(l.share) {
+                    EngineStats::bump(&self.stats.per_shard_ceiling_rejections);
+                    if let Some(suppressed) = self.ceiling_log.admit() {
+                        tracing::warn!(
+                            resource = %b.resource,
+                            limit = %c.limit,
+                            requested_milli = c.amount,
+                            shard_share_milli = l.share.ceiling,
+                            shard_count = o.shard_count,
+                            similar_not_logged = suppressed,
+                            "request larger than one shard's share can never be admitted"
+                        );
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
+    /// What to report for a bucket nothing is known about (a request refused elsewhere
+    /// before it was looked at): its full share.
+    pub(super) fn unknown_outcome(&self, b: &BucketClaim) -> BucketOutcome {
+        BucketOutcome {
+            shard: 0,
+            shard_count: 1,
+            stamp: Stamp::default(),
+            limits: b
+                .limits
+                .iter()
+                .map(|c| {
+                    let share = c.params.share(1);
+                    LimitOutcome {
+                        fits: share.ceiling >= c.amount,
+                        remaining: share.ceiling,
+                        share,
+                        ra: c.params.ra,
+                        wait_ms: bucket::wait_for(share.ceiling, c.amount, share, c.params.ra),
+                    }
+                })
+                .collect(),
+        }
+    }
+
+    /// What a consumption-only retry on `image` reports once applied: the image less
+    /// this request's claims, not refilled (the retry does not refill).
+    pub(super) fn retry_outcome(
+        &self,
+        b: &BucketClaim,
+        shard: u32,
+        image: &BucketItem,
+        now: i64,
+    ) -> BucketOutcome {
+        let mut after = image.clone();
+        for c in &b.limits {
+            if let Some(st) = after.limits.get_mut(&c.limit) {
+                st.tk = st.tk.saturating_sub(c.amount);
+            }
+        }
+        self.outcome_from_image(b, shard, &after, now, true)
+    }
+
+    /// The outcome of bucket `b` according to an image; `debited` says whether the image
+    /// already includes this request's debit.
+    pub(super) fn outcome_from_image(
+        &self,
+        b: &BucketClaim,
+        shard: u32,
+        image: &BucketItem,
+        now: i64,
+        debited: bool,
+    ) -> BucketOutcome {
+        let count = image
+            .shard_count
+            .max(self.shards.get(&b.entity, &b.resource));
+        let limits = b
+            .limits
+            .iter()
+            .map(|c| {
+                let share = c.params.share(count);
+                let tk = image.limit(&c.limit).map_or(share.ceiling, |s| s.tk);
+                let (now_tk, _) = refill(tk, image.rf, now, share);
+                if debited {
+                    LimitOutcome {
+                        fits: true,
+                        remaining: now_tk,
+                        share,
+                        ra: c.params.ra,
+                        wait_ms: Some(0),
+                    }
+                } else {
+                    LimitOutcome {
+                        fits: now_tk >= c.amount,
+                        remaining: now_tk,
+                        share,
+                        ra: c.params.ra,
+                        wait_ms: bucket::wait_for(now_tk, c.amount, share, c.params.ra),
+                    }
+                }
+            })
+            .collect();
+        BucketOutcome {
+            shard,
+            shard_count: count,
+            stamp: Stamp::of(image),
+            limits,
+        }
+    }
+
+    /// The decision for a request refused after some buckets were looked at.
+    pub(super) fn refused_decision(
+        &self,
+        req: &Acquire,
+        progress: &[Progress],
+        now: i64,
+    ) -> Decision {
+        let buckets = req
+            .buckets
+            .iter()
+            .zip(progress)
+            .map(|(b, p)| match p {
+                Progress::Applied { shard, image } => {
+                    // Report the balance as it was before the refunded debit.
+                    let mut o = self.outcome_from_image(b, *shard, image, now, false);
+                    for (l, c) in o.limits.iter_mut().zip(&b.limits) {
+                        l.remaining = l.remaining.saturating_add(c.amount).min(l.share.ceiling);
+                        l.fits = true;
+                        l.wait_ms = Some(0);
+                    }
+                    o
+                }
+                Progress::Rejected { shard, image }
+                | Progress::Slow {
+                    seen: Some((shard, image)),
+                    ..
+                } => self.outcome_from_image(b, *shard, image, now, false),
+                _ => self.unknown_outcome(b),
+            })
+            .collect();
+        Decision {
+            admitted: false,
+            buckets,
+        }
+    }
+}

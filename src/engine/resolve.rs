@@ -1,0 +1,269 @@
+//! A refused fast debit, taken on: what its old image says (classification), and where
+//! the bucket goes next — a fast rejection when a refill would not help, a doubling when
+//! its shard's `wcu` ran dry with no refill in sight, a retry on up to two other shards,
+//! or a slow pass. Decides from images and, for a doubling or a retry, store calls; it
+//! reports no outcome (that is `outcome.rs`).
+
+use futures::future::join_all;
+use smallvec::SmallVec;
+
+use super::acquire::{now_s, wrap, Draw, Progress};
+use super::bucket::{refill, MILLI};
+use super::pass;
+use super::{BucketClaim, Engine, EngineError, EngineStats, LimitClaim, MAX_SHARD_COUNT};
+use crate::store::{BucketItem, BucketKey, BucketStore, CommitOutcome, DebitOutcome, WCU_LIMIT};
+
+/// Why the fast path refused, judged from the old image alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refusal {
+    /// Expired, a claimed limit missing, parameters changed, no `wcu`, or a shard count
+    /// other than the one drawn under: only a slow pass can fix the item (or, for a count
+    /// larger than this process knew, size the request for it).
+    Stale,
+    WcuExhausted,
+    BothExhausted,
+    LimitExhausted,
+}
+
+impl<S: BucketStore> Engine<S> {
+    fn classify(&self, b: &BucketClaim, draw: Draw, image: &BucketItem, now: i64) -> Refusal {
+        if image.ttl.is_some_and(|t| t <= now_s(now)) || image.shard_count != draw.count {
+            return Refusal::Stale;
+        }
+        let mut short = false;
+        for c in &b.limits {
+            match image.limit(&c.limit) {
+                Some(st) if st.params() == c.params => short |= st.tk < c.amount,
+                _ => return Refusal::Stale,
+            }
+        }
+        match image.limit(WCU_LIMIT) {
+            None => Refusal::Stale,
+            Some(w) if w.tk < MILLI => {
+                if short {
+                    Refusal::BothExhausted
+                } else {
+                    Refusal::WcuExhausted
+                }
+            }
+            Some(_) => Refusal::LimitExhausted,
+        }
+    }
+
+    /// True when refilling the image to `now` would still leave a gated claim short.
+    fn refill_would_not_help(
+        &self,
+        b: &BucketClaim,
+        shard: u32,
+        image: &BucketItem,
+        now: i64,
+    ) -> bool {
+        let outcome = self.outcome_from_image(b, shard, image, now, false);
+        outcome
+            .limits
+            .iter()
+            .zip(&b.limits)
+            .any(|(l, c)| !l.fits && !c.forced)
+    }
+
+    /// Where a bucket whose fast debit on `draw` was refused (`image`: the item as the
+    /// refusal returned it) goes next.
+    pub(super) async fn resolve(
+        &self,
+        b: &BucketClaim,
+        draw: Draw,
+        image: Option<BucketItem>,
+        avoid: &[u32],
+        now: i64,
+    ) -> Result<Progress, EngineError> {
+        let shard = draw.shard;
+        // Never smaller than the count the shard was drawn under: the cache may have been
+        // cleared since, and a shard sized for fewer shards would hold too large a share.
+        let known = self.shards.get(&b.entity, &b.resource).max(draw.count);
+        let Some(image) = image else {
+            return Ok(Progress::Slow {
+                shard,
+                count: known,
+                seen: None,
+            });
+        };
+        let count = known.max(image.shard_count);
+        // Where the slow path goes, the refusal's image kept to report from.
+        let slow = |shard: u32, count: u32, image: BucketItem| Progress::Slow {
+            shard,
+            count,
+            seen: Some((draw.shard, image)),
+        };
+        match self.classify(b, draw, &image, now) {
+            Refusal::Stale => Ok(slow(shard, count, image)),
+            Refusal::WcuExhausted | Refusal::BothExhausted => {
+                // A bucket at its own limit never drives doubling.
+                if self.refill_would_not_help(b, shard, &image, now) {
+                    return Ok(Progress::Rejected { shard, image });
+                }
+                let wcu = image.limit(WCU_LIMIT).expect("classified with wcu");
+                let (projected, _) = refill(wcu.tk, image.rf, now, wcu.params().share(1));
+                if projected >= MILLI {
+                    // Not a hot partition: the slow pass refills `wcu`.
+                    return Ok(slow(shard, count, image));
+                }
+                let grown = self.double(b, &image, count).await?;
+                if grown > count {
+                    let old: Vec<u32> = (0..count).collect();
+                    let fresh = self.draw.draw(grown, &old);
+                    Ok(slow(fresh, grown, image))
+                } else {
+                    Ok(slow(shard, count, image))
+                }
+            }
+            Refusal::LimitExhausted => {
+                let mut tried: Vec<u32> = avoid.to_vec();
+                tried.push(shard);
+                if count > 1 && b.cascades {
+                    // A cascading child takes the slow path on an untried shard instead
+                    // of a child-only retry (the reference engine's rule).
+                    if self.refill_would_not_help(b, shard, &image, now) {
+                        return Ok(Progress::Rejected { shard, image });
+                    }
+                    let other = self.draw.draw(count, &tried);
+                    return Ok(slow(other, count, image));
+                }
+                if count > 1 {
+                    for _ in 0..2 {
+                        if (0..count).all(|s| tried.contains(&s)) {
+                            break;
+                        }
+                        let other = Draw {
+                            shard: self.draw.draw(count, &tried),
+                            count,
+                        };
+                        tried.push(other.shard);
+                        EngineStats::bump(&self.stats.shard_retries);
+                        match self.fast_debit(b, other, now).await.map_err(wrap(b))? {
+                            DebitOutcome::Applied(image) => {
+                                return Ok(Progress::Applied {
+                                    shard: other.shard,
+                                    image,
+                                })
+                            }
+                            DebitOutcome::Refused(None) => {
+                                return Ok(slow(other.shard, count, image))
+                            }
+                            DebitOutcome::Refused(Some(img)) => {
+                                if self.classify(b, other, &img, now) == Refusal::Stale {
+                                    let count = count.max(img.shard_count);
+                                    return Ok(slow(other.shard, count, image));
+                                }
+                            }
+                        }
+                    }
+                }
+                if self.refill_would_not_help(b, shard, &image, now) {
+                    Ok(Progress::Rejected { shard, image })
+                } else {
+                    Ok(slow(shard, count, image))
+                }
+            }
+        }
+    }
+
+    /// Doubles the bucket's shard count on shard 0, passes the new count to the existing
+    /// shards (each clamped to its new share as it learns it), and returns the count now
+    /// in force. Declines at 32 shards, and when a doubled share could no longer hold the
+    /// claims the bucket carries.
+    async fn double(
+        &self,
+        b: &BucketClaim,
+        hot: &BucketItem,
+        count: u32,
+    ) -> Result<u32, EngineError> {
+        if count >= MAX_SHARD_COUNT {
+            EngineStats::bump(&self.stats.doubling_refused_at_max);
+            return Ok(count);
+        }
+        let new = (count * 2).min(MAX_SHARD_COUNT);
+        // Shards never merge back: a doubling that leaves a shard's share smaller than the
+        // claims the bucket carries would refuse them on every shard for good. The shard
+        // stays hot instead, and its slow passes refill `wcu`, as at the maximum. Judged
+        // by the usual claim, not only this request's: a check-only request (0 hits)
+        // must not spread the bucket until an ordinary one no longer fits.
+        if b.limits
+            .iter()
+            .any(|c| !c.forced && usual_claim(c, hot) > c.params.share(new).ceiling)
+        {
+            EngineStats::bump(&self.stats.doubling_refused_small_share);
+            return Ok(count);
+        }
+        let keys: Vec<BucketKey> = (0..count)
+            .map(|s| BucketKey::new(&b.entity, &b.resource, s))
+            .collect();
+        let mut images = self.store.read(&keys).await.map_err(wrap(b))?;
+        // Only the bucket's limits are rewritten (refilled, clamped); no claim is taken.
+        let clamp = BucketClaim {
+            limits: SmallVec::new(),
+            ..b.clone()
+        };
+        let ctx = self.pass_context(self.clock.now_ms());
+        // Shard 0 holds the count: it moves from what it holds to `new` in one write under
+        // its `rf` lock, which also clamps its balances to the new share (left as they
+        // were, shard 0 would hold a share sized for fewer shards while new ones are
+        // created with theirs: more than the capacity in all).
+        let mut won = false;
+        for _ in 0..3 {
+            let Some(zero) = &images[0] else {
+                return Ok(count);
+            };
+            if zero.shard_count >= new {
+                // Someone else doubled first: adopt their count.
+                self.shards.learn(&b.entity, &b.resource, zero.shard_count);
+                return Ok(count.max(zero.shard_count));
+            }
+            let plan = pass::plan_bucket(&clamp, &keys[0], Some(zero), new, &ctx);
+            match self.store.commit(&[plan.write]).await.map_err(wrap(b))? {
+                CommitOutcome::Committed => {
+                    won = true;
+                    break;
+                }
+                CommitOutcome::Conflict(failed) => {
+                    images[0] = failed.into_iter().next().and_then(|(_, image)| image);
+                }
+            }
+        }
+        if !won {
+            // Shard 0 kept changing under us: the next exhaustion tries again.
+            return Ok(count);
+        }
+        EngineStats::bump(&self.stats.shard_doublings);
+        tracing::info!(resource = %b.resource, from = count, to = new, "bucket doubled its shards");
+        // The other existing shards learn the count the same way, each under its own
+        // lock. One that changed since the read is left to its next slow pass: the fast
+        // path refuses a shard whose count is behind the drawer's, and that pass clamps.
+        join_all(keys.iter().zip(&images).skip(1).filter_map(|(key, image)| {
+            let image = image.as_ref()?;
+            let plan = pass::plan_bucket(&clamp, key, Some(image), new, &ctx);
+            let write = [plan.write];
+            Some(async move {
+                if let Err(e) = self.store.commit(&write).await {
+                    tracing::debug!(error = %e, "a shard could not learn the doubled count");
+                }
+            })
+        }))
+        .await;
+        self.shards.learn(&b.entity, &b.resource, new);
+        Ok(new)
+    }
+}
+
+/// The claim a bucket's limit usually carries, judged from a hot shard's image: this
+/// request's, at least one token (an ordinary request: Envoy's default `hits_addend`),
+/// and at least the average taken per fast-path write on that shard (`tc` over the
+/// writes `wcu` counted) — so check-only or small requests cannot spread a bucket until
+/// its ordinary requests no longer fit a shard's share.
+fn usual_claim(c: &LimitClaim, hot: &BucketItem) -> i64 {
+    let writes = hot.limit(WCU_LIMIT).map_or(0, |w| w.tc / MILLI);
+    let average = match hot.limit(&c.limit) {
+        Some(st) if writes > 0 && st.tc > 0 => st.tc / writes,
+        _ => 0,
+    };
+    c.amount.max(MILLI).max(average)
+}
