@@ -9,8 +9,12 @@ pub mod grpc;
 pub mod http;
 mod json;
 pub mod metrics;
+mod request;
 pub mod server;
 mod socket;
+mod status;
 pub mod tls;
+mod treatment;
 
-pub use decision::{CallError, RateLimiter, RequestLimits};
+pub use decision::{CallError, RateLimiter};
+pub use request::RequestLimits;

@@ -1,0 +1,136 @@
+//! How each descriptor of a request is handled, decided before any bucket is touched:
+//! matched against the domain's rules (or its own `limit` override), `replaces` applied
+//! across the matched rules, then free (no rule, replaced, unlimited) or limited, with its
+//! hits and the group it is decided in (overdraft, all or nothing, quota, shadow).
+
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use smallvec::SmallVec;
+
+use crate::config::{entries_key, Domain, FailureMode, Level, RateLimit, Rule, RuleLimit, Unit};
+
+/// Per-descriptor working state of one call: inline for the usual few descriptors.
+pub(super) type PerDescriptor<T> = SmallVec<[T; 4]>;
+
+/// How one request descriptor is handled.
+pub(super) enum Treatment {
+    /// No rule, replaced, or unlimited: answered without the store.
+    Free { unlimited: bool },
+    Limited {
+        rule: Arc<Rule>,
+        hits: u64,
+        group: Group,
+    },
+}
+
+/// The groups a request's limited descriptors are decided in, in this order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Group {
+    /// Overdraft usage: always debited.
+    Forced,
+    /// The all-or-nothing group.
+    Enforced,
+    Quota,
+    Shadow,
+}
+
+/// Whether any descriptor is limited in group `g`.
+pub(super) fn any_in(treatments: &[Treatment], g: Group) -> bool {
+    treatments
+        .iter()
+        .any(|t| matches!(t, Treatment::Limited { group, .. } if *group == g))
+}
+
+/// How each descriptor of `req` is handled in `domain`.
+pub(super) fn treatments(domain: &Domain, req: &RateLimitRequest) -> PerDescriptor<Treatment> {
+    // Match, then apply `replaces` across the matched rules.
+    let matched: PerDescriptor<Option<Arc<Rule>>> = req
+        .descriptors
+        .iter()
+        .map(|d| match &d.limit {
+            Some(o) => Some(Arc::new(override_rule(
+                &domain.name,
+                d,
+                o.requests_per_unit,
+                o.unit,
+            ))),
+            None => domain.match_descriptor(&d.entries).cloned(),
+        })
+        .collect();
+    let replaced: PerDescriptor<&str> = matched
+        .iter()
+        .flatten()
+        .flat_map(|r| r.replaces.iter().map(String::as_str))
+        .collect();
+    req.descriptors
+        .iter()
+        .zip(&matched)
+        .map(|(d, rule)| {
+            let Some(rule) = rule.clone() else {
+                return Treatment::Free { unlimited: false };
+            };
+            if rule.name.as_deref().is_some_and(|n| replaced.contains(&n)) {
+                return Treatment::Free { unlimited: false };
+            }
+            let RuleLimit::Limited(limit) = &rule.limit else {
+                return Treatment::Free { unlimited: true };
+            };
+            let hits = match &d.hits_addend {
+                Some(h) => h.value,
+                None if req.hits_addend == 0 => 1,
+                None => u64::from(req.hits_addend),
+            };
+            let group = if rule.shadow_mode {
+                Group::Shadow
+            } else if limit.overdraft && hits > 0 {
+                Group::Forced
+            } else if rule.quota_mode {
+                Group::Quota
+            } else {
+                Group::Enforced
+            };
+            Treatment::Limited { rule, hits, group }
+        })
+        .collect()
+}
+
+/// The rule for a descriptor that carries its own limit: it applies regardless of the
+/// tree, keyed by all of the descriptor's entries.
+fn override_rule(domain: &Arc<str>, d: &RateLimitDescriptor, rpu: u32, unit: i32) -> Rule {
+    let levels: Vec<Level> = d
+        .entries
+        .iter()
+        .map(|e| Level {
+            key: e.key.clone(),
+            value: Some(e.value.clone()),
+            share_threshold: false,
+        })
+        .collect();
+    let stats_key = entries_key(domain, &d.entries);
+    Rule {
+        index: None,
+        domain: domain.clone(),
+        levels,
+        limit: RuleLimit::Limited(RateLimit {
+            unit: Unit::from_proto(unit).unwrap_or(Unit::Second),
+            requests_per_unit: rpu,
+            burst: None,
+            overdraft: false,
+        }),
+        name: Some("override".into()),
+        replaces: Vec::new(),
+        shadow_mode: false,
+        quota_mode: false,
+        detailed_metric: false,
+        value_to_metric: false,
+        metadata: None,
+        entity: None,
+        resource: domain.to_string(),
+        cascade_parent: None,
+        failure_mode: FailureMode::default(),
+        stats_key,
+        source: Arc::from("request limit override"),
+    }
+}
