@@ -11,8 +11,12 @@ ARG RUNTIME_IMAGE=debian:bookworm-slim
 
 FROM ${RUST_IMAGE} AS build
 WORKDIR /src
-COPY Cargo.toml Cargo.lock ./
+# Every target the manifest names must be present for cargo to read it, though only the
+# server is built.
+COPY Cargo.toml Cargo.lock build.rs ./
 COPY src ./src
+COPY benches ./benches
+COPY bench/tools ./bench/tools
 # Cache mounts keep the crate registry and compiled dependencies between builds; the binary
 # is copied out of the cached target directory.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \

@@ -318,7 +318,7 @@ def machine():
                 model = line.split(":", 1)[1].strip()
                 break
     git = lambda *a: subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    dirty = git("status", "--porcelain", "--", "src", "Cargo.toml", "Cargo.lock", "examples")
+    dirty = git("status", "--porcelain", "--", "src", "Cargo.toml", "Cargo.lock", "bench/tools")
     return {
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "nproc": os.cpu_count(),
@@ -502,7 +502,7 @@ def memory_report(m, cases, manifest):
         L.append(f"- `{s}`: {manifest[s]['description']}")
     L.append(
         "\n`h2load` drives every scenario but `distinct`: h2load sends one body for every request, so "
-        "the 100k-distinct scenario is driven by `examples/rls_load.rs`, which rotates over the "
+        "the 100k-distinct scenario is driven by `bench/tools/rls_load.rs`, which rotates over the "
         "100,000 frames; `hot` is also run with rls_load (the rows marked rls_load) so its numbers "
         "can be compared with h2load's on the same scenario.\n"
     )
@@ -755,7 +755,7 @@ def dynamodb_report(m, cases):
         f"shardgate `--store dynamodb` on DynamoDB Local (`scripts/dynamodb-local`, in memory), "
         f"`--store-timeout {STORE_TIMEOUT}` (h2load sends no `grpc-timeout`), partition write budget "
         f"{PARTITION_WRITE_BUDGET + ' writes/s per shard' if PARTITION_WRITE_BUDGET else 'the default (1000 writes/s per shard)'}, driven by h2load ({DURATION:g} s per case after {DDB_WARMUP:g} s "
-        f"of warm-up), next to `examples/ddb_update_loop.rs` — the same conditional `UpdateItem` "
+        f"of warm-up), next to `bench/tools/ddb_update_loop.rs` — the same conditional `UpdateItem` "
         f"as shardgate's fast path, with no rate limiter — at the same concurrency, on as many "
         f"items as shardgate's hot bucket has shards, run right before and right after "
         f"shardgate's admitted case (DynamoDB Local's JVM keeps speeding up for minutes, so a "

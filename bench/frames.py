@@ -7,7 +7,7 @@ generated Envoy stubs of the PyPI package xds-protos (not with shardgate's code)
 
 For each scenario OUT_DIR/<scenario>.bin holds one frame — what `h2load -d` sends as
 the body of every request — except distinct.bin, which holds --distinct frames one after
-the other (one per client value), for examples/rls_load.rs to rotate over. h2load has no
+the other (one per client value), for bench/tools/rls_load.rs to rotate over. h2load has no
 per-request body option (one `-d FILE` for every request; only URIs vary per request, and
 the descriptors are in the body), so that scenario cannot be driven by h2load.
 OUT_DIR/scenarios.json describes every file.

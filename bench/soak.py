@@ -2,12 +2,13 @@
 """Soak: one `shardgate serve` (memory store, release build) under a bounded load that
 rotates over ~1M distinct descriptors, with the server's RSS and open file descriptors
 recorded once per second. Memory must level off: buckets of a per-second rule expire a few
-seconds after their last use and the sweeper evicts them (docs/architecture.md §4).
+seconds after their last use and the sweeper evicts them (docs/architecture.md, "Expiry").
 
     .venv/bin/python bench/soak.py [--seconds 600] [--keys 1000000] [--concurrency 16]
 
-Needs target/release/shardgate and target/release/examples/rls_load
-(`cargo build --release --bin shardgate --example rls_load`); bench/run builds both.
+Needs target/release/shardgate and target/release/examples/rls_load (bench/tools/rls_load.rs,
+built as a cargo example: `cargo build --release --bin shardgate --example rls_load`);
+bench/run builds both.
 Writes bench/results/<date>-soak.csv (t, rss_kib, fds, requests so far) and prints the
 curve as one line per minute, plus min/max and the first and last minute's RSS.
 """

@@ -12,9 +12,13 @@ use shardgate::config::Config;
 use shardgate::service::server::{self, ServeOptions, StoreKind};
 use shardgate::service::tls::TlsFiles;
 use shardgate::service::RequestLimits;
+#[cfg(feature = "dynamodb")]
 use shardgate::store::dynamodb::{self, DynamoOptions, DynamoStore, TableCreated};
-use shardgate::store::key::{stored_entity, MAX_NAMESPACE_BYTES};
-use shardgate::store::{inspect, BucketItem, Name};
+#[cfg(feature = "dynamodb")]
+use shardgate::store::key::stored_entity;
+use shardgate::store::key::MAX_NAMESPACE_BYTES;
+#[cfg(feature = "dynamodb")]
+use shardgate::store::{inspect, InspectedShard, Name};
 
 #[derive(Parser)]
 #[command(
@@ -30,18 +34,20 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Serve Envoy's rate-limit gRPC API.
-    Serve(Serve),
+    Serve(Box<Serve>),
     /// Validate a config file or directory: prints OK, or every error (exit code 1).
     CheckConfig {
         /// A YAML file or a directory of YAML files.
         path: PathBuf,
     },
     /// Manage the DynamoDB table.
+    #[cfg(feature = "dynamodb")]
     Table {
         #[command(subcommand)]
         command: TableCommand,
     },
     /// Print every shard of one bucket as JSON (DynamoDB store).
+    #[cfg(feature = "dynamodb")]
     Inspect {
         #[command(flatten)]
         dynamo: Dynamo,
@@ -54,6 +60,7 @@ enum Command {
     },
 }
 
+#[cfg(feature = "dynamodb")]
 #[derive(Subcommand)]
 enum TableCommand {
     /// Create the table if it does not exist (on-demand billing, TTL on `ttl`).
@@ -85,6 +92,7 @@ struct Dynamo {
     store_timeout: Duration,
 }
 
+#[cfg(feature = "dynamodb")]
 impl Dynamo {
     /// Options for an administrative command: table creation and reads may take longer
     /// than a request-path call.
@@ -190,26 +198,16 @@ fn init_logging(format: LogFormat) {
     }
 }
 
-/// `10s`, `500ms`, `2m` or a bare number of seconds.
+/// A duration as humantime writes it (`10s`, `500ms`, `1m30s`), or a bare number of
+/// seconds (`2`, `0.5`).
 fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
-    let (number, scale) = if let Some(n) = s.strip_suffix("ms") {
-        (n, 0.001)
-    } else if let Some(n) = s.strip_suffix('s') {
-        (n, 1.0)
-    } else if let Some(n) = s.strip_suffix('m') {
-        (n, 60.0)
-    } else {
-        (s, 1.0)
-    };
-    let v: f64 = number
-        .trim()
-        .parse()
-        .map_err(|_| format!("'{s}' is not a duration (try 10s, 500ms, 2m)"))?;
-    if !v.is_finite() || v < 0.0 {
-        return Err(format!("'{s}' is not a non-negative duration"));
+    if let Ok(seconds) = s.parse::<f64>() {
+        return Duration::try_from_secs_f64(seconds)
+            .map_err(|_| format!("'{s}' is not a non-negative number of seconds"));
     }
-    Ok(Duration::from_secs_f64(v * scale))
+    humantime::parse_duration(s)
+        .map_err(|e| format!("'{s}' is not a duration ({e}; try 10s, 500ms, 1m30s)"))
 }
 
 /// A multi-thread runtime of `workers` threads (default: tokio's, one per core).
@@ -231,29 +229,56 @@ fn fail(message: impl std::fmt::Display) -> ExitCode {
     ExitCode::FAILURE
 }
 
-fn shard_json(shard: u32, image: &Option<BucketItem>) -> serde_json::Value {
-    match image {
-        None => serde_json::json!({ "shard": shard, "exists": false }),
-        Some(i) => {
-            let limits: serde_json::Map<String, serde_json::Value> = i
-                .limits
-                .iter()
-                .map(|(name, l)| {
-                    (
-                        name.to_string(),
-                        serde_json::json!({
-                            "tokens": l.tk as f64 / 1000.0,
-                            "tk": l.tk, "cp": l.cp, "ra": l.ra, "rp": l.rp, "tc": l.tc,
-                        }),
-                    )
-                })
-                .collect();
-            serde_json::json!({
-                "shard": shard, "exists": true, "shard_count": i.shard_count,
-                "rf": i.rf, "ttl": i.ttl, "limits": limits,
-            })
+/// `shardgate table create`.
+#[cfg(feature = "dynamodb")]
+fn table_create(dynamo: Dynamo) -> ExitCode {
+    let rt = match runtime_with(None) {
+        Ok(rt) => rt,
+        Err(code) => return code,
+    };
+    let options = dynamo.admin_options();
+    rt.block_on(async {
+        let client = dynamodb::client(&options).await;
+        match dynamodb::create_table(&client, &options.table).await {
+            Ok(TableCreated::Created) => {
+                println!("created table {}", options.table);
+                ExitCode::SUCCESS
+            }
+            Ok(TableCreated::AlreadyExisted) => {
+                println!("table {} already exists", options.table);
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(e),
         }
-    }
+    })
+}
+
+/// `shardgate inspect`: every shard of one bucket, as JSON.
+#[cfg(feature = "dynamodb")]
+fn inspect_bucket(dynamo: Dynamo, entity: &str, resource: &str) -> ExitCode {
+    let rt = match runtime_with(None) {
+        Ok(rt) => rt,
+        Err(code) => return code,
+    };
+    rt.block_on(async {
+        let store = DynamoStore::connect(&dynamo.admin_options()).await;
+        // The bucket's key: a long entity is stored under its digest.
+        let stored = stored_entity(Name::new(entity));
+        match inspect(&store, &stored, resource).await {
+            Ok(shards) => {
+                let out = serde_json::json!({
+                    "entity": entity,
+                    "stored_entity": stored.as_str(),
+                    "resource": resource,
+                    "shard_count": shards.len(),
+                    "shards": shards.iter().map(InspectedShard::to_json).collect::<Vec<_>>(),
+                });
+                println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(e),
+        }
+    })
 }
 
 fn main() -> ExitCode {
@@ -266,58 +291,16 @@ fn main() -> ExitCode {
             }
             Err(errors) => fail(errors),
         },
+        #[cfg(feature = "dynamodb")]
         Command::Table {
             command: TableCommand::Create { dynamo },
-        } => {
-            let rt = match runtime_with(None) {
-                Ok(rt) => rt,
-                Err(code) => return code,
-            };
-            let options = dynamo.admin_options();
-            rt.block_on(async {
-                let client = dynamodb::client(&options).await;
-                match dynamodb::create_table(&client, &options.table).await {
-                    Ok(TableCreated::Created) => {
-                        println!("created table {}", options.table);
-                        ExitCode::SUCCESS
-                    }
-                    Ok(TableCreated::AlreadyExisted) => {
-                        println!("table {} already exists", options.table);
-                        ExitCode::SUCCESS
-                    }
-                    Err(e) => fail(e),
-                }
-            })
-        }
+        } => table_create(dynamo),
+        #[cfg(feature = "dynamodb")]
         Command::Inspect {
             dynamo,
             entity,
             resource,
-        } => {
-            let rt = match runtime_with(None) {
-                Ok(rt) => rt,
-                Err(code) => return code,
-            };
-            rt.block_on(async {
-                let store = DynamoStore::connect(&dynamo.admin_options()).await;
-                // The bucket's key: a long entity is stored under its digest.
-                let stored = stored_entity(Name::new(&entity));
-                match inspect(&store, &stored, &resource).await {
-                    Ok(shards) => {
-                        let out = serde_json::json!({
-                            "entity": entity,
-                            "stored_entity": stored.as_str(),
-                            "resource": resource,
-                            "shard_count": shards.len(),
-                            "shards": shards.iter().map(|(s, i)| shard_json(*s, i)).collect::<Vec<_>>(),
-                        });
-                        println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
-                        ExitCode::SUCCESS
-                    }
-                    Err(e) => fail(e),
-                }
-            })
-        }
+        } => inspect_bucket(dynamo, &entity, &resource),
         Command::Serve(args) => {
             init_logging(args.log_format);
             let store_timeout = args.dynamo.store_timeout;
@@ -343,7 +326,12 @@ fn main() -> ExitCode {
                 },
                 store: match args.store {
                     Store::Memory => StoreKind::Memory,
+                    #[cfg(feature = "dynamodb")]
                     Store::Dynamodb => StoreKind::DynamoDb(args.dynamo.options()),
+                    #[cfg(not(feature = "dynamodb"))]
+                    Store::Dynamodb => return fail(
+                        "--store dynamodb: this shardgate was built without the `dynamodb` feature",
+                    ),
                 },
                 partition_write_budget: args.partition_write_budget,
                 global_shadow_mode: args.global_shadow_mode,
@@ -362,6 +350,26 @@ fn main() -> ExitCode {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => fail(e),
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_duration;
+    use std::time::Duration;
+
+    #[test]
+    fn durations_parse_as_humantime_or_bare_seconds() {
+        let ms = Duration::from_millis;
+        assert_eq!(parse_duration("10s"), Ok(ms(10_000)));
+        assert_eq!(parse_duration("500ms"), Ok(ms(500)));
+        assert_eq!(parse_duration("1m30s"), Ok(ms(90_000)));
+        assert_eq!(parse_duration(" 2 "), Ok(ms(2_000)));
+        assert_eq!(parse_duration("0.25"), Ok(ms(250)));
+        for bad in ["-1", "NaN", "inf", "ten", "5x", ""] {
+            let e = parse_duration(bad).unwrap_err();
+            assert!(e.contains(&format!("'{}'", bad.trim())), "{bad}: {e}");
         }
     }
 }

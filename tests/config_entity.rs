@@ -1,5 +1,5 @@
 //! Entities must be unambiguous: request values can never forge another bucket
-//! (architecture.md §4, config.md §4).
+//! (docs/configuration.md, "Buckets").
 
 use proptest::prelude::*;
 use shardgate::config::{encode_component, Config, DescriptorEntry, EntityTemplate, Level};

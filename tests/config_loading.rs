@@ -1,4 +1,4 @@
-//! Loading files and directories (config.md §1), the content hash, and an
+//! Loading files and directories (docs/configuration.md, "Where the configuration comes from"), the content hash, and an
 //! envoyproxy/ratelimit config that must load unchanged.
 
 use std::fs;

@@ -1,4 +1,4 @@
-//! Matching conformance (config.md §3 and §6), ported from the behaviour of
+//! Matching conformance (docs/configuration.md, "Matching"), ported from the behaviour of
 //! envoyproxy/ratelimit's basic config test, plus the compiled rule fields.
 
 use std::sync::Arc;

@@ -1,5 +1,5 @@
 //! One test per validation error: the message names the file, the line and the offending
-//! key or value (config.md §2).
+//! key or value (docs/configuration.md, "Validation").
 
 use shardgate::config::{Config, ConfigErrorKind};
 

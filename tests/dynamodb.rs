@@ -2,6 +2,8 @@
 //! a hot entity sharding itself, a config change reaching every shard, and three server
 //! processes sharing one bucket.
 
+#![cfg(feature = "dynamodb")]
+
 mod common;
 
 use std::process::{Child, Command, Stdio};
@@ -19,7 +21,7 @@ use shardgate::engine::{
 };
 use shardgate::store::dynamodb::DynamoStore;
 use shardgate::store::{
-    inspect, BucketItem, BucketKey, BucketStore, LimitState, Limits, WCU_LIMIT,
+    inspect, BucketItem, BucketKey, BucketStore, InspectedShard, LimitState, Limits, WCU_LIMIT,
 };
 
 const T0: i64 = 1_800_000_000_000;
@@ -79,6 +81,10 @@ fn sequence(store: &DynamoStore) -> Vec<String> {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(dynamodb_local),
+    ignore = "needs DynamoDB Local: run scripts/test, or set SHARDGATE_TEST_DYNAMODB_ENDPOINT and build again"
+)]
 async fn first_create_is_one_put_item_and_steady_state_one_update_item() {
     let f = frozen(0).await;
     let req = one(rpm("u1", 10, 1));
@@ -105,6 +111,10 @@ async fn first_create_is_one_put_item_and_steady_state_one_update_item() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(dynamodb_local),
+    ignore = "needs DynamoDB Local: run scripts/test, or set SHARDGATE_TEST_DYNAMODB_ENDPOINT and build again"
+)]
 async fn steady_state_consumes_one_write_unit_per_admitted_request() {
     let f = frozen(0).await;
     let req = one(rpm("u1", 1_000, 1));
@@ -122,6 +132,10 @@ async fn steady_state_consumes_one_write_unit_per_admitted_request() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(dynamodb_local),
+    ignore = "needs DynamoDB Local: run scripts/test, or set SHARDGATE_TEST_DYNAMODB_ENDPOINT and build again"
+)]
 async fn slow_path_is_one_read_and_one_write() {
     let f = frozen(0).await;
     let req = one(rpm("u1", 10, 1));
@@ -138,6 +152,10 @@ async fn slow_path_is_one_read_and_one_write() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(dynamodb_local),
+    ignore = "needs DynamoDB Local: run scripts/test, or set SHARDGATE_TEST_DYNAMODB_ENDPOINT and build again"
+)]
 async fn cascade_create_is_one_transaction_and_hot_path_two_updates() {
     let f = frozen(0).await;
     let mut child = rpm("key1", 10, 1);
@@ -155,6 +173,10 @@ async fn cascade_create_is_one_transaction_and_hot_path_two_updates() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(dynamodb_local),
+    ignore = "needs DynamoDB Local: run scripts/test, or set SHARDGATE_TEST_DYNAMODB_ENDPOINT and build again"
+)]
 async fn repeat_rejection_within_the_cache_second_costs_no_call() {
     let f = frozen(1_000).await;
     let req = one(rpm("u1", 3, 1));
@@ -178,6 +200,10 @@ async fn repeat_rejection_within_the_cache_second_costs_no_call() {
 /// S44 an expired but not yet swept item: the slow path refreshes its TTL and keeps its
 /// stored parameters and balance (no reset to full).
 #[tokio::test]
+#[cfg_attr(
+    not(dynamodb_local),
+    ignore = "needs DynamoDB Local: run scripts/test, or set SHARDGATE_TEST_DYNAMODB_ENDPOINT and build again"
+)]
 async fn s44_expired_item_is_refreshed_not_reset() {
     let f = frozen(0).await;
     let p = LimitParams::new(10, 10, 60_000);
@@ -222,6 +248,10 @@ async fn s44_expired_item_is_refreshed_not_reset() {
 /// A config change reaches every existing shard on its next request: the stored
 /// parameters are rewritten and each balance clamped to the new share.
 #[tokio::test]
+#[cfg_attr(
+    not(dynamodb_local),
+    ignore = "needs DynamoDB Local: run scripts/test, or set SHARDGATE_TEST_DYNAMODB_ENDPOINT and build again"
+)]
 async fn changed_limit_reaches_every_existing_shard() {
     let f = frozen(0).await;
     let old = LimitParams::new(100, 100, 60_000);
@@ -248,7 +278,7 @@ async fn changed_limit_reaches_every_existing_shard() {
         f.draw.push(s);
         assert!(f.engine.acquire(&lowered).await.unwrap().admitted);
     }
-    for (s, image) in inspect(&*f.store, "u1", "api").await.unwrap() {
+    for InspectedShard { shard: s, image } in inspect(&*f.store, "u1", "api").await.unwrap() {
         let rpm = image.unwrap().limits["rpm"];
         assert_eq!(
             (rpm.cp, rpm.ra, rpm.rp),
@@ -267,6 +297,10 @@ async fn changed_limit_reaches_every_existing_shard() {
 /// 5 s spreads over at least 8 shards, creates every shard it draws at its share, and
 /// admits at most 1.5 × (capacity + rate × elapsed).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(dynamodb_local),
+    ignore = "needs DynamoDB Local: run scripts/test, or set SHARDGATE_TEST_DYNAMODB_ENDPOINT and build again"
+)]
 async fn hot_entity_shards_itself() {
     let store = Arc::new(common::dynamo::store().await);
     let engine = Arc::new(Engine::new(
@@ -317,13 +351,13 @@ async fn hot_entity_shards_itself() {
     let elapsed = start.elapsed().as_secs_f64();
     let admitted = admitted.load(Ordering::Relaxed) as f64;
     let shards = inspect(&*store, "hot", "api").await.unwrap();
-    let count = shards[0].1.as_ref().unwrap().shard_count;
+    let count = shards[0].image.as_ref().unwrap().shard_count;
     let offered = sent.load(Ordering::Relaxed) as f64 / elapsed;
     assert!(
         count >= 8,
         "shard 0 counts {count} shards after {elapsed:.1} s at {offered:.0} requests/s"
     );
-    for (s, image) in &shards {
+    for InspectedShard { shard: s, image } in &shards {
         let Some(image) = image else { continue };
         let l = image.limits["rps"];
         assert_eq!(l.cp, cap as i64 * 1_000, "stored undivided on shard {s}");
@@ -347,7 +381,7 @@ async fn hot_entity_shards_itself() {
     );
     let consumed: i64 = shards
         .iter()
-        .filter_map(|(_, i)| i.as_ref())
+        .filter_map(|s| s.image.as_ref())
         .map(|i| i.limits["rps"].tc)
         .sum();
     assert_eq!(consumed, admitted as i64 * 1_000, "no debit lost");
@@ -365,6 +399,10 @@ impl Drop for Server {
 /// Three server processes sharing one table and one bucket admit no more than
 /// capacity + rate × elapsed in all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(dynamodb_local),
+    ignore = "needs DynamoDB Local: run scripts/test, or set SHARDGATE_TEST_DYNAMODB_ENDPOINT and build again"
+)]
 async fn three_servers_share_one_bucket() {
     let store = common::dynamo::store().await; // creates the table, picks a namespace
     let namespace = store.pk(&BucketKey::new("x", "y", 0));
@@ -481,6 +519,10 @@ async fn three_servers_share_one_bucket() {
 /// or another tool could leave it) is refused with an error naming the item's key and
 /// what is wrong, and the item is left as it was.
 #[tokio::test]
+#[cfg_attr(
+    not(dynamodb_local),
+    ignore = "needs DynamoDB Local: run scripts/test, or set SHARDGATE_TEST_DYNAMODB_ENDPOINT and build again"
+)]
 async fn a_corrupt_item_is_an_error_naming_its_key_and_reason() {
     use aws_sdk_dynamodb::types::AttributeValue;
     use shardgate::store::{Debit, DebitMode, StoreError};

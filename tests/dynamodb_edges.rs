@@ -4,6 +4,8 @@
 //! SDK does when a caller gives up mid-call — credentials being fetched, a connection
 //! being made — and how the store keeps that work from being lost.
 
+#![cfg(feature = "dynamodb")]
+
 mod common;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -39,6 +41,10 @@ fn claim(entity: &str, cascades: bool) -> BucketClaim {
 /// DynamoDB Local refuses a partition key one byte past 2,048 and takes one at it: the
 /// limit the contract's bound (`store::key`) is computed from.
 #[tokio::test]
+#[cfg_attr(
+    not(dynamodb_local),
+    ignore = "needs DynamoDB Local: run scripts/test, or set SHARDGATE_TEST_DYNAMODB_ENDPOINT and build again"
+)]
 async fn dynamodb_refuses_a_partition_key_past_2048_bytes() {
     let store = common::dynamo::store().await; // creates the table
     let client = common::dynamo::client();
@@ -71,6 +77,10 @@ async fn dynamodb_refuses_a_partition_key_past_2048_bytes() {
 /// accepts, so the contract's own bound lets it through) is the request's error: an
 /// invalid request, in a short message, and the circuit breaker never counts it.
 #[tokio::test]
+#[cfg_attr(
+    not(dynamodb_local),
+    ignore = "needs DynamoDB Local: run scripts/test, or set SHARDGATE_TEST_DYNAMODB_ENDPOINT and build again"
+)]
 async fn a_key_dynamodb_refuses_is_the_requests_error_not_an_outage() {
     let _table = common::dynamo::store().await;
     let namespace = "n".repeat(MAX_NAMESPACE_BYTES * 4 + 76);
@@ -110,6 +120,10 @@ async fn a_key_dynamodb_refuses_is_the_requests_error_not_an_outage() {
 /// debits, a cascade's transaction, refunds, a doubling. A transaction needs the actions
 /// of the writes it carries, and shardgate sends no `ConditionCheck`.
 #[tokio::test]
+#[cfg_attr(
+    not(dynamodb_local),
+    ignore = "needs DynamoDB Local: run scripts/test, or set SHARDGATE_TEST_DYNAMODB_ENDPOINT and build again"
+)]
 async fn the_iam_policy_grants_exactly_what_the_calls_need() {
     let store = Arc::new(common::dynamo::store().await);
     let engine = Engine::new(
@@ -243,6 +257,10 @@ async fn reads_every_100ms(store: &DynamoStore) -> usize {
 /// the next starts it over — no call ever succeeds. Behind `DetachedCredentials` the
 /// fetch runs to its end in a task of its own, once, and the calls after it succeed.
 #[tokio::test]
+#[cfg_attr(
+    not(dynamodb_local),
+    ignore = "needs DynamoDB Local: run scripts/test, or set SHARDGATE_TEST_DYNAMODB_ENDPOINT and build again"
+)]
 async fn credentials_slower_than_every_call_still_arrive() {
     let _table = common::dynamo::store().await;
     let slow = |fetches: &Arc<AtomicU64>| SlowCredentials {
@@ -303,6 +321,10 @@ async fn slow_relay(delay: Duration) -> String {
 /// detached (`Detached`), it completes, answers the store's ledger and the breaker, and
 /// leaves its connection for the next call.
 #[tokio::test]
+#[cfg_attr(
+    not(dynamodb_local),
+    ignore = "needs DynamoDB Local: run scripts/test, or set SHARDGATE_TEST_DYNAMODB_ENDPOINT and build again"
+)]
 async fn a_call_its_caller_gave_up_on_still_completes_when_detached() {
     let _table = common::dynamo::store().await;
     let endpoint = slow_relay(Duration::from_millis(1_000)).await;
@@ -406,6 +428,10 @@ async fn always_unprocessed() -> (String, Arc<AtomicU64>) {
 /// (10, 20, 40 ms), but never past the call's deadline: with 25 ms, two requests at most
 /// (a third would start after the deadline), then the store's failure.
 #[tokio::test]
+#[cfg_attr(
+    not(dynamodb_local),
+    ignore = "needs DynamoDB Local: run scripts/test, or set SHARDGATE_TEST_DYNAMODB_ENDPOINT and build again"
+)]
 async fn unprocessed_keys_are_asked_again_only_within_the_deadline() {
     let (endpoint, requests) = always_unprocessed().await;
     let client = local_client(&endpoint, static_credentials(), None);

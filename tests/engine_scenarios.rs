@@ -1,8 +1,9 @@
-//! The reference engine's behavioural scenarios (engine-reference.md §11), ported with the
+//! The reference engine's behavioural scenarios (zae-limiter's), ported with the
 //! same numbers: S06–S08, S10, S12, S19–S29, S31–S35 (S01–S05 are unit tests of
 //! `engine::bucket`). Our profile has no config or META reads, so the call sequences are
 //! shorter; the item states and outcomes are the reference's.
 
+#[macro_use]
 mod common;
 
 use std::sync::Arc;
@@ -38,7 +39,7 @@ fn rig_with<S: BucketStore>(inner: S, options: EngineOptions) -> Rig<S> {
     }
 }
 
-/// DynamoDB's budget (1000 writes/s per shard), rejection cache off (as §11 assumes).
+/// DynamoDB's budget (1000 writes/s per shard), rejection cache off (as those scenarios assume).
 fn rig<S: BucketStore>(inner: S) -> Rig<S> {
     rig_with(
         inner,
@@ -159,127 +160,137 @@ fn commits(calls: &[Call]) -> usize {
 
 // ---------------------------------------------------------------- B. single shard
 
-/// S06 ten per minute.
-async fn s06_ten_per_minute<S: BucketStore>(store: S) {
-    let rig = rig(store);
-    for i in 1..=10 {
-        assert!(acquire(&rig, &rpm(10, 1)).await.admitted, "request {i}");
-    }
-    let d = acquire(&rig, &rpm(10, 1)).await;
-    assert!(!d.admitted);
-    let l = d.buckets[0].limits[0];
-    assert_eq!(l.wait_ms, Some(6_001));
-    assert_eq!(l.remaining / 1_000, 0);
-    assert_eq!(l.share.ceiling, 10_000);
-    let it = item(&rig, "u1", "api", 0).await;
-    assert_eq!(it.limits["rpm"].tk, 0);
-    assert_eq!(it.limits["rpm"].tc, 10_000);
-    // The creating slow path does not debit `wcu`; nine fast-path writes did.
-    assert_eq!(it.limits[WCU_LIMIT].tk, 991_000);
-    assert_eq!(it.limits[WCU_LIMIT].tc, 9_000);
-    assert_eq!(
-        (it.rf, it.shard_count, it.ttl),
-        (T0, 1, Some(1_800_000_420))
-    );
-}
-
-/// S07 local rejection: with the 1 s rejection cache, the 11th and 12th requests are
-/// refused without a store call, and requests 2–10 are one debit each.
-async fn s07_rejection_cache_answers_repeat_refusals_without_a_call<S: BucketStore>(store: S) {
-    let rig = rig_with(store, EngineOptions::default());
-    assert!(acquire(&rig, &rpm(10, 1)).await.admitted);
-    rig.store.clear();
-    for _ in 2..=10 {
-        assert!(acquire(&rig, &rpm(10, 1)).await.admitted);
-    }
-    let calls = rig.store.calls();
-    assert_eq!(calls.len(), 9);
-    assert!(calls
-        .iter()
-        .all(|c| matches!(c, Call::Debit { applied: true, .. })));
-    rig.store.clear();
-    assert!(!acquire(&rig, &rpm(10, 1)).await.admitted);
-    assert!(!acquire(&rig, &rpm(10, 1)).await.admitted);
-    assert!(rig.store.calls().is_empty(), "{:?}", rig.store.calls());
-    assert_eq!(
-        EngineStats::get(&rig.engine.stats().rejection_cache_hits),
-        2
-    );
-}
-
-/// S08 recovery without an aggregator: the slow path refills and drops the remainder.
-async fn s08_recovery_by_the_slow_path<S: BucketStore>(store: S) {
-    let rig = rig(store);
-    for _ in 0..11 {
-        acquire(&rig, &rpm(10, 1)).await;
-    }
-    rig.clock.set(T0 + 6_001);
-    rig.store.clear();
-    assert!(acquire(&rig, &rpm(10, 1)).await.admitted);
-    let calls = rig.store.calls();
-    assert!(matches!(calls[0], Call::Debit { applied: false, .. }));
-    assert_eq!(calls[1], Call::Read { shards: vec![0] });
-    assert_eq!(
-        calls[2],
-        Call::Commit {
-            kinds: vec!["update"],
-            committed: true
+cross_store! {
+    /// S06 ten per minute.
+    async fn s06_ten_per_minute<S: BucketStore>(store: S) {
+        let rig = rig(store);
+        for i in 1..=10 {
+            assert!(acquire(&rig, &rpm(10, 1)).await.admitted, "request {i}");
         }
-    );
-    let it = item(&rig, "u1", "api", 0).await;
-    assert_eq!(it.limits["rpm"].tk, 0);
-    assert_eq!(it.limits["rpm"].tc, 11_000);
-    assert_eq!(it.rf, T0 + 6_001);
-    assert_eq!(it.limits[WCU_LIMIT].tk, 1_000_000);
-    assert_eq!(it.ttl, Some(1_800_000_426));
+        let d = acquire(&rig, &rpm(10, 1)).await;
+        assert!(!d.admitted);
+        let l = d.buckets[0].limits[0];
+        assert_eq!(l.wait_ms, Some(6_001));
+        assert_eq!(l.remaining / 1_000, 0);
+        assert_eq!(l.share.ceiling, 10_000);
+        let it = item(&rig, "u1", "api", 0).await;
+        assert_eq!(it.limits["rpm"].tk, 0);
+        assert_eq!(it.limits["rpm"].tc, 10_000);
+        // The creating slow path does not debit `wcu`; nine fast-path writes did.
+        assert_eq!(it.limits[WCU_LIMIT].tk, 991_000);
+        assert_eq!(it.limits[WCU_LIMIT].tc, 9_000);
+        assert_eq!(
+            (it.rf, it.shard_count, it.ttl),
+            (T0, 1, Some(1_800_000_420))
+        );
+    }
 }
 
-/// S10 burst and TTL: the item TTL is 7 × the longest time-to-full.
-async fn s10_burst_and_ttl<S: BucketStore>(store: S) {
-    let rig = rig(store);
-    let req = one(bucket(
-        "u1",
-        "api",
-        vec![
-            per_minute("rpm", 100, None, 1),
-            per_minute("tpm", 10_000, Some(15_000), 10),
-        ],
-    ));
-    assert!(acquire(&rig, &req).await.admitted);
-    let it = item(&rig, "u1", "api", 0).await;
-    let tpm = it.limits["tpm"];
-    assert_eq!(
-        (tpm.cp, tpm.ra, tpm.rp, tpm.tk),
-        (15_000_000, 10_000_000, 60_000, 14_990_000)
-    );
-    assert_eq!(it.limits["rpm"].tk, 99_000);
-    assert_eq!(it.ttl, Some(1_800_000_000 + 630));
+cross_store! {
+    /// S07 local rejection: with the 1 s rejection cache, the 11th and 12th requests are
+    /// refused without a store call, and requests 2–10 are one debit each.
+    async fn s07_rejection_cache_answers_repeat_refusals_without_a_call<S: BucketStore>(store: S) {
+        let rig = rig_with(store, EngineOptions::default());
+        assert!(acquire(&rig, &rpm(10, 1)).await.admitted);
+        rig.store.clear();
+        for _ in 2..=10 {
+            assert!(acquire(&rig, &rpm(10, 1)).await.admitted);
+        }
+        let calls = rig.store.calls();
+        assert_eq!(calls.len(), 9);
+        assert!(calls
+            .iter()
+            .all(|c| matches!(c, Call::Debit { applied: true, .. })));
+        rig.store.clear();
+        assert!(!acquire(&rig, &rpm(10, 1)).await.admitted);
+        assert!(!acquire(&rig, &rpm(10, 1)).await.admitted);
+        assert!(rig.store.calls().is_empty(), "{:?}", rig.store.calls());
+        assert_eq!(
+            EngineStats::get(&rig.engine.stats().rejection_cache_hits),
+            2
+        );
+    }
 }
 
-/// S12 multi-limit is all-or-nothing: one limit short refuses the whole item.
-async fn s12_composite_item_is_all_or_nothing<S: BucketStore>(store: S) {
-    let rig = rig(store);
-    let req = |r, t| {
-        one(bucket(
+cross_store! {
+    /// S08 recovery without an aggregator: the slow path refills and drops the remainder.
+    async fn s08_recovery_by_the_slow_path<S: BucketStore>(store: S) {
+        let rig = rig(store);
+        for _ in 0..11 {
+            acquire(&rig, &rpm(10, 1)).await;
+        }
+        rig.clock.set(T0 + 6_001);
+        rig.store.clear();
+        assert!(acquire(&rig, &rpm(10, 1)).await.admitted);
+        let calls = rig.store.calls();
+        assert!(matches!(calls[0], Call::Debit { applied: false, .. }));
+        assert_eq!(calls[1], Call::Read { shards: vec![0] });
+        assert_eq!(
+            calls[2],
+            Call::Commit {
+                kinds: vec!["update"],
+                committed: true
+            }
+        );
+        let it = item(&rig, "u1", "api", 0).await;
+        assert_eq!(it.limits["rpm"].tk, 0);
+        assert_eq!(it.limits["rpm"].tc, 11_000);
+        assert_eq!(it.rf, T0 + 6_001);
+        assert_eq!(it.limits[WCU_LIMIT].tk, 1_000_000);
+        assert_eq!(it.ttl, Some(1_800_000_426));
+    }
+}
+
+cross_store! {
+    /// S10 burst and TTL: the item TTL is 7 × the longest time-to-full.
+    async fn s10_burst_and_ttl<S: BucketStore>(store: S) {
+        let rig = rig(store);
+        let req = one(bucket(
             "u1",
             "api",
             vec![
-                per_minute("rpm", 100, None, r),
-                per_minute("tpm", 1_000, None, t),
+                per_minute("rpm", 100, None, 1),
+                per_minute("tpm", 10_000, Some(15_000), 10),
             ],
-        ))
-    };
-    assert!(acquire(&rig, &req(1, 900)).await.admitted);
-    rig.store.clear();
-    let d = acquire(&rig, &req(1, 200)).await;
-    assert!(!d.admitted);
-    assert_eq!(rig.store.calls().len(), 1, "one failed debit, no read");
-    let [r, t] = [d.buckets[0].limits[0], d.buckets[0].limits[1]];
-    assert!(r.fits && !t.fits);
-    assert_eq!((r.remaining / 1_000, t.remaining / 1_000), (99, 100));
-    assert_eq!(t.wait_ms, Some(6_001));
-    assert_eq!(tk(&rig, 0, "rpm").await, 99_000);
-    assert_eq!(tk(&rig, 0, "tpm").await, 100_000);
+        ));
+        assert!(acquire(&rig, &req).await.admitted);
+        let it = item(&rig, "u1", "api", 0).await;
+        let tpm = it.limits["tpm"];
+        assert_eq!(
+            (tpm.cp, tpm.ra, tpm.rp, tpm.tk),
+            (15_000_000, 10_000_000, 60_000, 14_990_000)
+        );
+        assert_eq!(it.limits["rpm"].tk, 99_000);
+        assert_eq!(it.ttl, Some(1_800_000_000 + 630));
+    }
+}
+
+cross_store! {
+    /// S12 multi-limit is all-or-nothing: one limit short refuses the whole item.
+    async fn s12_composite_item_is_all_or_nothing<S: BucketStore>(store: S) {
+        let rig = rig(store);
+        let req = |r, t| {
+            one(bucket(
+                "u1",
+                "api",
+                vec![
+                    per_minute("rpm", 100, None, r),
+                    per_minute("tpm", 1_000, None, t),
+                ],
+            ))
+        };
+        assert!(acquire(&rig, &req(1, 900)).await.admitted);
+        rig.store.clear();
+        let d = acquire(&rig, &req(1, 200)).await;
+        assert!(!d.admitted);
+        assert_eq!(rig.store.calls().len(), 1, "one failed debit, no read");
+        let [r, t] = [d.buckets[0].limits[0], d.buckets[0].limits[1]];
+        assert!(r.fits && !t.fits);
+        assert_eq!((r.remaining / 1_000, t.remaining / 1_000), (99, 100));
+        assert_eq!(t.wait_ms, Some(6_001));
+        assert_eq!(tk(&rig, 0, "rpm").await, 99_000);
+        assert_eq!(tk(&rig, 0, "tpm").await, 100_000);
+    }
 }
 
 // ---------------------------------------------------------------- D. sharding
@@ -294,92 +305,98 @@ async fn exhaust_wcu<S: BucketStore>(rig: &Rig<S>) -> Acquire {
     req
 }
 
-/// S19 wcu-driven doubling: shard 0's count moves 1→2 (in the same write its balance is
-/// clamped to the new share), lazy creation of shard 1 at half.
-async fn s19_wcu_exhaustion_doubles_and_creates_the_drawn_shard<S: BucketStore>(store: S) {
-    let rig = rig(store);
-    let req = exhaust_wcu(&rig).await;
-    rig.store.clear();
-    assert!(acquire(&rig, &req).await.admitted);
-    assert_eq!(
-        rig.store.calls(),
-        vec![
-            Call::Debit {
-                shard: 0,
-                retry_only: false,
-                applied: false,
-                missing: false
-            },
-            Call::Read { shards: vec![0] },
-            Call::Commit {
-                kinds: vec!["raise"],
-                committed: true
-            },
-            Call::Read { shards: vec![1] },
-            Call::Commit {
-                kinds: vec!["create"],
-                committed: true
-            },
-        ]
-    );
-    let s1 = item(&rig, "u1", "api", 1).await;
-    assert_eq!(s1.limits["rpm"].tk, 50_000_000 - 1_000);
-    assert_eq!(s1.shard_count, 2);
-    assert_eq!(s1.limits[WCU_LIMIT].tk, 1_000_000);
-    let s0 = item(&rig, "u1", "api", 0).await;
-    assert_eq!(s0.shard_count, 2);
-    assert_eq!(
-        s0.limits["rpm"].tk, 50_000_000,
-        "the doubling clamps shard 0 to its new share (the reference leaves 98,999 tokens)"
-    );
-    assert_eq!(rig.engine.known_shard_count("u1", "api"), 2);
+cross_store! {
+    /// S19 wcu-driven doubling: shard 0's count moves 1→2 (in the same write its balance is
+    /// clamped to the new share), lazy creation of shard 1 at half.
+    async fn s19_wcu_exhaustion_doubles_and_creates_the_drawn_shard<S: BucketStore>(store: S) {
+        let rig = rig(store);
+        let req = exhaust_wcu(&rig).await;
+        rig.store.clear();
+        assert!(acquire(&rig, &req).await.admitted);
+        assert_eq!(
+            rig.store.calls(),
+            vec![
+                Call::Debit {
+                    shard: 0,
+                    retry_only: false,
+                    applied: false,
+                    missing: false
+                },
+                Call::Read { shards: vec![0] },
+                Call::Commit {
+                    kinds: vec!["raise"],
+                    committed: true
+                },
+                Call::Read { shards: vec![1] },
+                Call::Commit {
+                    kinds: vec!["create"],
+                    committed: true
+                },
+            ]
+        );
+        let s1 = item(&rig, "u1", "api", 1).await;
+        assert_eq!(s1.limits["rpm"].tk, 50_000_000 - 1_000);
+        assert_eq!(s1.shard_count, 2);
+        assert_eq!(s1.limits[WCU_LIMIT].tk, 1_000_000);
+        let s0 = item(&rig, "u1", "api", 0).await;
+        assert_eq!(s0.shard_count, 2);
+        assert_eq!(
+            s0.limits["rpm"].tk, 50_000_000,
+            "the doubling clamps shard 0 to its new share (the reference leaves 98,999 tokens)"
+        );
+        assert_eq!(rig.engine.known_shard_count("u1", "api"), 2);
+    }
 }
 
-/// S20 an exhausted `wcu` that a refill cures does not double.
-async fn s20_wcu_projection_prevents_a_spurious_doubling<S: BucketStore>(store: S) {
-    let rig = rig(store);
-    let req = exhaust_wcu(&rig).await;
-    acquire(&rig, &req).await; // S19
-    rig.clock.advance(1);
-    rig.draw.push(0);
-    rig.store.clear();
-    assert!(acquire(&rig, &req).await.admitted);
-    let calls = rig.store.calls();
-    assert!(!doubled(&calls), "{calls:?}");
-    assert_eq!(
-        calls.last(),
-        Some(&Call::Commit {
-            kinds: vec!["update"],
-            committed: true
-        })
-    );
-    let s0 = item(&rig, "u1", "api", 0).await;
-    assert_eq!(s0.limits[WCU_LIMIT].tk, 1_000, "1 ms of refill");
-    assert_eq!(
-        s0.limits["rpm"].tk, 49_999_000,
-        "clamped to the new share, then debited"
-    );
-    assert_eq!(s0.rf, T0 + 1);
+cross_store! {
+    /// S20 an exhausted `wcu` that a refill cures does not double.
+    async fn s20_wcu_projection_prevents_a_spurious_doubling<S: BucketStore>(store: S) {
+        let rig = rig(store);
+        let req = exhaust_wcu(&rig).await;
+        acquire(&rig, &req).await; // S19
+        rig.clock.advance(1);
+        rig.draw.push(0);
+        rig.store.clear();
+        assert!(acquire(&rig, &req).await.admitted);
+        let calls = rig.store.calls();
+        assert!(!doubled(&calls), "{calls:?}");
+        assert_eq!(
+            calls.last(),
+            Some(&Call::Commit {
+                kinds: vec!["update"],
+                committed: true
+            })
+        );
+        let s0 = item(&rig, "u1", "api", 0).await;
+        assert_eq!(s0.limits[WCU_LIMIT].tk, 1_000, "1 ms of refill");
+        assert_eq!(
+            s0.limits["rpm"].tk, 49_999_000,
+            "clamped to the new share, then debited"
+        );
+        assert_eq!(s0.rf, T0 + 1);
+    }
 }
 
-/// S21 the shard count stops at 32: no bump is written.
-async fn s21_no_doubling_beyond_32_shards<S: BucketStore>(store: S) {
-    let rig = rig(store);
-    rig.store
-        .put(
-            BucketKey::new("u1", "api", 0),
-            rpm_item(32, 100_000, 100_000_000, 0),
-        )
-        .await;
-    rig.engine.learn_shard_count("u1", "api", 32);
-    rig.draw.push(0);
-    assert!(acquire(&rig, &rpm(100_000, 1)).await.admitted);
-    assert!(!doubled(&rig.store.calls()));
-    assert_eq!(
-        EngineStats::get(&rig.engine.stats().doubling_refused_at_max),
-        1
-    );
-    assert_eq!(item(&rig, "u1", "api", 0).await.shard_count, 32);
+cross_store! {
+    /// S21 the shard count stops at 32: no bump is written.
+    async fn s21_no_doubling_beyond_32_shards<S: BucketStore>(store: S) {
+        let rig = rig(store);
+        rig.store
+            .put(
+                BucketKey::new("u1", "api", 0),
+                rpm_item(32, 100_000, 100_000_000, 0),
+            )
+            .await;
+        rig.engine.learn_shard_count("u1", "api", 32);
+        rig.draw.push(0);
+        assert!(acquire(&rig, &rpm(100_000, 1)).await.admitted);
+        assert!(!doubled(&rig.store.calls()));
+        assert_eq!(
+            EngineStats::get(&rig.engine.stats().shard_doublings_declined_at_max),
+            1
+        );
+        assert_eq!(item(&rig, "u1", "api", 0).await.shard_count, 32);
+    }
 }
 
 /// `entity/api` spread over 16 shards of an `rpm` limit of `rate`/min, each full at its
@@ -407,25 +424,27 @@ async fn sixteen_shards_hot_on_zero<S: BucketStore>(
     rig.store.clear();
 }
 
-/// S21b no doubling that would leave a shard's share smaller than the request: a limit
-/// of 20/min over 16 shards holds 1.25 tokens per shard, over 32 it would hold 0.625,
-/// and a 1-token request could never be admitted again on any shard.
-async fn s21b_no_doubling_below_one_request_per_shard<S: BucketStore>(store: S) {
-    let rig = rig(store);
-    sixteen_shards_hot_on_zero(&rig, "u1", 20, |_| {}).await;
-    let d = acquire(&rig, &rpm(20, 1)).await;
-    assert!(d.admitted, "the slow pass on the hot shard admits: {d:?}");
-    let calls = rig.store.calls();
-    assert!(!doubled(&calls), "{calls:?}");
-    assert_eq!(
-        EngineStats::get(&rig.engine.stats().doubling_refused_small_share),
-        1
-    );
-    assert_eq!(EngineStats::get(&rig.engine.stats().shard_doublings), 0);
-    let s0 = item(&rig, "u1", "api", 0).await;
-    assert_eq!(s0.shard_count, 16);
-    assert_eq!(s0.limits["rpm"].tk, 250, "1.25 tokens, one taken");
-    assert!(!exists(&rig, "u1", 16).await, "no shard beyond the 16");
+cross_store! {
+    /// S21b no doubling that would leave a shard's share smaller than the request: a limit
+    /// of 20/min over 16 shards holds 1.25 tokens per shard, over 32 it would hold 0.625,
+    /// and a 1-token request could never be admitted again on any shard.
+    async fn s21b_no_doubling_below_one_request_per_shard<S: BucketStore>(store: S) {
+        let rig = rig(store);
+        sixteen_shards_hot_on_zero(&rig, "u1", 20, |_| {}).await;
+        let d = acquire(&rig, &rpm(20, 1)).await;
+        assert!(d.admitted, "the slow pass on the hot shard admits: {d:?}");
+        let calls = rig.store.calls();
+        assert!(!doubled(&calls), "{calls:?}");
+        assert_eq!(
+            EngineStats::get(&rig.engine.stats().shard_doublings_declined_small_share),
+            1
+        );
+        assert_eq!(EngineStats::get(&rig.engine.stats().shard_doublings), 0);
+        let s0 = item(&rig, "u1", "api", 0).await;
+        assert_eq!(s0.shard_count, 16);
+        assert_eq!(s0.limits["rpm"].tk, 250, "1.25 tokens, one taken");
+        assert!(!exists(&rig, "u1", 16).await, "no shard beyond the 16");
+    }
 }
 
 /// Another server's doubling of `u1/api` from `old` shards: shard 0's count raised in a
@@ -454,196 +473,210 @@ fn doubled(calls: &[Call]) -> bool {
         .any(|c| matches!(c, Call::Commit { kinds, committed: true } if kinds == &vec!["raise"]))
 }
 
-/// S22 doubling loser: another server doubled first; we adopt its count and raise nothing.
-async fn s22_bump_loser_adopts_the_winners_count<S: BucketStore>(store: S) {
-    let rig = rig(store);
-    let req = exhaust_wcu(&rig).await;
-    let other_server: Hook<S> =
-        Box::new(|s| Box::pin(async move { double_elsewhere(&*s, 1, 2).await }));
-    rig.store.before_commit(other_server);
-    rig.store.clear();
-    assert!(acquire(&rig, &req).await.admitted);
-    let calls = rig.store.calls();
-    assert!(
-        calls.contains(&Call::Commit {
-            kinds: vec!["raise"],
-            committed: false
-        }),
-        "{calls:?}"
-    );
-    assert!(!doubled(&calls), "{calls:?}");
-    assert_eq!(rig.engine.known_shard_count("u1", "api"), 2);
-    assert_eq!(EngineStats::get(&rig.engine.stats().shard_doublings), 0);
-    assert_eq!(item(&rig, "u1", "api", 0).await.shard_count, 2);
-}
-
-/// S23 the doubling's winner passes the count to the existing shards (clamping each to
-/// its new share) and creates none itself but the one its request goes to.
-async fn s23_bump_winner_propagates_to_existing_shards<S: BucketStore>(store: S) {
-    let rig = rig(store);
-    rig.store
-        .put(
-            BucketKey::new("u1", "api", 0),
-            rpm_item(2, 100_000, 50_000_000, 0),
-        )
-        .await;
-    put_rpm_shard(&rig, 1, 2, 100_000, 50_000_000).await;
-    rig.engine.learn_shard_count("u1", "api", 2);
-    rig.draw.push(0);
-    assert!(acquire(&rig, &rpm(100_000, 1)).await.admitted);
-    let calls = rig.store.calls();
-    assert!(
-        calls.contains(&Call::Read { shards: vec![0, 1] }),
-        "{calls:?}"
-    );
-    let raises = calls
-        .iter()
-        .filter(|c| {
-            **c == Call::Commit {
+cross_store! {
+    /// S22 doubling loser: another server doubled first; we adopt its count and raise nothing.
+    async fn s22_bump_loser_adopts_the_winners_count<S: BucketStore>(store: S) {
+        let rig = rig(store);
+        let req = exhaust_wcu(&rig).await;
+        let other_server: Hook<S> =
+            Box::new(|s| Box::pin(async move { double_elsewhere(&*s, 1, 2).await }));
+        rig.store.before_commit(other_server);
+        rig.store.clear();
+        assert!(acquire(&rig, &req).await.admitted);
+        let calls = rig.store.calls();
+        assert!(
+            calls.contains(&Call::Commit {
                 kinds: vec!["raise"],
-                committed: true,
-            }
-        })
-        .count();
-    assert_eq!(raises, 2, "shard 0 doubles, shard 1 learns: {calls:?}");
-    for shard in [0, 1] {
-        let it = item(&rig, "u1", "api", shard).await;
-        assert_eq!(it.shard_count, 4);
-        assert_eq!(it.limits["rpm"].tk, 25_000_000, "clamped to a quarter");
+                committed: false
+            }),
+            "{calls:?}"
+        );
+        assert!(!doubled(&calls), "{calls:?}");
+        assert_eq!(rig.engine.known_shard_count("u1", "api"), 2);
+        assert_eq!(EngineStats::get(&rig.engine.stats().shard_doublings), 0);
+        assert_eq!(item(&rig, "u1", "api", 0).await.shard_count, 2);
     }
-    // The request itself went to one brand-new shard (2 here), created at a quarter.
-    assert_eq!(tk(&rig, 2, "rpm").await, 25_000_000 - 1_000);
-    assert!(!exists(&rig, "u1", 3).await);
 }
 
-/// S24 an exhausted shard retries another: two debits, no read.
-async fn s24_retry_on_another_shard<S: BucketStore>(store: S) {
-    let rig = rig(store);
-    put_rpm_shard(&rig, 0, 2, 100, 0).await;
-    put_rpm_shard(&rig, 1, 2, 100, 50_000).await;
-    rig.engine.learn_shard_count("u1", "api", 2);
-    rig.draw.push(0);
-    assert!(acquire(&rig, &rpm(100, 1)).await.admitted);
-    let calls = rig.store.calls();
-    assert_eq!(calls.len(), 2, "{calls:?}");
-    assert!(matches!(
-        calls[0],
-        Call::Debit {
-            shard: 0,
-            applied: false,
-            ..
+cross_store! {
+    /// S23 the doubling's winner passes the count to the existing shards (clamping each to
+    /// its new share) and creates none itself but the one its request goes to.
+    async fn s23_bump_winner_propagates_to_existing_shards<S: BucketStore>(store: S) {
+        let rig = rig(store);
+        rig.store
+            .put(
+                BucketKey::new("u1", "api", 0),
+                rpm_item(2, 100_000, 50_000_000, 0),
+            )
+            .await;
+        put_rpm_shard(&rig, 1, 2, 100_000, 50_000_000).await;
+        rig.engine.learn_shard_count("u1", "api", 2);
+        rig.draw.push(0);
+        assert!(acquire(&rig, &rpm(100_000, 1)).await.admitted);
+        let calls = rig.store.calls();
+        assert!(
+            calls.contains(&Call::Read { shards: vec![0, 1] }),
+            "{calls:?}"
+        );
+        let raises = calls
+            .iter()
+            .filter(|c| {
+                **c == Call::Commit {
+                    kinds: vec!["raise"],
+                    committed: true,
+                }
+            })
+            .count();
+        assert_eq!(raises, 2, "shard 0 doubles, shard 1 learns: {calls:?}");
+        for shard in [0, 1] {
+            let it = item(&rig, "u1", "api", shard).await;
+            assert_eq!(it.shard_count, 4);
+            assert_eq!(it.limits["rpm"].tk, 25_000_000, "clamped to a quarter");
         }
-    ));
-    assert!(matches!(
-        calls[1],
-        Call::Debit {
-            shard: 1,
-            applied: true,
-            ..
-        }
-    ));
-    assert_eq!(tk(&rig, 1, "rpm").await, 49_000);
-}
-
-/// S25 retries are capped at two; the refusal quotes the shard's share.
-async fn s25_retries_capped_at_two<S: BucketStore>(store: S) {
-    let rig = rig(store);
-    for s in 0..4 {
-        put_rpm_shard(&rig, s, 4, 100, 0).await;
+        // The request itself went to one brand-new shard (2 here), created at a quarter.
+        assert_eq!(tk(&rig, 2, "rpm").await, 25_000_000 - 1_000);
+        assert!(!exists(&rig, "u1", 3).await);
     }
-    rig.engine.learn_shard_count("u1", "api", 4);
-    let d = acquire(&rig, &rpm(100, 1)).await;
-    assert!(!d.admitted);
-    let calls = rig.store.calls();
-    assert_eq!(calls.len(), 3, "{calls:?}");
-    assert!(calls
-        .iter()
-        .all(|c| matches!(c, Call::Debit { applied: false, .. })));
-    let l = d.buckets[0].limits[0];
-    assert_eq!(l.wait_ms, Some(2_401));
-    assert_eq!((l.share.ceiling, l.share.ra), (25_000, 25_000));
-    assert_eq!(l.remaining, 0);
 }
 
-/// S26 a retry that finds a missing shard creates it there.
-async fn s26_retry_that_finds_a_missing_shard_creates_it<S: BucketStore>(store: S) {
-    let rig = rig(store);
-    put_rpm_shard(&rig, 0, 4, 100, 0).await;
-    rig.engine.learn_shard_count("u1", "api", 4);
-    rig.draw.push(0);
-    rig.draw.push(3);
-    assert!(acquire(&rig, &rpm(100, 1)).await.admitted);
-    assert_eq!(
-        rig.store.calls(),
-        vec![
+cross_store! {
+    /// S24 an exhausted shard retries another: two debits, no read.
+    async fn s24_retry_on_another_shard<S: BucketStore>(store: S) {
+        let rig = rig(store);
+        put_rpm_shard(&rig, 0, 2, 100, 0).await;
+        put_rpm_shard(&rig, 1, 2, 100, 50_000).await;
+        rig.engine.learn_shard_count("u1", "api", 2);
+        rig.draw.push(0);
+        assert!(acquire(&rig, &rpm(100, 1)).await.admitted);
+        let calls = rig.store.calls();
+        assert_eq!(calls.len(), 2, "{calls:?}");
+        assert!(matches!(
+            calls[0],
             Call::Debit {
                 shard: 0,
-                retry_only: false,
                 applied: false,
-                missing: false
-            },
+                ..
+            }
+        ));
+        assert!(matches!(
+            calls[1],
             Call::Debit {
-                shard: 3,
-                retry_only: false,
-                applied: false,
-                missing: true
-            },
-            Call::Read { shards: vec![3] },
-            Call::Commit {
-                kinds: vec!["create"],
-                committed: true
-            },
-        ]
-    );
-    let s3 = item(&rig, "u1", "api", 3).await;
-    assert_eq!((s3.limits["rpm"].tk, s3.shard_count), (24_000, 4));
-}
-
-/// S27 the per-shard request ceiling: a request above one shard's share never fits.
-async fn s27_per_shard_request_ceiling<S: BucketStore>(store: S) {
-    let rig = rig(store);
-    for s in 0..4 {
-        put_rpm_shard(&rig, s, 4, 10, 2_500).await;
-    }
-    rig.engine.learn_shard_count("u1", "api", 4);
-    let d = acquire(&rig, &rpm(10, 3)).await;
-    assert!(!d.admitted);
-    assert_eq!(debits(&rig.store.calls()), 3);
-    let l = d.buckets[0].limits[0];
-    assert_eq!(l.remaining / 1_000, 2);
-    assert_eq!(l.share.ceiling, 2_500);
-    // The reference quotes a retry-after that can never pay off; we say "never".
-    assert_eq!(l.wait_ms, None);
-    assert!(EngineStats::get(&rig.engine.stats().per_shard_ceiling_rejections) >= 1);
-    for s in 0..4 {
-        assert_eq!(tk(&rig, s, "rpm").await, 2_500);
+                shard: 1,
+                applied: true,
+                ..
+            }
+        ));
+        assert_eq!(tk(&rig, 1, "rpm").await, 49_000);
     }
 }
 
-/// S28 the doubling transient, which the reference engine bounds by 1.5 × capacity (its
-/// shard 0 keeps what it held, up to the whole capacity, while shard 1 starts at half).
-/// A doubling here clamps shard 0 to its new share in the write that raises its count, so
-/// the bucket never holds more than its capacity: 1 taken before, then shard 0's 50 and
-/// the new shard 1's 50.
-async fn s28_doubling_transient_is_one_and_a_half_capacity<S: BucketStore>(store: S) {
-    let rig = rig(store);
-    // Random draws, as in production.
-    let engine = Engine::with_parts(
-        rig.store.clone(),
-        EngineOptions {
-            rejection_cache_ms: 0,
-            ..EngineOptions::default()
-        },
-        rig.clock.clone(),
-        Arc::new(shardgate::engine::RandomDraw),
-    );
-    let req = rpm(100, 1);
-    assert!(engine.acquire(&req).await.unwrap().admitted);
-    // Another server doubles the bucket; this one learns it from shard 0's refusal.
-    double_elsewhere(&*rig.store.inner, 1, 2).await;
-    let admitted = 1 + admit_until_refused(&engine, &req).await;
-    assert!(admitted <= 150, "the reference's bound: {admitted}");
-    assert_eq!(admitted, 101);
+cross_store! {
+    /// S25 retries are capped at two; the refusal quotes the shard's share.
+    async fn s25_retries_capped_at_two<S: BucketStore>(store: S) {
+        let rig = rig(store);
+        for s in 0..4 {
+            put_rpm_shard(&rig, s, 4, 100, 0).await;
+        }
+        rig.engine.learn_shard_count("u1", "api", 4);
+        let d = acquire(&rig, &rpm(100, 1)).await;
+        assert!(!d.admitted);
+        let calls = rig.store.calls();
+        assert_eq!(calls.len(), 3, "{calls:?}");
+        assert!(calls
+            .iter()
+            .all(|c| matches!(c, Call::Debit { applied: false, .. })));
+        let l = d.buckets[0].limits[0];
+        assert_eq!(l.wait_ms, Some(2_401));
+        assert_eq!((l.share.ceiling, l.share.ra), (25_000, 25_000));
+        assert_eq!(l.remaining, 0);
+    }
+}
+
+cross_store! {
+    /// S26 a retry that finds a missing shard creates it there.
+    async fn s26_retry_that_finds_a_missing_shard_creates_it<S: BucketStore>(store: S) {
+        let rig = rig(store);
+        put_rpm_shard(&rig, 0, 4, 100, 0).await;
+        rig.engine.learn_shard_count("u1", "api", 4);
+        rig.draw.push(0);
+        rig.draw.push(3);
+        assert!(acquire(&rig, &rpm(100, 1)).await.admitted);
+        assert_eq!(
+            rig.store.calls(),
+            vec![
+                Call::Debit {
+                    shard: 0,
+                    retry_only: false,
+                    applied: false,
+                    missing: false
+                },
+                Call::Debit {
+                    shard: 3,
+                    retry_only: false,
+                    applied: false,
+                    missing: true
+                },
+                Call::Read { shards: vec![3] },
+                Call::Commit {
+                    kinds: vec!["create"],
+                    committed: true
+                },
+            ]
+        );
+        let s3 = item(&rig, "u1", "api", 3).await;
+        assert_eq!((s3.limits["rpm"].tk, s3.shard_count), (24_000, 4));
+    }
+}
+
+cross_store! {
+    /// S27 the per-shard request ceiling: a request above one shard's share never fits.
+    async fn s27_per_shard_request_ceiling<S: BucketStore>(store: S) {
+        let rig = rig(store);
+        for s in 0..4 {
+            put_rpm_shard(&rig, s, 4, 10, 2_500).await;
+        }
+        rig.engine.learn_shard_count("u1", "api", 4);
+        let d = acquire(&rig, &rpm(10, 3)).await;
+        assert!(!d.admitted);
+        assert_eq!(debits(&rig.store.calls()), 3);
+        let l = d.buckets[0].limits[0];
+        assert_eq!(l.remaining / 1_000, 2);
+        assert_eq!(l.share.ceiling, 2_500);
+        // The reference quotes a retry-after that can never pay off; we say "never".
+        assert_eq!(l.wait_ms, None);
+        assert!(EngineStats::get(&rig.engine.stats().per_shard_ceiling_rejections) >= 1);
+        for s in 0..4 {
+            assert_eq!(tk(&rig, s, "rpm").await, 2_500);
+        }
+    }
+}
+
+cross_store! {
+    /// S28 the doubling transient, which the reference engine bounds by 1.5 × capacity (its
+    /// shard 0 keeps what it held, up to the whole capacity, while shard 1 starts at half).
+    /// A doubling here clamps shard 0 to its new share in the write that raises its count, so
+    /// the bucket never holds more than its capacity: 1 taken before, then shard 0's 50 and
+    /// the new shard 1's 50.
+    async fn s28_doubling_transient_is_one_and_a_half_capacity<S: BucketStore>(store: S) {
+        let rig = rig(store);
+        // Random draws, as in production.
+        let engine = Engine::with_parts(
+            rig.store.clone(),
+            EngineOptions {
+                rejection_cache_ms: 0,
+                ..EngineOptions::default()
+            },
+            rig.clock.clone(),
+            Arc::new(shardgate::engine::RandomDraw),
+        );
+        let req = rpm(100, 1);
+        assert!(engine.acquire(&req).await.unwrap().admitted);
+        // Another server doubles the bucket; this one learns it from shard 0's refusal.
+        double_elsewhere(&*rig.store.inner, 1, 2).await;
+        let admitted = 1 + admit_until_refused(&engine, &req).await;
+        assert!(admitted <= 150, "the reference's bound: {admitted}");
+        assert_eq!(admitted, 101);
+    }
 }
 
 /// Admits `req` on `engine` until 20 refusals in a row; returns how many were admitted.
@@ -664,93 +697,99 @@ async fn admit_until_refused<S: BucketStore>(engine: &Engine<S>, req: &Acquire) 
     admitted
 }
 
-/// X04 concurrent doublings: a second server whose count is behind sees the hot shard's
-/// spent `wcu` right after the first server doubled the bucket. That exhaustion is the one
-/// the first doubling answered: it must not double again (the reference does: 2 → 4, and
-/// its transient compounds). Across both servers the bucket admits no more than the
-/// documented transient.
-async fn x04_a_doubling_already_made_is_not_made_again<S: BucketStore>(store: S) {
-    let rig = rig(store);
-    let req = exhaust_wcu(&rig).await; // 1001 admitted on shard 0 (100,000/min)
-    assert!(acquire(&rig, &req).await.admitted, "server A doubles 1 → 2");
-    assert_eq!(item(&rig, "u1", "api", 0).await.shard_count, 2);
-    // Server B has never seen the bucket sharded; it draws shard 0 under one shard.
-    let b = Engine::with_parts(
-        rig.store.clone(),
-        EngineOptions {
-            rejection_cache_ms: 0,
-            ..EngineOptions::default()
-        },
-        rig.clock.clone(),
-        Arc::new(ScriptedDraw::new([0])),
-    );
-    rig.store.clear();
-    assert!(b.acquire(&req).await.unwrap().admitted);
-    let calls = rig.store.calls();
-    assert!(!doubled(&calls), "{calls:?}");
-    assert_eq!(b.known_shard_count("u1", "api"), 2);
-    assert_eq!(item(&rig, "u1", "api", 0).await.shard_count, 2);
-    assert_eq!(EngineStats::get(&b.stats().shard_doublings), 0);
+cross_store! {
+    /// X04 concurrent doublings: a second server whose count is behind sees the hot shard's
+    /// spent `wcu` right after the first server doubled the bucket. That exhaustion is the one
+    /// the first doubling answered: it must not double again (the reference does: 2 → 4, and
+    /// its transient compounds). Across both servers the bucket admits no more than the
+    /// documented transient.
+    async fn x04_a_doubling_already_made_is_not_made_again<S: BucketStore>(store: S) {
+        let rig = rig(store);
+        let req = exhaust_wcu(&rig).await; // 1001 admitted on shard 0 (100,000/min)
+        assert!(acquire(&rig, &req).await.admitted, "server A doubles 1 → 2");
+        assert_eq!(item(&rig, "u1", "api", 0).await.shard_count, 2);
+        // Server B has never seen the bucket sharded; it draws shard 0 under one shard.
+        let b = Engine::with_parts(
+            rig.store.clone(),
+            EngineOptions {
+                rejection_cache_ms: 0,
+                ..EngineOptions::default()
+            },
+            rig.clock.clone(),
+            Arc::new(ScriptedDraw::new([0])),
+        );
+        rig.store.clear();
+        assert!(b.acquire(&req).await.unwrap().admitted);
+        let calls = rig.store.calls();
+        assert!(!doubled(&calls), "{calls:?}");
+        assert_eq!(b.known_shard_count("u1", "api"), 2);
+        assert_eq!(item(&rig, "u1", "api", 0).await.shard_count, 2);
+        assert_eq!(EngineStats::get(&b.stats().shard_doublings), 0);
+    }
 }
 
-/// X05 a shard is never created with fewer shards than it was drawn under, even when the
-/// count cache forgets the bucket in between (a full cache partition is cleared).
-async fn x05_a_shard_drawn_under_four_is_created_for_four<S: BucketStore>(store: S) {
-    let rig = rig(store);
-    for shard in 0..3 {
-        put_rpm_shard(&rig, shard, 4, 100, 25_000).await;
+cross_store! {
+    /// X05 a shard is never created with fewer shards than it was drawn under, even when the
+    /// count cache forgets the bucket in between (a full cache partition is cleared).
+    async fn x05_a_shard_drawn_under_four_is_created_for_four<S: BucketStore>(store: S) {
+        let rig = rig(store);
+        for shard in 0..3 {
+            put_rpm_shard(&rig, shard, 4, 100, 25_000).await;
+        }
+        rig.engine.learn_shard_count("u1", "api", 4);
+        rig.draw.push(3);
+        let forget = rig.engine.view();
+        rig.store.after_debit(Box::new(move |_| {
+            Box::pin(async move {
+                forget.forget_shard_counts();
+            })
+        }));
+        assert!(acquire(&rig, &rpm(100, 1)).await.admitted);
+        let s3 = item(&rig, "u1", "api", 3).await;
+        assert_eq!(s3.shard_count, 4);
+        assert_eq!(
+            s3.limits["rpm"].tk,
+            25_000 - 1_000,
+            "a quarter, not the whole 100"
+        );
     }
-    rig.engine.learn_shard_count("u1", "api", 4);
-    rig.draw.push(3);
-    let forget = rig.engine.view();
-    rig.store.after_debit(Box::new(move |_| {
-        Box::pin(async move {
-            forget.forget_shard_counts();
-        })
-    }));
-    assert!(acquire(&rig, &rpm(100, 1)).await.admitted);
-    let s3 = item(&rig, "u1", "api", 3).await;
-    assert_eq!(s3.shard_count, 4);
-    assert_eq!(
-        s3.limits["rpm"].tk,
-        25_000 - 1_000,
-        "a quarter, not the whole 100"
-    );
 }
 
-/// X06 shard 0 expired and was created again by a server that knew one shard while
-/// shards 1–3 still say four: it holds the whole capacity. A server that knows four
-/// shards repairs it on its first touch (the fast path refuses a shard whose count is
-/// behind the drawer's): clamped to a quarter, count four; the first server then learns.
-async fn x06_a_shard_zero_recreated_with_one_shard_is_repaired<S: BucketStore>(store: S) {
-    let rig = rig(store);
-    for shard in 1..4 {
-        put_rpm_shard(&rig, shard, 4, 100, 25_000).await;
+cross_store! {
+    /// X06 shard 0 expired and was created again by a server that knew one shard while
+    /// shards 1–3 still say four: it holds the whole capacity. A server that knows four
+    /// shards repairs it on its first touch (the fast path refuses a shard whose count is
+    /// behind the drawer's): clamped to a quarter, count four; the first server then learns.
+    async fn x06_a_shard_zero_recreated_with_one_shard_is_repaired<S: BucketStore>(store: S) {
+        let rig = rig(store);
+        for shard in 1..4 {
+            put_rpm_shard(&rig, shard, 4, 100, 25_000).await;
+        }
+        // A server that knew no shards creates shard 0 for one.
+        let stale = Engine::with_parts(
+            rig.store.clone(),
+            EngineOptions {
+                rejection_cache_ms: 0,
+                ..EngineOptions::default()
+            },
+            rig.clock.clone(),
+            Arc::new(ScriptedDraw::default()),
+        );
+        assert!(stale.acquire(&rpm(100, 1)).await.unwrap().admitted);
+        let s0 = item(&rig, "u1", "api", 0).await;
+        assert_eq!((s0.shard_count, s0.limits["rpm"].tk), (1, 99_000));
+        // A server that knows four draws shard 0.
+        rig.engine.learn_shard_count("u1", "api", 4);
+        rig.draw.push(0);
+        rig.store.clear();
+        assert!(acquire(&rig, &rpm(100, 1)).await.admitted);
+        let s0 = item(&rig, "u1", "api", 0).await;
+        assert_eq!(s0.shard_count, 4, "repaired: {:?}", rig.store.calls());
+        assert_eq!(s0.limits["rpm"].tk, 25_000 - 1_000, "clamped to a quarter");
+        // The stale server learns four from shard 0's refusal of its count.
+        assert!(stale.acquire(&rpm(100, 1)).await.unwrap().admitted);
+        assert_eq!(stale.known_shard_count("u1", "api"), 4);
     }
-    // A server that knew no shards creates shard 0 for one.
-    let stale = Engine::with_parts(
-        rig.store.clone(),
-        EngineOptions {
-            rejection_cache_ms: 0,
-            ..EngineOptions::default()
-        },
-        rig.clock.clone(),
-        Arc::new(ScriptedDraw::default()),
-    );
-    assert!(stale.acquire(&rpm(100, 1)).await.unwrap().admitted);
-    let s0 = item(&rig, "u1", "api", 0).await;
-    assert_eq!((s0.shard_count, s0.limits["rpm"].tk), (1, 99_000));
-    // A server that knows four draws shard 0.
-    rig.engine.learn_shard_count("u1", "api", 4);
-    rig.draw.push(0);
-    rig.store.clear();
-    assert!(acquire(&rig, &rpm(100, 1)).await.admitted);
-    let s0 = item(&rig, "u1", "api", 0).await;
-    assert_eq!(s0.shard_count, 4, "repaired: {:?}", rig.store.calls());
-    assert_eq!(s0.limits["rpm"].tk, 25_000 - 1_000, "clamped to a quarter");
-    // The stale server learns four from shard 0's refusal of its count.
-    assert!(stale.acquire(&rpm(100, 1)).await.unwrap().admitted);
-    assert_eq!(stale.known_shard_count("u1", "api"), 4);
 }
 
 /// S29 a lost create race becomes a consumption-only debit of the winner's item; if the
@@ -787,22 +826,28 @@ async fn s29_case<S: BucketStore>(store: S, winner_tk: i64, admitted: bool) {
     }
 }
 
-async fn s29_lost_create_race_debits_the_winners_item<S: BucketStore>(store: S) {
-    s29_case(store, 50_000, true).await;
+cross_store! {
+    async fn s29_lost_create_race_debits_the_winners_item<S: BucketStore>(store: S) {
+        s29_case(store, 50_000, true).await;
+    }
 }
 
-async fn s29_lost_create_race_refuses_when_the_winner_is_short<S: BucketStore>(store: S) {
-    s29_case(store, 1_000, false).await;
+cross_store! {
+    async fn s29_lost_create_race_refuses_when_the_winner_is_short<S: BucketStore>(store: S) {
+        s29_case(store, 1_000, false).await;
+    }
 }
 
-/// S31 the shard count is learnt and never unlearnt.
-async fn s31_shard_count_never_shrinks<S: BucketStore>(store: S) {
-    let rig = rig(store);
-    put_rpm_shard(&rig, 0, 2, 100, 50_000).await;
-    rig.engine.learn_shard_count("u1", "api", 4);
-    rig.draw.push(0);
-    assert!(acquire(&rig, &rpm(100, 1)).await.admitted);
-    assert_eq!(rig.engine.known_shard_count("u1", "api"), 4);
+cross_store! {
+    /// S31 the shard count is learnt and never unlearnt.
+    async fn s31_shard_count_never_shrinks<S: BucketStore>(store: S) {
+        let rig = rig(store);
+        put_rpm_shard(&rig, 0, 2, 100, 50_000).await;
+        rig.engine.learn_shard_count("u1", "api", 4);
+        rig.draw.push(0);
+        assert!(acquire(&rig, &rpm(100, 1)).await.admitted);
+        assert_eq!(rig.engine.known_shard_count("u1", "api"), 4);
+    }
 }
 
 // ---------------------------------------------------------------- E. cascade
@@ -818,115 +863,123 @@ fn cascade(child_rate: u64, parent_rate: u64) -> Acquire {
     }
 }
 
-/// S32 cascade: one commit creates both; then parallel debits; the parent's exhaustion
-/// refunds the child and refuses.
-async fn s32_cascade_hot_path_and_parent_exhaustion<S: BucketStore>(store: S) {
-    let rig = rig(store);
-    let req = cascade(10, 3);
-    assert!(acquire(&rig, &req).await.admitted);
-    assert!(rig.store.calls().contains(&Call::Commit {
-        kinds: vec!["create", "create"],
-        committed: true
-    }));
-    for _ in 0..2 {
+cross_store! {
+    /// S32 cascade: one commit creates both; then parallel debits; the parent's exhaustion
+    /// refunds the child and refuses.
+    async fn s32_cascade_hot_path_and_parent_exhaustion<S: BucketStore>(store: S) {
+        let rig = rig(store);
+        let req = cascade(10, 3);
+        assert!(acquire(&rig, &req).await.admitted);
+        assert!(rig.store.calls().contains(&Call::Commit {
+            kinds: vec!["create", "create"],
+            committed: true
+        }));
+        for _ in 0..2 {
+            rig.store.clear();
+            assert!(acquire(&rig, &req).await.admitted);
+            assert_eq!(rig.store.calls().len(), 2, "two debits, nothing else");
+        }
+        rig.store.clear();
+        let d = acquire(&rig, &req).await;
+        assert!(!d.admitted);
+        let calls = rig.store.calls();
+        assert_eq!(debits(&calls), 2);
+        assert!(
+            calls.contains(&Call::Credit { shard: 0 }),
+            "child refunded: {calls:?}"
+        );
+        let (child, parent) = (d.buckets[0].limits[0], d.buckets[1].limits[0]);
+        assert!(child.fits && !parent.fits);
+        assert_eq!(parent.remaining, 0);
+        assert_eq!(parent.wait_ms, Some(20_001));
+        assert_eq!(item(&rig, "key1", "api", 0).await.limits["rpm"].tk, 7_000);
+        assert_eq!(item(&rig, "org", "api", 0).await.limits["rpm"].tk, 0);
+    }
+}
+
+cross_store! {
+    /// S33 the parent alone takes the slow path; the child keeps its debit.
+    async fn s33_parent_only_slow_path<S: BucketStore>(store: S) {
+        let rig = rig(store);
+        let req = cascade(10, 2);
+        assert!(acquire(&rig, &req).await.admitted);
+        assert!(acquire(&rig, &req).await.admitted);
+        assert_eq!(item(&rig, "org", "api", 0).await.limits["rpm"].tk, 0);
+        rig.clock.set(T0 + 30_000);
         rig.store.clear();
         assert!(acquire(&rig, &req).await.admitted);
-        assert_eq!(rig.store.calls().len(), 2, "two debits, nothing else");
+        let calls = rig.store.calls();
+        assert_eq!(debits(&calls), 2);
+        assert!(calls.contains(&Call::Read { shards: vec![0] }));
+        assert!(calls.contains(&Call::Commit {
+            kinds: vec!["update"],
+            committed: true
+        }));
+        let org = item(&rig, "org", "api", 0).await;
+        assert_eq!((org.limits["rpm"].tk, org.rf), (0, T0 + 30_000));
+        assert_eq!(item(&rig, "key1", "api", 0).await.limits["rpm"].tk, 7_000);
     }
-    rig.store.clear();
-    let d = acquire(&rig, &req).await;
-    assert!(!d.admitted);
-    let calls = rig.store.calls();
-    assert_eq!(debits(&calls), 2);
-    assert!(
-        calls.contains(&Call::Credit { shard: 0 }),
-        "child refunded: {calls:?}"
-    );
-    let (child, parent) = (d.buckets[0].limits[0], d.buckets[1].limits[0]);
-    assert!(child.fits && !parent.fits);
-    assert_eq!(parent.remaining, 0);
-    assert_eq!(parent.wait_ms, Some(20_001));
-    assert_eq!(item(&rig, "key1", "api", 0).await.limits["rpm"].tk, 7_000);
-    assert_eq!(item(&rig, "org", "api", 0).await.limits["rpm"].tk, 0);
 }
 
-/// S33 the parent alone takes the slow path; the child keeps its debit.
-async fn s33_parent_only_slow_path<S: BucketStore>(store: S) {
-    let rig = rig(store);
-    let req = cascade(10, 2);
-    assert!(acquire(&rig, &req).await.admitted);
-    assert!(acquire(&rig, &req).await.admitted);
-    assert_eq!(item(&rig, "org", "api", 0).await.limits["rpm"].tk, 0);
-    rig.clock.set(T0 + 30_000);
-    rig.store.clear();
-    assert!(acquire(&rig, &req).await.admitted);
-    let calls = rig.store.calls();
-    assert_eq!(debits(&calls), 2);
-    assert!(calls.contains(&Call::Read { shards: vec![0] }));
-    assert!(calls.contains(&Call::Commit {
-        kinds: vec!["update"],
-        committed: true
-    }));
-    let org = item(&rig, "org", "api", 0).await;
-    assert_eq!((org.limits["rpm"].tk, org.rf), (0, T0 + 30_000));
-    assert_eq!(item(&rig, "key1", "api", 0).await.limits["rpm"].tk, 7_000);
-}
-
-/// S34 our plans know the parent from config, so even a fresh process debits child and
-/// parent in one round (the reference's cold cache took two).
-async fn s34_fresh_process_debits_child_and_parent_together<S: BucketStore>(store: S) {
-    let rig = rig(store);
-    let req = cascade(10, 3);
-    assert!(acquire(&rig, &req).await.admitted);
-    let fresh = Engine::with_parts(
-        rig.store.clone(),
-        EngineOptions {
-            rejection_cache_ms: 0,
-            ..EngineOptions::default()
-        },
-        rig.clock.clone(),
-        rig.draw.clone(),
-    );
-    rig.store.clear();
-    assert!(fresh.acquire(&req).await.unwrap().admitted);
-    let calls = rig.store.calls();
-    assert_eq!(calls.len(), 2);
-    assert!(calls
-        .iter()
-        .all(|c| matches!(c, Call::Debit { applied: true, .. })));
-}
-
-/// S35 a cascading child never takes the child-only shard retry: slow path on another
-/// shard instead.
-async fn s35_cascading_child_takes_the_slow_path_not_a_retry<S: BucketStore>(store: S) {
-    let rig = rig(store);
-    // key1 has two shards of 10/min (5 each): shard 0 drained at T0, shard 1 full.
-    for (s, tk) in [(0, 0), (1, 5_000)] {
-        let mut it = rpm_item(2, 10, tk, 1_000_000);
-        it.ttl = None;
-        rig.store.put(BucketKey::new("key1", "api", s), it).await;
+cross_store! {
+    /// S34 our plans know the parent from config, so even a fresh process debits child and
+    /// parent in one round (the reference's cold cache took two).
+    async fn s34_fresh_process_debits_child_and_parent_together<S: BucketStore>(store: S) {
+        let rig = rig(store);
+        let req = cascade(10, 3);
+        assert!(acquire(&rig, &req).await.admitted);
+        let fresh = Engine::with_parts(
+            rig.store.clone(),
+            EngineOptions {
+                rejection_cache_ms: 0,
+                ..EngineOptions::default()
+            },
+            rig.clock.clone(),
+            rig.draw.clone(),
+        );
+        rig.store.clear();
+        assert!(fresh.acquire(&req).await.unwrap().admitted);
+        let calls = rig.store.calls();
+        assert_eq!(calls.len(), 2);
+        assert!(calls
+            .iter()
+            .all(|c| matches!(c, Call::Debit { applied: true, .. })));
     }
-    rig.engine.learn_shard_count("key1", "api", 2);
-    // 12 s refill one token on a shard holding half of 10/min: a refill would help.
-    rig.clock.set(T0 + 12_000);
-    rig.draw.push(0);
-    let d = acquire(&rig, &cascade(10, 100)).await;
-    assert!(d.admitted);
-    assert_eq!(EngineStats::get(&rig.engine.stats().shard_retries), 0);
-    // The parent has no item yet: child (on the untried shard 1) and parent are read
-    // together and committed in one transaction, as in the reference.
-    let calls = rig.store.calls();
-    assert!(
-        calls.contains(&Call::Read { shards: vec![1, 0] }),
-        "{calls:?}"
-    );
-    assert!(calls.contains(&Call::Commit {
-        kinds: vec!["update", "create"],
-        committed: true
-    }));
-    assert_eq!(d.buckets[0].shard, 1);
-    assert!(item(&rig, "key1", "api", 1).await.limits["rpm"].tc > 0);
-    assert_eq!(item(&rig, "org", "api", 0).await.limits["rpm"].tc, 1_000);
+}
+
+cross_store! {
+    /// S35 a cascading child never takes the child-only shard retry: slow path on another
+    /// shard instead.
+    async fn s35_cascading_child_takes_the_slow_path_not_a_retry<S: BucketStore>(store: S) {
+        let rig = rig(store);
+        // key1 has two shards of 10/min (5 each): shard 0 drained at T0, shard 1 full.
+        for (s, tk) in [(0, 0), (1, 5_000)] {
+            let mut it = rpm_item(2, 10, tk, 1_000_000);
+            it.ttl = None;
+            rig.store.put(BucketKey::new("key1", "api", s), it).await;
+        }
+        rig.engine.learn_shard_count("key1", "api", 2);
+        // 12 s refill one token on a shard holding half of 10/min: a refill would help.
+        rig.clock.set(T0 + 12_000);
+        rig.draw.push(0);
+        let d = acquire(&rig, &cascade(10, 100)).await;
+        assert!(d.admitted);
+        assert_eq!(EngineStats::get(&rig.engine.stats().shard_retries), 0);
+        // The parent has no item yet: child (on the untried shard 1) and parent are read
+        // together and committed in one transaction, as in the reference.
+        let calls = rig.store.calls();
+        assert!(
+            calls.contains(&Call::Read { shards: vec![1, 0] }),
+            "{calls:?}"
+        );
+        assert!(calls.contains(&Call::Commit {
+            kinds: vec!["update", "create"],
+            committed: true
+        }));
+        assert_eq!(d.buckets[0].shard, 1);
+        assert!(item(&rig, "key1", "api", 1).await.limits["rpm"].tc > 0);
+        assert_eq!(item(&rig, "org", "api", 0).await.limits["rpm"].tc, 1_000);
+    }
 }
 
 // ------------------------------------------------------- ours, beyond the reference
@@ -939,34 +992,36 @@ async fn until(done: impl Fn() -> bool) {
     }
 }
 
-/// A request on a shard whose refill another request of this process is running waits
-/// for it and then takes the fast path: no refused debit, no read, no commit and no lost
-/// `rf` race of its own.
-async fn x01_a_slow_pass_in_flight_is_followed_not_raced<S: BucketStore>(store: S) {
-    let rig = exhausted_a_minute_ago(store).await;
-    let release = Arc::new(tokio::sync::Notify::new());
-    let held = release.clone();
-    rig.store.before_commit(Box::new(move |_| {
-        Box::pin(async move { held.notified().await })
-    }));
-    let followers = || EngineStats::get(&rig.engine.stats().slow_passes_followed);
-    let req = rpm(10, 1);
-    let (first, second, ()) = tokio::join!(
-        acquire(&rig, &req),
-        async {
-            // Starts once the first request is in its pass (it has read the item).
-            until(|| reads(&rig.store.calls()) >= 1).await;
-            acquire(&rig, &req).await
-        },
-        async {
-            // The first request holds its commit; release it once the second waits for it.
-            until(|| followers() >= 1).await;
-            release.notify_one();
-        }
-    );
-    assert!(first.admitted && second.admitted);
-    // One pass for both, and the second request sent nothing until it ended.
-    one_pass_followed(&rig, 2).await;
+cross_store! {
+    /// A request on a shard whose refill another request of this process is running waits
+    /// for it and then takes the fast path: no refused debit, no read, no commit and no lost
+    /// `rf` race of its own.
+    async fn x01_a_slow_pass_in_flight_is_followed_not_raced<S: BucketStore>(store: S) {
+        let rig = exhausted_a_minute_ago(store).await;
+        let release = Arc::new(tokio::sync::Notify::new());
+        let held = release.clone();
+        rig.store.before_commit(Box::new(move |_| {
+            Box::pin(async move { held.notified().await })
+        }));
+        let followers = || EngineStats::get(&rig.engine.stats().slow_passes_followed);
+        let req = rpm(10, 1);
+        let (first, second, ()) = tokio::join!(
+            acquire(&rig, &req),
+            async {
+                // Starts once the first request is in its pass (it has read the item).
+                until(|| reads(&rig.store.calls()) >= 1).await;
+                acquire(&rig, &req).await
+            },
+            async {
+                // The first request holds its commit; release it once the second waits for it.
+                until(|| followers() >= 1).await;
+                release.notify_one();
+            }
+        );
+        assert!(first.admitted && second.admitted);
+        // One pass for both, and the second request sent nothing until it ended.
+        one_pass_followed(&rig, 2).await;
+    }
 }
 
 /// Ten of ten tokens taken, then the clock a minute on: the next request's fast debit is
@@ -1007,235 +1062,245 @@ async fn one_pass_followed<S: BucketStore>(rig: &Rig<S>, debits_sent: usize) {
     assert_eq!(tk(rig, 0, "rpm").await, 8_000);
 }
 
-/// A request whose fast debit was refused *before* another request of this process began
-/// refilling that shard finds the pass in flight only afterwards: it waits for the pass
-/// and debits again by the fast path, rather than reading and racing the same `rf` lock.
-async fn x03_a_refused_request_follows_a_pass_begun_since<S: BucketStore>(store: S) {
-    let rig = exhausted_a_minute_ago(store).await;
-    let followers = || EngineStats::get(&rig.engine.stats().slow_passes_followed);
-    // The first request's refused debit is held until the second has begun its pass.
-    let pass_begun = Arc::new(tokio::sync::Notify::new());
-    let begun = pass_begun.clone();
-    rig.store.after_debit(Box::new(move |_| {
-        Box::pin(async move { begun.notified().await })
-    }));
-    // The second request's commit is held until the first waits for its pass.
-    let release = Arc::new(tokio::sync::Notify::new());
-    let held = release.clone();
-    rig.store.before_commit(Box::new(move |_| {
-        Box::pin(async move { held.notified().await })
-    }));
-    let req = rpm(10, 1);
-    let (first, second, ()) = tokio::join!(
-        acquire(&rig, &req),
-        async {
-            until(|| debits(&rig.store.calls()) >= 1).await;
-            acquire(&rig, &req).await
-        },
-        async {
-            until(|| reads(&rig.store.calls()) >= 1).await;
-            pass_begun.notify_one();
-            until(|| followers() >= 1).await;
-            release.notify_one();
-        }
-    );
-    assert!(first.admitted && second.admitted);
-    // Two refused debits, one pass (the second request's), then the first request's
-    // fast debit again.
-    one_pass_followed(&rig, 3).await;
-}
-
-/// A config rollout that changes a limit's parameters: the first new-config request
-/// rewrites the limit by the slow path, while a server still on the old parameters
-/// debits it by the fast path between that read and that commit. The rewrite must not
-/// overwrite that debit: it fails, and the request is taken from the item as it stands.
-async fn x02_a_parameter_rewrite_never_overwrites_a_concurrent_debit<S: BucketStore>(store: S) {
-    let rig = rig(store);
-    assert!(acquire(&rig, &rpm(10, 1)).await.admitted);
-    let old = LimitParams::new(10, 10, 60_000);
-    rig.store.before_commit(Box::new(move |inner| {
-        Box::pin(async move {
-            let debit = shardgate::store::Debit {
-                limit: "rpm".into(),
-                amount: 1_000,
-                gated: true,
-                params: Some(old),
-            };
-            let out = inner
-                .debit(
-                    &BucketKey::new("u1", "api", 0),
-                    &[debit],
-                    shardgate::store::DebitMode::Fast {
-                        now_s: T0 / 1_000,
-                        shard_count: 1,
-                    },
-                )
-                .await
-                .unwrap();
-            assert!(matches!(out, shardgate::store::DebitOutcome::Applied(_)));
-        })
-    }));
-    rig.store.clear();
-    assert!(acquire(&rig, &rpm(20, 1)).await.admitted);
-    let calls = rig.store.calls();
-    let commits: Vec<_> = calls
-        .iter()
-        .filter(|c| matches!(c, Call::Commit { .. }))
-        .collect();
-    assert_eq!(
-        commits,
-        [
-            &Call::Commit {
-                kinds: vec!["update"],
-                committed: false
+cross_store! {
+    /// A request whose fast debit was refused *before* another request of this process began
+    /// refilling that shard finds the pass in flight only afterwards: it waits for the pass
+    /// and debits again by the fast path, rather than reading and racing the same `rf` lock.
+    async fn x03_a_refused_request_follows_a_pass_begun_since<S: BucketStore>(store: S) {
+        let rig = exhausted_a_minute_ago(store).await;
+        let followers = || EngineStats::get(&rig.engine.stats().slow_passes_followed);
+        // The first request's refused debit is held until the second has begun its pass.
+        let pass_begun = Arc::new(tokio::sync::Notify::new());
+        let begun = pass_begun.clone();
+        rig.store.after_debit(Box::new(move |_| {
+            Box::pin(async move { begun.notified().await })
+        }));
+        // The second request's commit is held until the first waits for its pass.
+        let release = Arc::new(tokio::sync::Notify::new());
+        let held = release.clone();
+        rig.store.before_commit(Box::new(move |_| {
+            Box::pin(async move { held.notified().await })
+        }));
+        let req = rpm(10, 1);
+        let (first, second, ()) = tokio::join!(
+            acquire(&rig, &req),
+            async {
+                until(|| debits(&rig.store.calls()) >= 1).await;
+                acquire(&rig, &req).await
             },
-            &Call::Commit {
-                kinds: vec!["debit"],
-                committed: true
+            async {
+                until(|| reads(&rig.store.calls()) >= 1).await;
+                pass_begun.notify_one();
+                until(|| followers() >= 1).await;
+                release.notify_one();
             }
-        ],
-        "{calls:?}"
-    );
-    let it = item(&rig, "u1", "api", 0).await;
-    assert_eq!(it.limits["rpm"].tc, 3_000, "three debits, none overwritten");
-    assert_eq!(it.limits["rpm"].tk, 7_000);
-    // The next request rewrites the parameters, keeping every debit.
-    assert!(acquire(&rig, &rpm(20, 1)).await.admitted);
-    let it = item(&rig, "u1", "api", 0).await;
-    assert_eq!(it.limits["rpm"].params(), LimitParams::new(20, 20, 60_000));
-    assert_eq!((it.limits["rpm"].tk, it.limits["rpm"].tc), (6_000, 4_000));
+        );
+        assert!(first.admitted && second.admitted);
+        // Two refused debits, one pass (the second request's), then the first request's
+        // fast debit again.
+        one_pass_followed(&rig, 3).await;
+    }
 }
 
-/// X07 a request that waits for another's slow pass decides at the time the pass ended,
-/// not the time it arrived: here the clock moves 30 s during the wait, so the bucket has
-/// refilled to full by the time the follower's debit lands (the reference engine reads the
-/// clock once per request).
-async fn x07_a_follower_decides_at_the_time_it_stopped_waiting<S: BucketStore>(store: S) {
-    let rig = exhausted_a_minute_ago(store).await;
-    // The first request's commit (its pass planned at T0 + 60 s) is held; the clock moves
-    // only once it is.
-    let release = Arc::new(tokio::sync::Notify::new());
-    let committing = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let (held, flag) = (release.clone(), committing.clone());
-    rig.store.before_commit(Box::new(move |_| {
-        Box::pin(async move {
-            flag.store(true, std::sync::atomic::Ordering::SeqCst);
-            held.notified().await
+cross_store! {
+    /// A config rollout that changes a limit's parameters: the first new-config request
+    /// rewrites the limit by the slow path, while a server still on the old parameters
+    /// debits it by the fast path between that read and that commit. The rewrite must not
+    /// overwrite that debit: it fails, and the request is taken from the item as it stands.
+    async fn x02_a_parameter_rewrite_never_overwrites_a_concurrent_debit<S: BucketStore>(store: S) {
+        let rig = rig(store);
+        assert!(acquire(&rig, &rpm(10, 1)).await.admitted);
+        let old = LimitParams::new(10, 10, 60_000);
+        rig.store.before_commit(Box::new(move |inner| {
+            Box::pin(async move {
+                let debit = shardgate::store::Debit {
+                    limit: "rpm".into(),
+                    amount: 1_000,
+                    gated: true,
+                    params: Some(old),
+                };
+                let out = inner
+                    .debit(
+                        &BucketKey::new("u1", "api", 0),
+                        &[debit],
+                        shardgate::store::DebitMode::Fast {
+                            now_s: T0 / 1_000,
+                            shard_count: 1,
+                        },
+                    )
+                    .await
+                    .unwrap();
+                assert!(matches!(out, shardgate::store::DebitOutcome::Applied(_)));
+            })
+        }));
+        rig.store.clear();
+        assert!(acquire(&rig, &rpm(20, 1)).await.admitted);
+        let calls = rig.store.calls();
+        let commits: Vec<_> = calls
+            .iter()
+            .filter(|c| matches!(c, Call::Commit { .. }))
+            .collect();
+        assert_eq!(
+            commits,
+            [
+                &Call::Commit {
+                    kinds: vec!["update"],
+                    committed: false
+                },
+                &Call::Commit {
+                    kinds: vec!["debit"],
+                    committed: true
+                }
+            ],
+            "{calls:?}"
+        );
+        let it = item(&rig, "u1", "api", 0).await;
+        assert_eq!(it.limits["rpm"].tc, 3_000, "three debits, none overwritten");
+        assert_eq!(it.limits["rpm"].tk, 7_000);
+        // The next request rewrites the parameters, keeping every debit.
+        assert!(acquire(&rig, &rpm(20, 1)).await.admitted);
+        let it = item(&rig, "u1", "api", 0).await;
+        assert_eq!(it.limits["rpm"].params(), LimitParams::new(20, 20, 60_000));
+        assert_eq!((it.limits["rpm"].tk, it.limits["rpm"].tc), (6_000, 4_000));
+    }
+}
+
+cross_store! {
+    /// X07 a request that waits for another's slow pass decides at the time the pass ended,
+    /// not the time it arrived: here the clock moves 30 s during the wait, so the bucket has
+    /// refilled to full by the time the follower's debit lands (the reference engine reads the
+    /// clock once per request).
+    async fn x07_a_follower_decides_at_the_time_it_stopped_waiting<S: BucketStore>(store: S) {
+        let rig = exhausted_a_minute_ago(store).await;
+        // The first request's commit (its pass planned at T0 + 60 s) is held; the clock moves
+        // only once it is.
+        let release = Arc::new(tokio::sync::Notify::new());
+        let committing = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (held, flag) = (release.clone(), committing.clone());
+        rig.store.before_commit(Box::new(move |_| {
+            Box::pin(async move {
+                flag.store(true, std::sync::atomic::Ordering::SeqCst);
+                held.notified().await
+            })
+        }));
+        let followers = || EngineStats::get(&rig.engine.stats().slow_passes_followed);
+        let req = rpm(10, 1);
+        let (first, second, ()) = tokio::join!(
+            acquire(&rig, &req),
+            async {
+                until(|| reads(&rig.store.calls()) >= 1).await;
+                acquire(&rig, &req).await
+            },
+            async {
+                until(|| followers() >= 1 && committing.load(std::sync::atomic::Ordering::SeqCst))
+                    .await;
+                rig.clock.advance(30_000);
+                release.notify_one();
+            }
+        );
+        assert!(first.admitted && second.admitted);
+        // Stored: 8 tokens as of the pass (T0 + 60 s); 30 s later the bucket is full again.
+        assert_eq!(tk(&rig, 0, "rpm").await, 8_000);
+        assert_eq!(
+            second.buckets[0].limits[0].remaining,
+            10_000,
+            "{second:?} {:?}",
+            rig.store.calls()
+        );
+    }
+}
+
+cross_store! {
+    /// X08 a refund that lands after another request's slow pass refilled the shard must not
+    /// credit what that refill already gave back. The shard is full at 10 (its baseline a
+    /// minute old); X takes 5 by the fast path; Y needs 6, refills (the clamp had removed the
+    /// minute's refill, which now covers X's 5 again) and takes 6; X's sibling refuses and X
+    /// is refunded. Credited on top, the shard would hold 9 after 6 served (15 from a bucket
+    /// of 10); left alone, it holds 4.
+    async fn x08_a_refund_after_a_refill_is_not_credited<S: BucketStore>(store: S) {
+        let rig = rig(store);
+        let mut a = rpm_item(1, 10, 10_000, 1_000_000);
+        a.rf = T0 - 60_000;
+        rig.store.put(BucketKey::new("u1", "api", 0), a).await;
+        // The sibling: a bucket with nothing left, refused from its image.
+        rig.store
+            .put(
+                BucketKey::new("sib", "api", 0),
+                rpm_item(1, 10, 0, 1_000_000),
+            )
+            .await;
+        let y_engine = Engine::with_parts(
+            rig.store.inner.clone(),
+            EngineOptions {
+                rejection_cache_ms: 0,
+                ..EngineOptions::default()
+            },
+            rig.clock.clone(),
+            Arc::new(ScriptedDraw::default()),
+        );
+        let y_engine = Arc::new(y_engine);
+        let y = y_engine.clone();
+        let y_done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let y_flag = y_done.clone();
+        // After X's first debit (on u1, applied) and before X learns its sibling refused.
+        rig.store.after_debit(Box::new(move |_| {
+            Box::pin(async move {
+                let d = y.acquire(&rpm(10, 6)).await.unwrap();
+                assert!(d.admitted, "Y refills and takes 6");
+                y_flag.store(true, std::sync::atomic::Ordering::SeqCst);
+            })
+        }));
+        let x = Acquire {
+            buckets: smallvec::smallvec![
+                bucket("u1", "api", vec![per_minute("rpm", 10, None, 5)]),
+                bucket("sib", "api", vec![per_minute("rpm", 10, None, 1)]),
+            ],
+        };
+        let d = acquire(&rig, &x).await;
+        assert!(!d.admitted);
+        assert!(y_done.load(std::sync::atomic::Ordering::SeqCst));
+        assert_eq!(
+            tk(&rig, 0, "rpm").await,
+            4_000,
+            "6 served from a full 10 leave 4"
+        );
+    }
+}
+
+cross_store! {
+    /// X09 check-only requests (0 hits) that find a shard's `wcu` spent must not spread the
+    /// bucket until an ordinary request no longer fits one shard: the guard judges the claim
+    /// the bucket usually carries — at least one token, and the average a write has taken on
+    /// the hot shard.
+    async fn x09_check_only_requests_do_not_double_past_an_ordinary_request<S: BucketStore>(store: S) {
+        // 20/min over 16 shards: 1.25 tokens each; 32 would leave 0.625.
+        let rig = rig(store);
+        sixteen_shards_hot_on_zero(&rig, "u1", 20, |_| {}).await;
+        let d = acquire(&rig, &rpm(20, 0)).await;
+        assert!(d.admitted, "{d:?}");
+        assert!(!doubled(&rig.store.calls()), "{:?}", rig.store.calls());
+        assert_eq!(
+            EngineStats::get(&rig.engine.stats().shard_doublings_declined_small_share),
+            1
+        );
+        // 100/min over 16 shards (6.25 tokens each), where each write took 5 tokens on
+        // average: 1-token requests would spread it to 32 (3.125 each), and the usual
+        // 5-token request could never be admitted again.
+        let rig = rig_again(&rig);
+        sixteen_shards_hot_on_zero(&rig, "u2", 100, |it| {
+            let w = it.limits.get_mut(WCU_LIMIT).unwrap();
+            w.tc = 1_000_000; // a thousand writes...
+            it.limits.get_mut("rpm").unwrap().tc = 5_000_000; // ...of 5 tokens each
         })
-    }));
-    let followers = || EngineStats::get(&rig.engine.stats().slow_passes_followed);
-    let req = rpm(10, 1);
-    let (first, second, ()) = tokio::join!(
-        acquire(&rig, &req),
-        async {
-            until(|| reads(&rig.store.calls()) >= 1).await;
-            acquire(&rig, &req).await
-        },
-        async {
-            until(|| followers() >= 1 && committing.load(std::sync::atomic::Ordering::SeqCst))
-                .await;
-            rig.clock.advance(30_000);
-            release.notify_one();
-        }
-    );
-    assert!(first.admitted && second.admitted);
-    // Stored: 8 tokens as of the pass (T0 + 60 s); 30 s later the bucket is full again.
-    assert_eq!(tk(&rig, 0, "rpm").await, 8_000);
-    assert_eq!(
-        second.buckets[0].limits[0].remaining,
-        10_000,
-        "{second:?} {:?}",
-        rig.store.calls()
-    );
-}
-
-/// X08 a refund that lands after another request's slow pass refilled the shard must not
-/// credit what that refill already gave back. The shard is full at 10 (its baseline a
-/// minute old); X takes 5 by the fast path; Y needs 6, refills (the clamp had removed the
-/// minute's refill, which now covers X's 5 again) and takes 6; X's sibling refuses and X
-/// is refunded. Credited on top, the shard would hold 9 after 6 served (15 from a bucket
-/// of 10); left alone, it holds 4.
-async fn x08_a_refund_after_a_refill_is_not_credited<S: BucketStore>(store: S) {
-    let rig = rig(store);
-    let mut a = rpm_item(1, 10, 10_000, 1_000_000);
-    a.rf = T0 - 60_000;
-    rig.store.put(BucketKey::new("u1", "api", 0), a).await;
-    // The sibling: a bucket with nothing left, refused from its image.
-    rig.store
-        .put(
-            BucketKey::new("sib", "api", 0),
-            rpm_item(1, 10, 0, 1_000_000),
-        )
         .await;
-    let y_engine = Engine::with_parts(
-        rig.store.inner.clone(),
-        EngineOptions {
-            rejection_cache_ms: 0,
-            ..EngineOptions::default()
-        },
-        rig.clock.clone(),
-        Arc::new(ScriptedDraw::default()),
-    );
-    let y_engine = Arc::new(y_engine);
-    let y = y_engine.clone();
-    let y_done = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let y_flag = y_done.clone();
-    // After X's first debit (on u1, applied) and before X learns its sibling refused.
-    rig.store.after_debit(Box::new(move |_| {
-        Box::pin(async move {
-            let d = y.acquire(&rpm(10, 6)).await.unwrap();
-            assert!(d.admitted, "Y refills and takes 6");
-            y_flag.store(true, std::sync::atomic::Ordering::SeqCst);
-        })
-    }));
-    let x = Acquire {
-        buckets: smallvec::smallvec![
-            bucket("u1", "api", vec![per_minute("rpm", 10, None, 5)]),
-            bucket("sib", "api", vec![per_minute("rpm", 10, None, 1)]),
-        ],
-    };
-    let d = acquire(&rig, &x).await;
-    assert!(!d.admitted);
-    assert!(y_done.load(std::sync::atomic::Ordering::SeqCst));
-    assert_eq!(
-        tk(&rig, 0, "rpm").await,
-        4_000,
-        "6 served from a full 10 leave 4"
-    );
-}
-
-/// X09 check-only requests (0 hits) that find a shard's `wcu` spent must not spread the
-/// bucket until an ordinary request no longer fits one shard: the guard judges the claim
-/// the bucket usually carries — at least one token, and the average a write has taken on
-/// the hot shard.
-async fn x09_check_only_requests_do_not_double_past_an_ordinary_request<S: BucketStore>(store: S) {
-    // 20/min over 16 shards: 1.25 tokens each; 32 would leave 0.625.
-    let rig = rig(store);
-    sixteen_shards_hot_on_zero(&rig, "u1", 20, |_| {}).await;
-    let d = acquire(&rig, &rpm(20, 0)).await;
-    assert!(d.admitted, "{d:?}");
-    assert!(!doubled(&rig.store.calls()), "{:?}", rig.store.calls());
-    assert_eq!(
-        EngineStats::get(&rig.engine.stats().doubling_refused_small_share),
-        1
-    );
-    // 100/min over 16 shards (6.25 tokens each), where each write took 5 tokens on
-    // average: 1-token requests would spread it to 32 (3.125 each), and the usual
-    // 5-token request could never be admitted again.
-    let rig = rig_again(&rig);
-    sixteen_shards_hot_on_zero(&rig, "u2", 100, |it| {
-        let w = it.limits.get_mut(WCU_LIMIT).unwrap();
-        w.tc = 1_000_000; // a thousand writes...
-        it.limits.get_mut("rpm").unwrap().tc = 5_000_000; // ...of 5 tokens each
-    })
-    .await;
-    let req = one(bucket("u2", "api", vec![per_minute("rpm", 100, None, 1)]));
-    assert!(acquire(&rig, &req).await.admitted);
-    assert_eq!(
-        EngineStats::get(&rig.engine.stats().doubling_refused_small_share),
-        1
-    );
-    assert_eq!(rig.engine.known_shard_count("u2", "api"), 16);
+        let req = one(bucket("u2", "api", vec![per_minute("rpm", 100, None, 1)]));
+        assert!(acquire(&rig, &req).await.admitted);
+        assert_eq!(
+            EngineStats::get(&rig.engine.stats().shard_doublings_declined_small_share),
+            1
+        );
+        assert_eq!(rig.engine.known_shard_count("u2", "api"), 16);
+    }
 }
 
 /// A fresh rig on the same store (a second server, or a clean slate for another case).
@@ -1260,88 +1325,31 @@ fn rig_again<S: BucketStore>(rig: &Rig<S>) -> Rig<S> {
     }
 }
 
-/// X10 an overdraft that would take a balance past the lowest one a store holds is
-/// refused and writes nothing, whatever the store; one that reaches it exactly is
-/// recorded, and the balance reads back exactly (DynamoDB's numbers would hold more
-/// digits than an `i64` decodes, so the bound keeps both stores alike).
-async fn x10_debt_stops_at_the_lowest_balance_on_every_store<S: BucketStore>(store: S) {
-    use shardgate::store::MIN_BALANCE;
-    let rig = rig(store);
-    let near = MIN_BALANCE + 5_000;
-    rig.store
-        .put(
-            BucketKey::new("u1", "api", 0),
-            rpm_item(1, 10, near, 1_000_000),
-        )
-        .await;
-    let overdraft = |tokens: i64| {
-        let mut c = per_minute("rpm", 10, None, tokens);
-        c.forced = true;
-        one(bucket("u1", "api", vec![c]))
-    };
-    let d = acquire(&rig, &overdraft(6)).await;
-    assert!(!d.admitted, "6 tokens would pass the lowest balance: {d:?}");
-    assert_eq!(tk(&rig, 0, "rpm").await, near, "nothing written");
-    let d = acquire(&rig, &overdraft(5)).await;
-    assert!(!d.buckets[0].limits[0].fits, "reported over, being in debt");
-    assert_eq!(tk(&rig, 0, "rpm").await, MIN_BALANCE, "recorded, exactly");
+cross_store! {
+    /// X10 an overdraft that would take a balance past the lowest one a store holds is
+    /// refused and writes nothing, whatever the store; one that reaches it exactly is
+    /// recorded, and the balance reads back exactly (DynamoDB's numbers would hold more
+    /// digits than an `i64` decodes, so the bound keeps both stores alike).
+    async fn x10_debt_stops_at_the_lowest_balance_on_every_store<S: BucketStore>(store: S) {
+        use shardgate::store::MIN_BALANCE;
+        let rig = rig(store);
+        let near = MIN_BALANCE + 5_000;
+        rig.store
+            .put(
+                BucketKey::new("u1", "api", 0),
+                rpm_item(1, 10, near, 1_000_000),
+            )
+            .await;
+        let overdraft = |tokens: i64| {
+            let mut c = per_minute("rpm", 10, None, tokens);
+            c.forced = true;
+            one(bucket("u1", "api", vec![c]))
+        };
+        let d = acquire(&rig, &overdraft(6)).await;
+        assert!(!d.admitted, "6 tokens would pass the lowest balance: {d:?}");
+        assert_eq!(tk(&rig, 0, "rpm").await, near, "nothing written");
+        let d = acquire(&rig, &overdraft(5)).await;
+        assert!(!d.buckets[0].limits[0].fits, "reported over, being in debt");
+        assert_eq!(tk(&rig, 0, "rpm").await, MIN_BALANCE, "recorded, exactly");
+    }
 }
-
-/// Runs every scenario against a store built by `$make` (an async expression).
-macro_rules! scenarios {
-    ($module:ident, $make:expr) => {
-        mod $module {
-            #[allow(unused_imports)]
-            use super::*;
-            scenarios!(@cases $make;
-                s06_ten_per_minute,
-                s07_rejection_cache_answers_repeat_refusals_without_a_call,
-                s08_recovery_by_the_slow_path,
-                s10_burst_and_ttl,
-                s12_composite_item_is_all_or_nothing,
-                s19_wcu_exhaustion_doubles_and_creates_the_drawn_shard,
-                s20_wcu_projection_prevents_a_spurious_doubling,
-                s21_no_doubling_beyond_32_shards,
-                s21b_no_doubling_below_one_request_per_shard,
-                s22_bump_loser_adopts_the_winners_count,
-                s23_bump_winner_propagates_to_existing_shards,
-                s24_retry_on_another_shard,
-                s25_retries_capped_at_two,
-                s26_retry_that_finds_a_missing_shard_creates_it,
-                s27_per_shard_request_ceiling,
-                s28_doubling_transient_is_one_and_a_half_capacity,
-                s29_lost_create_race_debits_the_winners_item,
-                s29_lost_create_race_refuses_when_the_winner_is_short,
-                s31_shard_count_never_shrinks,
-                s32_cascade_hot_path_and_parent_exhaustion,
-                s33_parent_only_slow_path,
-                s34_fresh_process_debits_child_and_parent_together,
-                s35_cascading_child_takes_the_slow_path_not_a_retry,
-                x01_a_slow_pass_in_flight_is_followed_not_raced,
-                x02_a_parameter_rewrite_never_overwrites_a_concurrent_debit,
-                x03_a_refused_request_follows_a_pass_begun_since,
-                x04_a_doubling_already_made_is_not_made_again,
-                x05_a_shard_drawn_under_four_is_created_for_four,
-                x06_a_shard_zero_recreated_with_one_shard_is_repaired,
-                x07_a_follower_decides_at_the_time_it_stopped_waiting,
-                x08_a_refund_after_a_refill_is_not_credited,
-                x09_check_only_requests_do_not_double_past_an_ordinary_request,
-                x10_debt_stops_at_the_lowest_balance_on_every_store
-            );
-        }
-    };
-    (@cases $make:expr; $($case:ident),*) => {
-        $(
-            #[tokio::test]
-            async fn $case() {
-                super::$case($make).await;
-            }
-        )*
-    };
-}
-
-scenarios!(
-    memory,
-    async { shardgate::store::memory::MemoryStore::new() }.await
-);
-scenarios!(dynamodb, common::dynamo::store().await);

@@ -4,6 +4,7 @@
 //! own eviction, and on DynamoDB Local (which sweeps nothing itself) a sweep of every item
 //! whose `ttl` has passed, as DynamoDB's would.
 
+#[macro_use]
 mod common;
 mod support;
 
@@ -14,6 +15,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use shardgate::config::Config;
 use shardgate::engine::{Engine, EngineOptions, ManualClock, RandomDraw};
 use shardgate::service::RateLimiter;
+#[cfg(feature = "dynamodb")]
 use shardgate::store::dynamodb::DynamoStore;
 use shardgate::store::memory::MemoryStore;
 use shardgate::store::BucketStore;
@@ -54,6 +56,7 @@ impl Sweep for MemoryStore {
     }
 }
 
+#[cfg(feature = "dynamodb")]
 impl Sweep for DynamoStore {
     async fn sweep(&self, now_s: i64) -> usize {
         common::dynamo::sweep(self, now_s).await
@@ -137,86 +140,70 @@ fn over(r: &RateLimitResponse) -> bool {
     r.overall_code == Code::OverLimit as i32
 }
 
-/// A 10/s rule debited 5,000 after the fact (a debt of about 500 s): 20 s later it is
-/// still in debt, swept or not (expiry from the parameters alone had forgiven it at 7 s).
-async fn debt_outlives_the_time_to_refill_from_empty<S: Sweep>(a: S, b: S) {
-    let history = async |rig: &Rig<S>| {
-        rig.ask(&request(&[("debt", "x")], Some(5_000))).await;
-        rig.clock.advance(20_000);
-    };
-    let check = request(&[("debt", "x")], Some(0));
-    let (answer, deleted) = same_with_and_without_a_sweep(a, b, history, &check).await;
-    assert!(over(&answer), "still in debt: {answer:?}");
-    assert_eq!(deleted, 0);
+cross_store! {
+    /// A 10/s rule debited 5,000 after the fact (a debt of about 500 s): 20 s later it is
+    /// still in debt, swept or not (expiry from the parameters alone had forgiven it at 7 s).
+    async fn debt_outlives_the_time_to_refill_from_empty<S: Sweep>(a: S, b: S) {
+        let history = async |rig: &Rig<S>| {
+            rig.ask(&request(&[("debt", "x")], Some(5_000))).await;
+            rig.clock.advance(20_000);
+        };
+        let check = request(&[("debt", "x")], Some(0));
+        let (answer, deleted) = same_with_and_without_a_sweep(a, b, history, &check).await;
+        assert!(over(&answer), "still in debt: {answer:?}");
+        assert_eq!(deleted, 0);
+    }
 }
 
-/// Three tokens that never refill stay spent, swept or not (expiry from the `wcu` limit's
-/// one second gave them back every few seconds).
-async fn a_limit_that_never_refills_never_expires<S: Sweep>(a: S, b: S) {
-    let req = request(&[("lifetime", "x")], None);
-    let history = async |rig: &Rig<S>| {
-        for _ in 0..3 {
-            assert!(!over(&rig.ask(&req).await));
-        }
-        rig.clock.advance(3_600_000);
-    };
-    let (answer, deleted) = same_with_and_without_a_sweep(a, b, history, &req).await;
-    assert!(over(&answer), "spent for good: {answer:?}");
-    assert_eq!(deleted, 0);
-}
-
-/// One item, requests full and tokens in debt: the item lives as long as its slowest
-/// limit needs, not its fastest.
-async fn an_item_lives_as_long_as_its_deepest_debt<S: Sweep>(a: S, b: S) {
-    let history = async |rig: &Rig<S>| {
-        rig.ask(&request(&[("llm", "acme"), ("kind", "requests")], None))
-            .await;
-        rig.ask(&request(
-            &[("llm", "acme"), ("kind", "tokens")],
-            Some(5_000),
-        ))
-        .await;
-        rig.clock.advance(20_000);
-    };
-    let check = request(&[("llm", "acme"), ("kind", "tokens")], Some(0));
-    let (answer, deleted) = same_with_and_without_a_sweep(a, b, history, &check).await;
-    assert!(over(&answer), "tokens still in debt: {answer:?}");
-    assert_eq!(deleted, 0);
-}
-
-/// What is full again does expire (the sweep is real), and the item created again
-/// answers as the refilled one does.
-async fn a_full_bucket_expires_and_answers_the_same<S: Sweep>(a: S, b: S) {
-    let history = async |rig: &Rig<S>| {
-        rig.ask(&request(&[("debt", "y")], None)).await;
-        rig.clock.advance(10_000); // full after 0.1 s, expired after 7 s
-    };
-    let check = request(&[("debt", "y")], Some(0));
-    let (answer, deleted) = same_with_and_without_a_sweep(a, b, history, &check).await;
-    assert!(!over(&answer));
-    assert_eq!(deleted, 1, "the full item was swept");
-}
-
-macro_rules! cases {
-    ($module:ident, $make:expr) => {
-        mod $module {
-            cases!(@each $make;
-                debt_outlives_the_time_to_refill_from_empty,
-                a_limit_that_never_refills_never_expires,
-                an_item_lives_as_long_as_its_deepest_debt,
-                a_full_bucket_expires_and_answers_the_same
-            );
-        }
-    };
-    (@each $make:expr; $($case:ident),*) => {
-        $(
-            #[tokio::test]
-            async fn $case() {
-                super::$case($make, $make).await;
+cross_store! {
+    /// Three tokens that never refill stay spent, swept or not (expiry from the `wcu` limit's
+    /// one second gave them back every few seconds).
+    async fn a_limit_that_never_refills_never_expires<S: Sweep>(a: S, b: S) {
+        let req = request(&[("lifetime", "x")], None);
+        let history = async |rig: &Rig<S>| {
+            for _ in 0..3 {
+                assert!(!over(&rig.ask(&req).await));
             }
-        )*
-    };
+            rig.clock.advance(3_600_000);
+        };
+        let (answer, deleted) = same_with_and_without_a_sweep(a, b, history, &req).await;
+        assert!(over(&answer), "spent for good: {answer:?}");
+        assert_eq!(deleted, 0);
+    }
 }
 
-cases!(memory, shardgate::store::memory::MemoryStore::new());
-cases!(dynamodb, crate::common::dynamo::store().await);
+cross_store! {
+    /// One item, requests full and tokens in debt: the item lives as long as its slowest
+    /// limit needs, not its fastest.
+    async fn an_item_lives_as_long_as_its_deepest_debt<S: Sweep>(a: S, b: S) {
+        let history = async |rig: &Rig<S>| {
+            rig.ask(&request(&[("llm", "acme"), ("kind", "requests")], None))
+                .await;
+            rig.ask(&request(
+                &[("llm", "acme"), ("kind", "tokens")],
+                Some(5_000),
+            ))
+            .await;
+            rig.clock.advance(20_000);
+        };
+        let check = request(&[("llm", "acme"), ("kind", "tokens")], Some(0));
+        let (answer, deleted) = same_with_and_without_a_sweep(a, b, history, &check).await;
+        assert!(over(&answer), "tokens still in debt: {answer:?}");
+        assert_eq!(deleted, 0);
+    }
+}
+
+cross_store! {
+    /// What is full again does expire (the sweep is real), and the item created again
+    /// answers as the refilled one does.
+    async fn a_full_bucket_expires_and_answers_the_same<S: Sweep>(a: S, b: S) {
+        let history = async |rig: &Rig<S>| {
+            rig.ask(&request(&[("debt", "y")], None)).await;
+            rig.clock.advance(10_000); // full after 0.1 s, expired after 7 s
+        };
+        let check = request(&[("debt", "y")], Some(0));
+        let (answer, deleted) = same_with_and_without_a_sweep(a, b, history, &check).await;
+        assert!(!over(&answer));
+        assert_eq!(deleted, 1, "the full item was swept");
+    }
+}

@@ -128,7 +128,7 @@ async fn sixty_four_clients_on_one_bucket_admit_at_most_burst_plus_refill() {
 
 /// With a tiny partition write budget the hot bucket spreads over several shards while the
 /// clients race. Each doubling may leave an old shard holding more than its new share
-/// until a slow pass clamps it (engine-reference.md §4.7: at most `C/2` once per
+/// until a slow pass clamps it (docs/architecture.md, "The acquire algorithm": at most `C/2` once per
 /// doubling, `MAX_SHARD_COUNT` = 32 → at most 5 doublings), so the bound here is
 /// `C + 5 × C/2 + refill`; the refill and the burst must still be served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

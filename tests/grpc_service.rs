@@ -263,7 +263,7 @@ async fn over_limit_descriptor_takes_nothing_from_the_other_descriptors() {
 }
 
 /// A client retrying a refused request keeps being told each passing descriptor's real
-/// balance (config.md §3: whole tokens left after this request). alice's bucket was never
+/// balance (docs/architecture.md, "Statuses": whole tokens left after this request). alice's bucket was never
 /// short, so the rejection cache holds no image of it and the first refusal goes to the
 /// store: it refunds alice's speculative debit and keeps her image, credited. The retries
 /// are refused from the cache, which reports alice from that image.
@@ -292,7 +292,7 @@ async fn retried_refused_request_keeps_reporting_the_siblings_real_balance() {
     }
 }
 
-/// A refused request reports every passing descriptor's real balance (config.md §3:
+/// A refused request reports every passing descriptor's real balance (docs/architecture.md, "Statuses":
 /// whole tokens left after this request — nothing was taken), also when the refusal came
 /// from the rejection cache and the sibling's cached image is older than the cache lifetime.
 #[tokio::test]
@@ -367,7 +367,7 @@ async fn refused_request_reports_a_siblings_real_balance_when_that_sibling_neede
 }
 
 // ---------------------------------------------------------------------------------------
-// Cascade (config.md §4).
+// Cascade (docs/configuration.md, "Cascade").
 // ---------------------------------------------------------------------------------------
 
 fn cascade_config(parent_rpm: u32, child_rpm: u32) -> String {
@@ -461,7 +461,7 @@ async fn cascade_child_exhausted_refuses_without_debiting_the_parent() {
 }
 
 // ---------------------------------------------------------------------------------------
-// Composite bucket: rpm + tpm on one item (config.md §4).
+// Composite bucket: rpm + tpm on one item (docs/configuration.md, "Buckets").
 // ---------------------------------------------------------------------------------------
 
 const LLM: &str = "
@@ -560,7 +560,7 @@ async fn composite_rpm_and_tpm_share_one_bucket_item_debited_together() {
 }
 
 // ---------------------------------------------------------------------------------------
-// hits_addend (config.md §3).
+// hits_addend: a descriptor's own, else the request's, else 1.
 // ---------------------------------------------------------------------------------------
 
 #[tokio::test]
@@ -637,7 +637,7 @@ async fn request_level_hits_addend_applies_to_every_descriptor() {
 }
 
 // ---------------------------------------------------------------------------------------
-// Request rules (config.md §3).
+// Request rules: domains, empty requests, unlimited, shadow, replaces and overrides.
 // ---------------------------------------------------------------------------------------
 
 #[tokio::test]

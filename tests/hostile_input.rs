@@ -2,6 +2,7 @@
 //! INVALID_ARGUMENT naming the field (never a panic), and descriptor values built to forge
 //! another bucket's key never share a bucket with it.
 
+#[macro_use]
 mod common;
 mod support;
 
@@ -10,7 +11,6 @@ use std::sync::Arc;
 use shardgate::config::{Config, MAX_TOKENS};
 use shardgate::engine::Engine;
 use shardgate::service::RateLimiter;
-use shardgate::store::memory::MemoryStore;
 use shardgate::store::BucketStore;
 use support::{desc, desc_hits, one, request, TestServer};
 use tonic::Code as Status;
@@ -146,39 +146,31 @@ fn forged_pairs() -> Vec<(Entries, Entries)> {
     ]
 }
 
-/// Spends `first`'s 3 tokens, then checks `second` still has its own, for every pair,
-/// through the service layer on `store`.
-async fn forged_values_never_share_a_bucket_on<S: BucketStore>(store: S) {
-    let config = Config::from_yaml("hostile.yaml", RULES).unwrap();
-    let engine = Arc::new(Engine::new(Arc::new(store), support::serve_defaults()));
-    let limiter = RateLimiter::new(Arc::new(config), engine);
-    for (first, second) in forged_pairs() {
-        for _ in 0..3 {
-            let r = limiter.should_rate_limit(&one("hostile", &first)).await;
-            assert_eq!(r.unwrap().overall_code, 1, "{first:?} has tokens");
+cross_store! {
+    /// Spends `first`'s 3 tokens, then checks `second` still has its own, for every pair,
+    /// through the service layer on `store`.
+    async fn forged_values_never_share_a_bucket<S: BucketStore>(store: S) {
+        let config = Config::from_yaml("hostile.yaml", RULES).unwrap();
+        let engine = Arc::new(Engine::new(Arc::new(store), support::serve_defaults()));
+        let limiter = RateLimiter::new(Arc::new(config), engine);
+        for (first, second) in forged_pairs() {
+            for _ in 0..3 {
+                let r = limiter.should_rate_limit(&one("hostile", &first)).await;
+                assert_eq!(r.unwrap().overall_code, 1, "{first:?} has tokens");
+            }
+            let over = limiter.should_rate_limit(&one("hostile", &first)).await;
+            assert_eq!(over.unwrap().overall_code, 2, "{first:?} is spent");
+            let r = limiter
+                .should_rate_limit(&one("hostile", &second))
+                .await
+                .unwrap();
+            assert_eq!(
+                r.overall_code, 1,
+                "{second:?} must not share {first:?}'s bucket"
+            );
+            assert_eq!(r.statuses[0].limit_remaining, 2, "{second:?}");
         }
-        let over = limiter.should_rate_limit(&one("hostile", &first)).await;
-        assert_eq!(over.unwrap().overall_code, 2, "{first:?} is spent");
-        let r = limiter
-            .should_rate_limit(&one("hostile", &second))
-            .await
-            .unwrap();
-        assert_eq!(
-            r.overall_code, 1,
-            "{second:?} must not share {first:?}'s bucket"
-        );
-        assert_eq!(r.statuses[0].limit_remaining, 2, "{second:?}");
     }
-}
-
-#[tokio::test]
-async fn forged_values_never_share_a_bucket_memory() {
-    forged_values_never_share_a_bucket_on(MemoryStore::new()).await;
-}
-
-#[tokio::test]
-async fn forged_values_never_share_a_bucket_dynamodb() {
-    forged_values_never_share_a_bucket_on(common::dynamo::store().await).await;
 }
 
 /// The same over gRPC (the request path Envoy uses), memory store.
@@ -254,14 +246,34 @@ async fn raw_call(server: &TestServer, body: &'static [u8]) -> (String, String) 
 #[tokio::test]
 async fn broken_grpc_framing_is_a_client_error() {
     let server = TestServer::start(RULES).await;
-    let cases: [(&[u8], &str, &str); 5] = [
-        (b"", "3", "Missing request message"),
+    let cases: [(&[u8], &str, &str); 7] = [
+        (b"", "3", "the request body holds no message"),
+        // Two bytes of a five-byte prefix.
+        (
+            b"\x00\x00",
+            "3",
+            "ends 2 bytes into a 5-byte message prefix",
+        ),
         // A frame announcing 10 bytes, holding 3.
-        (b"\x00\x00\x00\x00\x0a\x0a\x01h", "3", "Unexpected EOF"),
+        (
+            b"\x00\x00\x00\x00\x0a\x0a\x01h",
+            "3",
+            "7 bytes short of its 10-byte message",
+        ),
         // A whole frame whose protobuf is cut short.
-        (b"\x00\x00\x00\x00\x03\x0a\x05h", "3", "failed to decode"),
+        (
+            b"\x00\x00\x00\x00\x03\x0a\x05h",
+            "3",
+            "not a RateLimitRequest",
+        ),
+        // A protobuf string that is not UTF-8 (domain = 0xff).
+        (
+            b"\x00\x00\x00\x00\x03\x0a\x01\xff",
+            "3",
+            "not a RateLimitRequest",
+        ),
         // 2^31 bytes announced: over the 4 MiB limit, refused before anything is read.
-        (b"\x00\x80\x00\x00\x00", "8", "too large"),
+        (b"\x00\x80\x00\x00\x00", "8", "announces 2147483648 bytes"),
         // Compressed without a negotiated encoding: INTERNAL, as gRPC's spec requires.
         (b"\x01\x00\x00\x00\x00", "13", "compressed-flag"),
     ];

@@ -6,6 +6,7 @@
 //! values never change another tenant's answers, never open the circuit, and each long
 //! value is limited exactly like a short one, in a bucket of its own.
 
+#[macro_use]
 mod common;
 mod support;
 
@@ -42,66 +43,54 @@ fn long_values() -> Vec<String> {
     ]
 }
 
-async fn a_flood_of_long_values_hurts_no_one<S: BucketStore>(store: S) {
-    let store = Arc::new(Breaker::new(store, 5, Duration::from_millis(500)));
-    let options = EngineOptions {
-        rejection_cache_ms: 0,
-        ..EngineOptions::default()
-    };
-    let server = StoreServer::start(RULES, store.clone(), options).await;
-    let mut c = server.client().await;
-    let mut tenant_answers = Vec::new();
-    for value in long_values() {
-        // Three admitted, the fourth over: the rule's limit, as for a short value.
-        let mut codes = Vec::new();
-        for _ in 0..4 {
-            let r = c.ok(one("hostile", &[("user", &value)])).await;
-            codes.push(code(r.overall_code) as i32);
+cross_store! {
+    async fn a_flood_of_long_values_hurts_no_one<S: BucketStore>(store: S) {
+        let store = Arc::new(Breaker::new(store, 5, Duration::from_millis(500)));
+        let options = EngineOptions {
+            rejection_cache_ms: 0,
+            ..EngineOptions::default()
+        };
+        let server = StoreServer::start(RULES, store.clone(), options).await;
+        let mut c = server.client().await;
+        let mut tenant_answers = Vec::new();
+        for value in long_values() {
+            // Three admitted, the fourth over: the rule's limit, as for a short value.
+            let mut codes = Vec::new();
+            for _ in 0..4 {
+                let r = c.ok(one("hostile", &[("user", &value)])).await;
+                codes.push(code(r.overall_code) as i32);
+            }
+            assert_eq!(
+                codes,
+                vec![1, 1, 1, 2],
+                "a {}-byte value is limited like any other",
+                value.len()
+            );
+            // Another tenant, between the floods: unaffected.
+            let r = c.ok(one("hostile", &[("tenant", "acme")])).await;
+            tenant_answers.push(r.overall_code);
         }
         assert_eq!(
-            codes,
-            vec![1, 1, 1, 2],
-            "a {}-byte value is limited like any other",
-            value.len()
+            tenant_answers,
+            vec![1, 1, 1, 1, 1, 2, 2],
+            "the tenant's own five, then its own limit"
         );
-        // Another tenant, between the floods: unaffected.
-        let r = c.ok(one("hostile", &[("tenant", "acme")])).await;
-        tenant_answers.push(r.overall_code);
+        assert_eq!(store.state(), CircuitState::Closed, "no store fault seen");
+        // A short value is its own bucket too.
+        let r = c.ok(one("hostile", &[("user", "short")])).await;
+        assert_eq!(r.overall_code, 1);
+
+        // A value past the request bound is refused, naming it, in a short message.
+        let err = c
+            .call(one("hostile", &[("user", &"/".repeat(1_025))]))
+            .await
+            .expect_err("past the bound");
+        assert_eq!(err.code(), Status::InvalidArgument);
+        assert!(err.message().contains("descriptors[0].entries[0].value"));
+        assert!(
+            err.message().len() <= 1_100,
+            "{} bytes",
+            err.message().len()
+        );
     }
-    assert_eq!(
-        tenant_answers,
-        vec![1, 1, 1, 1, 1, 2, 2],
-        "the tenant's own five, then its own limit"
-    );
-    assert_eq!(store.state(), CircuitState::Closed, "no store fault seen");
-    // A short value is its own bucket too.
-    let r = c.ok(one("hostile", &[("user", "short")])).await;
-    assert_eq!(r.overall_code, 1);
-
-    // A value past the request bound is refused, naming it, in a short message.
-    let err = c
-        .call(one("hostile", &[("user", &"/".repeat(1_025))]))
-        .await
-        .expect_err("past the bound");
-    assert_eq!(err.code(), Status::InvalidArgument);
-    assert!(err.message().contains("descriptors[0].entries[0].value"));
-    assert!(
-        err.message().len() <= 1_100,
-        "{} bytes",
-        err.message().len()
-    );
 }
-
-macro_rules! stores {
-    ($module:ident, $make:expr) => {
-        mod $module {
-            #[tokio::test]
-            async fn a_flood_of_long_values_hurts_no_one() {
-                super::a_flood_of_long_values_hurts_no_one($make).await;
-            }
-        }
-    };
-}
-
-stores!(memory, shardgate::store::memory::MemoryStore::new());
-stores!(dynamodb, crate::common::dynamo::store().await);

@@ -2,6 +2,7 @@
 //! and DynamoDB (Local) must provably behave the same. A store passes only if it evaluates
 //! exactly the conditions `src/store/mod.rs` documents.
 
+#[macro_use]
 mod common;
 
 use shardgate::engine::LimitParams;
@@ -68,457 +69,505 @@ async fn create<S: BucketStore>(s: &S, k: BucketKey, it: BucketItem) {
     assert!(matches!(out, CommitOutcome::Committed));
 }
 
-pub async fn fast_debit_applies_and_takes_one_wcu<S: BucketStore>(s: S) {
-    create(&s, key(0), item(5_000, 1_000_000)).await;
-    let DebitOutcome::Applied(after) = s.debit(&key(0), &debit(1_000), FAST).await.unwrap() else {
-        panic!("should apply");
-    };
-    assert_eq!(after.limits["rpm"].tk, 4_000);
-    assert_eq!(after.limits["rpm"].tc, 1_000);
-    assert_eq!(after.limits[WCU_LIMIT].tk, 999_000);
-    assert_eq!(after.limits[WCU_LIMIT].tc, 1_000);
-}
-
-pub async fn fast_debit_refuses_missing_item<S: BucketStore>(s: S) {
-    assert_eq!(
-        s.debit(&key(0), &debit(1_000), FAST).await.unwrap(),
-        DebitOutcome::Refused(None)
-    );
-}
-
-pub async fn fast_debit_refuses_short_balance_with_old_image<S: BucketStore>(s: S) {
-    create(&s, key(0), item(500, 1_000_000)).await;
-    let out = s.debit(&key(0), &debit(1_000), FAST).await.unwrap();
-    assert_eq!(out, DebitOutcome::Refused(Some(item(500, 1_000_000))));
-}
-
-pub async fn fast_debit_refuses_without_a_wcu_token<S: BucketStore>(s: S) {
-    create(&s, key(0), item(5_000, 999)).await;
-    assert!(matches!(
-        s.debit(&key(0), &debit(1_000), FAST).await.unwrap(),
-        DebitOutcome::Refused(Some(_))
-    ));
-}
-
-pub async fn fast_debit_refuses_expired_item<S: BucketStore>(s: S) {
-    let mut it = item(5_000, 1_000_000);
-    it.ttl = Some(NOW_S);
-    create(&s, key(0), it).await;
-    assert!(matches!(
-        s.debit(&key(0), &debit(1_000), FAST).await.unwrap(),
-        DebitOutcome::Refused(Some(_))
-    ));
-}
-
-pub async fn fast_debit_refuses_changed_parameters<S: BucketStore>(s: S) {
-    create(&s, key(0), item(5_000, 1_000_000)).await;
-    let mut d = debit(1_000);
-    d[0].params = Some(LimitParams::new(20, 20, 60_000));
-    assert!(matches!(
-        s.debit(&key(0), &d, FAST).await.unwrap(),
-        DebitOutcome::Refused(Some(_))
-    ));
-}
-
-pub async fn fast_debit_refuses_unknown_limit<S: BucketStore>(s: S) {
-    create(&s, key(0), item(5_000, 1_000_000)).await;
-    let mut d = debit(1_000);
-    d[0].limit = "tpm".into();
-    assert!(matches!(
-        s.debit(&key(0), &d, FAST).await.unwrap(),
-        DebitOutcome::Refused(Some(_))
-    ));
-}
-
-pub async fn zero_amount_checks_debt<S: BucketStore>(s: S) {
-    create(&s, key(0), item(-1, 1_000_000)).await;
-    assert!(matches!(
-        s.debit(&key(0), &debit(0), FAST).await.unwrap(),
-        DebitOutcome::Refused(Some(_))
-    ));
-    create(&s, key(1), item(0, 1_000_000)).await;
-    assert!(matches!(
-        s.debit(&key(1), &debit(0), FAST).await.unwrap(),
-        DebitOutcome::Applied(_)
-    ));
-}
-
-pub async fn retry_only_debit_ignores_wcu_and_parameters<S: BucketStore>(s: S) {
-    let mut it = item(5_000, 0);
-    it.ttl = Some(NOW_S - 10);
-    create(&s, key(0), it).await;
-    let mut d = debit(2_000);
-    d[0].params = None;
-    let DebitOutcome::Applied(after) = s.debit(&key(0), &d, DebitMode::RetryOnly).await.unwrap()
-    else {
-        panic!("retry-only ignores wcu and ttl");
-    };
-    assert_eq!(after.limits["rpm"].tk, 3_000);
-    assert_eq!(after.limits[WCU_LIMIT].tk, 0, "no wcu debit");
-    assert!(matches!(
-        s.debit(&key(0), &debit(4_000), DebitMode::RetryOnly)
-            .await
-            .unwrap(),
-        DebitOutcome::Refused(Some(_))
-    ));
-}
-
-pub async fn ungated_debit_may_go_negative<S: BucketStore>(s: S) {
-    create(&s, key(0), item(1_000, 1_000_000)).await;
-    let d = vec![Debit {
-        limit: "rpm".into(),
-        amount: 5_000,
-        gated: false,
-        params: None,
-    }];
-    let DebitOutcome::Applied(after) = s.debit(&key(0), &d, DebitMode::RetryOnly).await.unwrap()
-    else {
-        panic!("ungated");
-    };
-    assert_eq!(after.limits["rpm"].tk, -4_000);
-}
-
-pub async fn create_is_conditional<S: BucketStore>(s: S) {
-    create(&s, key(0), item(5_000, 1_000_000)).await;
-    let out = s
-        .commit(&[Write::Create {
-            key: key(0),
-            item: item(9_000, 1_000_000),
-        }])
-        .await
-        .unwrap();
-    assert_eq!(
-        out,
-        CommitOutcome::Conflict(vec![(0, Some(item(5_000, 1_000_000)))])
-    );
-}
-
-pub async fn update_needs_the_rf_lock_and_applies_deltas<S: BucketStore>(s: S) {
-    create(&s, key(0), item(5_000, 1_000_000)).await;
-    let rf = NOW_S * 1_000;
-    let upd = |expected_rf| Write::Update {
-        key: key(0),
-        expected_rf,
-        rf: rf + 10,
-        ttl: Some(NOW_S + 500),
-        shard_count: None,
-        limits: vec![LimitWrite::Add {
-            limit: "rpm".into(),
-            tk_delta: -2_000,
-            tc_delta: 2_000,
-            floor: Some(2_000),
-            cap: None,
-        }],
-    };
-    assert!(matches!(
-        s.commit(&[upd(rf - 1)]).await.unwrap(),
-        CommitOutcome::Conflict(_)
-    ));
-    assert_eq!(
-        s.commit(&[upd(rf)]).await.unwrap(),
-        CommitOutcome::Committed,
-        "lock held"
-    );
-    let after = s.read(&[key(0)]).await.unwrap()[0].clone().unwrap();
-    assert_eq!((after.rf, after.ttl), (rf + 10, Some(NOW_S + 500)));
-    assert_eq!(
-        (after.limits["rpm"].tk, after.limits["rpm"].tc),
-        (3_000, 2_000)
-    );
-}
-
-pub async fn update_floor_and_cap_guard_concurrent_changes<S: BucketStore>(s: S) {
-    create(&s, key(0), item(1_000, 1_000_000)).await;
-    let rf = NOW_S * 1_000;
-    let upd = |floor, cap| Write::Update {
-        key: key(0),
-        expected_rf: rf,
-        rf,
-        ttl: None,
-        shard_count: None,
-        limits: vec![LimitWrite::Add {
-            limit: "rpm".into(),
-            tk_delta: 0,
-            tc_delta: 0,
-            floor,
-            cap,
-        }],
-    };
-    assert!(matches!(
-        s.commit(&[upd(Some(1_001), None)]).await.unwrap(),
-        CommitOutcome::Conflict(_)
-    ));
-    assert!(matches!(
-        s.commit(&[upd(None, Some(999))]).await.unwrap(),
-        CommitOutcome::Conflict(_)
-    ));
-    assert!(matches!(
-        s.commit(&[upd(Some(1_000), Some(1_000))]).await.unwrap(),
-        CommitOutcome::Committed
-    ));
-}
-
-pub async fn set_seeds_a_limit<S: BucketStore>(s: S) {
-    create(&s, key(0), item(1_000, 1_000_000)).await;
-    let tpm = LimitState::new(LimitParams::new(100, 100, 60_000), 90_000, 10_000);
-    let w = Write::Update {
-        key: key(0),
-        expected_rf: NOW_S * 1_000,
-        rf: NOW_S * 1_000,
-        ttl: Some(NOW_S + 1),
-        shard_count: None,
-        limits: vec![LimitWrite::Set {
-            limit: "tpm".into(),
-            state: tpm,
-            read_tc: None,
-        }],
-    };
-    assert!(matches!(
-        s.commit(&[w]).await.unwrap(),
-        CommitOutcome::Committed
-    ));
-    assert_eq!(
-        s.read(&[key(0)]).await.unwrap()[0].as_ref().unwrap().limits["tpm"],
-        tpm
-    );
-}
-
-/// A rewrite of a limit (new parameters) applies only to the limit as it was read: a
-/// debit that landed since (a server still on the old parameters, by the fast path) fails
-/// it, so that debit is never overwritten; a seed requires the limit still absent.
-pub async fn set_requires_the_limit_as_read<S: BucketStore>(s: S) {
-    create(&s, key(0), item(5_000, 1_000_000)).await;
-    let rewritten = LimitState::new(LimitParams::new(20, 20, 60_000), 9_000, 1_000);
-    let set = |limit: &str, read_tc| Write::Update {
-        key: key(0),
-        expected_rf: NOW_S * 1_000,
-        rf: NOW_S * 1_000,
-        ttl: Some(NOW_S + 1),
-        shard_count: None,
-        limits: vec![LimitWrite::Set {
-            limit: limit.into(),
-            state: rewritten,
-            read_tc,
-        }],
-    };
-    // Read at tc = 0; a fast-path debit of 1 token lands before the rewrite.
-    let applied = s.debit(&key(0), &debit(1_000), FAST).await.unwrap();
-    assert!(matches!(applied, DebitOutcome::Applied(_)));
-    for stale in [set("rpm", Some(0)), set("rpm", None), set("wcu", None)] {
-        let CommitOutcome::Conflict(failed) = s.commit(&[stale]).await.unwrap() else {
-            panic!("a rewrite of a limit that moved since the read must fail");
+cross_store! {
+    async fn fast_debit_applies_and_takes_one_wcu<S: BucketStore>(s: S) {
+        create(&s, key(0), item(5_000, 1_000_000)).await;
+        let DebitOutcome::Applied(after) = s.debit(&key(0), &debit(1_000), FAST).await.unwrap() else {
+            panic!("should apply");
         };
-        assert_eq!(failed[0].1.as_ref().unwrap().limits["rpm"].tk, 4_000);
+        assert_eq!(after.limits["rpm"].tk, 4_000);
+        assert_eq!(after.limits["rpm"].tc, 1_000);
+        assert_eq!(after.limits[WCU_LIMIT].tk, 999_000);
+        assert_eq!(after.limits[WCU_LIMIT].tc, 1_000);
     }
-    assert!(matches!(
-        s.commit(&[set("rpm", Some(1_000))]).await.unwrap(),
-        CommitOutcome::Committed
-    ));
-    assert_eq!(
-        s.read(&[key(0)]).await.unwrap()[0].as_ref().unwrap().limits["rpm"],
-        rewritten
-    );
 }
 
-pub async fn commit_is_all_or_nothing<S: BucketStore>(s: S) {
-    create(&s, key(0), item(5_000, 1_000_000)).await;
-    let writes = [
-        Write::Create {
-            key: key(1),
-            item: item(5_000, 1_000_000),
-        },
-        Write::Update {
-            key: key(0),
-            expected_rf: 0,
-            rf: 0,
-            ttl: None,
-            shard_count: None,
-            limits: vec![],
-        },
-    ];
-    let CommitOutcome::Conflict(failed) = s.commit(&writes).await.unwrap() else {
-        panic!("the stale lock must fail the commit");
-    };
-    assert_eq!(failed.iter().map(|f| f.0).collect::<Vec<_>>(), vec![1]);
-    assert_eq!(
-        s.read(&[key(1)]).await.unwrap(),
-        vec![None],
-        "the create did not land"
-    );
-}
-
-pub async fn read_returns_images_in_key_order<S: BucketStore>(s: S) {
-    create(&s, key(2), item(2_000, 1_000_000)).await;
-    let images = s.read(&[key(1), key(2)]).await.unwrap();
-    assert_eq!(images, vec![None, Some(item(2_000, 1_000_000))]);
-}
-
-pub async fn credit_never_lifts_above_the_ceiling<S: BucketStore>(s: S) {
-    create(&s, key(0), item(4_000, 1_000_000)).await;
-    let c = |amount| {
-        vec![Credit {
-            limit: "rpm".into(),
-            amount,
-            ceiling: 5_000,
-        }]
-    };
-    assert_eq!(
-        s.credit(&key(0), STAMP, &c(2_000)).await.unwrap(),
-        vec![],
-        "would exceed"
-    );
-    assert_eq!(s.credit(&key(0), STAMP, &c(1_000)).await.unwrap(), c(1_000));
-    let image = s.read(&[key(0)]).await.unwrap()[0].clone().unwrap();
-    assert_eq!(
-        (image.limits["rpm"].tk, image.limits["rpm"].tc),
-        (5_000, -1_000)
-    );
-    assert_eq!(
-        s.credit(&key(9), STAMP, &c(1)).await.unwrap(),
-        vec![],
-        "never creates"
-    );
-}
-
-/// A fast debit applies only to an item holding the shard count it was drawn under: its
-/// balance was sized for that count.
-pub async fn fast_debit_refuses_another_shard_count<S: BucketStore>(s: S) {
-    create(&s, key(0), item(5_000, 1_000_000)).await;
-    for count in [2, 4] {
-        let mode = DebitMode::Fast {
-            now_s: NOW_S,
-            shard_count: count,
-        };
+cross_store! {
+    async fn fast_debit_refuses_missing_item<S: BucketStore>(s: S) {
         assert_eq!(
-            s.debit(&key(0), &debit(1_000), mode).await.unwrap(),
-            DebitOutcome::Refused(Some(item(5_000, 1_000_000)))
+            s.debit(&key(0), &debit(1_000), FAST).await.unwrap(),
+            DebitOutcome::Refused(None)
         );
     }
 }
 
-/// An update may raise the item's shard count, only from the count it read (a bump or a
-/// raise landed since must not be undone).
-pub async fn update_raises_the_shard_count_from_the_count_read<S: BucketStore>(s: S) {
-    create(&s, key(0), item(5_000, 1_000_000)).await;
-    let raise = |read| Write::Update {
-        key: key(0),
-        expected_rf: RF,
-        rf: RF,
-        ttl: Some(NOW_S + 1),
-        shard_count: Some(CountChange { read, new: 4 }),
-        limits: vec![],
-    };
-    assert!(matches!(
-        s.commit(&[raise(2)]).await.unwrap(),
-        CommitOutcome::Conflict(_)
-    ));
-    assert_eq!(
-        s.commit(&[raise(1)]).await.unwrap(),
-        CommitOutcome::Committed
-    );
-    let image = s.read(&[key(0)]).await.unwrap()[0].clone().unwrap();
-    assert_eq!(image.shard_count, 4);
-}
-
-/// A refund lands only on an item not refilled nor doubled since the debit it refunds
-/// (`rf` and shard count as that debit's image showed).
-pub async fn credit_needs_the_stamp_the_debit_saw<S: BucketStore>(s: S) {
-    create(&s, key(0), item(4_000, 1_000_000)).await;
-    let c = vec![Credit {
-        limit: "rpm".into(),
-        amount: 1_000,
-        ceiling: 10_000,
-    }];
-    let refilled = Stamp {
-        rf: RF - 1,
-        ..STAMP
-    };
-    let doubled = Stamp {
-        shard_count: 2,
-        ..STAMP
-    };
-    for other in [refilled, doubled] {
-        assert_eq!(s.credit(&key(0), other, &c).await.unwrap(), vec![]);
+cross_store! {
+    async fn fast_debit_refuses_short_balance_with_old_image<S: BucketStore>(s: S) {
+        create(&s, key(0), item(500, 1_000_000)).await;
+        let out = s.debit(&key(0), &debit(1_000), FAST).await.unwrap();
+        assert_eq!(out, DebitOutcome::Refused(Some(item(500, 1_000_000))));
     }
-    let image = s.read(&[key(0)]).await.unwrap()[0].clone().unwrap();
-    assert_eq!(image.limits["rpm"].tk, 4_000, "nothing credited");
-    assert_eq!(s.credit(&key(0), STAMP, &c).await.unwrap(), c);
 }
 
-/// A debit that may go into debt still stops at the lowest balance.
-pub async fn ungated_debit_stops_at_the_lowest_balance<S: BucketStore>(s: S) {
-    create(&s, key(0), item(0, 1_000_000)).await;
-    let d = |amount| {
-        vec![Debit {
-            limit: "rpm".into(),
-            amount,
-            gated: false,
-            params: None,
-        }]
-    };
-    assert!(matches!(
-        s.debit(&key(0), &d(-MIN_BALANCE + 1), DebitMode::RetryOnly)
-            .await
-            .unwrap(),
-        DebitOutcome::Refused(Some(_))
-    ));
-    let DebitOutcome::Applied(after) = s
-        .debit(&key(0), &d(-MIN_BALANCE), DebitMode::RetryOnly)
-        .await
-        .unwrap()
-    else {
-        panic!("down to the lowest balance");
-    };
-    assert_eq!(after.limits["rpm"].tk, MIN_BALANCE);
-    assert_eq!(
-        s.read(&[key(0)]).await.unwrap()[0].clone().unwrap().limits["rpm"].tk,
-        MIN_BALANCE,
-        "stored and read back exactly"
-    );
+cross_store! {
+    async fn fast_debit_refuses_without_a_wcu_token<S: BucketStore>(s: S) {
+        create(&s, key(0), item(5_000, 999)).await;
+        assert!(matches!(
+            s.debit(&key(0), &debit(1_000), FAST).await.unwrap(),
+            DebitOutcome::Refused(Some(_))
+        ));
+    }
 }
 
-/// A retry-only debit carrying a `ttl` writes it with the debit.
-pub async fn retry_debit_writes_its_ttl<S: BucketStore>(s: S) {
-    create(&s, key(0), item(1_000, 1_000_000)).await;
-    let w = Write::Debit {
-        key: key(0),
-        debits: vec![Debit {
+cross_store! {
+    async fn fast_debit_refuses_expired_item<S: BucketStore>(s: S) {
+        let mut it = item(5_000, 1_000_000);
+        it.ttl = Some(NOW_S);
+        create(&s, key(0), it).await;
+        assert!(matches!(
+            s.debit(&key(0), &debit(1_000), FAST).await.unwrap(),
+            DebitOutcome::Refused(Some(_))
+        ));
+    }
+}
+
+cross_store! {
+    async fn fast_debit_refuses_changed_parameters<S: BucketStore>(s: S) {
+        create(&s, key(0), item(5_000, 1_000_000)).await;
+        let mut d = debit(1_000);
+        d[0].params = Some(LimitParams::new(20, 20, 60_000));
+        assert!(matches!(
+            s.debit(&key(0), &d, FAST).await.unwrap(),
+            DebitOutcome::Refused(Some(_))
+        ));
+    }
+}
+
+cross_store! {
+    async fn fast_debit_refuses_unknown_limit<S: BucketStore>(s: S) {
+        create(&s, key(0), item(5_000, 1_000_000)).await;
+        let mut d = debit(1_000);
+        d[0].limit = "tpm".into();
+        assert!(matches!(
+            s.debit(&key(0), &d, FAST).await.unwrap(),
+            DebitOutcome::Refused(Some(_))
+        ));
+    }
+}
+
+cross_store! {
+    async fn zero_amount_checks_debt<S: BucketStore>(s: S) {
+        create(&s, key(0), item(-1, 1_000_000)).await;
+        assert!(matches!(
+            s.debit(&key(0), &debit(0), FAST).await.unwrap(),
+            DebitOutcome::Refused(Some(_))
+        ));
+        create(&s, key(1), item(0, 1_000_000)).await;
+        assert!(matches!(
+            s.debit(&key(1), &debit(0), FAST).await.unwrap(),
+            DebitOutcome::Applied(_)
+        ));
+    }
+}
+
+cross_store! {
+    async fn retry_only_debit_ignores_wcu_and_parameters<S: BucketStore>(s: S) {
+        let mut it = item(5_000, 0);
+        it.ttl = Some(NOW_S - 10);
+        create(&s, key(0), it).await;
+        let mut d = debit(2_000);
+        d[0].params = None;
+        let DebitOutcome::Applied(after) = s.debit(&key(0), &d, DebitMode::RetryOnly).await.unwrap()
+        else {
+            panic!("retry-only ignores wcu and ttl");
+        };
+        assert_eq!(after.limits["rpm"].tk, 3_000);
+        assert_eq!(after.limits[WCU_LIMIT].tk, 0, "no wcu debit");
+        assert!(matches!(
+            s.debit(&key(0), &debit(4_000), DebitMode::RetryOnly)
+                .await
+                .unwrap(),
+            DebitOutcome::Refused(Some(_))
+        ));
+    }
+}
+
+cross_store! {
+    async fn ungated_debit_may_go_negative<S: BucketStore>(s: S) {
+        create(&s, key(0), item(1_000, 1_000_000)).await;
+        let d = vec![Debit {
             limit: "rpm".into(),
             amount: 5_000,
             gated: false,
             params: None,
-        }],
-        ttl: Some(NOW_S + 9_000),
-    };
-    assert_eq!(s.commit(&[w]).await.unwrap(), CommitOutcome::Committed);
-    let image = s.read(&[key(0)]).await.unwrap()[0].clone().unwrap();
-    assert_eq!(
-        (image.limits["rpm"].tk, image.ttl),
-        (-4_000, Some(NOW_S + 9_000))
-    );
+        }];
+        let DebitOutcome::Applied(after) = s.debit(&key(0), &d, DebitMode::RetryOnly).await.unwrap()
+        else {
+            panic!("ungated");
+        };
+        assert_eq!(after.limits["rpm"].tk, -4_000);
+    }
 }
 
-/// A key longer than DynamoDB's partition-key limit (under the longest namespace) is
-/// refused by every call, as this request's error, by every store alike.
-pub async fn a_key_too_long_is_refused_by_every_call<S: BucketStore>(s: S) {
-    let long = BucketKey::new("x".repeat(MAX_PARTITION_KEY_BYTES), "api", 0);
-    let invalid = |r: Result<(), StoreError>| {
-        assert!(matches!(r, Err(StoreError::Invalid { .. })), "{r:?}");
-        let message = r.unwrap_err().to_string();
-        assert!(message.len() < 600, "elided: {message}");
-    };
-    invalid(s.debit(&long, &debit(1_000), FAST).await.map(drop));
-    invalid(s.read(std::slice::from_ref(&long)).await.map(drop));
-    let create = Write::Create {
-        key: long.clone(),
-        item: item(1_000, 1_000_000),
-    };
-    invalid(s.commit(&[create]).await.map(drop));
-    invalid(s.credit(&long, STAMP, &[]).await.map(drop));
-    // The longest key every store holds.
-    let at_bound = BucketKey::new("x".repeat(MAX_PARTITION_KEY_BYTES - 256 - 10 - 4), "api", 0);
-    create_ok(&s, at_bound.clone()).await;
-    assert!(s.read(&[at_bound]).await.unwrap()[0].is_some());
+cross_store! {
+    async fn create_is_conditional<S: BucketStore>(s: S) {
+        create(&s, key(0), item(5_000, 1_000_000)).await;
+        let out = s
+            .commit(&[Write::Create {
+                key: key(0),
+                item: item(9_000, 1_000_000),
+            }])
+            .await
+            .unwrap();
+        assert_eq!(
+            out,
+            CommitOutcome::Conflict(vec![(0, Some(item(5_000, 1_000_000)))])
+        );
+    }
+}
+
+cross_store! {
+    async fn update_needs_the_rf_lock_and_applies_deltas<S: BucketStore>(s: S) {
+        create(&s, key(0), item(5_000, 1_000_000)).await;
+        let rf = NOW_S * 1_000;
+        let upd = |expected_rf| Write::Update {
+            key: key(0),
+            expected_rf,
+            rf: rf + 10,
+            ttl: Some(NOW_S + 500),
+            shard_count: None,
+            limits: vec![LimitWrite::Add {
+                limit: "rpm".into(),
+                tk_delta: -2_000,
+                tc_delta: 2_000,
+                floor: Some(2_000),
+                cap: None,
+            }],
+        };
+        assert!(matches!(
+            s.commit(&[upd(rf - 1)]).await.unwrap(),
+            CommitOutcome::Conflict(_)
+        ));
+        assert_eq!(
+            s.commit(&[upd(rf)]).await.unwrap(),
+            CommitOutcome::Committed,
+            "lock held"
+        );
+        let after = s.read(&[key(0)]).await.unwrap()[0].clone().unwrap();
+        assert_eq!((after.rf, after.ttl), (rf + 10, Some(NOW_S + 500)));
+        assert_eq!(
+            (after.limits["rpm"].tk, after.limits["rpm"].tc),
+            (3_000, 2_000)
+        );
+    }
+}
+
+cross_store! {
+    async fn update_floor_and_cap_guard_concurrent_changes<S: BucketStore>(s: S) {
+        create(&s, key(0), item(1_000, 1_000_000)).await;
+        let rf = NOW_S * 1_000;
+        let upd = |floor, cap| Write::Update {
+            key: key(0),
+            expected_rf: rf,
+            rf,
+            ttl: None,
+            shard_count: None,
+            limits: vec![LimitWrite::Add {
+                limit: "rpm".into(),
+                tk_delta: 0,
+                tc_delta: 0,
+                floor,
+                cap,
+            }],
+        };
+        assert!(matches!(
+            s.commit(&[upd(Some(1_001), None)]).await.unwrap(),
+            CommitOutcome::Conflict(_)
+        ));
+        assert!(matches!(
+            s.commit(&[upd(None, Some(999))]).await.unwrap(),
+            CommitOutcome::Conflict(_)
+        ));
+        assert!(matches!(
+            s.commit(&[upd(Some(1_000), Some(1_000))]).await.unwrap(),
+            CommitOutcome::Committed
+        ));
+    }
+}
+
+cross_store! {
+    async fn set_seeds_a_limit<S: BucketStore>(s: S) {
+        create(&s, key(0), item(1_000, 1_000_000)).await;
+        let tpm = LimitState::new(LimitParams::new(100, 100, 60_000), 90_000, 10_000);
+        let w = Write::Update {
+            key: key(0),
+            expected_rf: NOW_S * 1_000,
+            rf: NOW_S * 1_000,
+            ttl: Some(NOW_S + 1),
+            shard_count: None,
+            limits: vec![LimitWrite::Set {
+                limit: "tpm".into(),
+                state: tpm,
+                read_tc: None,
+            }],
+        };
+        assert!(matches!(
+            s.commit(&[w]).await.unwrap(),
+            CommitOutcome::Committed
+        ));
+        assert_eq!(
+            s.read(&[key(0)]).await.unwrap()[0].as_ref().unwrap().limits["tpm"],
+            tpm
+        );
+    }
+}
+
+cross_store! {
+    /// A rewrite of a limit (new parameters) applies only to the limit as it was read: a
+    /// debit that landed since (a server still on the old parameters, by the fast path) fails
+    /// it, so that debit is never overwritten; a seed requires the limit still absent.
+    async fn set_requires_the_limit_as_read<S: BucketStore>(s: S) {
+        create(&s, key(0), item(5_000, 1_000_000)).await;
+        let rewritten = LimitState::new(LimitParams::new(20, 20, 60_000), 9_000, 1_000);
+        let set = |limit: &str, read_tc| Write::Update {
+            key: key(0),
+            expected_rf: NOW_S * 1_000,
+            rf: NOW_S * 1_000,
+            ttl: Some(NOW_S + 1),
+            shard_count: None,
+            limits: vec![LimitWrite::Set {
+                limit: limit.into(),
+                state: rewritten,
+                read_tc,
+            }],
+        };
+        // Read at tc = 0; a fast-path debit of 1 token lands before the rewrite.
+        let applied = s.debit(&key(0), &debit(1_000), FAST).await.unwrap();
+        assert!(matches!(applied, DebitOutcome::Applied(_)));
+        for stale in [set("rpm", Some(0)), set("rpm", None), set("wcu", None)] {
+            let CommitOutcome::Conflict(failed) = s.commit(&[stale]).await.unwrap() else {
+                panic!("a rewrite of a limit that moved since the read must fail");
+            };
+            assert_eq!(failed[0].1.as_ref().unwrap().limits["rpm"].tk, 4_000);
+        }
+        assert!(matches!(
+            s.commit(&[set("rpm", Some(1_000))]).await.unwrap(),
+            CommitOutcome::Committed
+        ));
+        assert_eq!(
+            s.read(&[key(0)]).await.unwrap()[0].as_ref().unwrap().limits["rpm"],
+            rewritten
+        );
+    }
+}
+
+cross_store! {
+    async fn commit_is_all_or_nothing<S: BucketStore>(s: S) {
+        create(&s, key(0), item(5_000, 1_000_000)).await;
+        let writes = [
+            Write::Create {
+                key: key(1),
+                item: item(5_000, 1_000_000),
+            },
+            Write::Update {
+                key: key(0),
+                expected_rf: 0,
+                rf: 0,
+                ttl: None,
+                shard_count: None,
+                limits: vec![],
+            },
+        ];
+        let CommitOutcome::Conflict(failed) = s.commit(&writes).await.unwrap() else {
+            panic!("the stale lock must fail the commit");
+        };
+        assert_eq!(failed.iter().map(|f| f.0).collect::<Vec<_>>(), vec![1]);
+        assert_eq!(
+            s.read(&[key(1)]).await.unwrap(),
+            vec![None],
+            "the create did not land"
+        );
+    }
+}
+
+cross_store! {
+    async fn read_returns_images_in_key_order<S: BucketStore>(s: S) {
+        create(&s, key(2), item(2_000, 1_000_000)).await;
+        let images = s.read(&[key(1), key(2)]).await.unwrap();
+        assert_eq!(images, vec![None, Some(item(2_000, 1_000_000))]);
+    }
+}
+
+cross_store! {
+    async fn credit_never_lifts_above_the_ceiling<S: BucketStore>(s: S) {
+        create(&s, key(0), item(4_000, 1_000_000)).await;
+        let c = |amount| {
+            vec![Credit {
+                limit: "rpm".into(),
+                amount,
+                ceiling: 5_000,
+            }]
+        };
+        assert_eq!(
+            s.credit(&key(0), STAMP, &c(2_000)).await.unwrap(),
+            vec![],
+            "would exceed"
+        );
+        assert_eq!(s.credit(&key(0), STAMP, &c(1_000)).await.unwrap(), c(1_000));
+        let image = s.read(&[key(0)]).await.unwrap()[0].clone().unwrap();
+        assert_eq!(
+            (image.limits["rpm"].tk, image.limits["rpm"].tc),
+            (5_000, -1_000)
+        );
+        assert_eq!(
+            s.credit(&key(9), STAMP, &c(1)).await.unwrap(),
+            vec![],
+            "never creates"
+        );
+    }
+}
+
+cross_store! {
+    /// A fast debit applies only to an item holding the shard count it was drawn under: its
+    /// balance was sized for that count.
+    async fn fast_debit_refuses_another_shard_count<S: BucketStore>(s: S) {
+        create(&s, key(0), item(5_000, 1_000_000)).await;
+        for count in [2, 4] {
+            let mode = DebitMode::Fast {
+                now_s: NOW_S,
+                shard_count: count,
+            };
+            assert_eq!(
+                s.debit(&key(0), &debit(1_000), mode).await.unwrap(),
+                DebitOutcome::Refused(Some(item(5_000, 1_000_000)))
+            );
+        }
+    }
+}
+
+cross_store! {
+    /// An update may raise the item's shard count, only from the count it read (a bump or a
+    /// raise landed since must not be undone).
+    async fn update_raises_the_shard_count_from_the_count_read<S: BucketStore>(s: S) {
+        create(&s, key(0), item(5_000, 1_000_000)).await;
+        let raise = |read| Write::Update {
+            key: key(0),
+            expected_rf: RF,
+            rf: RF,
+            ttl: Some(NOW_S + 1),
+            shard_count: Some(CountChange { read, new: 4 }),
+            limits: vec![],
+        };
+        assert!(matches!(
+            s.commit(&[raise(2)]).await.unwrap(),
+            CommitOutcome::Conflict(_)
+        ));
+        assert_eq!(
+            s.commit(&[raise(1)]).await.unwrap(),
+            CommitOutcome::Committed
+        );
+        let image = s.read(&[key(0)]).await.unwrap()[0].clone().unwrap();
+        assert_eq!(image.shard_count, 4);
+    }
+}
+
+cross_store! {
+    /// A refund lands only on an item not refilled nor doubled since the debit it refunds
+    /// (`rf` and shard count as that debit's image showed).
+    async fn credit_needs_the_stamp_the_debit_saw<S: BucketStore>(s: S) {
+        create(&s, key(0), item(4_000, 1_000_000)).await;
+        let c = vec![Credit {
+            limit: "rpm".into(),
+            amount: 1_000,
+            ceiling: 10_000,
+        }];
+        let refilled = Stamp {
+            rf: RF - 1,
+            ..STAMP
+        };
+        let doubled = Stamp {
+            shard_count: 2,
+            ..STAMP
+        };
+        for other in [refilled, doubled] {
+            assert_eq!(s.credit(&key(0), other, &c).await.unwrap(), vec![]);
+        }
+        let image = s.read(&[key(0)]).await.unwrap()[0].clone().unwrap();
+        assert_eq!(image.limits["rpm"].tk, 4_000, "nothing credited");
+        assert_eq!(s.credit(&key(0), STAMP, &c).await.unwrap(), c);
+    }
+}
+
+cross_store! {
+    /// A debit that may go into debt still stops at the lowest balance.
+    async fn ungated_debit_stops_at_the_lowest_balance<S: BucketStore>(s: S) {
+        create(&s, key(0), item(0, 1_000_000)).await;
+        let d = |amount| {
+            vec![Debit {
+                limit: "rpm".into(),
+                amount,
+                gated: false,
+                params: None,
+            }]
+        };
+        assert!(matches!(
+            s.debit(&key(0), &d(-MIN_BALANCE + 1), DebitMode::RetryOnly)
+                .await
+                .unwrap(),
+            DebitOutcome::Refused(Some(_))
+        ));
+        let DebitOutcome::Applied(after) = s
+            .debit(&key(0), &d(-MIN_BALANCE), DebitMode::RetryOnly)
+            .await
+            .unwrap()
+        else {
+            panic!("down to the lowest balance");
+        };
+        assert_eq!(after.limits["rpm"].tk, MIN_BALANCE);
+        assert_eq!(
+            s.read(&[key(0)]).await.unwrap()[0].clone().unwrap().limits["rpm"].tk,
+            MIN_BALANCE,
+            "stored and read back exactly"
+        );
+    }
+}
+
+cross_store! {
+    /// A retry-only debit carrying a `ttl` writes it with the debit.
+    async fn retry_debit_writes_its_ttl<S: BucketStore>(s: S) {
+        create(&s, key(0), item(1_000, 1_000_000)).await;
+        let w = Write::Debit {
+            key: key(0),
+            debits: vec![Debit {
+                limit: "rpm".into(),
+                amount: 5_000,
+                gated: false,
+                params: None,
+            }],
+            ttl: Some(NOW_S + 9_000),
+        };
+        assert_eq!(s.commit(&[w]).await.unwrap(), CommitOutcome::Committed);
+        let image = s.read(&[key(0)]).await.unwrap()[0].clone().unwrap();
+        assert_eq!(
+            (image.limits["rpm"].tk, image.ttl),
+            (-4_000, Some(NOW_S + 9_000))
+        );
+    }
+}
+
+cross_store! {
+    /// A key longer than DynamoDB's partition-key limit (under the longest namespace) is
+    /// refused by every call, as this request's error, by every store alike.
+    async fn a_key_too_long_is_refused_by_every_call<S: BucketStore>(s: S) {
+        let long = BucketKey::new("x".repeat(MAX_PARTITION_KEY_BYTES), "api", 0);
+        let invalid = |r: Result<(), StoreError>| {
+            assert!(matches!(r, Err(StoreError::Invalid { .. })), "{r:?}");
+            let message = r.unwrap_err().to_string();
+            assert!(message.len() < 600, "elided: {message}");
+        };
+        invalid(s.debit(&long, &debit(1_000), FAST).await.map(drop));
+        invalid(s.read(std::slice::from_ref(&long)).await.map(drop));
+        let create = Write::Create {
+            key: long.clone(),
+            item: item(1_000, 1_000_000),
+        };
+        invalid(s.commit(&[create]).await.map(drop));
+        invalid(s.credit(&long, STAMP, &[]).await.map(drop));
+        // The longest key every store holds.
+        let at_bound = BucketKey::new("x".repeat(MAX_PARTITION_KEY_BYTES - 256 - 10 - 4), "api", 0);
+        create_ok(&s, at_bound.clone()).await;
+        assert!(s.read(&[at_bound]).await.unwrap()[0].is_some());
+    }
 }
 
 async fn create_ok<S: BucketStore>(s: &S, k: BucketKey) {
@@ -532,71 +581,24 @@ async fn create_ok<S: BucketStore>(s: &S, k: BucketKey) {
     assert_eq!(out, CommitOutcome::Committed);
 }
 
-/// An item larger than DynamoDB's 400 KB is refused by every store alike.
-pub async fn an_item_too_large_is_refused<S: BucketStore>(s: S) {
-    let mut big = item(1_000, 1_000_000);
-    let name = "l".repeat(64);
-    let mut i = 0;
-    while shardgate::store::key::item_bytes(&key(0), &big) <= MAX_ITEM_BYTES {
-        big.limits
-            .insert(format!("{name}{i}"), LimitState::new(rpm(), 1_000, 0));
-        i += 1;
-    }
-    let out = s
-        .commit(&[Write::Create {
-            key: key(0),
-            item: big,
-        }])
-        .await;
-    assert!(matches!(out, Err(StoreError::Invalid { .. })), "{out:?}");
-    assert_eq!(s.read(&[key(0)]).await.unwrap(), vec![None]);
-}
-
-/// Runs every conformance case against a store built by `$make` (an async expression).
-macro_rules! conformance {
-    ($module:ident, $make:expr) => {
-        mod $module {
-            conformance!(@cases $make;
-                fast_debit_applies_and_takes_one_wcu,
-                fast_debit_refuses_missing_item,
-                fast_debit_refuses_short_balance_with_old_image,
-                fast_debit_refuses_without_a_wcu_token,
-                fast_debit_refuses_expired_item,
-                fast_debit_refuses_changed_parameters,
-                fast_debit_refuses_unknown_limit,
-                zero_amount_checks_debt,
-                retry_only_debit_ignores_wcu_and_parameters,
-                ungated_debit_may_go_negative,
-                create_is_conditional,
-                update_needs_the_rf_lock_and_applies_deltas,
-                update_floor_and_cap_guard_concurrent_changes,
-                set_seeds_a_limit,
-                set_requires_the_limit_as_read,
-                commit_is_all_or_nothing,
-                read_returns_images_in_key_order,
-                credit_never_lifts_above_the_ceiling,
-                fast_debit_refuses_another_shard_count,
-                update_raises_the_shard_count_from_the_count_read,
-                credit_needs_the_stamp_the_debit_saw,
-                ungated_debit_stops_at_the_lowest_balance,
-                retry_debit_writes_its_ttl,
-                a_key_too_long_is_refused_by_every_call,
-                an_item_too_large_is_refused
-            );
+cross_store! {
+    /// An item larger than DynamoDB's 400 KB is refused by every store alike.
+    async fn an_item_too_large_is_refused<S: BucketStore>(s: S) {
+        let mut big = item(1_000, 1_000_000);
+        let name = "l".repeat(64);
+        let mut i = 0;
+        while shardgate::store::key::item_bytes(&key(0), &big) <= MAX_ITEM_BYTES {
+            big.limits
+                .insert(format!("{name}{i}"), LimitState::new(rpm(), 1_000, 0));
+            i += 1;
         }
-    };
-    (@cases $make:expr; $($case:ident),*) => {
-        $(
-            #[tokio::test]
-            async fn $case() {
-                super::$case($make).await;
-            }
-        )*
-    };
+        let out = s
+            .commit(&[Write::Create {
+                key: key(0),
+                item: big,
+            }])
+            .await;
+        assert!(matches!(out, Err(StoreError::Invalid { .. })), "{out:?}");
+        assert_eq!(s.read(&[key(0)]).await.unwrap(), vec![None]);
+    }
 }
-
-conformance!(
-    memory,
-    async { shardgate::store::memory::MemoryStore::new() }.await
-);
-conformance!(dynamodb, crate::common::dynamo::store().await);

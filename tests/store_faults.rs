@@ -16,6 +16,7 @@ use shardgate::config::Config;
 use shardgate::engine::{Engine, EngineOptions};
 use shardgate::service::{CallError, RateLimiter};
 use shardgate::store::breaker::{Breaker, CircuitState};
+#[cfg(feature = "dynamodb")]
 use shardgate::store::dynamodb::{DynamoOptions, DynamoStore};
 use shardgate::store::memory::MemoryStore;
 use shardgate::store::{
@@ -224,6 +225,7 @@ async fn a_probe_cancelled_by_its_caller_does_not_wedge_the_circuit() {
 
 /// A DynamoDB endpoint that accepts connections and never answers: every call ends at
 /// its deadline instead of hanging.
+#[cfg(feature = "dynamodb")]
 #[tokio::test]
 async fn every_dynamodb_call_has_a_deadline() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -1,11 +1,10 @@
 //! Arbitrary bytes as the HTTP/2 body of a `ShouldRateLimit` call (gRPC length-prefixed
-//! frames), through tonic's generated `RateLimitServiceServer` around shardgate's `Grpc`
-//! service and the server's status mapping (`refuse_undecodable`), in process: frame
+//! frames), through shardgate's `Rls` route in process: the framing check, tonic's frame
 //! decoding, protobuf decoding, the call and the mapping of its errors to gRPC statuses.
 //!
 //! Invariants: no panic; every answer carries a grpc-status of OK, INVALID_ARGUMENT
 //! (a refused request, a body that does not decode or holds no whole message),
-//! RESOURCE_EXHAUSTED (a frame header announcing more than tonic's 4 MiB limit) or
+//! RESOURCE_EXHAUSTED (a frame header announcing more than the 4 MiB limit) or
 //! INTERNAL only for a compression flag set without a negotiated encoding (the gRPC
 //! compression spec's rule); never UNAVAILABLE or UNKNOWN on the memory store; an OK
 //! answer is one frame holding a `RateLimitResponse` with statuses.
@@ -16,12 +15,11 @@ mod common;
 
 use std::sync::Arc;
 
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use http_body_util::{BodyExt, Full};
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
-use shardgate::service::grpc::{refuse_undecodable, Grpc};
+use shardgate::service::rls::Rls;
 use tonic::codegen::http;
 use tower::ServiceExt;
 
@@ -30,7 +28,7 @@ const PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit
 fuzz_target!(|data: &[u8]| {
     let w = common::world();
     let l = common::limiter(w.config.clone(), common::serve_options());
-    let service = RateLimitServiceServer::new(Grpc::new(Arc::new(l.limiter)));
+    let service = Rls::new(Arc::new(l.limiter));
     let request = http::Request::builder()
         .method("POST")
         .uri(PATH)
@@ -39,7 +37,7 @@ fuzz_target!(|data: &[u8]| {
         .body(tonic::body::Body::new(Full::new(bytes_of(data))))
         .expect("a valid request head");
     w.runtime.block_on(async {
-        let response = refuse_undecodable(service.oneshot(request).await.expect("infallible"));
+        let response = service.oneshot(request).await.expect("infallible");
         let (parts, body) = response.into_parts();
         let collected = body.collect().await.expect("the response body completes");
         let trailers = collected.trailers().cloned();
@@ -73,7 +71,7 @@ fuzz_target!(|data: &[u8]| {
                 "INTERNAL only for a bad compression flag, got {message:?}"
             ),
             "8" => assert!(
-                message.contains("message length too large"),
+                message.contains("more than the 4194304-byte limit"),
                 "RESOURCE_EXHAUSTED only for an oversized frame, got {message:?}"
             ),
             other => panic!("grpc-status {other} ({message:?})"),

@@ -2,8 +2,8 @@
 //! and the `entity:` templates that pick values by key.
 //!
 //! Request values are attacker-controlled; this module guarantees they cannot forge
-//! another bucket's key (architecture.md §4): every component is percent-encoded for the
-//! separators used here and in the store key. It must not know about stores or limits.
+//! another bucket's key (docs/architecture.md, "Buckets and items"): every component is
+//! percent-encoded for the separators used here and in the store key. It must not know about stores or limits.
 
 use std::borrow::Cow;
 use std::fmt;

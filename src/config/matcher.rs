@@ -1,6 +1,6 @@
 //! The compiled descriptor tree of one domain and the walk that matches a request
-//! descriptor to its rule (config.md §3): exact child, else the first matching wildcard
-//! in file order, else the key-only child; no backtracking.
+//! descriptor to its rule (docs/configuration.md, "Matching"): exact child, else the
+//! first matching wildcard in file order, else the key-only child; no backtracking.
 //!
 //! Compiling builds the [`Rule`]s (inherited resource, cascade parent, stats key); the
 //! walk is O(depth) and must not allocate, since it runs for every request descriptor.

@@ -117,7 +117,7 @@ pub struct RateLimit {
     pub unit: Unit,
     pub requests_per_unit: u32,
     pub burst: Option<u64>,
-    /// Debit even when the balance is short (post-hoc usage); see config.md §5.
+    /// Debit even when the balance is short (post-hoc usage); see docs/configuration.md, "Overdraft".
     pub overdraft: bool,
 }
 
@@ -210,7 +210,7 @@ pub struct Domain {
 }
 
 impl Domain {
-    /// The rule for a request descriptor, per config.md §3 (exact, then wildcards in file
+    /// The rule for a request descriptor, per docs/configuration.md, "Matching" (exact, then wildcards in file
     /// order, then key-only; no backtracking; the rule must sit at the descriptor's depth).
     /// The walk allocates nothing.
     pub fn match_descriptor<E: DescriptorEntry>(&self, entries: &[E]) -> Option<&Arc<Rule>> {
@@ -233,7 +233,7 @@ pub struct Config {
 }
 
 impl Config {
-    /// Loads `path`, a YAML file or a directory of `*.yaml`/`*.yml` files (config.md §1).
+    /// Loads `path`, a YAML file or a directory of `*.yaml`/`*.yml` files (docs/configuration.md, "Where the configuration comes from").
     /// Every problem is reported, each naming file, line and the offending key or value.
     pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
         load::load_path(path)

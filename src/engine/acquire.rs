@@ -1,7 +1,9 @@
 //! The acquire algorithm: one all-or-nothing decision over several buckets. This file
-//! drives it (and holds its per-request state); `cached.rs` answers from the rejection
-//! cache, `resolve.rs` takes a refused debit on (classification, doubling, retries),
-//! `pass.rs` plans a slow pass, `outcome.rs` builds what a decision reports.
+//! drives it (and holds its per-request state) and makes the fast path's debits;
+//! `cached.rs` answers from the rejection cache, `resolve.rs` takes a refused debit on
+//! (classification, doubling, retries), `slow.rs` runs the slow path and `pass.rs` plans
+//! it, `refund.rs` gives back what a refused decision took, `outcome.rs` builds what a
+//! decision reports.
 //!
 //! 1. Rejection cache: a fresh image proving every shard of some bucket short refuses
 //!    with no store call.
@@ -25,11 +27,10 @@ pub(super) type Avoid = SmallVec<[u32; 4]>;
 /// does not allocate for it either.
 pub(super) type PerBucket<T> = SmallVec<[T; 4]>;
 
-use super::pass::{self, BucketPlan, PassContext};
+use super::pass;
 use super::{Acquire, BucketClaim, BucketOutcome, Decision, Engine, EngineError, EngineStats};
 use crate::store::{
-    BucketItem, BucketKey, BucketStore, CommitOutcome, Credit, Debit, DebitMode, DebitOutcome,
-    Stamp, StoreError, Write,
+    BucketItem, BucketKey, BucketStore, Debit, DebitMode, DebitOutcome, StoreError,
 };
 
 /// How long a request refused because its bucket is contended is told to wait (the
@@ -95,7 +96,7 @@ impl<S: BucketStore> Engine<S> {
                 resource,
                 source: StoreError::Contention { .. },
             }) => {
-                EngineStats::bump(&self.stats.contended);
+                EngineStats::bump(&self.stats.contended_refusals);
                 return Ok(self.contended(req, &entity, &resource));
             }
             Err(e) => return Err(e),
@@ -252,7 +253,7 @@ impl<S: BucketStore> Engine<S> {
             .iter()
             .any(|p| matches!(p, Progress::Rejected { .. }))
         {
-            EngineStats::bump(&self.stats.fast_rejections);
+            EngineStats::bump(&self.stats.fast_path_refusals);
             Box::pin(self.refund_applied(req, &progress, now)).await;
             return Ok(self.refused_decision(req, &progress, now));
         }
@@ -319,58 +320,6 @@ impl<S: BucketStore> Engine<S> {
         }
     }
 
-    /// Waits for the slow passes in flight on the shards drawn for `req`'s fast path;
-    /// returns whether it waited for any.
-    async fn await_slow_passes(&self, req: &Acquire, draws: &[Draw]) -> bool {
-        let mut waited = false;
-        for (b, d) in req.buckets.iter().zip(draws) {
-            let key = BucketKey::new(&b.entity, &b.resource, d.shard);
-            if let Some(pass_done) = self.slow_passes.in_flight(&key) {
-                EngineStats::bump(&self.stats.slow_passes_followed);
-                pass_done.await;
-                waited = true;
-            }
-        }
-        waited
-    }
-
-    /// Buckets bound for the slow path on a shard this process is already refilling wait
-    /// for that pass, then try the fast path there again (see `inflight`). On an error,
-    /// `progress` still records every debit applied, for the refund.
-    async fn follow_slow_passes(
-        &self,
-        req: &Acquire,
-        progress: &mut [Progress],
-        avoid: &[Avoid],
-    ) -> Result<Option<i64>, EngineError> {
-        let mut waited_until = None;
-        for (i, p) in progress.iter_mut().enumerate() {
-            let Progress::Slow { shard, count, .. } = *p else {
-                continue;
-            };
-            let b = &req.buckets[i];
-            let key = BucketKey::new(&b.entity, &b.resource, shard);
-            let Some(pass_done) = self.slow_passes.in_flight(&key) else {
-                continue;
-            };
-            EngineStats::bump(&self.stats.slow_passes_followed);
-            pass_done.await;
-            let now = self.clock.now_ms();
-            waited_until = Some(now);
-            let draw = Draw { shard, count };
-            *p = match self.fast_debit(b, draw, now).await.map_err(wrap(b))? {
-                DebitOutcome::Applied(image) => {
-                    EngineStats::bump(&self.stats.fast_path_hits);
-                    Progress::Applied { shard, image }
-                }
-                DebitOutcome::Refused(image) => {
-                    self.resolve(b, draw, image, &avoid[i], now).await?
-                }
-            };
-        }
-        Ok(waited_until)
-    }
-
     /// Answers `req` from the store without writing: what each bucket would say now.
     pub async fn peek(&self, req: &Acquire) -> Result<Decision, EngineError> {
         let now = self.clock.now_ms();
@@ -407,21 +356,6 @@ impl<S: BucketStore> Engine<S> {
             admitted,
             buckets: buckets.into_iter().collect(),
         })
-    }
-
-    /// Gives back what an admitted decision took (best effort; used when a request turns
-    /// out refused after its debits, e.g. every quota-mode descriptor over).
-    pub async fn refund(&self, req: &Acquire, decision: &Decision) {
-        if !decision.admitted {
-            return;
-        }
-        join_all(
-            req.buckets
-                .iter()
-                .zip(&decision.buckets)
-                .map(|(b, o)| self.credit_bucket(b, o.shard, o.shard_count, o.stamp)),
-        )
-        .await;
     }
 
     pub(super) async fn fast_debit(
@@ -468,151 +402,5 @@ impl<S: BucketStore> Engine<S> {
             DebitOutcome::Refused(None) => {}
         }
         Ok(out)
-    }
-
-    /// The slow path over the buckets `targets`. Returns whether everything fit and was
-    /// committed, and their outcomes.
-    async fn slow_path(
-        &self,
-        req: &Acquire,
-        targets: &[SlowTarget],
-    ) -> Result<(bool, Vec<BucketOutcome>), EngineError> {
-        let keys: Vec<BucketKey> = targets
-            .iter()
-            .map(|t| {
-                let b = &req.buckets[t.bucket];
-                BucketKey::new(&b.entity, &b.resource, t.shard)
-            })
-            .collect();
-        let first = &req.buckets[targets[0].bucket];
-        let images = self.store.read(&keys).await.map_err(wrap(first))?;
-        let ctx = self.pass_context(self.clock.now_ms());
-        let now = ctx.now;
-        let plans: Vec<BucketPlan> = targets
-            .iter()
-            .zip(&keys)
-            .zip(&images)
-            .map(|((t, key), img)| {
-                let (b, count) = (&req.buckets[t.bucket], t.count);
-                if let Some(img) = img {
-                    self.shards.learn(&b.entity, &b.resource, img.shard_count);
-                }
-                pass::plan_bucket(b, key, img.as_ref(), count, &ctx)
-            })
-            .collect();
-
-        if !plans.iter().all(|p| p.fits) {
-            for (key, img) in keys.iter().zip(&images) {
-                if let Some(img) = img {
-                    self.rejections.remember(key, img, now);
-                }
-            }
-            return Ok((false, plans.into_iter().map(|p| p.refused).collect()));
-        }
-
-        let mut writes: Vec<Write> = plans.iter().map(|p| p.write.clone()).collect();
-        let mut admitted: Vec<BucketOutcome> = plans.iter().map(|p| p.admitted.clone()).collect();
-        for round in 0..3 {
-            match self.store.commit(&writes).await.map_err(wrap(first))? {
-                CommitOutcome::Committed => return Ok((true, admitted)),
-                CommitOutcome::Conflict(failed) => {
-                    if round == 2 {
-                        break;
-                    }
-                    EngineStats::bump(&self.stats.consumption_only_retries);
-                    for (idx, current) in failed {
-                        let SlowTarget {
-                            bucket,
-                            shard,
-                            count,
-                        } = targets[idx];
-                        let b = &req.buckets[bucket];
-                        if let Write::Debit { .. } = writes[idx] {
-                            // The balance no longer covers the request.
-                            let mut outcomes: Vec<BucketOutcome> =
-                                plans.into_iter().map(|p| p.refused).collect();
-                            if let Some(img) = &current {
-                                outcomes[idx] = self.outcome_from_image(b, shard, img, now, false);
-                                self.rejections.remember(&keys[idx], img, now);
-                            }
-                            return Ok((false, outcomes));
-                        }
-                        writes[idx] = match &current {
-                            // Lost the lock or the create race: take the tokens only if the
-                            // item as it stands covers them, with no refill. What it
-                            // reports is that item after the debit.
-                            Some(img) => {
-                                admitted[idx] = self.retry_outcome(b, shard, img, now);
-                                pass::retry_debit(b, &keys[idx], img, &ctx)
-                            }
-                            // The item vanished (evicted) since the read: create it again.
-                            None => {
-                                let plan = pass::plan_bucket(b, &keys[idx], None, count, &ctx);
-                                admitted[idx] = plan.admitted;
-                                plan.write
-                            }
-                        };
-                    }
-                }
-            }
-        }
-        // Persistent contention: refuse rather than spin.
-        Ok((false, plans.into_iter().map(|p| p.refused).collect()))
-    }
-
-    /// What a slow pass knows at `now`.
-    pub(super) fn pass_context(&self, now: i64) -> PassContext {
-        PassContext {
-            now,
-            wcu: self.wcu,
-            ttl_multiplier: self.options.ttl_multiplier,
-        }
-    }
-
-    /// Refunds every bucket of `progress` that was debited.
-    async fn refund_applied(&self, req: &Acquire, progress: &[Progress], now: i64) {
-        join_all(
-            req.buckets
-                .iter()
-                .zip(progress)
-                .filter_map(|(b, p)| match p {
-                    Progress::Applied { shard, image } => {
-                        // Held first, so that the refund below lands on it and a repeat of
-                        // this request, refused from the cache, reports this bucket's real
-                        // balance (an admitted image is otherwise kept only when short).
-                        let key = BucketKey::new(&b.entity, &b.resource, *shard);
-                        self.rejections.remember(&key, image, now);
-                        Some(self.credit_bucket(b, *shard, image.shard_count, Stamp::of(image)))
-                    }
-                    _ => None,
-                }),
-        )
-        .await;
-    }
-
-    /// Refunds what `b`'s claims took from `shard`, on condition that nothing refilled
-    /// or doubled it since the debit whose image bore `stamp` (see `BucketStore::credit`).
-    async fn credit_bucket(&self, b: &BucketClaim, shard: u32, count: u32, stamp: Stamp) {
-        let key = BucketKey::new(&b.entity, &b.resource, shard);
-        let count = count.max(self.shards.get(&b.entity, &b.resource));
-        let credits: Vec<Credit> = b
-            .limits
-            .iter()
-            .filter(|c| c.amount > 0)
-            .map(|c| Credit {
-                limit: c.limit.clone(),
-                amount: c.amount,
-                ceiling: c.params.share(count).ceiling,
-            })
-            .collect();
-        if credits.is_empty() {
-            return;
-        }
-        self.rejections.credit(&key, &credits);
-        EngineStats::bump(&self.stats.refunds);
-        if let Err(e) = self.store.credit(&key, stamp, &credits).await {
-            // A lost refund costs this bucket one request's tokens; never an over-admission.
-            tracing::warn!(resource = %b.resource, error = %e, "refund of a voided debit failed");
-        }
     }
 }

@@ -9,10 +9,10 @@
 //! `rf` lock makes safe. This module holds no bucket state and decides nothing; it only
 //! tells a request when to look again.
 
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard};
 
 use smallvec::SmallVec;
 use tokio::sync::watch;
@@ -32,7 +32,7 @@ pub(crate) struct SlowPasses {
 
 impl SlowPasses {
     fn lock(&self) -> MutexGuard<'_, HashMap<BucketKey, watch::Sender<()>, Hasher>> {
-        self.leaders.lock().unwrap_or_else(|e| e.into_inner())
+        self.leaders.lock()
     }
 
     /// Whether any slow pass is in flight (one atomic load).

@@ -12,13 +12,16 @@ mod cached;
 mod clock;
 mod inflight;
 mod outcome;
+mod partitioned;
 mod pass;
 pub mod plan;
+mod refund;
 mod rejection;
 mod resolve;
 mod shard;
+mod slow;
+mod stats;
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use smallvec::SmallVec;
@@ -27,7 +30,8 @@ use thiserror::Error;
 pub use acquire::CONTENTION_RETRY_MS;
 pub use bucket::{LimitParams, ShardShare};
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use shard::{RandomDraw, ScriptedDraw, ShardDraw};
+pub use shard::{HotBucket, RandomDraw, ScriptedDraw, ShardDraw};
+pub use stats::{Counted, EngineStats};
 
 use crate::store::{BucketStore, Name, Stamp, StoreError};
 use crate::text::quote;
@@ -188,7 +192,7 @@ impl EngineView {
     }
 
     /// Up to `limit` sharded buckets, most shards first: `(entity, resource, count)`.
-    pub fn hottest(&self, limit: usize) -> Vec<(String, String, u32)> {
+    pub fn hottest(&self, limit: usize) -> Vec<HotBucket> {
         self.shards.hottest(limit)
     }
 
@@ -202,39 +206,6 @@ impl EngineView {
     #[doc(hidden)]
     pub fn forget_shard_counts(&self) {
         self.shards.clear();
-    }
-}
-
-/// Counters the engine keeps (exposed for tests and metrics).
-#[derive(Debug, Default)]
-pub struct EngineStats {
-    pub fast_path_hits: AtomicU64,
-    pub slow_paths: AtomicU64,
-    pub fast_rejections: AtomicU64,
-    pub rejection_cache_hits: AtomicU64,
-    pub shard_retries: AtomicU64,
-    pub shard_doublings: AtomicU64,
-    pub doubling_refused_at_max: AtomicU64,
-    /// Doublings declined because a shard's share of a limit would fall below the
-    /// request's claim (a bucket whose capacity is only a few requests).
-    pub doubling_refused_small_share: AtomicU64,
-    pub per_shard_ceiling_rejections: AtomicU64,
-    pub consumption_only_retries: AtomicU64,
-    pub refunds: AtomicU64,
-    /// Requests refused because a bucket's item stayed busy with concurrent transactions.
-    pub contended: AtomicU64,
-    /// Buckets that waited for this process's slow pass on their shard instead of
-    /// running their own.
-    pub slow_passes_followed: AtomicU64,
-}
-
-impl EngineStats {
-    pub fn get(counter: &AtomicU64) -> u64 {
-        counter.load(Ordering::Relaxed)
-    }
-
-    fn bump(counter: &AtomicU64) {
-        counter.fetch_add(1, Ordering::Relaxed);
     }
 }
 

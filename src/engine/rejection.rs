@@ -18,17 +18,8 @@
 //! server calls it on a timer, so a bucket refused once and never asked for again does
 //! not stay, and once no bucket is short admitting goes back to the atomic load.
 
-use std::collections::HashMap;
-use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard};
-
+use super::partitioned::Partitioned;
 use crate::store::{BucketItem, BucketKey};
-
-/// Independently locked parts, so concurrent requests on different buckets do not contend.
-const PARTS: usize = 16;
-
-type Hasher = foldhash::quality::RandomState;
 
 #[derive(Debug)]
 struct Entry {
@@ -38,28 +29,21 @@ struct Entry {
     refreshing_since: Option<i64>,
 }
 
-type Part = HashMap<BucketKey, Entry, Hasher>;
-
 #[derive(Debug)]
 pub(crate) struct RejectionCache {
     ttl_ms: i64,
-    /// Entries per part.
-    capacity: usize,
-    parts: Vec<Mutex<Part>>,
-    hasher: Hasher,
-    /// Entries held in all parts. While it is zero (no bucket short lately, the common
-    /// case) every call returns before hashing or locking.
-    len: AtomicUsize,
+    /// While it is empty (no bucket short lately, the common case) every call returns
+    /// before hashing or locking. Full of recent refusals (many distinct buckets refused
+    /// within the lifetime), a part starts over: losing entries only sends requests to
+    /// the store.
+    images: Partitioned<BucketKey, Entry>,
 }
 
 impl RejectionCache {
     pub(crate) fn new(ttl_ms: i64, capacity: usize) -> RejectionCache {
         RejectionCache {
             ttl_ms,
-            capacity: capacity.div_ceil(PARTS).max(1),
-            parts: (0..PARTS).map(|_| Mutex::new(Part::default())).collect(),
-            hasher: Hasher::default(),
-            len: AtomicUsize::new(0),
+            images: Partitioned::new(capacity),
         }
     }
 
@@ -69,12 +53,7 @@ impl RejectionCache {
 
     /// Whether a lookup could find anything.
     pub(crate) fn holds_any(&self) -> bool {
-        self.enabled() && self.len.load(Ordering::Relaxed) > 0
-    }
-
-    fn part(&self, key: &BucketKey) -> MutexGuard<'_, Part> {
-        let i = (self.hasher.hash_one(key) as usize) % PARTS;
-        self.parts[i].lock().unwrap_or_else(|e| e.into_inner())
+        self.enabled() && !self.images.is_empty()
     }
 
     /// Remembers the image of a shard seen at `now` on a refusal.
@@ -97,35 +76,26 @@ impl RejectionCache {
     ) {
         if short && self.enabled() {
             self.keep(key, image, now);
-        } else if self.holds_any() && self.part(key).remove(key).is_some() {
-            self.len.fetch_sub(1, Ordering::Relaxed);
+        } else if self.holds_any() {
+            self.images.remove(key);
         }
     }
 
     fn keep(&self, key: &BucketKey, image: &BucketItem, now: i64) {
-        let mut g = self.part(key);
-        if let Some(e) = g.get_mut(key) {
-            e.image.clone_from(image);
-            e.stored_at = now;
-            e.refreshing_since = None;
-            return;
-        }
-        if g.len() >= self.capacity {
-            // Full of recent refusals (many distinct buckets refused within the lifetime):
-            // start over. Clearing costs one pass per `capacity` inserts, and losing
-            // entries only sends requests to the store.
-            self.len.fetch_sub(g.len(), Ordering::Relaxed);
-            g.clear();
-        }
-        g.insert(
-            key.clone(),
-            Entry {
-                image: image.clone(),
-                stored_at: now,
-                refreshing_since: None,
+        let entry = || Entry {
+            image: image.clone(),
+            stored_at: now,
+            refreshing_since: None,
+        };
+        self.images.upsert(
+            key,
+            || (key.clone(), entry()),
+            |e| {
+                e.image.clone_from(image);
+                e.stored_at = now;
+                e.refreshing_since = None;
             },
         );
-        self.len.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Applies a refund to the cached image of a shard, so the cache never refuses on a
@@ -134,14 +104,13 @@ impl RejectionCache {
         if !self.holds_any() {
             return;
         }
-        let mut g = self.part(key);
-        if let Some(e) = g.get_mut(key) {
+        self.images.with(key, |e| {
             for c in credits {
                 if let Some(st) = e.image.limits.get_mut(&c.limit) {
                     st.tk = st.tk.saturating_add(c.amount).min(c.ceiling.max(st.tk));
                 }
             }
-        }
+        });
     }
 
     /// The last image seen of a shard, however old (for reporting, never for refusing).
@@ -149,7 +118,7 @@ impl RejectionCache {
         if !self.holds_any() {
             return None;
         }
-        self.part(key).get(key).map(|e| e.image.clone())
+        self.images.with(key, |e| e.image.clone())
     }
 
     /// Drops every entry no caller can trust any more: neither stored nor sent for a
@@ -161,25 +130,17 @@ impl RejectionCache {
             return 0;
         }
         let horizon = self.ttl_ms.saturating_mul(2);
-        let mut dropped = 0;
-        for part in &self.parts {
-            let mut g = part.lock().unwrap_or_else(|e| e.into_inner());
-            let before = g.len();
-            g.retain(|_, e| {
-                let used = e
-                    .refreshing_since
-                    .map_or(e.stored_at, |t| t.max(e.stored_at));
-                now - used < horizon && e.image.ttl.is_none_or(|t| t * 1_000 > now)
-            });
-            dropped += before - g.len();
-        }
-        self.len.fetch_sub(dropped, Ordering::Relaxed);
-        dropped
+        self.images.retain(|_, e| {
+            let used = e
+                .refreshing_since
+                .map_or(e.stored_at, |t| t.max(e.stored_at));
+            now - used < horizon && e.image.ttl.is_none_or(|t| t * 1_000 > now)
+        })
     }
 
     /// Entries held in the cache now.
     pub(crate) fn entries(&self) -> usize {
-        self.len.load(Ordering::Relaxed)
+        self.images.len()
     }
 
     /// An image of a shard to trust now, if any: one younger than the lifetime, or an
@@ -189,8 +150,12 @@ impl RejectionCache {
         if !self.holds_any() {
             return None;
         }
-        let mut g = self.part(key);
-        let e = g.get_mut(key)?;
+        self.images.with(key, |e| self.trust(e, now)).flatten()
+    }
+
+    /// Whether to trust `e` at `now` (see [`RejectionCache::fresh`]); marks it as being
+    /// refreshed when the caller is the one sent to the store.
+    fn trust(&self, e: &mut Entry, now: i64) -> Option<BucketItem> {
         let age = now - e.stored_at;
         if age < 0 || e.image.ttl.is_some_and(|t| t * 1_000 <= now) {
             return None;
@@ -264,21 +229,6 @@ mod tests {
             "room again: the short image must not refuse any more"
         );
         assert!(!cache.holds_any());
-    }
-
-    #[test]
-    fn clearing_a_full_part_keeps_the_count_true() {
-        // One entry per part: more keys than parts forces clears whatever the hash seed.
-        let cache = RejectionCache::new(1_000, 1);
-        let keys: Vec<BucketKey> = (0..3 * PARTS)
-            .map(|i| BucketKey::new(format!("e{i}"), "r", 0))
-            .collect();
-        for k in &keys {
-            cache.remember(k, &image(), 0);
-        }
-        let held = keys.iter().filter(|k| cache.fresh(k, 1).is_some()).count();
-        assert!(held <= PARTS, "{held} entries held in {PARTS} parts of one");
-        assert_eq!(cache.len.load(Ordering::Relaxed), held);
     }
 
     #[test]

@@ -178,7 +178,7 @@ impl<S: BucketStore> Engine<S> {
         count: u32,
     ) -> Result<u32, EngineError> {
         if count >= MAX_SHARD_COUNT {
-            EngineStats::bump(&self.stats.doubling_refused_at_max);
+            EngineStats::bump(&self.stats.shard_doublings_declined_at_max);
             return Ok(count);
         }
         let new = (count * 2).min(MAX_SHARD_COUNT);
@@ -191,7 +191,7 @@ impl<S: BucketStore> Engine<S> {
             .iter()
             .any(|c| !c.forced && usual_claim(c, hot) > c.params.share(new).ceiling)
         {
-            EngineStats::bump(&self.stats.doubling_refused_small_share);
+            EngineStats::bump(&self.stats.shard_doublings_declined_small_share);
             return Ok(count);
         }
         let keys: Vec<BucketKey> = (0..count)

@@ -4,83 +4,86 @@
 //! partition fills up it is cleared, which is harmless because every store answer carries
 //! the item's count and teaches it back.
 
-use std::collections::HashMap;
-use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
-
+use parking_lot::Mutex;
 use rand::Rng;
 
-const PARTITIONS: usize = 16;
-const ENTRIES_PER_PARTITION: usize = 16_384;
+use super::partitioned::Partitioned;
 
-type Hasher = foldhash::quality::RandomState;
+/// Shard counts held at most; a full part of the cache is cleared.
+const CAPACITY: usize = 16 * 16_384;
 
-/// Shard counts of one partition, by entity then resource (so a lookup borrows both).
-type Part = HashMap<String, HashMap<String, u32, Hasher>, Hasher>;
+/// A bucket whose shard count is cached.
+#[derive(Debug, Hash, PartialEq, Eq)]
+struct Sharded {
+    entity: String,
+    resource: String,
+}
 
-/// Per (entity, resource) shard counts, monotone.
+/// A lookup of [`Sharded`] without building one: hashes as it does (field by field, a
+/// `&str` as its `String`).
+#[derive(Hash)]
+struct BucketRef<'a> {
+    entity: &'a str,
+    resource: &'a str,
+}
+
+impl hashbrown::Equivalent<Sharded> for BucketRef<'_> {
+    fn equivalent(&self, key: &Sharded) -> bool {
+        self.entity == key.entity && self.resource == key.resource
+    }
+}
+
+/// A sharded bucket, as the metrics list the most sharded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HotBucket {
+    pub entity: String,
+    pub resource: String,
+    pub shard_count: u32,
+}
+
+/// Per (entity, resource) shard counts, monotone. Only buckets that ever sharded are
+/// held: while none has (the usual case) a lookup takes no lock.
 #[derive(Debug)]
 pub(crate) struct ShardCounts {
-    parts: Vec<Mutex<Part>>,
-    hasher: Hasher,
-    /// Buckets known to have more than one shard: while 0 (no bucket ever sharded, the
-    /// usual case) a lookup takes no lock.
-    sharded: AtomicUsize,
+    counts: Partitioned<Sharded, u32>,
 }
 
 impl Default for ShardCounts {
     fn default() -> Self {
         ShardCounts {
-            parts: (0..PARTITIONS)
-                .map(|_| Mutex::new(Part::default()))
-                .collect(),
-            hasher: Hasher::default(),
-            sharded: AtomicUsize::new(0),
+            counts: Partitioned::new(CAPACITY),
         }
     }
 }
 
 impl ShardCounts {
-    fn part(&self, entity: &str, resource: &str) -> &Mutex<Part> {
-        let h = self.hasher.hash_one((entity, resource));
-        &self.parts[(h as usize) % PARTITIONS]
-    }
-
-    /// The known count, 1 if none is known. Only buckets that ever sharded are cached.
+    /// The known count, 1 if none is known.
     pub(crate) fn get(&self, entity: &str, resource: &str) -> u32 {
-        if self.sharded.load(Ordering::Relaxed) == 0 {
-            return 1;
-        }
-        let g = self
-            .part(entity, resource)
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        g.get(entity)
-            .and_then(|r| r.get(resource))
-            .copied()
+        self.counts
+            .with(&BucketRef { entity, resource }, |c| *c)
             .unwrap_or(1)
     }
 
     /// Up to `limit` buckets with the most shards.
-    pub(crate) fn hottest(&self, limit: usize) -> Vec<(String, String, u32)> {
-        let mut all: Vec<(String, String, u32)> = Vec::new();
-        for p in &self.parts {
-            let g = p.lock().unwrap_or_else(|e| e.into_inner());
-            for (e, resources) in g.iter() {
-                all.extend(resources.iter().map(|(r, c)| (e.clone(), r.clone(), *c)));
-            }
-        }
-        all.sort_by(|a, b| b.2.cmp(&a.2).then_with(|| a.0.cmp(&b.0)));
+    pub(crate) fn hottest(&self, limit: usize) -> Vec<HotBucket> {
+        let mut all = Vec::new();
+        self.counts.for_each(|b, c| {
+            all.push(HotBucket {
+                entity: b.entity.clone(),
+                resource: b.resource.clone(),
+                shard_count: *c,
+            })
+        });
+        all.sort_by(|a, b| {
+            (b.shard_count.cmp(&a.shard_count)).then_with(|| a.entity.cmp(&b.entity))
+        });
         all.truncate(limit);
         all
     }
 
-    /// Forgets every count (what a full partition does to its own).
+    /// Forgets every count (what a full part does to its own).
     pub(crate) fn clear(&self) {
-        for p in &self.parts {
-            p.lock().unwrap_or_else(|e| e.into_inner()).clear();
-        }
+        self.counts.clear();
     }
 
     /// Learns `count` if it is larger than what is known.
@@ -88,22 +91,15 @@ impl ShardCounts {
         if count <= 1 {
             return;
         }
-        let mut g = self
-            .part(entity, resource)
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        if let Some(known) = g.get_mut(entity).and_then(|r| r.get_mut(resource)) {
-            *known = (*known).max(count);
-            return;
-        }
-        if g.len() >= ENTRIES_PER_PARTITION {
-            g.clear();
-        }
-        g.entry(entity.to_string())
-            .or_default()
-            .insert(resource.to_string(), count);
-        // Stays above 0 once anything sharded (clearing a full partition keeps it so).
-        self.sharded.fetch_add(1, Ordering::Relaxed);
+        let bucket = || Sharded {
+            entity: entity.to_string(),
+            resource: resource.to_string(),
+        };
+        self.counts.upsert(
+            &BucketRef { entity, resource },
+            || (bucket(), count),
+            |known| *known = (*known).max(count),
+        );
     }
 }
 
@@ -144,16 +140,13 @@ impl ScriptedDraw {
     }
 
     pub fn push(&self, shard: u32) {
-        self.0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push_back(shard);
+        self.0.lock().push_back(shard);
     }
 }
 
 impl ShardDraw for ScriptedDraw {
     fn draw(&self, count: u32, avoid: &[u32]) -> u32 {
-        let mut q = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut q = self.0.lock();
         while let Some(s) = q.pop_front() {
             if s < count.max(1) {
                 return s;

@@ -245,11 +245,11 @@ impl<S: BucketStore> RateLimiter<S> {
         let mut enforced_decision = None;
         if !enforced.plan.is_empty() {
             if over {
-                self.run(&enforced, treatments, false, verdicts, deadline)
+                self.acquire_or_peek(&enforced, treatments, false, verdicts, deadline)
                     .await?;
             } else {
                 let decision = self
-                    .decide(&enforced, treatments, verdicts, deadline)
+                    .acquire_recorded(&enforced, treatments, verdicts, deadline)
                     .await?;
                 over |= !decision.admitted;
                 enforced_decision = Some(decision);
@@ -369,7 +369,7 @@ impl<S: BucketStore> RateLimiter<S> {
         deadline: Instant,
     ) -> Result<bool, CallError> {
         let planned = self.plan(req, treatments, |g| g == Group::Forced)?;
-        self.run(&planned, treatments, true, verdicts, deadline)
+        self.acquire_or_peek(&planned, treatments, true, verdicts, deadline)
             .await
     }
 
@@ -397,11 +397,13 @@ impl<S: BucketStore> RateLimiter<S> {
                 quota_seen += 1;
                 let single = self.plan_one(req, treatments, i)?;
                 if over {
-                    self.run(&single, treatments, false, verdicts, deadline)
+                    self.acquire_or_peek(&single, treatments, false, verdicts, deadline)
                         .await?;
                     quota_over += 1;
                 } else {
-                    let d = self.decide(&single, treatments, verdicts, deadline).await?;
+                    let d = self
+                        .acquire_recorded(&single, treatments, verdicts, deadline)
+                        .await?;
                     if !d.admitted {
                         quota_over += 1;
                     }
@@ -424,10 +426,11 @@ impl<S: BucketStore> RateLimiter<S> {
             {
                 let single = self.plan_one(req, treatments, i)?;
                 if over {
-                    self.run(&single, treatments, false, verdicts, deadline)
+                    self.acquire_or_peek(&single, treatments, false, verdicts, deadline)
                         .await?;
                 } else {
-                    self.decide(&single, treatments, verdicts, deadline).await?;
+                    self.acquire_recorded(&single, treatments, verdicts, deadline)
+                        .await?;
                 }
             }
         }
@@ -435,7 +438,7 @@ impl<S: BucketStore> RateLimiter<S> {
     }
 
     /// Acquires `plan` and records each descriptor's verdict.
-    async fn decide(
+    async fn acquire_recorded(
         &self,
         planned: &Planned,
         treatments: &[Treatment],
@@ -455,7 +458,7 @@ impl<S: BucketStore> RateLimiter<S> {
     }
 
     /// Acquires (`write`) or only looks (`!write`); returns whether every claim fit.
-    async fn run(
+    async fn acquire_or_peek(
         &self,
         planned: &Planned,
         treatments: &[Treatment],

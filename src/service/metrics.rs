@@ -1,13 +1,14 @@
 //! Prometheus metrics: per-rule hit counters in envoyproxy/ratelimit's terms, config
-//! loads, store calls, shard doublings and hot buckets, rejection-cache hits, per-shard
-//! ceiling refusals, request latency and requests in flight.
+//! loads, store calls and the capacity DynamoDB reported, the engine's counters (named
+//! and described in `engine/stats.rs`), the most sharded buckets, answers given by
+//! `failure_mode`, request latency and requests in flight.
 //!
 //! Recording is cheap and lock-free on the hot path except for the first sighting of a
 //! label set; the number of distinct rule keys is capped so hostile descriptor values
 //! cannot grow memory without bound.
 
+use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::Mutex;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -21,7 +22,7 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
 use crate::config::{hit_key, Config, DescriptorEntry, Rule};
-use crate::engine::{EngineStats, EngineView};
+use crate::engine::EngineView;
 use crate::store::metered::CallObserver;
 use crate::store::metered::{CallKind, CallTotals};
 
@@ -123,58 +124,9 @@ struct EngineCollector {
 
 impl Collector for EngineCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let s = self.engine.stats();
-        let counters: [(&str, &str, u64); 9] = [
-            (
-                "shard_doublings",
-                "Shard-count doublings this server won",
-                EngineStats::get(&s.shard_doublings),
-            ),
-            (
-                "shard_doublings_declined",
-                "Doublings a hot shard called for but not made: the bucket had 32 shards, or a doubled shard's share could no longer hold the request",
-                EngineStats::get(&s.doubling_refused_at_max)
-                    + EngineStats::get(&s.doubling_refused_small_share),
-            ),
-            (
-                "rejection_cache_hits",
-                "Requests refused from the rejection cache, without a store call",
-                EngineStats::get(&s.rejection_cache_hits),
-            ),
-            (
-                "per_shard_ceiling_rejections",
-                "Refusals of a request larger than one shard's share of its limit",
-                EngineStats::get(&s.per_shard_ceiling_rejections),
-            ),
-            (
-                "fast_path_hits",
-                "Buckets debited by the fast path (one conditional write)",
-                EngineStats::get(&s.fast_path_hits),
-            ),
-            (
-                "slow_paths",
-                "Requests that needed a read and a commit",
-                EngineStats::get(&s.slow_paths),
-            ),
-            (
-                "slow_passes_followed",
-                "Buckets that waited for this server's slow pass on their shard instead of racing it",
-                EngineStats::get(&s.slow_passes_followed),
-            ),
-            (
-                "refunds",
-                "Debits refunded because another bucket of the request refused",
-                EngineStats::get(&s.refunds),
-            ),
-            (
-                "contended_refusals",
-                "Requests refused because a bucket's item stayed busy with concurrent transactions",
-                EngineStats::get(&s.contended),
-            ),
-        ];
-        for (name, help, v) in counters {
-            let c = ConstCounter::new(v);
-            let m = encoder.encode_descriptor(name, help, None, c.metric_type())?;
+        for counted in self.engine.stats().counted() {
+            let c = ConstCounter::new(counted.value);
+            let m = encoder.encode_descriptor(counted.name, counted.help, None, c.metric_type())?;
             c.encode(m)?;
         }
         let held = ConstGauge::new(
@@ -194,9 +146,12 @@ impl Collector for EngineCollector {
                 None,
                 prometheus_client::metrics::MetricType::Gauge,
             )?;
-            for (entity, resource, count) in hot {
-                let labels = BucketLabels { entity, resource };
-                let g = ConstGauge::new(i64::from(count));
+            for bucket in hot {
+                let labels = BucketLabels {
+                    entity: bucket.entity,
+                    resource: bucket.resource,
+                };
+                let g = ConstGauge::new(i64::from(bucket.shard_count));
                 g.encode(m.encode_family(&labels)?)?;
             }
         }
@@ -346,7 +301,6 @@ impl Metrics {
     pub fn attach_engine(&self, engine: EngineView) {
         self.registry
             .lock()
-            .unwrap_or_else(|e| e.into_inner())
             .register_collector(Box::new(EngineCollector { engine }));
     }
 
@@ -358,7 +312,6 @@ impl Metrics {
     ) {
         self.registry
             .lock()
-            .unwrap_or_else(|e| e.into_inner())
             .register_collector(Box::new(CapacityCollector {
                 totals: Box::new(totals),
             }));
@@ -367,7 +320,7 @@ impl Metrics {
     /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
         let mut out = String::new();
-        let registry = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        let registry = self.registry.lock();
         prometheus_client::encoding::text::encode(&mut out, &registry)
             .expect("writing to a String cannot fail");
         out
@@ -489,7 +442,7 @@ impl Metrics {
             // A rule's own key: as many as the config has rules, no cap needed.
             return RuleLabels { domain, key };
         }
-        let mut seen = self.rule_keys.lock().unwrap_or_else(|e| e.into_inner());
+        let mut seen = self.rule_keys.lock();
         let pair = (domain.clone(), key);
         if seen.contains(&pair) || seen.len() < MAX_RULE_KEYS {
             seen.insert(pair.clone());

@@ -5,11 +5,13 @@
 
 mod deadline;
 mod decision;
+mod framing;
 pub mod grpc;
 pub mod http;
 mod json;
 pub mod metrics;
 mod request;
+pub mod rls;
 pub mod server;
 mod socket;
 mod status;

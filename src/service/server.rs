@@ -17,12 +17,14 @@ use super::tls::{TlsError, TlsFiles, TlsState};
 use super::{grpc, http, RateLimiter, RequestLimits};
 use crate::config::reload::{self, ReloadTiming};
 use crate::config::{Config, ConfigErrors};
-use crate::engine::{
-    Clock, Engine, EngineOptions, SystemClock, DEFAULT_PARTITION_WRITE_BUDGET,
-    UNLIMITED_PARTITION_WRITE_BUDGET,
-};
+#[cfg(feature = "dynamodb")]
+use crate::engine::DEFAULT_PARTITION_WRITE_BUDGET;
+use crate::engine::{Clock, Engine, EngineOptions, SystemClock, UNLIMITED_PARTITION_WRITE_BUDGET};
+#[cfg(feature = "dynamodb")]
 use crate::store::breaker::Breaker;
+#[cfg(feature = "dynamodb")]
 use crate::store::detached::Detached;
+#[cfg(feature = "dynamodb")]
 use crate::store::dynamodb::{DynamoOptions, DynamoStore};
 use crate::store::memory::MemoryStore;
 use crate::store::metered::Metered;
@@ -34,6 +36,7 @@ pub enum StoreKind {
     /// In this process; nothing else to run.
     Memory,
     /// A DynamoDB table shared by every server of a fleet.
+    #[cfg(feature = "dynamodb")]
     DynamoDb(DynamoOptions),
 }
 
@@ -86,7 +89,9 @@ pub enum ServeError {
 const EVICTION_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Consecutive store failures that open the circuit, and how long it stays open.
+#[cfg(feature = "dynamodb")]
 const BREAKER_THRESHOLD: u32 = 5;
+#[cfg(feature = "dynamodb")]
 const BREAKER_COOL_OFF: Duration = Duration::from_millis(500);
 
 /// How often gRPC health re-checks that the store answers.
@@ -98,10 +103,12 @@ const REJECTION_PRUNE_INTERVAL: Duration = Duration::from_secs(1);
 /// How often the TLS files are checked for a new certificate.
 const TLS_RELOAD_POLL: Duration = Duration::from_secs(2);
 
+#[cfg(feature = "dynamodb")]
 /// How long each start-up attempt to reach the store may take (credentials, a first call,
 /// connections): far more than a call may take once serving.
 const WARM_UP_PATIENCE: Duration = Duration::from_secs(10);
 
+#[cfg(feature = "dynamodb")]
 /// Connections opened to DynamoDB before serving (more are opened as calls need them).
 const WARM_UP_CONNECTIONS: usize = 8;
 
@@ -155,6 +162,7 @@ pub async fn run(options: ServeOptions) -> Result<(), ServeError> {
             sweeper.abort();
             result?;
         }
+        #[cfg(feature = "dynamodb")]
         StoreKind::DynamoDb(dynamo) => {
             let mut dynamo = dynamo.clone();
             dynamo.timeout = options.store_timeout;
@@ -192,6 +200,7 @@ pub async fn run(options: ServeOptions) -> Result<(), ServeError> {
     Ok(())
 }
 
+#[cfg(feature = "dynamodb")]
 /// Resolves once DynamoDB has answered a first call (retried until it does, each attempt
 /// under [`WARM_UP_PATIENCE`]), then closes the circuit the calls made meanwhile may have
 /// opened.

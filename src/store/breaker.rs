@@ -5,7 +5,7 @@
 //! restart. Only the store's own faults count ([`StoreError::is_fault`]): one request's
 //! invalid key, a corrupt item or contention on one bucket proves the store answered.
 
-use std::sync::Mutex;
+use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 use super::{
@@ -58,7 +58,7 @@ impl<S: BucketStore> Breaker<S> {
     }
 
     pub fn state(&self) -> CircuitState {
-        match *self.circuit.lock().unwrap_or_else(|e| e.into_inner()) {
+        match *self.circuit.lock() {
             Circuit::Closed { .. } => CircuitState::Closed,
             Circuit::Open { .. } => CircuitState::Open,
             Circuit::Probing => CircuitState::Probing,
@@ -68,13 +68,13 @@ impl<S: BucketStore> Breaker<S> {
     /// Closes the circuit: the store was seen answering by other means (the server's
     /// warm-up), so calls need not wait for the next probe.
     pub fn close(&self) {
-        *self.circuit.lock().unwrap_or_else(|e| e.into_inner()) = Circuit::Closed { failures: 0 };
+        *self.circuit.lock() = Circuit::Closed { failures: 0 };
     }
 
     /// Whether a call may go to the store now (and whether it is the probe); `Err` fails
     /// it at once.
     fn admit(&self, key: &(dyn std::fmt::Display + Sync)) -> Result<Admitted, StoreError> {
-        let mut c = self.circuit.lock().unwrap_or_else(|e| e.into_inner());
+        let mut c = self.circuit.lock();
         match *c {
             Circuit::Closed { .. } => Ok(Admitted::Call),
             Circuit::Open { until } if Instant::now() >= until => {
@@ -89,8 +89,8 @@ impl<S: BucketStore> Breaker<S> {
 
     /// Moves the circuit after a call that returned; `failed` when the store was
     /// unavailable.
-    fn settle(&self, failed: bool) {
-        let mut c = self.circuit.lock().unwrap_or_else(|e| e.into_inner());
+    fn record_outcome(&self, failed: bool) {
+        let mut c = self.circuit.lock();
         *c = match (*c, failed) {
             (Circuit::Probing, false) => {
                 tracing::info!("store answered the probe: circuit closed");
@@ -138,7 +138,7 @@ impl<S: BucketStore> Breaker<S> {
         };
         let result = call.await;
         pending.armed = false;
-        self.settle(result.as_ref().err().is_some_and(StoreError::is_fault));
+        self.record_outcome(result.as_ref().err().is_some_and(StoreError::is_fault));
         result
     }
 }
@@ -160,7 +160,7 @@ struct PendingProbe<'a, S: BucketStore> {
 impl<S: BucketStore> Drop for PendingProbe<'_, S> {
     fn drop(&mut self) {
         if self.armed {
-            self.breaker.settle(true);
+            self.breaker.record_outcome(true);
         }
     }
 }

@@ -7,7 +7,9 @@
 
 pub mod breaker;
 pub mod detached;
+#[cfg(feature = "dynamodb")]
 pub mod dynamodb;
+mod inspect;
 mod item;
 pub mod key;
 pub mod memory;
@@ -17,6 +19,7 @@ use std::future::Future;
 
 use thiserror::Error;
 
+pub use inspect::{inspect, InspectedShard};
 pub use item::{
     BucketItem, BucketKey, LimitParams, LimitState, Limits, Name, MAX_SHARD_COUNT, MILLI,
     MIN_BALANCE, WCU_LIMIT,
@@ -257,31 +260,4 @@ pub trait BucketStore: Send + Sync + 'static {
         stamp: Stamp,
         credits: &[Credit],
     ) -> impl Future<Output = Result<Vec<Credit>, StoreError>> + Send;
-}
-
-/// Every shard of one bucket, as `(shard, image)` for shards `0..count`, where `count` is
-/// the largest shard count any existing shard records (shard 0 is the source of truth,
-/// but a shard created later may know more). Used by `shardgate inspect`.
-pub async fn inspect<S: BucketStore>(
-    store: &S,
-    entity: &str,
-    resource: &str,
-) -> Result<Vec<(u32, Option<BucketItem>)>, StoreError> {
-    let mut count = 1;
-    let mut shards = Vec::new();
-    let mut next = 0;
-    while next < count {
-        let keys: Vec<BucketKey> = (next..count)
-            .map(|s| BucketKey::new(entity, resource, s))
-            .collect();
-        let images = store.read(&keys).await?;
-        for (key, image) in keys.into_iter().zip(images) {
-            if let Some(i) = &image {
-                count = count.max(i.shard_count.min(MAX_SHARD_COUNT));
-            }
-            shards.push((key.shard, image));
-        }
-        next = shards.len() as u32;
-    }
-    Ok(shards)
 }

@@ -4,7 +4,64 @@
 
 #![allow(dead_code)]
 
+#[cfg(feature = "dynamodb")]
 pub mod dynamo;
+
+/// Defines a case written once against any store, and one test of it per store:
+/// `<case>::memory` and, built with the `dynamodb` feature, `<case>::dynamodb` (ignored
+/// with a reason when no DynamoDB Local is configured: `scripts/test` starts one and sets
+/// `SHARDGATE_TEST_DYNAMODB_ENDPOINT`). A case is a test of every store by construction:
+/// no list to leave one off.
+///
+/// `async fn case<S: Bound>(store: S)` gets a fresh store; `async fn case<S: Bound>(a: S,
+/// b: S)` two stores of the same kind (a server and its twin).
+#[allow(unused_macros)]
+macro_rules! cross_store {
+    ($(#[$meta:meta])* async fn $name:ident<S: $bound:path>($store:ident: S) $body:block) => {
+        $(#[$meta])*
+        async fn $name<S: $bound>($store: S) $body
+
+        mod $name {
+            #[tokio::test]
+            async fn memory() {
+                super::$name(shardgate::store::memory::MemoryStore::new()).await;
+            }
+
+            #[cfg(feature = "dynamodb")]
+            #[tokio::test]
+            #[cfg_attr(
+                not(dynamodb_local),
+                ignore = "needs DynamoDB Local: run scripts/test, or set SHARDGATE_TEST_DYNAMODB_ENDPOINT and build again"
+            )]
+            async fn dynamodb() {
+                super::$name(crate::common::dynamo::store().await).await;
+            }
+        }
+    };
+    ($(#[$meta:meta])* async fn $name:ident<S: $bound:path>($a:ident: S, $b:ident: S) $body:block) => {
+        $(#[$meta])*
+        async fn $name<S: $bound>($a: S, $b: S) $body
+
+        mod $name {
+            #[tokio::test]
+            async fn memory() {
+                let store = shardgate::store::memory::MemoryStore::new;
+                super::$name(store(), store()).await;
+            }
+
+            #[cfg(feature = "dynamodb")]
+            #[tokio::test]
+            #[cfg_attr(
+                not(dynamodb_local),
+                ignore = "needs DynamoDB Local: run scripts/test, or set SHARDGATE_TEST_DYNAMODB_ENDPOINT and build again"
+            )]
+            async fn dynamodb() {
+                let (a, b) = (crate::common::dynamo::store().await, crate::common::dynamo::store().await);
+                super::$name(a, b).await;
+            }
+        }
+    };
+}
 
 use std::future::Future;
 use std::pin::Pin;

@@ -142,7 +142,7 @@ def test_statuses_come_back_in_request_order(shardgate):
 
 
 # ----------------------------------------------------------------------------------------
-# Cascade (config.md §4)
+# Cascade (docs/configuration.md, "Cascade")
 
 
 CASCADE = """
@@ -215,7 +215,7 @@ def test_cascade_child_limit_refuses_without_debiting_the_parent(shardgate):
 
 
 # ----------------------------------------------------------------------------------------
-# Composite bucket (config.md §4)
+# Composite bucket (docs/configuration.md, "Buckets")
 
 
 LLM = """

@@ -51,9 +51,11 @@ descriptors:
 """
 
 RULE_COUNTERS = ["total_hits", "over_limit", "near_limit", "within_limit", "shadow_mode"]
-ENGINE_COUNTERS = ["shard_doublings", "shard_doublings_declined", "rejection_cache_hits",
-                   "per_shard_ceiling_rejections",
-                   "fast_path_hits", "slow_paths", "slow_passes_followed", "refunds"]
+ENGINE_COUNTERS = ["fast_path_hits", "fast_path_refusals", "rejection_cache_hits", "slow_paths",
+                   "slow_passes_followed", "shard_retries", "shard_doublings",
+                   "shard_doublings_declined_at_max", "shard_doublings_declined_small_share",
+                   "per_shard_ceiling_rejections", "consumption_only_retries", "refunds",
+                   "contended_refusals"]
 ROUND_TRIP_S = 1.1  # past the rejection cache's 1 s trust in a refused image
 
 

@@ -377,7 +377,7 @@ def test_buckets_survive_a_reload_that_keeps_their_limit(shardgate, tmp_path):
 
 
 def test_a_changed_limit_reaches_existing_buckets(shardgate, tmp_path):
-    """architecture.md §4: the changed limit's parameters are rewritten in the bucket and
+    """docs/architecture.md, "Buckets and items": the changed limit's parameters are rewritten in the bucket and
     its balance is clamped to the new capacity; consumed tokens stay consumed."""
     config = tmp_path / "limits.yaml"
     config.write_text(FIVE_PER_MINUTE.replace("requests_per_unit: 5", "requests_per_unit: 10"))

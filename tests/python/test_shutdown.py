@@ -34,7 +34,7 @@ from test_independent_client import desc, request
 OK = rls_pb2.RateLimitResponse.OK
 UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
 
-GRACE_S = 5.0
+GRACE_S = 5
 CALL_TIMEOUT_S = 10.0
 LOAD_MAX_S = 30.0  # every load thread stops by itself after this
 

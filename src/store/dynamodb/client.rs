@@ -80,7 +80,7 @@ type CredentialsFetch = Shared<BoxFuture<'static, Result<Credentials, String>>>;
 pub struct DetachedCredentials {
     inner: SharedCredentialsProvider,
     /// The fetch in flight or last finished.
-    fetch: std::sync::Mutex<Option<CredentialsFetch>>,
+    fetch: parking_lot::Mutex<Option<CredentialsFetch>>,
 }
 
 /// A finished fetch is handed to a later caller only while its credentials have this
@@ -91,14 +91,14 @@ impl DetachedCredentials {
     pub fn new(inner: SharedCredentialsProvider) -> DetachedCredentials {
         DetachedCredentials {
             inner,
-            fetch: std::sync::Mutex::new(None),
+            fetch: parking_lot::Mutex::new(None),
         }
     }
 
     /// The fetch to wait for: the one in flight, or a finished one whose credentials are
     /// still good (its caller gave up before receiving them), else a new one.
     fn current(&self) -> CredentialsFetch {
-        let mut fetch = self.fetch.lock().unwrap_or_else(|e| e.into_inner());
+        let mut fetch = self.fetch.lock();
         let reusable = fetch.as_ref().is_some_and(|f| match f.peek() {
             None => true,
             Some(Ok(c)) => c.expiry().is_none_or(|at| {

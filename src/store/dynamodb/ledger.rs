@@ -4,9 +4,9 @@
 //! places; the sequence of calls (tests compare call sequences) is kept only once asked
 //! for, and only then locks.
 
+use parking_lot::Mutex;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
 
 use aws_sdk_dynamodb::types::ConsumedCapacity;
 
@@ -64,7 +64,7 @@ impl CallLedger {
             tally.capacity.fetch_add(scaled, Ordering::Relaxed);
         }
         if self.recording.load(Ordering::Relaxed) {
-            let mut seq = self.sequence.lock().unwrap_or_else(|e| e.into_inner());
+            let mut seq = self.sequence.lock();
             if seq.len() == SEQUENCE_CAP {
                 seq.pop_front();
             }
@@ -111,10 +111,7 @@ impl CallLedger {
 
     /// Starts (or restarts) recording the call sequence.
     pub fn record_sequence(&self) {
-        self.sequence
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clear();
+        self.sequence.lock().clear();
         self.recording.store(true, Ordering::Relaxed);
     }
 
@@ -122,7 +119,6 @@ impl CallLedger {
     pub fn sequence(&self) -> Vec<String> {
         self.sequence
             .lock()
-            .unwrap_or_else(|e| e.into_inner())
             .iter()
             .map(|k| match k.outcome {
                 "ok" => k.operation.to_string(),
@@ -137,10 +133,7 @@ impl CallLedger {
             t.calls.store(0, Ordering::Relaxed);
             t.capacity.store(0, Ordering::Relaxed);
         }
-        self.sequence
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clear();
+        self.sequence.lock().clear();
     }
 }
 

@@ -6,242 +6,46 @@
 //! order (no deadlock). Locks are held only for the in-memory check-and-apply, never
 //! across an await. Expired items are evicted by [`MemoryStore::evict_expired`].
 //!
-//! Items are kept in a compact form ([`Slot`]), because an idle bucket's footprint is what
-//! bounds how many keys one process can hold: each partition maps a resource to its items
-//! by (entity, shard), so the resource name is stored once per partition, and the limit
-//! names and parameters an item carries (which config decides) are one shared [`Shape`],
-//! leaving only balances, `rf`, `ttl` and the shard count per item. Images handed to the
-//! engine are rebuilt from that form; the contract's types never see it.
+//! Items are kept in a compact form (`slot.rs`), because an idle bucket's footprint is
+//! what bounds how many keys one process can hold: each partition (`partition.rs`) maps a
+//! resource to its items by (entity, shard), so the resource name is stored once per
+//! partition, and the limit names and parameters an item carries (which config decides)
+//! are one shared [`Shape`], leaving only balances, `rf`, `ttl` and the shard count per
+//! item. Images handed to the engine are rebuilt from that form; the contract's types
+//! never see it. This file holds the conditions and their application.
 //!
 //! It refuses what DynamoDB would refuse (`key.rs`: a key or an item too large), so a
 //! test on this store sees what a fleet would.
 
 use std::collections::BTreeSet;
-use std::hash::{BuildHasher, Hash};
-use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
+use std::hash::BuildHasher;
+use std::sync::{Arc, LazyLock};
 
-use hashbrown::{Equivalent, HashMap, HashSet};
-use smallvec::SmallVec;
+use parking_lot::{Mutex, MutexGuard};
+
+use hashbrown::HashSet;
 
 use super::key::{check_item, check_key};
 use super::{
     BucketItem, BucketKey, BucketStore, CommitOutcome, CountChange, Credit, Debit, DebitMode,
-    DebitOutcome, LimitParams, LimitState, LimitWrite, Limits, Name, Stamp, StoreError, Write,
-    MAX_COMMIT_ITEMS, MILLI, MIN_BALANCE, WCU_LIMIT,
+    DebitOutcome, LimitWrite, Limits, Name, Stamp, StoreError, Write, MAX_COMMIT_ITEMS, MILLI,
+    MIN_BALANCE, WCU_LIMIT,
 };
+
+mod partition;
+mod slot;
+
+use partition::Partition;
+use slot::{Balance, Shape, ShapeOf, Slot, NO_TTL};
 
 const PARTITIONS: usize = 64;
 
 /// Keys hold request values, so the hash is seeded per process (foldhash's quality
 /// variant, as hashbrown uses by default): fast, and not predictable from outside.
-type Hasher = foldhash::quality::RandomState;
+pub(super) type Hasher = foldhash::quality::RandomState;
 
 /// Chooses a key's partition; seeded once, independently of the partitions' own maps.
 static PARTITION_HASH: LazyLock<Hasher> = LazyLock::new(Hasher::default);
-
-/// `ttl` of an item that never expires (the compact form has no `Option`).
-const NO_TTL: i64 = i64::MAX;
-
-/// Names and parameters of an item's limits, in name order: the part of an item that
-/// config decides, shared by every item with the same limits.
-#[derive(Debug)]
-struct Shape(Box<[(Name, LimitParams)]>);
-
-/// Hashes a shape's limits the same way whether they come from a [`Shape`] or from an
-/// image's [`Limits`], so the interner can be searched without building a shape.
-fn hash_shape<'a, H: std::hash::Hasher>(
-    len: usize,
-    limits: impl Iterator<Item = (&'a str, LimitParams)>,
-    h: &mut H,
-) {
-    h.write_usize(len);
-    for (name, params) in limits {
-        name.hash(h);
-        params.hash(h);
-    }
-}
-
-impl Shape {
-    fn limits(&self) -> impl Iterator<Item = (&str, LimitParams)> {
-        self.0.iter().map(|(n, p)| (n.as_str(), *p))
-    }
-
-    fn position(&self, limit: &str) -> Option<usize> {
-        self.0.binary_search_by(|(n, _)| n.as_str().cmp(limit)).ok()
-    }
-
-    /// Whether `limits` have exactly these names and parameters.
-    fn describes(&self, limits: &Limits) -> bool {
-        self.0.len() == limits.len()
-            && self
-                .0
-                .iter()
-                .zip(limits.iter())
-                .all(|((n, p), (name, st))| n == name && *p == st.params())
-    }
-}
-
-impl PartialEq for Shape {
-    fn eq(&self, other: &Shape) -> bool {
-        self.0 == other.0
-    }
-}
-
-impl Eq for Shape {}
-
-impl Hash for Shape {
-    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
-        hash_shape(self.0.len(), self.limits(), h);
-    }
-}
-
-/// An image's limits as a lookup key into the shape interner.
-struct ShapeOf<'a>(&'a Limits);
-
-impl Hash for ShapeOf<'_> {
-    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
-        hash_shape(
-            self.0.len(),
-            self.0.iter().map(|(n, st)| (n, st.params())),
-            h,
-        );
-    }
-}
-
-impl Equivalent<Arc<Shape>> for ShapeOf<'_> {
-    fn equivalent(&self, shape: &Arc<Shape>) -> bool {
-        shape.describes(self.0)
-    }
-}
-
-/// Balance and consumed counter of one limit, in its shape's order.
-#[derive(Debug, Clone, Copy)]
-struct Balance {
-    tk: i64,
-    tc: i64,
-}
-
-/// One stored item in compact form.
-#[derive(Debug, Clone)]
-struct Slot {
-    rf: i64,
-    /// Epoch seconds; [`NO_TTL`] when the item does not expire.
-    ttl: i64,
-    shard_count: u32,
-    shape: Arc<Shape>,
-    balances: SmallVec<[Balance; 2]>,
-}
-
-impl Slot {
-    /// The item this slot holds, as the contract's type.
-    fn image(&self) -> BucketItem {
-        BucketItem {
-            rf: self.rf,
-            shard_count: self.shard_count,
-            ttl: (self.ttl != NO_TTL).then_some(self.ttl),
-            limits: Limits(
-                self.shape
-                    .0
-                    .iter()
-                    .zip(&self.balances)
-                    .map(|((name, params), b)| (name.clone(), LimitState::new(*params, b.tk, b.tc)))
-                    .collect(),
-            ),
-        }
-    }
-
-    fn balance(&self, limit: &str) -> Option<(&LimitParams, &Balance)> {
-        let i = self.shape.position(limit)?;
-        Some((&self.shape.0[i].1, &self.balances[i]))
-    }
-
-    fn balance_mut(&mut self, limit: &str) -> Option<&mut Balance> {
-        let i = self.shape.position(limit)?;
-        Some(&mut self.balances[i])
-    }
-}
-
-/// Where an item sits within its resource's map.
-#[derive(Debug, PartialEq, Eq)]
-struct Address {
-    entity: Name,
-    shard: u32,
-}
-
-/// An [`Address`] borrowed from a [`BucketKey`]: lookups need no copy of the entity.
-#[derive(Hash)]
-struct AddressOf<'a> {
-    entity: &'a str,
-    shard: u32,
-}
-
-impl<'a> AddressOf<'a> {
-    fn of(key: &'a BucketKey) -> AddressOf<'a> {
-        AddressOf {
-            entity: &key.entity,
-            shard: key.shard,
-        }
-    }
-}
-
-impl Hash for Address {
-    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
-        AddressOf {
-            entity: &self.entity,
-            shard: self.shard,
-        }
-        .hash(h);
-    }
-}
-
-impl Equivalent<Address> for AddressOf<'_> {
-    fn equivalent(&self, a: &Address) -> bool {
-        a.shard == self.shard && a.entity == self.entity
-    }
-}
-
-type Items = HashMap<Address, Slot, Hasher>;
-
-/// One locked partition: each resource's items by address.
-#[derive(Debug, Default)]
-struct Partition {
-    resources: HashMap<Name, Items, Hasher>,
-}
-
-impl Partition {
-    fn get(&self, key: &BucketKey) -> Option<&Slot> {
-        self.resources
-            .get(key.resource.as_str())?
-            .get(&AddressOf::of(key))
-    }
-
-    fn get_mut(&mut self, key: &BucketKey) -> Option<&mut Slot> {
-        self.resources
-            .get_mut(key.resource.as_str())?
-            .get_mut(&AddressOf::of(key))
-    }
-
-    fn insert(&mut self, key: &BucketKey, slot: Slot) {
-        let address = Address {
-            entity: key.entity.clone(),
-            shard: key.shard,
-        };
-        match self.resources.get_mut(key.resource.as_str()) {
-            Some(items) => {
-                items.insert(address, slot);
-            }
-            None => {
-                let mut items = Items::default();
-                items.insert(address, slot);
-                self.resources.insert(key.resource.clone(), items);
-            }
-        }
-    }
-
-    fn len(&self) -> usize {
-        self.resources.values().map(Items::len).sum()
-    }
-}
 
 /// In-process bucket store.
 #[derive(Debug)]
@@ -262,12 +66,6 @@ fn partition_of(key: &BucketKey) -> usize {
     (PARTITION_HASH.hash_one(key) as usize) % PARTITIONS
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic while holding the lock cannot leave an item half-written (every mutation
-    // is computed first, then stored whole), so a poisoned lock is still consistent.
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 impl MemoryStore {
     pub fn new() -> MemoryStore {
         MemoryStore {
@@ -279,7 +77,7 @@ impl MemoryStore {
     }
 
     fn part(&self, key: &BucketKey) -> MutexGuard<'_, Partition> {
-        lock(&self.partitions[partition_of(key)])
+        self.partitions[partition_of(key)].lock()
     }
 
     /// The compact form of `item`; `like` is a shape to reuse when it fits (an update
@@ -306,7 +104,7 @@ impl MemoryStore {
     }
 
     fn intern(&self, limits: &Limits) -> Arc<Shape> {
-        let mut shapes = lock(&self.shapes);
+        let mut shapes = self.shapes.lock();
         if let Some(s) = shapes.get(&ShapeOf(limits)) {
             return s.clone();
         }
@@ -334,7 +132,7 @@ impl MemoryStore {
 
     /// Number of items held.
     pub fn len(&self) -> usize {
-        self.partitions.iter().map(|p| lock(p).len()).sum()
+        self.partitions.iter().map(|p| p.lock().len()).sum()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -348,18 +146,9 @@ impl MemoryStore {
     pub fn evict_expired(&self, now_s: i64) -> usize {
         let mut evicted = 0;
         for p in &self.partitions {
-            let mut g = lock(p);
-            g.resources.retain(|_, items| {
-                let before = items.len();
-                items.retain(|_, slot| slot.ttl > now_s);
-                evicted += before - items.len();
-                if items.len() < items.capacity() / 4 {
-                    items.shrink_to(items.len() * 2);
-                }
-                !items.is_empty()
-            });
+            evicted += p.lock().evict_expired(now_s);
         }
-        lock(&self.shapes).retain(|s| Arc::strong_count(s) > 1);
+        self.shapes.lock().retain(|s| Arc::strong_count(s) > 1);
         evicted
     }
 }
@@ -551,7 +340,7 @@ impl BucketStore for MemoryStore {
         let parts: BTreeSet<usize> = writes.iter().map(|w| partition_of(w.key())).collect();
         let mut guards: std::collections::HashMap<usize, MutexGuard<'_, Partition>> = parts
             .iter()
-            .map(|&i| (i, lock(&self.partitions[i])))
+            .map(|&i| (i, self.partitions[i].lock()))
             .collect();
         let mut staged = Vec::with_capacity(writes.len());
         let mut failed = Vec::new();
@@ -602,7 +391,9 @@ impl BucketStore for MemoryStore {
 
 #[cfg(test)]
 mod tests {
+    use super::partition::Address;
     use super::*;
+    use crate::store::{LimitParams, LimitState};
 
     /// The compact form is what makes an idle bucket cheap; keep it from growing unseen.
     #[test]
@@ -625,11 +416,11 @@ mod tests {
         };
         store.put(BucketKey::new("e1", "r", 0), item(10));
         store.put(BucketKey::new("e2", "r", 0), item(20));
-        assert_eq!(lock(&store.shapes).len(), 1);
+        assert_eq!(store.shapes.lock().len(), 1);
         assert_eq!(store.get(&BucketKey::new("e2", "r", 0)), Some(item(20)));
         assert_eq!(store.evict_expired(20), 2);
         assert!(store.is_empty());
-        assert_eq!(lock(&store.shapes).len(), 0);
+        assert_eq!(store.shapes.lock().len(), 0);
     }
 
     #[test]

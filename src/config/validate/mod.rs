@@ -1,5 +1,6 @@
 //! Strict validation: turns one parsed YAML document into a [`DocumentModel`], reporting
-//! every problem (config.md §2) with its position instead of stopping at the first.
+//! every problem (docs/configuration.md, "Validation") with its position instead of
+//! stopping at the first. Reading a mapping's keys and scalars is `fields.rs`'s.
 //!
 //! It checks the schema (known keys, types, ranges) and the rules that span nodes
 //! (duplicate composite keys, cascade parents, template keys, limit names shared by one
@@ -15,6 +16,9 @@ use super::{
     EntityTemplate, FailureMode, RateLimit, RuleLimit, Unit, MAX_LIMITS_PER_BUCKET, MAX_TOKENS,
 };
 use crate::store::key::MAX_RESOURCE_BYTES;
+use fields::{to_json, Field};
+
+mod fields;
 
 const TOP_KEYS: &[&str] = &["domain", "descriptors", "failure_mode"];
 const DESCRIPTOR_KEYS: &[&str] = &[
@@ -46,7 +50,7 @@ const REPLACES_KEYS: &[&str] = &["name"];
 
 /// Longest accepted limit name (it becomes part of store attribute names).
 const MAX_LIMIT_NAME: usize = 64;
-/// The store's own per-item limit (architecture.md §4).
+/// The store's own per-item limit (docs/architecture.md, "Buckets and items").
 const RESERVED_LIMIT_NAME: &str = "wcu";
 
 /// Validates one document. The model is returned whenever the domain could be read, even
@@ -60,21 +64,6 @@ pub(crate) fn document(file: &Arc<str>, root: &Node) -> (Option<DocumentModel>, 
     };
     let doc = v.top(root);
     (doc, v.errors)
-}
-
-/// A known key of a mapping: where the key is written, and its value.
-struct Field<'n> {
-    name: &'static str,
-    pos: Pos,
-    value: &'n Node,
-}
-
-struct Fields<'n>(Vec<Field<'n>>);
-
-impl<'n> Fields<'n> {
-    fn get(&self, name: &str) -> Option<&Field<'n>> {
-        self.0.iter().find(|f| f.name == name)
-    }
 }
 
 /// What the descendants of a node need to know about its ancestors.
@@ -167,137 +156,6 @@ impl Validator {
             failure_mode,
             descriptors,
         })
-    }
-
-    /// The known keys of a mapping; unknown and non-string keys are reported.
-    fn fields<'n>(
-        &mut self,
-        node: &'n Node,
-        what: &'static str,
-        context: &'static str,
-        known: &[&'static str],
-    ) -> Option<Fields<'n>> {
-        let NodeKind::Map(entries) = &node.kind else {
-            self.error(
-                node.pos,
-                K::NotAMapping {
-                    what,
-                    found: node.kind.describe(),
-                },
-            );
-            return None;
-        };
-        let mut fields = Vec::with_capacity(entries.len());
-        for (k, value) in entries {
-            let NodeKind::Str(key) = &k.kind else {
-                self.error(
-                    k.pos,
-                    K::NonStringKey {
-                        context,
-                        found: k.kind.describe(),
-                    },
-                );
-                continue;
-            };
-            match known.iter().find(|n| **n == key) {
-                Some(name) => fields.push(Field {
-                    name,
-                    pos: k.pos,
-                    value,
-                }),
-                None => self.error(
-                    k.pos,
-                    K::UnknownKey {
-                        key: key.clone(),
-                        context,
-                    },
-                ),
-            }
-        }
-        Some(Fields(fields))
-    }
-
-    /// A string field; other scalars read as their source text, as envoyproxy's YAML
-    /// library does. `None` for null (treated as absent) and on error.
-    fn text(&mut self, f: &Field) -> Option<String> {
-        match &f.value.kind {
-            NodeKind::Null => None,
-            kind => match kind.scalar_text() {
-                Some(s) => Some(s.to_string()),
-                None => {
-                    self.wrong_type(f, "a string");
-                    None
-                }
-            },
-        }
-    }
-
-    /// A string field that must be present and non-empty.
-    fn required_text(&mut self, f: &Field) -> Option<String> {
-        match self.text(f) {
-            Some(s) if !s.is_empty() => Some(s),
-            Some(_) => {
-                self.error(f.value.pos, K::Empty { key: f.name });
-                None
-            }
-            None => {
-                if f.value.kind == NodeKind::Null {
-                    self.error(f.value.pos, K::Empty { key: f.name });
-                }
-                None
-            }
-        }
-    }
-
-    fn boolean(&mut self, f: Option<&Field>) -> bool {
-        let Some(f) = f else { return false };
-        match f.value.kind {
-            NodeKind::Bool(b, _) => b,
-            NodeKind::Null => false,
-            _ => {
-                self.wrong_type(f, "true or false");
-                false
-            }
-        }
-    }
-
-    fn integer(&mut self, f: &Field, min: u64, max: u64) -> Option<u64> {
-        let out_of_range = |found: &str| K::OutOfRange {
-            key: f.name,
-            found: found.to_string(),
-            min,
-            max,
-        };
-        match &f.value.kind {
-            NodeKind::Null => None,
-            NodeKind::Int(i, raw) => match u64::try_from(*i) {
-                Ok(n) if (min..=max).contains(&n) => Some(n),
-                _ => {
-                    self.error(f.value.pos, out_of_range(raw));
-                    None
-                }
-            },
-            // The parser turns integers too large for 64 bits into floats.
-            NodeKind::Float(_, raw) if is_integer_text(raw) => {
-                self.error(f.value.pos, out_of_range(raw));
-                None
-            }
-            _ => {
-                self.wrong_type(f, "an integer");
-                None
-            }
-        }
-    }
-
-    fn wrong_type(&mut self, f: &Field, expected: &'static str) {
-        self.error(
-            f.value.pos,
-            K::WrongType {
-                key: f.name,
-                expected,
-                found: f.value.kind.describe(),
-            },
-        );
     }
 
     fn failure_mode(&mut self, f: &Field) -> Option<FailureMode> {
@@ -708,36 +566,6 @@ fn limit_name_problem(name: &str) -> Option<&'static str> {
     None
 }
 
-fn is_integer_text(raw: &str) -> bool {
-    let digits = raw.strip_prefix(['-', '+']).unwrap_or(raw);
-    !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())
-}
-
-fn to_json(node: &Node) -> serde_json::Value {
-    use serde_json::Value;
-    match &node.kind {
-        NodeKind::Null => Value::Null,
-        NodeKind::Bool(b, _) => Value::Bool(*b),
-        NodeKind::Int(i, raw) => i64::try_from(*i)
-            .map(Value::from)
-            .or_else(|_| u64::try_from(*i).map(Value::from))
-            .unwrap_or_else(|_| Value::String(raw.clone())),
-        NodeKind::Float(f, raw) => serde_json::Number::from_f64(*f)
-            .map_or_else(|| Value::String(raw.clone()), Value::Number),
-        NodeKind::Str(s) => Value::String(s.clone()),
-        NodeKind::Seq(items) => Value::Array(items.iter().map(to_json).collect()),
-        NodeKind::Map(entries) => Value::Object(
-            entries
-                .iter()
-                .map(|(k, v)| {
-                    let key = k.kind.scalar_text().unwrap_or_default().to_string();
-                    (key, to_json(v))
-                })
-                .collect(),
-        ),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -752,13 +580,5 @@ mod tests {
         assert!(limit_name_problem("wcu").is_some());
         assert!(limit_name_problem(&"a".repeat(65)).is_some());
         assert_eq!(limit_name_problem(&"a".repeat(64)), None);
-    }
-
-    #[test]
-    fn integer_text() {
-        assert!(is_integer_text("99999999999999999999"));
-        assert!(is_integer_text("-1"));
-        assert!(!is_integer_text("1.0"));
-        assert!(!is_integer_text("1e3"));
     }
 }

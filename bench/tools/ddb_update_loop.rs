@@ -10,10 +10,11 @@
 //! `ReturnConsumedCapacity = TOTAL`. Items have shardgate's bucket-item attributes (same
 //! key layout, one limit + `wcu`), so they are the same size.
 //!
-//! The client is configured as shardgate's (`src/store/dynamodb.rs`, `client()`): the
-//! standard AWS chain, an endpoint override, an operation and attempt deadline
+//! The client is configured as shardgate's (`src/store/dynamodb/client.rs`, `client()`):
+//! the standard AWS chain, an endpoint override, an operation and attempt deadline
 //! (`--timeout-ms`), standard retries (3 attempts, 1 ms initial backoff, at most a quarter
-//! of the deadline), on tokio's default multi-thread runtime.
+//! of the deadline), on tokio's default multi-thread runtime. It leaves out shardgate's
+//! detached credential fetches: DynamoDB Local's static keys are never fetched.
 //!
 //! `--concurrency` tasks each loop until `--duration` or `--max-ops` in all. Every call
 //! picks one of `--items` items uniformly at random, as shardgate draws a shard of a
@@ -25,8 +26,9 @@
 //!     ddb_update_loop --endpoint http://127.0.0.1:8000 --table shardgate \
 //!                     --concurrency 64 --duration 10 [--items 1] [--timeout-ms 1000]
 //!
-//! Prints one JSON object: ops/s, p50/p99/p99.9 latency (µs), outcomes and the write
-//! capacity DynamoDB reported per successful call.
+//! Prints one JSON object: ops/s, p50/p99/p99.9/max/mean latency of successful calls (µs,
+//! from per-task HDR histograms, `latency.rs`), outcomes and the write capacity DynamoDB
+//! reported per successful call.
 
 use std::collections::HashMap;
 use std::process::ExitCode;
@@ -34,7 +36,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-#[path = "support/latency.rs"]
+#[path = "latency.rs"]
 mod latency;
 
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
@@ -42,6 +44,9 @@ use aws_sdk_dynamodb::types::{
     AttributeValue, ReturnConsumedCapacity, ReturnValue, ReturnValuesOnConditionCheckFailure,
 };
 use aws_sdk_dynamodb::Client;
+use clap::builder::NonEmptyStringValueParser;
+use clap::Parser;
+use hdrhistogram::Histogram;
 
 const MAX_OPS_CAP: u64 = 10_000_000;
 const MAX_DURATION_CAP: Duration = Duration::from_secs(600);
@@ -50,52 +55,67 @@ const MILLI: i64 = 1_000;
 /// A balance no run of this loop can use up.
 const BIG: i64 = 1_000_000_000_000_000;
 
+/// A bare loop of shardgate's fast-path conditional UpdateItem, against DynamoDB Local.
+#[derive(Parser)]
+#[command(name = "ddb_update_loop")]
 struct Args {
+    /// DynamoDB Local's URL, e.g. http://127.0.0.1:8000 (DynamoDB Local only).
+    #[arg(long, value_parser = NonEmptyStringValueParser::new())]
     endpoint: String,
+    /// The table, made by `shardgate table create`.
+    #[arg(long, default_value = "shardgate")]
     table: String,
+    /// Tasks calling at once (at least 1).
+    #[arg(long, default_value_t = 1)]
     concurrency: usize,
+    /// Seconds to loop for (fractions allowed; at most 600).
+    #[arg(long, default_value = "10", value_parser = seconds)]
     duration: Duration,
+    /// Items the calls spread over, as a bucket's shards (1 to 32).
+    #[arg(long, default_value_t = 1)]
     items: usize,
+    /// Calls to make at most, all tasks together (at most 10,000,000).
+    #[arg(long, default_value_t = 2_000_000)]
     max_ops: u64,
+    /// Each call's deadline, in milliseconds (fractions allowed), as `--store-timeout`.
+    #[arg(long = "timeout-ms", default_value = "1000", value_parser = millis)]
     timeout: Duration,
+    /// The items' key prefix, as shardgate's `--namespace`.
+    #[arg(long, default_value = "bench-ceiling")]
     namespace: String,
 }
 
-fn parse_args() -> Result<Args, String> {
-    let mut a = Args {
-        endpoint: String::new(),
-        table: "shardgate".into(),
-        concurrency: 1,
-        duration: Duration::from_secs(10),
-        items: 1,
-        max_ops: 2_000_000,
-        timeout: Duration::from_secs(1),
-        namespace: "bench-ceiling".into(),
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
-        let num = |v: String| v.parse::<f64>().map_err(|e| format!("{v}: {e}"));
-        match flag.as_str() {
-            "--endpoint" => a.endpoint = value()?,
-            "--table" => a.table = value()?,
-            "--concurrency" => a.concurrency = num(value()?)? as usize,
-            "--duration" => a.duration = Duration::from_secs_f64(num(value()?)?),
-            "--items" => a.items = num(value()?)? as usize,
-            "--max-ops" => a.max_ops = num(value()?)? as u64,
-            "--timeout-ms" => a.timeout = Duration::from_secs_f64(num(value()?)? / 1e3),
-            "--namespace" => a.namespace = value()?,
-            other => return Err(format!("unknown flag {other}")),
-        }
+impl Args {
+    /// The flags brought within the tool's bounds: the caps hold whatever was asked.
+    fn bounded(mut self) -> Args {
+        self.concurrency = self.concurrency.max(1);
+        self.items = self.items.clamp(1, 32);
+        self.duration = self.duration.min(MAX_DURATION_CAP);
+        self.max_ops = self.max_ops.min(MAX_OPS_CAP);
+        self
     }
-    if a.endpoint.is_empty() {
-        return Err("--endpoint is required (DynamoDB Local only)".into());
-    }
-    a.concurrency = a.concurrency.max(1);
-    a.items = a.items.clamp(1, 32);
-    a.duration = a.duration.min(MAX_DURATION_CAP);
-    a.max_ops = a.max_ops.min(MAX_OPS_CAP);
-    Ok(a)
+}
+
+/// A non-negative number of seconds, fractions allowed.
+fn seconds(text: &str) -> Result<Duration, String> {
+    let s: f64 = text.parse().map_err(|e| format!("{text}: {e}"))?;
+    Duration::try_from_secs_f64(s).map_err(|e| format!("{text}: {e}"))
+}
+
+/// A non-negative number of milliseconds, fractions allowed.
+fn millis(text: &str) -> Result<Duration, String> {
+    let ms: f64 = text.parse().map_err(|e| format!("{text}: {e}"))?;
+    Duration::try_from_secs_f64(ms / 1e3).map_err(|e| format!("{text}: {e}"))
+}
+
+/// One limit's parameters as shardgate stores them on a bucket item (its `LimitParams`,
+/// `src/store/item.rs`): capacity and refill amount in millitokens, refill period in ms.
+/// The update's condition compares them, as shardgate's does.
+#[derive(Clone, Copy)]
+struct LimitParams {
+    cp: i64,
+    ra: i64,
+    rp: i64,
 }
 
 async fn client(a: &Args) -> Client {
@@ -152,12 +172,7 @@ fn key(a: &Args, item: usize) -> HashMap<String, AttributeValue> {
 }
 
 /// Writes (or overwrites) the items with shardgate's bucket-item attributes.
-async fn put_items(
-    c: &Client,
-    a: &Args,
-    now_s: i64,
-    params: (i64, i64, i64),
-) -> Result<(), String> {
+async fn put_items(c: &Client, a: &Args, now_s: i64, params: LimitParams) -> Result<(), String> {
     for i in 0..a.items {
         let mut item = key(a, i);
         item.insert("entity_id".into(), text("tenant=ceiling"));
@@ -165,7 +180,8 @@ async fn put_items(
         item.insert("rf".into(), num(now_s * 1_000));
         item.insert("shard_count".into(), num(a.items as i64));
         item.insert("ttl".into(), num(now_s + 86_400));
-        for (limit, (cp, ra, rp)) in [("tenant_rps", params), ("wcu", params)] {
+        for limit in ["tenant_rps", "wcu"] {
+            let LimitParams { cp, ra, rp } = params;
             for (field, v) in [("tk", BIG), ("cp", cp), ("ra", ra), ("rp", rp), ("tc", 0)] {
                 item.insert(format!("b_{limit}_{field}"), num(v));
             }
@@ -185,9 +201,10 @@ async fn put_items(
     Ok(())
 }
 
-#[derive(Default)]
+/// What one task saw (and, merged, the whole run).
 struct Tally {
-    latencies_us: Vec<u64>,
+    /// Latencies of the successful calls.
+    latency_us: Histogram<u64>,
     ok: u64,
     condition_failed: u64,
     errors: u64,
@@ -195,17 +212,44 @@ struct Tally {
     first_error: Option<String>,
 }
 
+impl Tally {
+    fn new() -> Tally {
+        Tally {
+            latency_us: latency::histogram(),
+            ok: 0,
+            condition_failed: 0,
+            errors: 0,
+            capacity: 0.0,
+            first_error: None,
+        }
+    }
+
+    fn merge(&mut self, t: Tally) -> Result<(), String> {
+        self.latency_us
+            .add(&t.latency_us)
+            .map_err(|e| format!("merging latencies: {e:?}"))?;
+        self.ok += t.ok;
+        self.condition_failed += t.condition_failed;
+        self.errors += t.errors;
+        self.capacity += t.capacity;
+        if self.first_error.is_none() {
+            self.first_error = t.first_error;
+        }
+        Ok(())
+    }
+}
+
 async fn worker(
     c: Client,
     a: Arc<Args>,
-    params: (i64, i64, i64),
+    params: LimitParams,
     now_s: i64,
     deadline: Instant,
     issued: Arc<AtomicU64>,
     seed: u64,
 ) -> Tally {
-    let (cp, ra, rp) = params;
-    let mut t = Tally::default();
+    let LimitParams { cp, ra, rp } = params;
+    let mut t = Tally::new();
     let mut rng = seed | 1;
     let names = HashMap::from([
         ("#t0".to_string(), "b_tenant_rps_tk".to_string()),
@@ -254,7 +298,7 @@ async fn worker(
         match result {
             Ok(out) => {
                 t.ok += 1;
-                t.latencies_us.push(us);
+                latency::record(&mut t.latency_us, us);
                 t.capacity += out
                     .consumed_capacity()
                     .and_then(|c| c.capacity_units())
@@ -285,7 +329,11 @@ async fn run(a: Args) -> Result<serde_json::Value, String> {
         .map(|d| d.as_secs() as i64)
         .unwrap_or(0);
     // 100,000,000 per second in millitokens, as shardgate stores a rule's parameters.
-    let params = (100_000_000 * MILLI, 100_000_000 * MILLI, 1_000);
+    let params = LimitParams {
+        cp: 100_000_000 * MILLI,
+        ra: 100_000_000 * MILLI,
+        rp: 1_000,
+    };
     put_items(&c, &a, now_s, params).await?;
     let a = Arc::new(a);
     let issued = Arc::new(AtomicU64::new(0));
@@ -303,20 +351,11 @@ async fn run(a: Args) -> Result<serde_json::Value, String> {
             0x9E37_79B9_7F4A_7C15u64.wrapping_mul(i as u64 + 1),
         )));
     }
-    let mut all = Tally::default();
+    let mut all = Tally::new();
     for task in tasks {
-        let t = task.await.map_err(|e| format!("a worker failed: {e}"))?;
-        all.latencies_us.extend(t.latencies_us);
-        all.ok += t.ok;
-        all.condition_failed += t.condition_failed;
-        all.errors += t.errors;
-        all.capacity += t.capacity;
-        if all.first_error.is_none() {
-            all.first_error = t.first_error;
-        }
+        all.merge(task.await.map_err(|e| format!("a worker failed: {e}"))?)?;
     }
     let elapsed = started.elapsed().as_secs_f64();
-    all.latencies_us.sort_unstable();
     Ok(serde_json::json!({
         "tool": "ddb_update_loop",
         "concurrency": a.concurrency,
@@ -329,18 +368,13 @@ async fn run(a: Args) -> Result<serde_json::Value, String> {
         "first_error": all.first_error,
         "ops_per_s": all.ok as f64 / elapsed,
         "write_units_per_op": if all.ok > 0 { all.capacity / all.ok as f64 } else { 0.0 },
-        "latency_us": latency::percentiles(&all.latencies_us),
+        "latency_us": latency::summary(&all.latency_us),
     }))
 }
 
 fn main() -> ExitCode {
-    let args = match parse_args() {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("ddb_update_loop: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
+    // Bad flags: clap prints why and the usage, and exits with status 2.
+    let args = Args::parse().bounded();
     // The same runtime as `shardgate serve`: tokio's default multi-thread runtime.
     let rt = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,

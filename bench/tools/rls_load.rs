@@ -14,10 +14,12 @@
 //!              [--connections 2] [--duration 10] [--max-requests 5000000] \
 //!              [--log-file PATH] [--offset N]
 //!
-//! Output: one JSON object on stdout (counts, req/s, latency percentiles in µs); with
-//! `--log-file`, one line per request in h2load's `--log-file` format (start time in µs
-//! since the epoch, HTTP status, µs until the end of the response) plus two columns:
-//! grpc-status and overall_code (-1 when absent).
+//! Output: one JSON object on stdout (counts, req/s, latency percentiles in µs from
+//! per-stream HDR histograms, `latency.rs`); with `--log-file`, one line per request in
+//! h2load's `--log-file` format (start time in µs since the epoch, HTTP status, µs until
+//! the end of the response) plus two columns: grpc-status and overall_code (-1 when
+//! absent). Only then are answers kept one by one: without it memory stays flat however
+//! long the run.
 
 use std::collections::BTreeMap;
 use std::io::Write as _;
@@ -26,11 +28,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-#[path = "support/latency.rs"]
+#[path = "latency.rs"]
 mod latency;
 
 use bytes::{Bytes, BytesMut};
+use clap::builder::NonEmptyStringValueParser;
+use clap::Parser;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
+use hdrhistogram::Histogram;
 use prost::Message;
 
 const PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
@@ -41,55 +46,54 @@ const MAX_REQUESTS_CAP: u64 = 50_000_000;
 /// Hard cap on the run's duration, whatever the flags say.
 const MAX_DURATION_CAP: Duration = Duration::from_secs(600);
 
+/// A bounded HTTP/2 load generator for ShouldRateLimit over pre-encoded gRPC frames.
+#[derive(Parser)]
+#[command(name = "rls_load")]
 struct Args {
+    /// The server's gRPC address, host:port.
+    #[arg(long, value_parser = NonEmptyStringValueParser::new())]
     addr: String,
+    /// A file of concatenated gRPC frames (bench/frames.py), sent in turn.
+    #[arg(long, value_parser = NonEmptyStringValueParser::new())]
     frames: String,
+    /// Streams kept in flight (at least 1).
+    #[arg(long, default_value_t = 1)]
     concurrency: usize,
+    /// HTTP/2 connections the streams share; 0: min(concurrency, 2).
+    #[arg(long, default_value_t = 0)]
     connections: usize,
+    /// Seconds to start requests for (fractions allowed; at most 600).
+    #[arg(long, default_value = "10", value_parser = seconds)]
     duration: Duration,
+    /// Requests to start at most (at most 50,000,000).
+    #[arg(long, default_value_t = 5_000_000)]
     max_requests: u64,
+    /// Writes one line per answer there, in h2load's --log-file format plus two columns.
+    #[arg(long)]
     log_file: Option<String>,
+    /// Index of the first frame sent (modulo their number).
+    #[arg(long, default_value_t = 0)]
     offset: usize,
 }
 
-fn parse_args() -> Result<Args, String> {
-    let mut a = Args {
-        addr: String::new(),
-        frames: String::new(),
-        concurrency: 1,
-        connections: 0,
-        duration: Duration::from_secs(10),
-        max_requests: 5_000_000,
-        log_file: None,
-        offset: 0,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
-        let num = |v: String| v.parse::<f64>().map_err(|e| format!("{v}: {e}"));
-        match flag.as_str() {
-            "--addr" => a.addr = value()?,
-            "--frames" => a.frames = value()?,
-            "--concurrency" => a.concurrency = num(value()?)? as usize,
-            "--connections" => a.connections = num(value()?)? as usize,
-            "--duration" => a.duration = Duration::from_secs_f64(num(value()?)?),
-            "--max-requests" => a.max_requests = num(value()?)? as u64,
-            "--log-file" => a.log_file = Some(value()?),
-            "--offset" => a.offset = num(value()?)? as usize,
-            other => return Err(format!("unknown flag {other}")),
+impl Args {
+    /// The flags brought within the tool's bounds: the caps hold whatever was asked.
+    fn bounded(mut self) -> Args {
+        self.concurrency = self.concurrency.max(1);
+        if self.connections == 0 {
+            self.connections = self.concurrency.min(2);
         }
+        self.connections = self.connections.clamp(1, self.concurrency);
+        self.duration = self.duration.min(MAX_DURATION_CAP);
+        self.max_requests = self.max_requests.min(MAX_REQUESTS_CAP);
+        self
     }
-    if a.addr.is_empty() || a.frames.is_empty() {
-        return Err("--addr and --frames are required".into());
-    }
-    a.concurrency = a.concurrency.max(1);
-    if a.connections == 0 {
-        a.connections = a.concurrency.min(2);
-    }
-    a.connections = a.connections.clamp(1, a.concurrency);
-    a.duration = a.duration.min(MAX_DURATION_CAP);
-    a.max_requests = a.max_requests.min(MAX_REQUESTS_CAP);
-    Ok(a)
+}
+
+/// A non-negative number of seconds, fractions allowed.
+fn seconds(text: &str) -> Result<Duration, String> {
+    let s: f64 = text.parse().map_err(|e| format!("{text}: {e}"))?;
+    Duration::try_from_secs_f64(s).map_err(|e| format!("{text}: {e}"))
 }
 
 /// Splits a file of concatenated gRPC frames into one body per frame (prefix included).
@@ -117,7 +121,7 @@ fn split_frames(data: Bytes) -> Result<Vec<Bytes>, String> {
     Ok(out)
 }
 
-/// What one answer was.
+/// What one answer was: a line of `--log-file`.
 struct Answer {
     start_us: u64,
     http: i32,
@@ -126,11 +130,96 @@ struct Answer {
     overall: i32,
 }
 
-#[derive(Default)]
+/// The span the answers cover, in µs since the epoch: the measured window.
+#[derive(Clone, Copy)]
+struct Window {
+    first_start_us: u64,
+    last_end_us: u64,
+}
+
+impl Window {
+    fn widen(self, other: Window) -> Window {
+        Window {
+            first_start_us: self.first_start_us.min(other.first_start_us),
+            last_end_us: self.last_end_us.max(other.last_end_us),
+        }
+    }
+}
+
+/// What one stream saw (and, merged, the whole run): counts and a latency histogram, so
+/// the run's memory does not grow with its length; every answer only for `--log-file`.
 struct Tally {
-    answers: Vec<Answer>,
+    latency_us: Histogram<u64>,
+    http: BTreeMap<i32, u64>,
+    grpc: BTreeMap<i32, u64>,
+    overall: BTreeMap<i32, u64>,
+    window: Option<Window>,
+    log: Option<Vec<Answer>>,
     stream_errors: u64,
     first_error: Option<String>,
+}
+
+impl Tally {
+    fn new(keep_answers: bool) -> Tally {
+        Tally {
+            latency_us: latency::histogram(),
+            http: BTreeMap::new(),
+            grpc: BTreeMap::new(),
+            overall: BTreeMap::new(),
+            window: None,
+            log: keep_answers.then(Vec::new),
+            stream_errors: 0,
+            first_error: None,
+        }
+    }
+
+    fn count(&mut self, a: Answer) {
+        latency::record(&mut self.latency_us, a.latency_us);
+        *self.http.entry(a.http).or_default() += 1;
+        *self.grpc.entry(a.grpc_status).or_default() += 1;
+        *self.overall.entry(a.overall).or_default() += 1;
+        let w = Window {
+            first_start_us: a.start_us,
+            last_end_us: a.start_us + a.latency_us,
+        };
+        self.window = Some(self.window.map_or(w, |v| v.widen(w)));
+        if let Some(log) = &mut self.log {
+            log.push(a);
+        }
+    }
+
+    fn error(&mut self, e: String) {
+        self.stream_errors += 1;
+        self.first_error.get_or_insert(e);
+    }
+
+    /// Adds a stream's tally; its answers follow those already logged.
+    fn merge(&mut self, t: Tally) -> Result<(), String> {
+        self.latency_us
+            .add(&t.latency_us)
+            .map_err(|e| format!("merging latencies: {e:?}"))?;
+        for (mine, theirs) in [
+            (&mut self.http, t.http),
+            (&mut self.grpc, t.grpc),
+            (&mut self.overall, t.overall),
+        ] {
+            for (k, n) in theirs {
+                *mine.entry(k).or_default() += n;
+            }
+        }
+        self.window = match (self.window, t.window) {
+            (Some(a), Some(b)) => Some(a.widen(b)),
+            (a, b) => a.or(b),
+        };
+        if let (Some(mine), Some(theirs)) = (&mut self.log, t.log) {
+            mine.extend(theirs);
+        }
+        self.stream_errors += t.stream_errors;
+        if self.first_error.is_none() {
+            self.first_error = t.first_error;
+        }
+        Ok(())
+    }
 }
 
 struct Shared {
@@ -141,6 +230,8 @@ struct Shared {
     deadline: Instant,
     stop: AtomicBool,
     uri: http::Uri,
+    /// Whether the tallies keep every answer (`--log-file`).
+    keep_answers: bool,
 }
 
 impl Shared {
@@ -229,16 +320,14 @@ async fn one_call(
 }
 
 async fn stream_slot(mut send: h2::client::SendRequest<Bytes>, shared: Arc<Shared>) -> Tally {
-    let mut tally = Tally::default();
+    let mut tally = Tally::new(shared.keep_answers);
     while let Some(body) = shared.take() {
         match one_call(&mut send, &shared, body).await {
-            Ok(a) => tally.answers.push(a),
+            Ok(a) => tally.count(a),
             Err(e) => {
-                tally.stream_errors += 1;
-                if tally.first_error.is_none() {
-                    tally.first_error = Some(e.to_string());
-                }
-                if e.is_io() || e.is_go_away() {
+                let fatal = e.is_io() || e.is_go_away();
+                tally.error(e.to_string());
+                if fatal {
                     break;
                 }
             }
@@ -281,50 +370,38 @@ async fn run(args: Args) -> Result<serde_json::Value, String> {
         deadline: started + args.duration,
         stop: AtomicBool::new(false),
         uri,
+        keep_answers: args.log_file.is_some(),
     });
     let mut tasks = Vec::new();
     for i in 0..args.concurrency {
         let send = sends[i % sends.len()].clone();
         tasks.push(tokio::spawn(stream_slot(send, shared.clone())));
     }
-    let mut tally = Tally::default();
+    let mut tally = Tally::new(shared.keep_answers);
     let drain_until = shared.deadline + DRAIN;
     for t in tasks {
         let left = drain_until.saturating_duration_since(Instant::now());
         match tokio::time::timeout(left, t).await {
-            Ok(Ok(t)) => {
-                tally.answers.extend(t.answers);
-                tally.stream_errors += t.stream_errors;
-                if tally.first_error.is_none() {
-                    tally.first_error = t.first_error;
-                }
-            }
+            Ok(Ok(t)) => tally.merge(t)?,
             Ok(Err(e)) => return Err(format!("a stream task failed: {e}")),
             Err(_) => {
                 shared.stop.store(true, Ordering::Relaxed);
-                tally.stream_errors += 1;
-                tally
-                    .first_error
-                    .get_or_insert_with(|| "drain timeout".into());
+                tally.error("drain timeout".into());
             }
         }
     }
     let elapsed = started.elapsed();
     // The measured window: from the first request to the last answer.
     let window_s = tally
-        .answers
-        .iter()
-        .map(|a| a.start_us + a.latency_us)
-        .max()
-        .zip(tally.answers.iter().map(|a| a.start_us).min())
-        .map(|(end, start)| (end.saturating_sub(start)) as f64 / 1e6)
+        .window
+        .map(|w| w.last_end_us.saturating_sub(w.first_start_us) as f64 / 1e6)
         .unwrap_or(elapsed.as_secs_f64())
         .max(1e-6);
 
-    if let Some(path) = &args.log_file {
+    if let (Some(path), Some(answers)) = (&args.log_file, &tally.log) {
         let f = std::fs::File::create(path).map_err(|e| format!("{path}: {e}"))?;
         let mut w = std::io::BufWriter::new(f);
-        for a in &tally.answers {
+        for a in answers {
             writeln!(
                 w,
                 "{}\t{}\t{}\t{}\t{}",
@@ -335,30 +412,20 @@ async fn run(args: Args) -> Result<serde_json::Value, String> {
         w.flush().map_err(|e| format!("{path}: {e}"))?;
     }
 
-    let mut http: BTreeMap<String, u64> = BTreeMap::new();
-    let mut grpc: BTreeMap<String, u64> = BTreeMap::new();
+    let by_number = |counts: &BTreeMap<i32, u64>| -> BTreeMap<String, u64> {
+        counts.iter().map(|(k, n)| (k.to_string(), *n)).collect()
+    };
     let mut overall: BTreeMap<String, u64> = BTreeMap::new();
-    for a in &tally.answers {
-        *http.entry(a.http.to_string()).or_default() += 1;
-        *grpc.entry(a.grpc_status.to_string()).or_default() += 1;
-        let name = match a.overall {
+    for (code, n) in &tally.overall {
+        let name = match code {
             0 => "UNKNOWN",
             1 => "OK",
             2 => "OVER_LIMIT",
             _ => "undecoded",
         };
-        *overall.entry(name.to_string()).or_default() += 1;
+        *overall.entry(name.to_string()).or_default() += n;
     }
-    let mut lat: Vec<u64> = tally.answers.iter().map(|a| a.latency_us).collect();
-    lat.sort_unstable();
-    let n = lat.len() as u64;
-    let mean = if n > 0 {
-        lat.iter().sum::<u64>() as f64 / n as f64
-    } else {
-        0.0
-    };
-    let mut latency_us = latency::percentiles(&lat);
-    latency_us.insert("mean".into(), mean.into());
+    let n = tally.latency_us.len();
     Ok(serde_json::json!({
         "tool": "rls_load",
         "addr": args.addr,
@@ -372,21 +439,16 @@ async fn run(args: Args) -> Result<serde_json::Value, String> {
         "stream_errors": tally.stream_errors,
         "first_error": tally.first_error,
         "req_per_s": n as f64 / window_s,
-        "http_status": http,
-        "grpc_status": grpc,
+        "http_status": by_number(&tally.http),
+        "grpc_status": by_number(&tally.grpc),
         "overall_code": overall,
-        "latency_us": latency_us,
+        "latency_us": latency::summary(&tally.latency_us),
     }))
 }
 
 fn main() -> ExitCode {
-    let args = match parse_args() {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("rls_load: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
+    // Bad flags: clap prints why and the usage, and exits with status 2.
+    let args = Args::parse().bounded();
     // One thread, as h2load -t1.
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()

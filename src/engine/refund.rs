@@ -1,0 +1,79 @@
+//! Refunds: when a decision refuses, every debit it already applied is given back, on
+//! condition that nothing refilled or doubled the shard since (see
+//! `BucketStore::credit`). Best effort: a lost refund under-admits, never over-admits.
+
+use futures::future::join_all;
+
+use super::acquire::Progress;
+use super::{Acquire, BucketClaim, Decision, Engine, EngineStats};
+use crate::store::{BucketKey, BucketStore, Credit, Stamp};
+
+impl<S: BucketStore> Engine<S> {
+    /// Refunds every bucket of `progress` that was debited.
+    pub(super) async fn refund_applied(&self, req: &Acquire, progress: &[Progress], now: i64) {
+        join_all(
+            req.buckets
+                .iter()
+                .zip(progress)
+                .filter_map(|(b, p)| match p {
+                    Progress::Applied { shard, image } => {
+                        // Held first, so that the refund below lands on it and a repeat of
+                        // this request, refused from the cache, reports this bucket's real
+                        // balance (an admitted image is otherwise kept only when short).
+                        let key = BucketKey::new(&b.entity, &b.resource, *shard);
+                        self.rejections.remember(&key, image, now);
+                        Some(self.credit_bucket(b, *shard, image.shard_count, Stamp::of(image)))
+                    }
+                    _ => None,
+                }),
+        )
+        .await;
+    }
+
+    /// Refunds what `b`'s claims took from `shard`, on condition that nothing refilled
+    /// or doubled it since the debit whose image bore `stamp` (see `BucketStore::credit`).
+    pub(super) async fn credit_bucket(
+        &self,
+        b: &BucketClaim,
+        shard: u32,
+        count: u32,
+        stamp: Stamp,
+    ) {
+        let key = BucketKey::new(&b.entity, &b.resource, shard);
+        let count = count.max(self.shards.get(&b.entity, &b.resource));
+        let credits: Vec<Credit> = b
+            .limits
+            .iter()
+            .filter(|c| c.amount > 0)
+            .map(|c| Credit {
+                limit: c.limit.clone(),
+                amount: c.amount,
+                ceiling: c.params.share(count).ceiling,
+            })
+            .collect();
+        if credits.is_empty() {
+            return;
+        }
+        self.rejections.credit(&key, &credits);
+        EngineStats::bump(&self.stats.refunds);
+        if let Err(e) = self.store.credit(&key, stamp, &credits).await {
+            // A lost refund costs this bucket one request's tokens; never an over-admission.
+            tracing::warn!(resource = %b.resource, error = %e, "refund of a voided debit failed");
+        }
+    }
+
+    /// Gives back what an admitted decision took (best effort; used when a request turns
+    /// out refused after its debits, e.g. every quota-mode descriptor over).
+    pub async fn refund(&self, req: &Acquire, decision: &Decision) {
+        if !decision.admitted {
+            return;
+        }
+        join_all(
+            req.buckets
+                .iter()
+                .zip(&decision.buckets)
+                .map(|(b, o)| self.credit_bucket(b, o.shard, o.shard_count, o.stamp)),
+        )
+        .await;
+    }
+}

@@ -1,0 +1,162 @@
+//! The slow path of a decision: following a slow pass this process already runs on a
+//! shard (see `inflight.rs`), or running one — one read of every unresolved bucket, the
+//! plan (`pass.rs`), one commit under the `rf` lock, and the consumption-only retries
+//! when a lock or a create race is lost.
+
+use super::acquire::{wrap, Avoid, Draw, Progress, SlowTarget};
+use super::pass::{self, BucketPlan, PassContext};
+use super::{Acquire, BucketOutcome, Engine, EngineError, EngineStats};
+use crate::store::{BucketKey, BucketStore, CommitOutcome, DebitOutcome, Write};
+
+impl<S: BucketStore> Engine<S> {
+    /// Waits for the slow passes in flight on the shards drawn for `req`'s fast path;
+    /// returns whether it waited for any.
+    pub(super) async fn await_slow_passes(&self, req: &Acquire, draws: &[Draw]) -> bool {
+        let mut waited = false;
+        for (b, d) in req.buckets.iter().zip(draws) {
+            let key = BucketKey::new(&b.entity, &b.resource, d.shard);
+            if let Some(pass_done) = self.slow_passes.in_flight(&key) {
+                EngineStats::bump(&self.stats.slow_passes_followed);
+                pass_done.await;
+                waited = true;
+            }
+        }
+        waited
+    }
+
+    /// Buckets bound for the slow path on a shard this process is already refilling wait
+    /// for that pass, then try the fast path there again (see `inflight`). On an error,
+    /// `progress` still records every debit applied, for the refund.
+    pub(super) async fn follow_slow_passes(
+        &self,
+        req: &Acquire,
+        progress: &mut [Progress],
+        avoid: &[Avoid],
+    ) -> Result<Option<i64>, EngineError> {
+        let mut waited_until = None;
+        for (i, p) in progress.iter_mut().enumerate() {
+            let Progress::Slow { shard, count, .. } = *p else {
+                continue;
+            };
+            let b = &req.buckets[i];
+            let key = BucketKey::new(&b.entity, &b.resource, shard);
+            let Some(pass_done) = self.slow_passes.in_flight(&key) else {
+                continue;
+            };
+            EngineStats::bump(&self.stats.slow_passes_followed);
+            pass_done.await;
+            let now = self.clock.now_ms();
+            waited_until = Some(now);
+            let draw = Draw { shard, count };
+            *p = match self.fast_debit(b, draw, now).await.map_err(wrap(b))? {
+                DebitOutcome::Applied(image) => {
+                    EngineStats::bump(&self.stats.fast_path_hits);
+                    Progress::Applied { shard, image }
+                }
+                DebitOutcome::Refused(image) => {
+                    self.resolve(b, draw, image, &avoid[i], now).await?
+                }
+            };
+        }
+        Ok(waited_until)
+    }
+
+    /// The slow path over the buckets `targets`. Returns whether everything fit and was
+    /// committed, and their outcomes.
+    pub(super) async fn slow_path(
+        &self,
+        req: &Acquire,
+        targets: &[SlowTarget],
+    ) -> Result<(bool, Vec<BucketOutcome>), EngineError> {
+        let keys: Vec<BucketKey> = targets
+            .iter()
+            .map(|t| {
+                let b = &req.buckets[t.bucket];
+                BucketKey::new(&b.entity, &b.resource, t.shard)
+            })
+            .collect();
+        let first = &req.buckets[targets[0].bucket];
+        let images = self.store.read(&keys).await.map_err(wrap(first))?;
+        let ctx = self.pass_context(self.clock.now_ms());
+        let now = ctx.now;
+        let plans: Vec<BucketPlan> = targets
+            .iter()
+            .zip(&keys)
+            .zip(&images)
+            .map(|((t, key), img)| {
+                let (b, count) = (&req.buckets[t.bucket], t.count);
+                if let Some(img) = img {
+                    self.shards.learn(&b.entity, &b.resource, img.shard_count);
+                }
+                pass::plan_bucket(b, key, img.as_ref(), count, &ctx)
+            })
+            .collect();
+
+        if !plans.iter().all(|p| p.fits) {
+            for (key, img) in keys.iter().zip(&images) {
+                if let Some(img) = img {
+                    self.rejections.remember(key, img, now);
+                }
+            }
+            return Ok((false, plans.into_iter().map(|p| p.refused).collect()));
+        }
+
+        let mut writes: Vec<Write> = plans.iter().map(|p| p.write.clone()).collect();
+        let mut admitted: Vec<BucketOutcome> = plans.iter().map(|p| p.admitted.clone()).collect();
+        for round in 0..3 {
+            match self.store.commit(&writes).await.map_err(wrap(first))? {
+                CommitOutcome::Committed => return Ok((true, admitted)),
+                CommitOutcome::Conflict(failed) => {
+                    if round == 2 {
+                        break;
+                    }
+                    EngineStats::bump(&self.stats.consumption_only_retries);
+                    for (idx, current) in failed {
+                        let SlowTarget {
+                            bucket,
+                            shard,
+                            count,
+                        } = targets[idx];
+                        let b = &req.buckets[bucket];
+                        if let Write::Debit { .. } = writes[idx] {
+                            // The balance no longer covers the request.
+                            let mut outcomes: Vec<BucketOutcome> =
+                                plans.into_iter().map(|p| p.refused).collect();
+                            if let Some(img) = &current {
+                                outcomes[idx] = self.outcome_from_image(b, shard, img, now, false);
+                                self.rejections.remember(&keys[idx], img, now);
+                            }
+                            return Ok((false, outcomes));
+                        }
+                        writes[idx] = match &current {
+                            // Lost the lock or the create race: take the tokens only if the
+                            // item as it stands covers them, with no refill. What it
+                            // reports is that item after the debit.
+                            Some(img) => {
+                                admitted[idx] = self.retry_outcome(b, shard, img, now);
+                                pass::retry_debit(b, &keys[idx], img, &ctx)
+                            }
+                            // The item vanished (evicted) since the read: create it again.
+                            None => {
+                                let plan = pass::plan_bucket(b, &keys[idx], None, count, &ctx);
+                                admitted[idx] = plan.admitted;
+                                plan.write
+                            }
+                        };
+                    }
+                }
+            }
+        }
+        // Persistent contention: refuse rather than spin.
+        Ok((false, plans.into_iter().map(|p| p.refused).collect()))
+    }
+
+    /// What a slow pass knows at `now`.
+    pub(super) fn pass_context(&self, now: i64) -> PassContext {
+        PassContext {
+            now,
+            wcu: self.wcu,
+            ttl_multiplier: self.options.ttl_multiplier,
+        }
+    }
+}

@@ -1,0 +1,104 @@
+//! The engine's counters: what it did, counted per process. One declaration gives each
+//! counter its field, its metric name (the same word) and its help text, so every counter
+//! the engine keeps is exported and none is renamed on the way. No I/O: the metrics
+//! module reads them at scrape time.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// One counter as exported: its name (`shardgate_<name>_total`), help text and value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Counted {
+    pub name: &'static str,
+    pub help: &'static str,
+    pub value: u64,
+}
+
+macro_rules! engine_stats {
+    ($($(#[doc = $doc:literal])+ $name:ident,)+) => {
+        /// Counters the engine keeps (read by metrics and tests).
+        #[derive(Debug, Default)]
+        pub struct EngineStats {
+            $($(#[doc = $doc])+ pub $name: AtomicU64,)+
+        }
+
+        impl EngineStats {
+            /// Every counter, in declaration order.
+            pub fn counted(&self) -> Vec<Counted> {
+                vec![$(Counted {
+                    name: stringify!($name),
+                    help: concat!($($doc),+).trim_ascii().trim_end_matches('.'),
+                    value: self.$name.load(Ordering::Relaxed),
+                },)+]
+            }
+        }
+    };
+}
+
+engine_stats! {
+    /// Buckets debited by the fast path (one conditional write).
+    fast_path_hits,
+    /// Requests refused at the fast path: a bucket's shard was short, nothing was read.
+    fast_path_refusals,
+    /// Requests refused from the rejection cache, without a store call.
+    rejection_cache_hits,
+    /// Requests that needed a read and a commit.
+    slow_paths,
+    /// Buckets that waited for this server's slow pass on their shard instead of racing it.
+    slow_passes_followed,
+    /// Fast debits retried on another shard after the drawn shard's write budget ran out.
+    shard_retries,
+    /// Shard-count doublings this server won.
+    shard_doublings,
+    /// Doublings a hot shard called for but not made: the bucket had 32 shards.
+    shard_doublings_declined_at_max,
+    /// Doublings a hot shard called for but not made: a doubled shard's share could no
+    /// longer hold the request.
+    shard_doublings_declined_small_share,
+    /// Refusals of a request larger than one shard's share of its limit.
+    per_shard_ceiling_rejections,
+    /// Commits retried as consumption only, after a concurrent writer changed an item.
+    consumption_only_retries,
+    /// Debits refunded because another bucket of the request refused.
+    refunds,
+    /// Requests refused because a bucket's item stayed busy with concurrent transactions.
+    contended_refusals,
+}
+
+impl EngineStats {
+    pub fn get(counter: &AtomicU64) -> u64 {
+        counter.load(Ordering::Relaxed)
+    }
+
+    pub(super) fn bump(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_counter_is_listed_under_its_field_name() {
+        let stats = EngineStats::default();
+        EngineStats::bump(&stats.refunds);
+        EngineStats::bump(&stats.refunds);
+        let counted = stats.counted();
+        assert_eq!(counted.len(), 13);
+        let refunds = counted.iter().find(|c| c.name == "refunds").unwrap();
+        assert_eq!(refunds.value, 2);
+        assert_eq!(
+            refunds.help,
+            "Debits refunded because another bucket of the request refused"
+        );
+        let two_lines = counted
+            .iter()
+            .find(|c| c.name == "shard_doublings_declined_small_share")
+            .unwrap();
+        assert!(
+            two_lines.help.contains("share could no longer"),
+            "{two_lines:?}"
+        );
+        assert!(counted.iter().all(|c| !c.help.starts_with(' ')));
+    }
+}

@@ -1,0 +1,172 @@
+//! The `envoy.service.ratelimit.v3.RateLimitService` route: tonic's unary-call machinery
+//! (compression, trailers, status encoding) with shardgate's own codec and framing check,
+//! so that every way a request body can fail carries its gRPC code by construction — a
+//! typed error mapped to a status, never a message text recognised afterwards.
+//!
+//! It translates between gRPC and [`RateLimiter`]; it decides nothing itself.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use prost::Message;
+use tonic::body::Body;
+use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
+use tonic::codegen::http;
+use tonic::server::NamedService;
+use tonic::{Request, Response, Status};
+
+use super::deadline;
+use super::decision::{CallError, RateLimiter};
+use super::framing::{Checked, MAX_REQUEST_MESSAGE_BYTES};
+use crate::store::BucketStore;
+use crate::text::{elide, MESSAGE_BYTES};
+
+/// The gRPC service name, as Envoy's `grpc_service` and health checks name it.
+pub const SERVICE_NAME: &str = "envoy.service.ratelimit.v3.RateLimitService";
+
+/// The one method's path.
+const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+
+/// The rate-limit service: a tower service for tonic's router.
+pub struct Rls<S: BucketStore> {
+    limiter: Arc<RateLimiter<S>>,
+}
+
+impl<S: BucketStore> Rls<S> {
+    pub fn new(limiter: Arc<RateLimiter<S>>) -> Rls<S> {
+        Rls { limiter }
+    }
+
+    /// One `ShouldRateLimit` call, decoded.
+    pub async fn should_rate_limit(
+        &self,
+        request: Request<RateLimitRequest>,
+    ) -> Result<Response<RateLimitResponse>, Status> {
+        // Before anything else: the caller's clock started when it sent the request.
+        let received = tokio::time::Instant::now();
+        let caller = request
+            .metadata()
+            .get("grpc-timeout")
+            .and_then(|v| v.to_str().ok())
+            .and_then(deadline::parse_grpc_timeout);
+        let by = deadline::deadline(received, caller, self.limiter.store_timeout());
+        match self
+            .limiter
+            .should_rate_limit_by(request.get_ref(), by)
+            .await
+        {
+            Ok(resp) => Ok(Response::new(resp)),
+            Err(e @ CallError::InvalidArgument(_)) => Err(Status::invalid_argument(message(&e))),
+            Err(e @ CallError::Unavailable(_)) => Err(Status::unavailable(message(&e))),
+        }
+    }
+}
+
+impl<S: BucketStore> Clone for Rls<S> {
+    fn clone(&self) -> Rls<S> {
+        Rls {
+            limiter: self.limiter.clone(),
+        }
+    }
+}
+
+impl<S: BucketStore> NamedService for Rls<S> {
+    const NAME: &'static str = SERVICE_NAME;
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+impl<S: BucketStore> tower::Service<http::Request<Body>> for Rls<S> {
+    type Response = http::Response<Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<Result<http::Response<Body>, Infallible>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
+        if request.uri().path() != SHOULD_RATE_LIMIT {
+            let status =
+                Status::unimplemented(format!("{SERVICE_NAME} has one method, ShouldRateLimit"));
+            return Box::pin(async move { Ok(status.into_http()) });
+        }
+        let call = Call(self.clone());
+        Box::pin(async move {
+            let request =
+                request.map(|body| Body::new(Checked::new(body, MAX_REQUEST_MESSAGE_BYTES)));
+            let mut grpc = tonic::server::Grpc::new(RlsCodec)
+                .apply_max_message_size_config(Some(MAX_REQUEST_MESSAGE_BYTES), None);
+            Ok(grpc.unary(call, request).await)
+        })
+    }
+}
+
+/// One decoded call, as tonic's unary machinery runs it.
+struct Call<S: BucketStore>(Rls<S>);
+
+impl<S: BucketStore> tonic::server::UnaryService<RateLimitRequest> for Call<S> {
+    type Response = RateLimitResponse;
+    type Future = BoxFuture<Result<Response<RateLimitResponse>, Status>>;
+
+    fn call(&mut self, request: Request<RateLimitRequest>) -> Self::Future {
+        let rls = self.0.clone();
+        Box::pin(async move { rls.should_rate_limit(request).await })
+    }
+}
+
+/// A status message: an error's text, bounded (a client refuses trailers past a few KB,
+/// and a message quotes request values).
+fn message(e: &impl std::fmt::Display) -> String {
+    elide(&e.to_string(), MESSAGE_BYTES).into_owned()
+}
+
+/// Protobuf both ways; a message that does not decode is the client's error.
+struct RlsCodec;
+
+impl Codec for RlsCodec {
+    type Encode = RateLimitResponse;
+    type Decode = RateLimitRequest;
+    type Encoder = ResponseEncoder;
+    type Decoder = RequestDecoder;
+
+    fn encoder(&mut self) -> ResponseEncoder {
+        ResponseEncoder
+    }
+
+    fn decoder(&mut self) -> RequestDecoder {
+        RequestDecoder
+    }
+}
+
+struct ResponseEncoder;
+
+impl Encoder for ResponseEncoder {
+    type Item = RateLimitResponse;
+    type Error = Status;
+
+    fn encode(&mut self, item: RateLimitResponse, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
+        // EncodeBuf grows as written to: encoding cannot run out of room.
+        item.encode(dst)
+            .map_err(|e| Status::internal(format!("encoding the response: {e}")))
+    }
+}
+
+struct RequestDecoder;
+
+impl Decoder for RequestDecoder {
+    type Item = RateLimitRequest;
+    type Error = Status;
+
+    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<RateLimitRequest>, Status> {
+        RateLimitRequest::decode(src).map(Some).map_err(|e| {
+            Status::invalid_argument(message(&format_args!(
+                "the request is not a RateLimitRequest: {e}"
+            )))
+        })
+    }
+}

@@ -1,0 +1,135 @@
+//! The compact form of a stored item ([`Slot`]): an idle bucket's footprint bounds how
+//! many keys one process holds, so the limit names and parameters an item carries (which
+//! config decides) are one shared, interned [`Shape`], leaving only balances, `rf`, `ttl`
+//! and the shard count per item. It converts to the contract's [`BucketItem`]; it checks
+//! no condition.
+
+use std::hash::Hash;
+use std::sync::Arc;
+
+use hashbrown::Equivalent;
+use smallvec::SmallVec;
+
+use crate::store::{BucketItem, LimitParams, LimitState, Limits, Name};
+
+/// `ttl` of an item that never expires (the compact form has no `Option`).
+pub(super) const NO_TTL: i64 = i64::MAX;
+
+/// Names and parameters of an item's limits, in name order: the part of an item that
+/// config decides, shared by every item with the same limits.
+#[derive(Debug)]
+pub(super) struct Shape(pub(super) Box<[(Name, LimitParams)]>);
+
+/// Hashes a shape's limits the same way whether they come from a [`Shape`] or from an
+/// image's [`Limits`], so the interner can be searched without building a shape.
+pub(super) fn hash_shape<'a, H: std::hash::Hasher>(
+    len: usize,
+    limits: impl Iterator<Item = (&'a str, LimitParams)>,
+    h: &mut H,
+) {
+    h.write_usize(len);
+    for (name, params) in limits {
+        name.hash(h);
+        params.hash(h);
+    }
+}
+
+impl Shape {
+    pub(super) fn limits(&self) -> impl Iterator<Item = (&str, LimitParams)> {
+        self.0.iter().map(|(n, p)| (n.as_str(), *p))
+    }
+
+    pub(super) fn position(&self, limit: &str) -> Option<usize> {
+        self.0.binary_search_by(|(n, _)| n.as_str().cmp(limit)).ok()
+    }
+
+    /// Whether `limits` have exactly these names and parameters.
+    pub(super) fn describes(&self, limits: &Limits) -> bool {
+        self.0.len() == limits.len()
+            && self
+                .0
+                .iter()
+                .zip(limits.iter())
+                .all(|((n, p), (name, st))| n == name && *p == st.params())
+    }
+}
+
+impl PartialEq for Shape {
+    fn eq(&self, other: &Shape) -> bool {
+        self.0 == other.0
+    }
+}
+
+impl Eq for Shape {}
+
+impl Hash for Shape {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        hash_shape(self.0.len(), self.limits(), h);
+    }
+}
+
+/// An image's limits as a lookup key into the shape interner.
+pub(super) struct ShapeOf<'a>(pub(super) &'a Limits);
+
+impl Hash for ShapeOf<'_> {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        hash_shape(
+            self.0.len(),
+            self.0.iter().map(|(n, st)| (n, st.params())),
+            h,
+        );
+    }
+}
+
+impl Equivalent<Arc<Shape>> for ShapeOf<'_> {
+    fn equivalent(&self, shape: &Arc<Shape>) -> bool {
+        shape.describes(self.0)
+    }
+}
+
+/// Balance and consumed counter of one limit, in its shape's order.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Balance {
+    pub(super) tk: i64,
+    pub(super) tc: i64,
+}
+
+/// One stored item in compact form.
+#[derive(Debug, Clone)]
+pub(super) struct Slot {
+    pub(super) rf: i64,
+    /// Epoch seconds; [`NO_TTL`] when the item does not expire.
+    pub(super) ttl: i64,
+    pub(super) shard_count: u32,
+    pub(super) shape: Arc<Shape>,
+    pub(super) balances: SmallVec<[Balance; 2]>,
+}
+
+impl Slot {
+    /// The item this slot holds, as the contract's type.
+    pub(super) fn image(&self) -> BucketItem {
+        BucketItem {
+            rf: self.rf,
+            shard_count: self.shard_count,
+            ttl: (self.ttl != NO_TTL).then_some(self.ttl),
+            limits: Limits(
+                self.shape
+                    .0
+                    .iter()
+                    .zip(&self.balances)
+                    .map(|((name, params), b)| (name.clone(), LimitState::new(*params, b.tk, b.tc)))
+                    .collect(),
+            ),
+        }
+    }
+
+    pub(super) fn balance(&self, limit: &str) -> Option<(&LimitParams, &Balance)> {
+        let i = self.shape.position(limit)?;
+        Some((&self.shape.0[i].1, &self.balances[i]))
+    }
+
+    pub(super) fn balance_mut(&mut self, limit: &str) -> Option<&mut Balance> {
+        let i = self.shape.position(limit)?;
+        Some(&mut self.balances[i])
+    }
+}

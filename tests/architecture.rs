@@ -1,0 +1,242 @@
+//! The arrows of the architecture, checked on the source: `config` and `store` use
+//! nothing of `engine` or `service`, `engine` nothing of `service`, and no two files use
+//! each other, directly or round a loop (a module's own children aside: a parent
+//! declares them, and they may use what it holds).
+//!
+//! A file's uses are the `crate::`, `super::` and `self::` paths in its non-test code,
+//! resolved to the longest module they name.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+type Module = String;
+
+/// Every module of `src/` (`a::b` for `src/a/b.rs` or `src/a/b/mod.rs`) and its source
+/// up to its unit tests.
+fn modules() -> BTreeMap<Module, String> {
+    fn walk(dir: &Path, out: &mut BTreeMap<Module, String>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                walk(&path, out);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let rel = path.strip_prefix("src").unwrap().with_extension("");
+                let mut parts: Vec<String> = rel
+                    .components()
+                    .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                    .collect();
+                if parts.last().is_some_and(|p| p == "mod") {
+                    parts.pop();
+                }
+                let name = match parts.join("::").as_str() {
+                    "lib" => String::new(),
+                    "main" => "<main>".to_string(),
+                    n => n.to_string(),
+                };
+                let source = std::fs::read_to_string(&path).unwrap();
+                let before_tests = source.split("#[cfg(test)]").next().unwrap();
+                // Comments mention paths too; only code counts.
+                let code = before_tests
+                    .lines()
+                    .map(|l| l.split("//").next().unwrap_or_default())
+                    .collect::<Vec<_>>()
+                    .join("\n");
+                out.insert(name, code);
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk(Path::new("src"), &mut out);
+    out
+}
+
+/// The paths a source mentions from `crate`, `super` or `self`, use trees expanded
+/// (`use super::{a, b::c}` gives `super::a` and `super::b::c`).
+fn paths(code: &str) -> Vec<Vec<String>> {
+    let mut out = Vec::new();
+    // Use declarations start a line: `use`, `pub use`, `pub(crate) use`, ...
+    let mut at = 0;
+    for line in code.split_inclusive('\n') {
+        let trimmed = line.trim_start();
+        let decl = trimmed
+            .strip_prefix("use ")
+            .or_else(|| trimmed.split_once(") use ").map(|(_, t)| t))
+            .or_else(|| trimmed.strip_prefix("pub use "));
+        if let Some(tree) = decl {
+            let start = at + (line.len() - tree.len());
+            if let Some(end) = code[start..].find(';') {
+                expand(&code[start..start + end], &mut Vec::new(), &mut out);
+            }
+        }
+        at += line.len();
+    }
+    // Paths written inline, e.g. `crate::text::quote(..)`.
+    let bytes = code.as_bytes();
+    for root in ["crate::", "super::"] {
+        for (i, _) in code.match_indices(root) {
+            if i > 0 && (bytes[i - 1].is_ascii_alphanumeric() || bytes[i - 1] == b'_') {
+                continue;
+            }
+            let tail: String = code[i..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == ':')
+                .collect();
+            out.push(segments(&tail));
+        }
+    }
+    out.retain(|p| {
+        matches!(
+            p.first().map(String::as_str),
+            Some("crate" | "super" | "self")
+        )
+    });
+    out
+}
+
+fn segments(path: &str) -> Vec<String> {
+    path.split("::")
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
+/// Expands one use tree under `prefix`.
+fn expand(tree: &str, prefix: &mut Vec<String>, out: &mut Vec<Vec<String>>) {
+    let tree = tree.trim();
+    match tree.find('{') {
+        None => {
+            let name = tree.split(" as ").next().unwrap_or_default();
+            let mut path = prefix.clone();
+            path.extend(segments(name));
+            out.push(path);
+        }
+        Some(open) => {
+            let head = segments(&tree[..open]);
+            let close = tree.rfind('}').filter(|c| *c > open).unwrap_or(tree.len());
+            let inner = &tree[open + 1..close];
+            let depth = prefix.len();
+            prefix.extend(head);
+            out.push(prefix.clone());
+            // Split the inner list at top-level commas.
+            let mut level = 0;
+            let mut start = 0;
+            for (i, c) in inner.char_indices() {
+                match c {
+                    '{' => level += 1,
+                    '}' => level -= 1,
+                    ',' if level == 0 => {
+                        expand(&inner[start..i], prefix, out);
+                        start = i + 1;
+                    }
+                    _ => {}
+                }
+            }
+            expand(&inner[start..], prefix, out);
+            prefix.truncate(depth);
+        }
+    }
+}
+
+/// The module a path from `from` names: the longest prefix that is a module.
+fn resolve(from: &str, path: &[String], modules: &BTreeMap<Module, String>) -> Option<Module> {
+    let mut base: Vec<&str> = from.split("::").filter(|s| !s.is_empty()).collect();
+    let mut rest = path;
+    match rest.first()?.as_str() {
+        "crate" => {
+            base.clear();
+            rest = &rest[1..];
+        }
+        "self" => rest = &rest[1..],
+        _ => {
+            while rest.first().is_some_and(|s| s == "super") {
+                base.pop();
+                rest = &rest[1..];
+            }
+        }
+    }
+    (0..=rest.len()).rev().find_map(|n| {
+        let mut m = base.clone();
+        m.extend(rest[..n].iter().map(String::as_str));
+        let name = m.join("::");
+        modules.contains_key(&name).then_some(name)
+    })
+}
+
+fn uses() -> BTreeMap<Module, BTreeSet<Module>> {
+    let modules = modules();
+    modules
+        .iter()
+        .map(|(m, code)| {
+            let used = paths(code)
+                .iter()
+                .filter_map(|p| resolve(m, p, &modules))
+                .filter(|u| u != m && !u.is_empty())
+                // A module's children are its own; a child using its parent is fine.
+                .filter(|u| !m.starts_with(&format!("{u}::")))
+                .collect();
+            (m.clone(), used)
+        })
+        .collect()
+}
+
+fn layer(m: &str) -> &str {
+    m.split("::").next().unwrap_or_default()
+}
+
+#[test]
+fn the_arrows_run_one_way() {
+    let mut wrong = Vec::new();
+    for (m, used) in uses() {
+        for u in used {
+            let forbidden = match layer(&m) {
+                "config" | "store" => matches!(layer(&u), "engine" | "service"),
+                "engine" => layer(&u) == "service",
+                _ => false,
+            };
+            if forbidden {
+                wrong.push(format!("{m} uses {u}"));
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "arrows running back: {wrong:#?}");
+}
+
+#[test]
+fn no_two_files_use_each_other() {
+    let uses = uses();
+    // A loop exists if a module reaches itself.
+    let mut loops = Vec::new();
+    for start in uses.keys() {
+        let mut seen = BTreeSet::new();
+        let mut stack: Vec<(Module, Vec<Module>)> = vec![(start.clone(), vec![start.clone()])];
+        while let Some((m, trail)) = stack.pop() {
+            for u in uses.get(&m).into_iter().flatten() {
+                if u == start {
+                    loops.push(format!("{} -> {start}", trail.join(" -> ")));
+                } else if seen.insert(u.clone()) {
+                    let mut t = trail.clone();
+                    t.push(u.clone());
+                    stack.push((u.clone(), t));
+                }
+            }
+        }
+    }
+    assert!(loops.is_empty(), "files using each other: {loops:#?}");
+}
+
+#[test]
+fn the_checker_sees_uses() {
+    // Guards the parser: known arrows must be found, or the tests above prove nothing.
+    let uses = uses();
+    assert!(
+        uses["engine::acquire"].contains("store"),
+        "{:?}",
+        uses["engine::acquire"]
+    );
+    assert!(uses["service::rls"].contains("service::decision"));
+    assert!(uses["store::memory::partition"].contains("store::memory::slot"));
+    assert!(
+        uses["<main>"].is_empty(),
+        "main uses the library by its name"
+    );
+}
