@@ -12,3 +12,4 @@ pub mod service;
 pub mod store;
 pub mod text;
 mod throttle;
+pub mod upstream_env;

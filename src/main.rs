@@ -11,7 +11,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use shardgate::config::Config;
 use shardgate::service::server::{self, ServeOptions, StoreKind};
 use shardgate::service::tls::TlsFiles;
-use shardgate::service::RequestLimits;
+use shardgate::service::{AnswerOptions, RateLimitHeaders, RequestLimits};
 #[cfg(feature = "dynamodb")]
 use shardgate::store::dynamodb::{self, DynamoOptions, DynamoStore, TableCreated};
 #[cfg(feature = "dynamodb")]
@@ -149,9 +149,32 @@ struct Serve {
     /// Longest descriptor value, in bytes.
     #[arg(long, env = "SHARDGATE_MAX_VALUE_BYTES", default_value_t = RequestLimits::default().max_value_bytes)]
     max_value_bytes: usize,
-    /// Evaluate and report every rule, but never answer OVER_LIMIT.
+    /// Evaluate, count and report every rule, but answer OK overall: each descriptor
+    /// keeps its own code (envoyproxy/ratelimit's SHADOW_MODE).
     #[arg(long, env = "SHARDGATE_GLOBAL_SHADOW_MODE")]
     global_shadow_mode: bool,
+    /// Decide every rule in quota mode: a request is refused only when all its quota
+    /// descriptors are over (envoyproxy/ratelimit's QUOTA_MODE).
+    #[arg(long, env = "SHARDGATE_GLOBAL_QUOTA_MODE")]
+    global_quota_mode: bool,
+    /// Send dynamic metadata with each answer: the domain, the descriptors and the
+    /// passing descriptors' rule `metadata` (envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA).
+    #[arg(long, env = "SHARDGATE_RESPONSE_DYNAMIC_METADATA")]
+    response_dynamic_metadata: bool,
+    /// Add RateLimit-Limit, -Remaining and -Reset headers for the descriptor closest to
+    /// its limit, on allowed and refused requests alike (LIMIT_RESPONSE_HEADERS_ENABLED).
+    #[arg(long, env = "SHARDGATE_RATE_LIMIT_HEADERS")]
+    rate_limit_headers: bool,
+    /// Name of the limit header.
+    #[arg(long, env = "SHARDGATE_LIMIT_HEADER", default_value = "RateLimit-Limit", value_parser = header_name)]
+    limit_header: String,
+    /// Name of the remaining header.
+    #[arg(long, env = "SHARDGATE_REMAINING_HEADER", default_value = "RateLimit-Remaining", value_parser = header_name)]
+    remaining_header: String,
+    /// Name of the reset header (whole seconds until the bucket is full again, or until
+    /// a refused request would fit).
+    #[arg(long, env = "SHARDGATE_RESET_HEADER", default_value = "RateLimit-Reset", value_parser = header_name)]
+    reset_header: String,
     /// Log format.
     #[arg(long, env = "SHARDGATE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
@@ -184,6 +207,18 @@ enum Store {
 enum LogFormat {
     Text,
     Json,
+}
+
+/// A response header name Envoy accepts: an HTTP token (RFC 9110), at most 128 bytes.
+fn header_name(s: &str) -> Result<String, String> {
+    let token = |c: char| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c);
+    if s.is_empty() || s.len() > 128 || !s.chars().all(token) {
+        return Err(format!(
+            "{:?} is not an HTTP header name (letters, digits and !#$%&'*+-.^_`|~, at most 128 bytes)",
+            shardgate::text::elide(s, 64)
+        ));
+    }
+    Ok(s.to_string())
 }
 
 fn init_logging(format: LogFormat) {
@@ -282,6 +317,13 @@ fn inspect_bucket(dynamo: Dynamo, entity: &str, resource: &str) -> ExitCode {
 }
 
 fn main() -> ExitCode {
+    // envoyproxy/ratelimit's variables become ours before the arguments are read (no
+    // thread is running yet, so changing the environment is safe).
+    let env: std::collections::BTreeMap<String, String> = std::env::vars().collect();
+    let upstream = shardgate::upstream_env::translate(&env);
+    for alias in &upstream.set {
+        std::env::set_var(alias.ours, &alias.value);
+    }
     let cli = Cli::parse();
     match cli.command {
         Command::CheckConfig { path } => match Config::load(&path) {
@@ -303,6 +345,25 @@ fn main() -> ExitCode {
         } => inspect_bucket(dynamo, &entity, &resource),
         Command::Serve(args) => {
             init_logging(args.log_format);
+            if !upstream.refused.is_empty() {
+                return fail(format!(
+                    "envoyproxy/ratelimit settings shardgate cannot follow:\n  {}",
+                    upstream.refused.join("\n  ")
+                ));
+            }
+            for alias in &upstream.set {
+                tracing::info!(
+                    from = alias.from,
+                    to = alias.ours,
+                    "envoyproxy/ratelimit variable honoured"
+                );
+            }
+            if !upstream.ignored.is_empty() {
+                tracing::warn!(
+                    ignored = %upstream.ignored.join(", "),
+                    "envoyproxy/ratelimit variables with no meaning in shardgate (docs/configuration.md, \"Environment\")"
+                );
+            }
             let store_timeout = args.dynamo.store_timeout;
             if args.dynamo.namespace.len() > MAX_NAMESPACE_BYTES {
                 return fail(format!(
@@ -334,7 +395,16 @@ fn main() -> ExitCode {
                     ),
                 },
                 partition_write_budget: args.partition_write_budget,
-                global_shadow_mode: args.global_shadow_mode,
+                global_quota_mode: args.global_quota_mode,
+                answer: AnswerOptions {
+                    global_shadow: args.global_shadow_mode,
+                    dynamic_metadata: args.response_dynamic_metadata,
+                    headers: args.rate_limit_headers.then(|| RateLimitHeaders {
+                        limit: args.limit_header.clone(),
+                        remaining: args.remaining_header.clone(),
+                        reset: args.reset_header.clone(),
+                    }),
+                },
                 request_limits: RequestLimits {
                     max_descriptors: args.max_descriptors,
                     max_entries: args.max_entries,

@@ -12,6 +12,7 @@ fn key_only_levels(entries: &[(String, String)]) -> Vec<Level> {
             key: k.clone(),
             value: None,
             share_threshold: false,
+            value_to_metric: false,
         })
         .collect()
 }

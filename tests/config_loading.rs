@@ -183,7 +183,8 @@ descriptors:
         ("header_match", "anything"),
     ];
     let r = d.match_descriptor(&shared).unwrap();
-    assert!(r.value_to_metric);
+    assert!(r.levels[1].value_to_metric && !r.levels[0].value_to_metric);
+    assert!(r.stats_key_varies());
     assert_eq!(r.levels[1].value.as_deref(), Some("*"));
     assert!(r.levels[1].share_threshold);
     assert_eq!(

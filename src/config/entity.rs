@@ -232,6 +232,7 @@ mod tests {
             key: key.into(),
             value: value.map(str::to_string),
             share_threshold: share,
+            value_to_metric: false,
         }
     }
 

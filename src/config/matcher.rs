@@ -164,6 +164,7 @@ impl Compiler<'_> {
                 key: d.key.clone(),
                 value: d.value.clone(),
                 share_threshold: d.share_threshold,
+                value_to_metric: d.value_to_metric,
             });
             let stats_key = child_key(&up.stats_key, &d.key, d.value.as_deref());
             let resource = d.resource.as_deref().unwrap_or(up.resource);
@@ -180,7 +181,6 @@ impl Compiler<'_> {
                     shadow_mode: d.shadow_mode,
                     quota_mode: d.quota_mode,
                     detailed_metric: d.detailed_metric,
-                    value_to_metric: d.value_to_metric,
                     metadata: d.metadata.clone(),
                     entity: d.entity.clone(),
                     resource: resource.to_string(),

@@ -142,8 +142,12 @@ pub struct Level {
     pub key: String,
     /// The `value` of that node (`None` for a key-only node); may contain `*`.
     pub value: Option<String>,
-    /// `share_threshold` on that node: the pattern stands in for the value in the entity.
+    /// `share_threshold` on that node: the pattern stands in for the value in the entity
+    /// (and in the stats key).
     pub share_threshold: bool,
+    /// `value_to_metric` on that node: the stats key carries the request's value at this
+    /// level (envoyproxy/ratelimit decides it node by node, not from the leaf).
+    pub value_to_metric: bool,
 }
 
 /// A node of the descriptor tree that carries a `rate_limit`, with everything the engine
@@ -164,8 +168,8 @@ pub struct Rule {
     pub replaces: Vec<String>,
     pub shadow_mode: bool,
     pub quota_mode: bool,
+    /// `detailed_metric` on this (the leaf) node: the stats key carries every request value.
     pub detailed_metric: bool,
-    pub value_to_metric: bool,
     /// `metadata` of the node, as JSON (returned for passing descriptors).
     pub metadata: Option<serde_json::Value>,
     /// `entity:` template, or `None` for the default canonical encoding of the path.
@@ -183,9 +187,21 @@ pub struct Rule {
 }
 
 impl Rule {
-    /// The name of this rule's limit inside its bucket item: `rate_limit.name`, else `rl`.
+    /// The name of this rule's limit inside its bucket item: `rate_limit.name`, else `rl`
+    /// (`override` for a limit a request carried, which is answered without a name as
+    /// envoyproxy/ratelimit does, yet must not share a config rule's `rl` limit).
     pub fn limit_name(&self) -> &str {
-        self.name.as_deref().unwrap_or("rl")
+        match (&self.name, self.index) {
+            (Some(name), _) => name,
+            (None, Some(_)) => "rl",
+            (None, None) => "override",
+        }
+    }
+
+    /// Whether the stats key a hit is counted under depends on the request's values
+    /// (`detailed_metric` here, or `value_to_metric` on any level of the path).
+    pub fn stats_key_varies(&self) -> bool {
+        self.detailed_metric || self.levels.iter().any(|l| l.value_to_metric)
     }
 
     /// Number of request entries this rule matches.

@@ -13,6 +13,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use thiserror::Error;
 use tokio::time::Instant;
 
+use super::answer::AnswerOptions;
 use super::deadline::Bounded;
 use super::metrics::{HitOutcome, Metrics, RuleCounters};
 use super::request::{validate, RequestLimits};
@@ -85,7 +86,11 @@ pub struct RateLimiter<S: BucketStore> {
     snapshot: ArcSwap<Snapshot>,
     engine: Arc<Engine<S>>,
     limits: RequestLimits,
-    global_shadow: bool,
+    /// The deployment's switches around the decision (global shadow mode, metadata,
+    /// headers).
+    answer: AnswerOptions,
+    /// Every rule decided in quota mode (`--global-quota-mode`).
+    global_quota: bool,
     /// The longest a call may wait for the store, and the deadline of a caller that sets
     /// none (`--store-timeout`).
     store_timeout: std::time::Duration,
@@ -103,7 +108,8 @@ impl<S: BucketStore> RateLimiter<S> {
             snapshot: ArcSwap::from_pointee(Snapshot::new(config, &metrics)),
             engine,
             limits: RequestLimits::default(),
-            global_shadow: false,
+            answer: AnswerOptions::default(),
+            global_quota: false,
             store_timeout: DEFAULT_STORE_TIMEOUT,
             metrics,
             store_failure_log: LogThrottle::new(std::time::Duration::from_secs(10)),
@@ -149,9 +155,17 @@ impl<S: BucketStore> RateLimiter<S> {
         }
     }
 
-    /// Reports every OVER_LIMIT as OK (evaluated and counted, never enforced).
-    pub fn with_global_shadow(mut self, on: bool) -> Self {
-        self.global_shadow = on;
+    /// The deployment's switches: global shadow mode (the overall code is OK, each
+    /// descriptor keeps its own), dynamic metadata and `RateLimit-*` headers.
+    pub fn with_answer(mut self, answer: AnswerOptions) -> Self {
+        self.answer = answer;
+        self
+    }
+
+    /// Decides every rule in quota mode: the request is refused only when every quota
+    /// descriptor is over (envoyproxy/ratelimit's `QUOTA_MODE`).
+    pub fn with_global_quota(mut self, on: bool) -> Self {
+        self.global_quota = on;
         self
     }
 
@@ -206,21 +220,22 @@ impl<S: BucketStore> RateLimiter<S> {
         let snapshot = self.snapshot.load();
         let Some(domain) = snapshot.config.domain(&req.domain) else {
             self.metrics.domain_not_found();
-            return Ok(status::unknown_domain(req.descriptors.len()));
+            let mut response = status::unknown_domain(req.descriptors.len());
+            self.answer.apply(req, &[], &mut response);
+            return Ok(response);
         };
-        let treatments = treatments(domain, req);
+        let treatments = treatments(domain, req, self.global_quota);
         let mut verdicts: PerDescriptor<Option<Verdict>> =
             (0..req.descriptors.len()).map(|_| None).collect();
         let over = self
             .decide_groups(req, &treatments, &mut verdicts, deadline)
             .await?;
         self.count_hits(&snapshot, req, &treatments, &verdicts);
-        Ok(status::response(
-            &treatments,
-            &verdicts,
-            over,
-            self.global_shadow,
-        ))
+        let mut response = status::response(&treatments, &verdicts, over);
+        if self.answer.apply(req, &treatments, &mut response).shadowed {
+            self.metrics.global_shadow_mode();
+        }
+        Ok(response)
     }
 
     /// Decides the request's limited descriptors group by group; returns whether the
@@ -284,7 +299,7 @@ impl<S: BucketStore> RateLimiter<S> {
                     HitOutcome::Within {
                         near: near(&v.own) || v.parent.as_ref().is_some_and(near),
                     }
-                } else if *group == Group::Shadow || self.global_shadow {
+                } else if *group == Group::Shadow {
                     HitOutcome::ShadowOver
                 } else {
                     HitOutcome::Over

@@ -93,6 +93,7 @@ pub struct Metrics {
     shadow_mode: Family<RuleLabels, Counter>,
     rule_keys: Mutex<HashSet<(String, String)>>,
     domain_not_found: Counter,
+    global_shadow_mode: Counter,
     config_load_success: Counter,
     config_load_error: Counter,
     config_info: Family<HashLabel, Gauge>,
@@ -203,6 +204,7 @@ impl Metrics {
             shadow_mode: Family::default(),
             rule_keys: Mutex::new(HashSet::new()),
             domain_not_found: Counter::default(),
+            global_shadow_mode: Counter::default(),
             config_load_success: Counter::default(),
             config_load_error: Counter::default(),
             config_info: Family::default(),
@@ -245,6 +247,11 @@ impl Metrics {
             "domain_not_found",
             "Requests for a domain no config defines",
             m.domain_not_found.clone(),
+        );
+        registry.register(
+            "global_shadow_mode",
+            "Requests over their limits answered OK by global shadow mode",
+            m.global_shadow_mode.clone(),
         );
         registry.register(
             "config_load_success",
@@ -356,6 +363,10 @@ impl Metrics {
         self.domain_not_found.inc();
     }
 
+    pub fn global_shadow_mode(&self) {
+        self.global_shadow_mode.inc();
+    }
+
     /// Marks a request in flight until the guard drops, then records its latency.
     pub fn request(&self) -> RequestTimer<'_> {
         self.in_flight.inc();
@@ -366,12 +377,12 @@ impl Metrics {
     }
 
     /// The counters of every rule of `config` whose labels do not depend on the request
-    /// (indexed by [`Rule::index`]); rules with `detailed_metric` or `value_to_metric`
-    /// get none and are labelled per request.
+    /// (indexed by [`Rule::index`]); rules whose key carries request values
+    /// ([`Rule::stats_key_varies`]) get none and are labelled per request.
     pub fn rule_counters(&self, config: &Config) -> Vec<Option<RuleCounters>> {
         let mut counters = vec![None; config.rule_count()];
         for rule in config.domains().flat_map(|d| d.rules()) {
-            if rule.detailed_metric || rule.value_to_metric {
+            if rule.stats_key_varies() {
                 continue;
             }
             if let Some(slot) = rule.index.and_then(|i| counters.get_mut(i)) {
@@ -432,13 +443,12 @@ impl Metrics {
         }
     }
 
-    /// envoyproxy/ratelimit's stats key: the rule's key, or with `detailed_metric` the
-    /// request's own entries, or with `value_to_metric` the request's values where the
-    /// rule has none or a wildcard. Capped in distinct values.
+    /// envoyproxy/ratelimit's stats key ([`hit_key`]), capped in distinct values when it
+    /// carries request values.
     fn rule_labels<E: DescriptorEntry>(&self, rule: &Rule, entries: &[E]) -> RuleLabels {
         let key = hit_key(rule, entries);
         let domain = rule.domain.to_string();
-        if !(rule.detailed_metric || rule.value_to_metric) {
+        if !rule.stats_key_varies() {
             // A rule's own key: as many as the config has rules, no cap needed.
             return RuleLabels { domain, key };
         }

@@ -3,6 +3,7 @@
 //!
 //! Nothing here holds bucket logic: decisions come from the engine.
 
+mod answer;
 mod deadline;
 mod decision;
 mod framing;
@@ -18,5 +19,6 @@ mod status;
 pub mod tls;
 mod treatment;
 
+pub use answer::{AnswerOptions, RateLimitHeaders};
 pub use decision::{CallError, RateLimiter};
 pub use request::RequestLimits;

@@ -14,7 +14,7 @@ use tokio::sync::watch;
 
 use super::metrics::Metrics;
 use super::tls::{TlsError, TlsFiles, TlsState};
-use super::{grpc, http, RateLimiter, RequestLimits};
+use super::{grpc, http, AnswerOptions, RateLimiter, RequestLimits};
 use crate::config::reload::{self, ReloadTiming};
 use crate::config::{Config, ConfigErrors};
 #[cfg(feature = "dynamodb")]
@@ -48,7 +48,10 @@ pub struct ServeOptions {
     pub http_addr: SocketAddr,
     pub store: StoreKind,
     pub partition_write_budget: Option<u64>,
-    pub global_shadow_mode: bool,
+    /// Global shadow mode, dynamic metadata and `RateLimit-*` headers.
+    pub answer: AnswerOptions,
+    /// Every rule in quota mode.
+    pub global_quota_mode: bool,
     /// Bounds on what one request may carry.
     pub request_limits: RequestLimits,
     /// How long calls in flight may take to finish after a shutdown signal.
@@ -252,7 +255,8 @@ async fn serve_on<S: BucketStore>(
     metrics.attach_engine(engine.view());
     let limiter = Arc::new(
         RateLimiter::new(config.clone(), engine)
-            .with_global_shadow(options.global_shadow_mode)
+            .with_answer(options.answer.clone())
+            .with_global_quota(options.global_quota_mode)
             .with_request_limits(options.request_limits.clone())
             .with_store_timeout(options.store_timeout)
             .with_metrics(metrics.clone()),

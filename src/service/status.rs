@@ -1,12 +1,12 @@
 //! The answer to a request: each descriptor's status (code, the limit that speaks for it,
-//! what is left, how long until reset), the overall code, and the dynamic metadata of
-//! the passing descriptors' rules, built from the engine's verdicts.
+//! what is left, how long until reset) and the overall code, built from the engine's
+//! verdicts.
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     Code, DescriptorStatus, RateLimit as ProtoRateLimit,
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
-use envoy_types::pb::google::protobuf::{value::Kind, Duration, ListValue, Struct, Value};
+use envoy_types::pb::google::protobuf::Duration;
 use smallvec::SmallVec;
 
 use super::treatment::{Group, Treatment};
@@ -60,12 +60,12 @@ pub(super) fn unknown_domain(descriptors: usize) -> RateLimitResponse {
 }
 
 /// The answer from each descriptor's treatment and verdict; `over` says whether the
-/// request is refused, `global_shadow` reports every OVER_LIMIT as OK.
+/// request is refused. A shadow-mode rule's descriptor is reported OK; the deployment's
+/// switches (global shadow mode, metadata, headers) are `answer.rs`'s.
 pub(super) fn response(
     treatments: &[Treatment],
     verdicts: &[Option<Verdict>],
     over: bool,
-    global_shadow: bool,
 ) -> RateLimitResponse {
     let statuses: Vec<DescriptorStatus> = treatments
         .iter()
@@ -74,7 +74,7 @@ pub(super) fn response(
             (Treatment::Free { unlimited }, _) => ok_status(None, unlimited.then_some(u32::MAX)),
             (Treatment::Limited { rule, group, .. }, Some(v)) => {
                 let mut s = status_of(rule, v);
-                if *group == Group::Shadow || global_shadow {
+                if *group == Group::Shadow {
                     s.code = Code::Ok as i32;
                 }
                 s
@@ -83,55 +83,12 @@ pub(super) fn response(
             (Treatment::Limited { .. }, None) => ok_status(None, None),
         })
         .collect();
-    let overall = if over && !global_shadow {
-        Code::OverLimit
-    } else {
-        Code::Ok
-    };
-    let dynamic_metadata = passing_metadata(treatments, &statuses);
+    let overall = if over { Code::OverLimit } else { Code::Ok };
     RateLimitResponse {
         overall_code: overall as i32,
         statuses,
-        dynamic_metadata,
         ..Default::default()
     }
-}
-
-/// The `metadata` maps of the rules of passing descriptors, merged in request order
-/// (a later descriptor's key wins), for Envoy's dynamic metadata.
-fn passing_metadata(treatments: &[Treatment], statuses: &[DescriptorStatus]) -> Option<Struct> {
-    let mut merged = Struct::default();
-    for (t, s) in treatments.iter().zip(statuses) {
-        if let Treatment::Limited { rule, .. } = t {
-            if let (Some(serde_json::Value::Object(map)), true) =
-                (&rule.metadata, s.code == Code::Ok as i32)
-            {
-                for (k, v) in map {
-                    merged.fields.insert(k.clone(), json_to_proto(v));
-                }
-            }
-        }
-    }
-    (!merged.fields.is_empty()).then_some(merged)
-}
-
-fn json_to_proto(v: &serde_json::Value) -> Value {
-    let kind = match v {
-        serde_json::Value::Null => Kind::NullValue(0),
-        serde_json::Value::Bool(b) => Kind::BoolValue(*b),
-        serde_json::Value::Number(n) => Kind::NumberValue(n.as_f64().unwrap_or(0.0)),
-        serde_json::Value::String(s) => Kind::StringValue(s.clone()),
-        serde_json::Value::Array(a) => Kind::ListValue(ListValue {
-            values: a.iter().map(json_to_proto).collect(),
-        }),
-        serde_json::Value::Object(o) => Kind::StructValue(Struct {
-            fields: o
-                .iter()
-                .map(|(k, v)| (k.clone(), json_to_proto(v)))
-                .collect(),
-        }),
-    };
-    Value { kind: Some(kind) }
 }
 
 fn proto_limit(rule: &Rule) -> Option<ProtoRateLimit> {

@@ -43,8 +43,13 @@ pub(super) fn any_in(treatments: &[Treatment], g: Group) -> bool {
         .any(|t| matches!(t, Treatment::Limited { group, .. } if *group == g))
 }
 
-/// How each descriptor of `req` is handled in `domain`.
-pub(super) fn treatments(domain: &Domain, req: &RateLimitRequest) -> PerDescriptor<Treatment> {
+/// How each descriptor of `req` is handled in `domain`; `global_quota` puts every rule in
+/// quota mode (envoyproxy/ratelimit's `QUOTA_MODE`).
+pub(super) fn treatments(
+    domain: &Domain,
+    req: &RateLimitRequest,
+    global_quota: bool,
+) -> PerDescriptor<Treatment> {
     // Match, then apply `replaces` across the matched rules.
     let matched: PerDescriptor<Option<Arc<Rule>>> = req
         .descriptors
@@ -86,7 +91,7 @@ pub(super) fn treatments(domain: &Domain, req: &RateLimitRequest) -> PerDescript
                 Group::Shadow
             } else if limit.overdraft && hits > 0 {
                 Group::Forced
-            } else if rule.quota_mode {
+            } else if rule.quota_mode || global_quota {
                 Group::Quota
             } else {
                 Group::Enforced
@@ -106,6 +111,7 @@ fn override_rule(domain: &Arc<str>, d: &RateLimitDescriptor, rpu: u32, unit: i32
             key: e.key.clone(),
             value: Some(e.value.clone()),
             share_threshold: false,
+            value_to_metric: false,
         })
         .collect();
     let stats_key = entries_key(domain, &d.entries);
@@ -119,12 +125,13 @@ fn override_rule(domain: &Arc<str>, d: &RateLimitDescriptor, rpu: u32, unit: i32
             burst: None,
             overdraft: false,
         }),
-        name: Some("override".into()),
+        // Answered with an empty name, as envoyproxy/ratelimit does; the bucket's limit is
+        // still called `override` (Rule::limit_name).
+        name: None,
         replaces: Vec::new(),
         shadow_mode: false,
         quota_mode: false,
         detailed_metric: false,
-        value_to_metric: false,
         metadata: None,
         entity: None,
         resource: domain.to_string(),

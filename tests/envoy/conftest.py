@@ -95,10 +95,12 @@ class Stack:
         self.shardgate.stop()
 
 
-def start_stack(shardgate_bin, envoy_bin, store, workdir, tag, build_envoy, extra_ports=()):
-    """Starts shardgate (on tests/envoy/limits) and an Envoy whose config `build_envoy(ports,
-    shardgate_port)` returns, and waits until a request through Envoy is rate limited."""
-    sg = Shardgate(shardgate_bin, LIMITS_DIR, store, workdir, tag)
+def start_stack(shardgate_bin, envoy_bin, store, workdir, tag, build_envoy, extra_ports=(),
+                shardgate_args=()):
+    """Starts shardgate (on tests/envoy/limits, with `shardgate_args` added) and an Envoy
+    whose config `build_envoy(ports, shardgate_port)` returns, and waits until a request
+    through Envoy is rate limited."""
+    sg = Shardgate(shardgate_bin, LIMITS_DIR, store, workdir, tag, extra_args=shardgate_args)
     envoy = None
     try:
         sg.start()
@@ -143,9 +145,9 @@ def stack_factory(store, shardgate_bin, envoy_bin, tmp_path):
     """Starts a private stack for a test that stops or restarts processes."""
     stacks = []
 
-    def start(tag, build_envoy, extra_ports=()):
+    def start(tag, build_envoy, extra_ports=(), shardgate_args=()):
         s = start_stack(shardgate_bin, envoy_bin, store, tmp_path, f"{tag}-{store.name}",
-                        build_envoy, extra_ports)
+                        build_envoy, extra_ports, shardgate_args)
         stacks.append(s)
         return s
 

@@ -251,9 +251,10 @@ class Shardgate:
     connections (it binds only after the config has loaded). If the build has an HTTP
     listener (`--http-addr`), it gets a free loopback port too, never the 0.0.0.0 default."""
 
-    def __init__(self, binary, config, store: Store, workdir, tag):
+    def __init__(self, binary, config, store: Store, workdir, tag, extra_args=()):
         self.binary = binary
         self.config = config
+        self.extra_args = list(extra_args)
         self.store = store
         self.workdir = pathlib.Path(workdir)
         self.tag = tag
@@ -274,7 +275,7 @@ class Shardgate:
             # The default deadline (15 ms) is for DynamoDB itself; DynamoDB Local on a busy
             # test machine is slower, and a timeout would fail the test as a 500.
             argv += ["--store-timeout", STORE_TIMEOUT]
-        return argv
+        return argv + self.extra_args
 
     def start(self, keep_port=False):
         for attempt in range(START_ATTEMPTS):
@@ -347,21 +348,22 @@ def static_cluster(name, port, http2=False):
     return cluster
 
 
-def ratelimit_filter(domain, failure_mode_deny, timeout=RLS_TIMEOUT):
-    return {
-        "name": "envoy.filters.http.ratelimit",
-        "typed_config": {
-            "@type": RATELIMIT,
-            "domain": domain,
-            "failure_mode_deny": failure_mode_deny,
-            "timeout": timeout,
-            "enable_x_ratelimit_headers": "DRAFT_VERSION_03",
-            "rate_limit_service": {
-                "transport_api_version": "V3",
-                "grpc_service": {"envoy_grpc": {"cluster_name": "shardgate"}},
-            },
+def ratelimit_filter(domain, failure_mode_deny, timeout=RLS_TIMEOUT, x_ratelimit_headers=True):
+    """The http ratelimit filter; `x_ratelimit_headers=False` leaves Envoy's own
+    `x-ratelimit-*` headers off (for headers shardgate adds itself)."""
+    config = {
+        "@type": RATELIMIT,
+        "domain": domain,
+        "failure_mode_deny": failure_mode_deny,
+        "timeout": timeout,
+        "rate_limit_service": {
+            "transport_api_version": "V3",
+            "grpc_service": {"envoy_grpc": {"cluster_name": "shardgate"}},
         },
     }
+    if x_ratelimit_headers:
+        config["enable_x_ratelimit_headers"] = "DRAFT_VERSION_03"
+    return {"name": "envoy.filters.http.ratelimit", "typed_config": config}
 
 
 def http_listener(name, port, routes, http_filters):
@@ -535,10 +537,12 @@ class Envoy:
 
 def wait_rate_limited_path(envoy: Envoy, path="/warmup", headers=None, port=None, what=None,
                            detail=None):
-    """Waits until a request through Envoy comes back 200 *with* rate-limit headers: the
-    whole path (listener, ratelimit filter, shardgate, store, backend) works."""
+    """Waits until a request through Envoy comes back 200 *with* rate-limit headers (Envoy's
+    `x-ratelimit-limit`, or `ratelimit-limit` when shardgate adds them): the whole path
+    (listener, ratelimit filter, shardgate, store, backend) works."""
     def ok():
         r = envoy.get(path, headers, port=port)
-        return r.status == 200 and r.header("x-ratelimit-limit") is not None and r
+        limited = r.header("x-ratelimit-limit") or r.header("ratelimit-limit")
+        return r.status == 200 and limited is not None and r
     return wait_until(ok, READY_TIMEOUT_S, what or f"a rate-limited 200 on {path}",
                       interval=0.1, detail=detail)

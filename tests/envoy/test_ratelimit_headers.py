@@ -16,7 +16,10 @@ client_hourly = 100/hour.
 import math
 import time
 
-from envoy_e2e import unique
+from envoy_e2e import (
+    ROUTER, backend_listener, bootstrap, http_listener, main_routes, ratelimit_filter,
+    static_cluster, unique,
+)
 
 LIMIT = '6, 6;w=60;name="client_rpm", 100;w=3600;name="client_hourly"'
 REFILL_S = 10.0  # 60 s / 6
@@ -61,3 +64,46 @@ def test_no_rate_limit_headers_without_a_descriptor(stack):
     r = stack.get("/xrl", {})
     assert r.status == 200
     assert not any(h.startswith("x-ratelimit-") for h in r.headers), r.headers
+
+
+def server_headers_envoy_config(ports, shardgate_port):
+    """The main routes, with Envoy's own x-ratelimit-* headers off."""
+    filters = [ratelimit_filter("e2e", failure_mode_deny=True, x_ratelimit_headers=False),
+               {"name": "envoy.filters.http.router", "typed_config": {"@type": ROUTER}}]
+    return bootstrap(
+        ports["admin"],
+        [http_listener("main", ports["main"], main_routes(), filters),
+         backend_listener(ports["backend"])],
+        [static_cluster("shardgate", shardgate_port, http2=True),
+         static_cluster("backend", ports["backend"])],
+    )
+
+
+def test_server_side_ratelimit_headers_arrive_on_200_and_429(stack_factory):
+    """`shardgate serve --rate-limit-headers` (envoyproxy/ratelimit's
+    LIMIT_RESPONSE_HEADERS_ENABLED): the answer's `response_headers_to_add` reach the
+    client through Envoy on allowed and refused requests, with Envoy adding none of its
+    own. They speak for the descriptor with the least left (client_rpm: 3 stored, one per
+    10 s); the reset is whole seconds rounded up."""
+    s = stack_factory("server-headers", server_headers_envoy_config,
+                      shardgate_args=["--rate-limit-headers"])
+    client = {"x-client": unique("c")}
+    start = time.monotonic()
+    for k in range(1, 4):
+        r = s.get("/xrl", client)
+        elapsed = time.monotonic() - start
+        assert r.status == 200, r
+        assert not any(h.startswith("x-ratelimit-") for h in r.headers), r.headers
+        assert r.header("ratelimit-limit") == "6", r.headers
+        assert r.header("ratelimit-remaining") == str(3 - k), r.headers
+        # Full again after k tokens, k × 10 s, less what refilled meanwhile; rounded up.
+        reset = int(r.header("ratelimit-reset"))
+        assert math.ceil(max(0.0, k * REFILL_S - elapsed)) <= reset <= k * REFILL_S, (
+            k, reset, elapsed)
+    r = s.get("/xrl", client)
+    elapsed = time.monotonic() - start
+    assert r.status == 429, r
+    assert r.header("ratelimit-limit") == "6", r.headers
+    assert r.header("ratelimit-remaining") == "0", r.headers
+    reset = int(r.header("ratelimit-reset"))
+    assert math.ceil(max(0.0, REFILL_S - elapsed)) <= reset <= REFILL_S + 1, (reset, elapsed)

@@ -148,17 +148,31 @@ def test_json_duration_until_reset_uses_canonical_fraction_digits(shardgate):
 
 
 def test_json_response_carries_the_dynamic_metadata_grpc_returns(shardgate):
-    """A passing descriptor whose rule has `metadata` makes the gRPC response carry
-    `dynamic_metadata`; the /json response must be that response in proto3 JSON."""
-    server = shardgate(RULES)
+    """With --response-dynamic-metadata, an answer carries envoyproxy/ratelimit's dynamic
+    metadata (the domain, the descriptors, the passing rules' `metadata`); the /json
+    response must be that response in proto3 JSON. Without the flag there is none, as
+    upstream sends none unless RESPONSE_DYNAMIC_METADATA is set."""
+    server = shardgate(RULES, args=["--response-dynamic-metadata"])
     g = server.should_rate_limit(request("api", desc(("tenant", "acme"))))
     assert g.overall_code == OK
     assert g.HasField("dynamic_metadata"), g
-    assert dict(g.dynamic_metadata) == {"team": "core", "tier": 2.0}
+    meta = json_format.MessageToDict(g.dynamic_metadata)
+    assert meta == {
+        "domain": "api",
+        "descriptors": [{"entries": ["tenant=acme"]}],
+        "metadata": {"team": "core", "tier": 2},
+    }, meta
     status, data, j = post_json(server, json_body("api", [("tenant", "globex")]))
     assert status == 200
-    assert data.get("dynamicMetadata") == {"team": "core", "tier": 2}, data
+    assert data.get("dynamicMetadata") == {
+        "domain": "api",
+        "descriptors": [{"entries": ["tenant=globex"]}],
+        "metadata": {"team": "core", "tier": 2},
+    }, data
 
+    plain = shardgate(RULES)
+    g = plain.should_rate_limit(request("api", desc(("tenant", "acme"))))
+    assert not g.HasField("dynamic_metadata"), g
 
 
 BAD_BODIES = [

@@ -33,9 +33,14 @@ descriptors:
     detailed_metric: true
     rate_limit: {unit: minute, requests_per_unit: 100}
   - key: route
+    value_to_metric: true
     descriptors:
       - key: method
         value: GET
+        rate_limit: {unit: minute, requests_per_unit: 100}
+  - key: leafonly
+    descriptors:
+      - key: method
         value_to_metric: true
         rate_limit: {unit: minute, requests_per_unit: 100}
   - key: svc
@@ -122,6 +127,7 @@ def test_exposition_format_families_and_types(shardgate):
     expected = {
         **{f"rate_limit_{c}": "counter" for c in RULE_COUNTERS},
         "domain_not_found": "counter",
+        "global_shadow_mode": "counter",
         "config_load_success": "counter",
         "config_load_error": "counter",
         "config_info": "gauge",
@@ -190,21 +196,25 @@ def test_rule_counters_config_info_and_request_metrics_after_a_known_workload(sh
     assert rule_counts(m3, "m.shadow") == {
         "total_hits": 4, "within_limit": 2, "over_limit": 2, "near_limit": 1, "shadow_mode": 2}
 
-    # detailed_metric: the request's own values; value_to_metric: the request's value
-    # where the rule has none or a wildcard, the rule's literal value elsewhere.
+    # detailed_metric: the request's own values; value_to_metric, node by node as
+    # envoyproxy/ratelimit decides it: the request's value at a flagged key-only or
+    # wildcard node, a literal value kept, an unflagged key-only node its key alone.
     for user in ["alice", "alice", "bob"]:
         assert rpc(request("m", desc(("detailed", user)))).overall_code == OK
     assert rpc(request("m", desc(("route", "r1"), ("method", "GET")))).overall_code == OK
     assert rpc(request("m", desc(("route", "r2"), ("method", "GET")))).overall_code == OK
     assert rpc(request("m", desc(("svc", "api-users")))).overall_code == OK
+    assert rpc(request("m", desc(("leafonly", "x"), ("method", "PUT")))).overall_code == OK
     m4 = server.metrics()
     assert rule(m4, "total_hits", "m.detailed_alice") == 2
     assert rule(m4, "total_hits", "m.detailed_bob") == 1
     assert rule(m4, "total_hits", "m.route_r1.method_GET") == 1
     assert rule(m4, "total_hits", "m.route_r2.method_GET") == 1
     assert rule(m4, "total_hits", "m.svc_api-users") == 1
+    assert rule(m4, "total_hits", "m.leafonly.method_PUT") == 1
     keys = {l["key"] for l, _ in m4.series(P + "rate_limit_total_hits_total")}
-    assert not keys & {"m.detailed", "m.route.method_GET", "m.svc_api-*"}, keys
+    assert not keys & {"m.detailed", "m.route.method_GET", "m.svc_api-*",
+                       "m.leafonly_x.method_PUT"}, keys
 
     # Unknown domain: answered OK, counted, no rule counter.
     for _ in range(3):
@@ -226,7 +236,7 @@ def test_rule_counters_config_info_and_request_metrics_after_a_known_workload(sh
 
     # Request latency: one observation per ShouldRateLimit call; none in flight now.
     buckets, count, total = m5.histogram(P + "request_duration_seconds")
-    assert count == rpc.sent == 26
+    assert count == rpc.sent == 27
     assert 0 < total < 5 * count, total
     assert m5.value(P + "requests_in_flight") == 0
 

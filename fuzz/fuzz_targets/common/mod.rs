@@ -15,7 +15,7 @@ use shardgate::config::{Config, Rule, RuleLimit, Unit};
 use shardgate::engine::{
     Clock, Engine, EngineOptions, ManualClock, ScriptedDraw, UNLIMITED_PARTITION_WRITE_BUDGET,
 };
-use shardgate::service::{CallError, RateLimiter, RequestLimits};
+use shardgate::service::{AnswerOptions, CallError, RateLimitHeaders, RateLimiter, RequestLimits};
 use shardgate::store::memory::MemoryStore;
 
 /// An arbitrary fixed "now" (epoch ms).
@@ -146,7 +146,8 @@ pub fn may_debit_when_refused(config: &Config, req: &RateLimitRequest) -> bool {
         .any(|r| matches!(&r.limit, RuleLimit::Limited(l) if l.overdraft))
 }
 
-/// Checks one answer of a limiter configured like `serve` (global shadow off).
+/// Checks one answer of a limiter configured like `serve`, or (`global_shadow`) of one
+/// with global shadow mode, dynamic metadata and headers on.
 pub fn check_answer(
     config: &Config,
     req: &RateLimitRequest,
@@ -189,8 +190,20 @@ pub fn check_answer(
         assert!(s.code == OK || s.code == OVER, "status code {}", s.code);
     }
     if global_shadow {
+        // Run with metadata and headers on too: each descriptor keeps its code, the
+        // request is never refused, the metadata names the domain, and the headers speak
+        // for a descriptor exactly when one has a limit.
         assert_eq!(resp.overall_code, OK, "global shadow never refuses");
-        assert!(resp.statuses.iter().all(|s| s.code == OK));
+        let meta = resp
+            .dynamic_metadata
+            .as_ref()
+            .expect("dynamic metadata asked for");
+        assert!(meta.fields.contains_key("domain") && meta.fields.contains_key("descriptors"));
+        let limited = resp.statuses.iter().any(|s| s.current_limit.is_some());
+        assert_eq!(
+            resp.response_headers_to_add.len(),
+            if limited { 3 } else { 0 }
+        );
         return;
     }
     if resp.overall_code == OVER {
@@ -281,7 +294,11 @@ pub fn run_request(req: &RateLimitRequest) {
         let _ = l.limiter.metrics().render();
 
         let shadow = limiter(config.clone(), tiny_budget_options());
-        let shadow_limiter = shadow.limiter.with_global_shadow(true);
+        let shadow_limiter = shadow.limiter.with_answer(AnswerOptions {
+            global_shadow: true,
+            dynamic_metadata: true,
+            headers: Some(RateLimitHeaders::default()),
+        });
         for _ in 0..4 {
             let answer = shadow_limiter.should_rate_limit(req).await;
             check_answer(config, req, &answer, true);

@@ -1,0 +1,315 @@
+//! What a deployment switches on around the decision, as envoyproxy/ratelimit's
+//! settings do: global shadow mode (the overall code only), dynamic metadata in its
+//! shape (`RESPONSE_DYNAMIC_METADATA`), and `RateLimit-*` response headers
+//! (`LIMIT_RESPONSE_HEADERS_ENABLED`).
+//!
+//! Applied to an answer already built from the engine's verdicts (`status.rs`); it never
+//! changes a descriptor's status or what was counted.
+
+use envoy_types::pb::envoy::config::core::v3::HeaderValue;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit as ProtoUnit;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus};
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::{value::Kind, ListValue, Struct, Value};
+
+use super::treatment::{Group, Treatment};
+
+/// The names of the three response headers (upstream's `LIMIT_*_HEADER` settings).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RateLimitHeaders {
+    pub limit: String,
+    pub remaining: String,
+    pub reset: String,
+}
+
+impl Default for RateLimitHeaders {
+    /// Upstream's defaults, the IETF draft's names.
+    fn default() -> Self {
+        RateLimitHeaders {
+            limit: "RateLimit-Limit".into(),
+            remaining: "RateLimit-Remaining".into(),
+            reset: "RateLimit-Reset".into(),
+        }
+    }
+}
+
+/// The deployment's switches; all off by default, as upstream's are.
+#[derive(Debug, Clone, Default)]
+pub struct AnswerOptions {
+    /// The overall code is OK even when a descriptor is over its limit; every descriptor
+    /// keeps its own code (`--global-shadow-mode`, upstream's `SHADOW_MODE`).
+    pub global_shadow: bool,
+    /// Send dynamic metadata: the request's domain and descriptors, and the passing
+    /// descriptors' rule `metadata` (`--response-dynamic-metadata`).
+    pub dynamic_metadata: bool,
+    /// Add `RateLimit-*` headers for the descriptor closest to its limit
+    /// (`--rate-limit-headers`), so they reach clients without Envoy's own.
+    pub headers: Option<RateLimitHeaders>,
+}
+
+/// What [`AnswerOptions::apply`] did that is counted.
+pub(super) struct Applied {
+    /// The request was over its limits and answered OK by global shadow mode.
+    pub shadowed: bool,
+}
+
+impl AnswerOptions {
+    /// Shapes `response`, built for `req` from `treatments` (one per descriptor).
+    pub(super) fn apply(
+        &self,
+        req: &RateLimitRequest,
+        treatments: &[Treatment],
+        response: &mut RateLimitResponse,
+    ) -> Applied {
+        if let Some(names) = &self.headers {
+            if let Some(s) = closest_to_limit(treatments, &response.statuses) {
+                response.response_headers_to_add = headers(names, s);
+            }
+        }
+        let shadowed = self.global_shadow && response.overall_code == Code::OverLimit as i32;
+        if shadowed {
+            response.overall_code = Code::Ok as i32;
+        }
+        response.dynamic_metadata = self
+            .dynamic_metadata
+            .then(|| metadata(req, treatments, &response.statuses));
+        Applied { shadowed }
+    }
+}
+
+/// The status the headers speak for, as upstream picks it: a descriptor refused outside
+/// quota mode (the last one), else the one with a limit and the least left.
+fn closest_to_limit<'a>(
+    treatments: &[Treatment],
+    statuses: &'a [DescriptorStatus],
+) -> Option<&'a DescriptorStatus> {
+    let mut chosen: Option<&DescriptorStatus> = None;
+    let mut least = u32::MAX;
+    for (t, s) in treatments.iter().zip(statuses) {
+        if s.current_limit.is_some() && s.limit_remaining < least {
+            chosen = Some(s);
+            least = s.limit_remaining;
+        }
+        let quota = matches!(
+            t,
+            Treatment::Limited {
+                group: Group::Quota,
+                ..
+            }
+        );
+        if s.code == Code::OverLimit as i32 && !quota {
+            chosen = Some(s);
+            least = 0;
+        }
+    }
+    chosen
+}
+
+/// The three headers for `s`: its limit's requests per unit, what is left, and the whole
+/// seconds until its bucket is full again (or, refused, until the request would fit).
+fn headers(names: &RateLimitHeaders, s: &DescriptorStatus) -> Vec<HeaderValue> {
+    let limit = s.current_limit.as_ref().map_or(0, |l| l.requests_per_unit);
+    let reset_s = s.duration_until_reset.as_ref().map_or(0, |d| {
+        let whole = d.seconds.max(0) as u64;
+        whole + u64::from(d.nanos > 0)
+    });
+    let header = |key: &str, value: String| HeaderValue {
+        key: key.to_string(),
+        value,
+        ..Default::default()
+    };
+    vec![
+        header(&names.limit, limit.to_string()),
+        header(&names.remaining, s.limit_remaining.to_string()),
+        header(&names.reset, reset_s.to_string()),
+    ]
+}
+
+/// Upstream's dynamic metadata: `domain`, `descriptors` (each `entries` as `key=value`,
+/// its `limit` override and `hitsAddend` when set), the request's `hitsAddend` when not
+/// zero, and `metadata`, the rule metadata of the descriptors that passed (merged in
+/// request order: the first descriptor's value wins, maps merge key by key).
+fn metadata(
+    req: &RateLimitRequest,
+    treatments: &[Treatment],
+    statuses: &[DescriptorStatus],
+) -> Struct {
+    let mut fields = std::collections::BTreeMap::new();
+    fields.insert("domain".to_string(), string(req.domain.clone()));
+    let descriptors = req.descriptors.iter().map(descriptor).collect();
+    fields.insert("descriptors".to_string(), list(descriptors));
+    if req.hits_addend != 0 {
+        fields.insert("hitsAddend".to_string(), number(req.hits_addend as f64));
+    }
+    let mut passed = Struct::default();
+    for (t, s) in treatments.iter().zip(statuses) {
+        if let (Treatment::Limited { rule, .. }, true) = (t, s.code == Code::Ok as i32) {
+            if let Some(serde_json::Value::Object(map)) = &rule.metadata {
+                merge(&mut passed, &json_struct(map));
+            }
+        }
+    }
+    if !passed.fields.is_empty() {
+        fields.insert("metadata".to_string(), struct_value(passed));
+    }
+    Struct {
+        fields: fields.into_iter().collect(),
+    }
+}
+
+fn descriptor(d: &RateLimitDescriptor) -> Value {
+    let mut fields = std::collections::BTreeMap::new();
+    let entries = d
+        .entries
+        .iter()
+        .map(|e| string(format!("{}={}", e.key, e.value)))
+        .collect();
+    fields.insert("entries".to_string(), list(entries));
+    if let Some(l) = &d.limit {
+        let unit = ProtoUnit::try_from(l.unit).map_or("UNKNOWN", |u| u.as_str_name());
+        let text = format!("requests_per_unit:{} unit:{unit}", l.requests_per_unit);
+        fields.insert("limit".to_string(), string(text));
+    }
+    if let Some(h) = &d.hits_addend {
+        fields.insert("hitsAddend".to_string(), number(h.value as f64));
+    }
+    struct_value(Struct {
+        fields: fields.into_iter().collect(),
+    })
+}
+
+/// Adds `src` into `dest`: a key already there keeps its value, unless both are maps,
+/// which merge the same way.
+fn merge(dest: &mut Struct, src: &Struct) {
+    for (k, v) in &src.fields {
+        match (dest.fields.get_mut(k), &v.kind) {
+            (None, _) => {
+                dest.fields.insert(k.clone(), v.clone());
+            }
+            (
+                Some(Value {
+                    kind: Some(Kind::StructValue(d)),
+                }),
+                Some(Kind::StructValue(s)),
+            ) => merge(d, s),
+            (Some(_), _) => {}
+        }
+    }
+}
+
+fn json_struct(map: &serde_json::Map<String, serde_json::Value>) -> Struct {
+    Struct {
+        fields: map
+            .iter()
+            .map(|(k, v)| (k.clone(), json_value(v)))
+            .collect(),
+    }
+}
+
+fn json_value(v: &serde_json::Value) -> Value {
+    let kind = match v {
+        serde_json::Value::Null => Kind::NullValue(0),
+        serde_json::Value::Bool(b) => Kind::BoolValue(*b),
+        serde_json::Value::Number(n) => Kind::NumberValue(n.as_f64().unwrap_or(0.0)),
+        serde_json::Value::String(s) => Kind::StringValue(s.clone()),
+        serde_json::Value::Array(a) => Kind::ListValue(ListValue {
+            values: a.iter().map(json_value).collect(),
+        }),
+        serde_json::Value::Object(o) => Kind::StructValue(json_struct(o)),
+    };
+    Value { kind: Some(kind) }
+}
+
+fn string(s: String) -> Value {
+    Value {
+        kind: Some(Kind::StringValue(s)),
+    }
+}
+
+fn number(n: f64) -> Value {
+    Value {
+        kind: Some(Kind::NumberValue(n)),
+    }
+}
+
+fn list(values: Vec<Value>) -> Value {
+    Value {
+        kind: Some(Kind::ListValue(ListValue { values })),
+    }
+}
+
+fn struct_value(s: Struct) -> Value {
+    Value {
+        kind: Some(Kind::StructValue(s)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(pairs: &[(&str, Value)]) -> Struct {
+        Struct {
+            fields: pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.clone()))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn merge_keeps_the_first_value_and_merges_maps() {
+        let mut dest = s(&[
+            ("a", string("first".into())),
+            ("m", struct_value(s(&[("x", number(1.0))]))),
+        ]);
+        let src = s(&[
+            ("a", string("second".into())),
+            ("b", number(2.0)),
+            (
+                "m",
+                struct_value(s(&[("x", number(9.0)), ("y", number(3.0))])),
+            ),
+        ]);
+        merge(&mut dest, &src);
+        let expected = s(&[
+            ("a", string("first".into())),
+            ("b", number(2.0)),
+            (
+                "m",
+                struct_value(s(&[("x", number(1.0)), ("y", number(3.0))])),
+            ),
+        ]);
+        assert_eq!(dest, expected);
+    }
+
+    #[test]
+    fn reset_header_rounds_up_to_whole_seconds() {
+        let status = |seconds, nanos| DescriptorStatus {
+            current_limit: Some(Default::default()),
+            limit_remaining: 3,
+            duration_until_reset: Some(envoy_types::pb::google::protobuf::Duration {
+                seconds,
+                nanos,
+            }),
+            ..Default::default()
+        };
+        let reset =
+            |st: &DescriptorStatus| headers(&RateLimitHeaders::default(), st)[2].value.clone();
+        assert_eq!(reset(&status(5, 0)), "5");
+        assert_eq!(reset(&status(5, 1)), "6");
+        assert_eq!(reset(&status(0, 20_000_000)), "1");
+        let h = headers(&RateLimitHeaders::default(), &status(0, 0));
+        assert_eq!(
+            h.iter()
+                .map(|h| (h.key.as_str(), h.value.as_str()))
+                .collect::<Vec<_>>(),
+            [
+                ("RateLimit-Limit", "0"),
+                ("RateLimit-Remaining", "3"),
+                ("RateLimit-Reset", "0")
+            ]
+        );
+    }
+}

@@ -1,0 +1,394 @@
+//! envoyproxy/ratelimit's environment variables, read as aliases of ours, so that an
+//! existing Deployment keeps working when its image is swapped for shardgate.
+//!
+//! Owns the translation only: a pure function from the process environment to the
+//! `SHARDGATE_*` variables (and `RUST_LOG`) it implies, the upstream variables it cannot
+//! honour, and the ones that would change behaviour in a way shardgate cannot follow
+//! (refused, so the server does not start on the wrong assumption). Ours always win: a
+//! `SHARDGATE_*` variable already set is never overwritten, and a flag beats both.
+//! `main` applies the result before parsing its arguments and logs the ignored names
+//! once. The table of what is honoured is in docs/configuration.md.
+
+use std::collections::BTreeMap;
+use std::net::ToSocketAddrs;
+
+/// What the environment implies.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Translation {
+    /// Variables to set, in a stable order: `(our name, value, the upstream names it
+    /// came from)`.
+    pub set: Vec<Alias>,
+    /// Upstream variables present that have no meaning here (logged once).
+    pub ignored: Vec<String>,
+    /// Upstream settings present that shardgate cannot follow; the server must not start.
+    pub refused: Vec<String>,
+}
+
+/// One of our variables, set from upstream's.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Alias {
+    pub ours: &'static str,
+    pub value: String,
+    pub from: &'static str,
+}
+
+/// Upstream variables that configure what shardgate does differently or not at all
+/// (its stats sinks, caches, Redis and Memcached, xDS, tracing, connection ageing).
+const IGNORED: &[&str] = &[
+    "BACKEND_TYPE",
+    "CACHE_KEY_PREFIX",
+    "DEBUG_HOST",
+    "DEBUG_PORT",
+    "DISABLE_STATS",
+    "EXPIRATION_JITTER_MAX_SECONDS",
+    "EXTRA_TAGS",
+    "FORCE_START_WITHOUT_INITIAL_CONFIG",
+    "GRPC_MAX_CONNECTION_AGE",
+    "GRPC_MAX_CONNECTION_AGE_GRACE",
+    "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
+    "LOCAL_CACHE_SIZE_IN_BYTES",
+    "NEAR_LIMIT_RATIO",
+    "RUNTIME_IGNOREDOTFILES",
+    "RUNTIME_WATCH_ROOT",
+    "STATS_FLUSH_INTERVAL",
+    "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
+    "USE_DOG_STATSD",
+    "USE_DOG_STATSD_MOGRIFIERS",
+    "USE_PROMETHEUS",
+    "USE_STATSD",
+];
+
+const IGNORED_PREFIXES: &[&str] = &[
+    "MEMCACHE_",
+    "PROMETHEUS_",
+    "REDIS_",
+    "STATSD_",
+    "TRACING_",
+    "XDS_CLIENT_",
+    "CONFIG_GRPC_XDS_",
+];
+
+/// upstream's default rule root (`RUNTIME_ROOT`) and app directory.
+const DEFAULT_RUNTIME_ROOT: &str = "/srv/runtime_data/current";
+const DEFAULT_APP_DIRECTORY: &str = "config";
+
+/// Translates `env` (the process environment).
+pub fn translate(env: &BTreeMap<String, String>) -> Translation {
+    let mut t = Translation::default();
+    let get = |k: &str| env.get(k).map(String::as_str);
+    let alias = |t: &mut Translation, ours: &'static str, from: &'static str, value: String| {
+        if !env.contains_key(ours) {
+            t.set.push(Alias { ours, value, from });
+        }
+    };
+
+    // The rule directory: RUNTIME_ROOT / RUNTIME_SUBDIRECTORY / RUNTIME_APPDIRECTORY.
+    if get("RUNTIME_ROOT").is_some() || get("RUNTIME_SUBDIRECTORY").is_some() {
+        let mut path =
+            std::path::PathBuf::from(get("RUNTIME_ROOT").unwrap_or(DEFAULT_RUNTIME_ROOT));
+        if let Some(sub) = get("RUNTIME_SUBDIRECTORY") {
+            path.push(sub);
+        }
+        path.push(get("RUNTIME_APPDIRECTORY").unwrap_or(DEFAULT_APP_DIRECTORY));
+        let value = path.display().to_string();
+        alias(&mut t, "SHARDGATE_CONFIG", "RUNTIME_ROOT", value);
+    }
+
+    for (host, port, ours, default_port) in [
+        ("GRPC_HOST", "GRPC_PORT", "SHARDGATE_GRPC_ADDR", "8081"),
+        ("HOST", "PORT", "SHARDGATE_HTTP_ADDR", "8080"),
+    ] {
+        if get(host).is_none() && get(port).is_none() {
+            continue;
+        }
+        let h = get(host).unwrap_or("0.0.0.0");
+        let p = get(port).unwrap_or(default_port);
+        match listen_addr(h, p) {
+            Ok(addr) => alias(&mut t, ours, port, addr),
+            Err(e) => t.refused.push(format!("{host}/{port}: {e}")),
+        }
+    }
+
+    if let Some(level) = get("LOG_LEVEL") {
+        match log_filter(level) {
+            Some(f) => alias(&mut t, "RUST_LOG", "LOG_LEVEL", f.to_string()),
+            None => t.refused.push(format!(
+                "LOG_LEVEL={}: not a level (trace, debug, info, warn, error)",
+                crate::text::elide(level, 64)
+            )),
+        }
+    }
+    if let Some(format) = get("LOG_FORMAT") {
+        match format.to_ascii_lowercase().as_str() {
+            f @ ("text" | "json") => alias(&mut t, "SHARDGATE_LOG_FORMAT", "LOG_FORMAT", f.into()),
+            _ => t.refused.push(format!(
+                "LOG_FORMAT={}: not text or json",
+                crate::text::elide(format, 64)
+            )),
+        }
+    }
+
+    for (upstream, ours) in [
+        ("SHADOW_MODE", "SHARDGATE_GLOBAL_SHADOW_MODE"),
+        ("QUOTA_MODE", "SHARDGATE_GLOBAL_QUOTA_MODE"),
+        (
+            "RESPONSE_DYNAMIC_METADATA",
+            "SHARDGATE_RESPONSE_DYNAMIC_METADATA",
+        ),
+        (
+            "LIMIT_RESPONSE_HEADERS_ENABLED",
+            "SHARDGATE_RATE_LIMIT_HEADERS",
+        ),
+    ] {
+        if let Some(v) = get(upstream) {
+            match go_bool(v) {
+                Some(b) => alias(&mut t, ours, upstream, b.to_string()),
+                None => t.refused.push(format!(
+                    "{upstream}={}: not a boolean",
+                    crate::text::elide(v, 64)
+                )),
+            }
+        }
+    }
+    for (upstream, ours) in [
+        ("LIMIT_LIMIT_HEADER", "SHARDGATE_LIMIT_HEADER"),
+        ("LIMIT_REMAINING_HEADER", "SHARDGATE_REMAINING_HEADER"),
+        ("LIMIT_RESET_HEADER", "SHARDGATE_RESET_HEADER"),
+    ] {
+        if let Some(v) = get(upstream) {
+            alias(&mut t, ours, upstream, v.to_string());
+        }
+    }
+
+    // TLS on the gRPC port, only when upstream would use it.
+    let tls_files = [
+        "GRPC_SERVER_TLS_CERT",
+        "GRPC_SERVER_TLS_KEY",
+        "GRPC_CLIENT_TLS_CACERT",
+    ];
+    match get("GRPC_SERVER_USE_TLS").map(go_bool) {
+        Some(Some(true)) => {
+            for (upstream, ours) in tls_files.into_iter().zip([
+                "SHARDGATE_TLS_CERT",
+                "SHARDGATE_TLS_KEY",
+                "SHARDGATE_TLS_CLIENT_CA",
+            ]) {
+                match get(upstream) {
+                    Some(path) if !path.is_empty() => alias(&mut t, ours, upstream, path.into()),
+                    _ if upstream == "GRPC_CLIENT_TLS_CACERT" => {}
+                    _ => t
+                        .refused
+                        .push(format!("GRPC_SERVER_USE_TLS=true needs {upstream}")),
+                }
+            }
+            if get("GRPC_CLIENT_TLS_SAN").is_some_and(|s| !s.is_empty()) {
+                t.refused.push(
+                    "GRPC_CLIENT_TLS_SAN: client certificates are checked against \
+                     GRPC_CLIENT_TLS_CACERT only; pinning a SAN is not supported"
+                        .into(),
+                );
+            }
+        }
+        Some(None) => t.refused.push("GRPC_SERVER_USE_TLS: not a boolean".into()),
+        _ => {
+            for name in tls_files.into_iter().chain(["GRPC_CLIENT_TLS_SAN"]) {
+                if env.contains_key(name) {
+                    t.ignored
+                        .push(format!("{name} (GRPC_SERVER_USE_TLS is not true)"));
+                }
+            }
+        }
+    }
+
+    match get("CONFIG_TYPE").map(str::to_ascii_uppercase).as_deref() {
+        None | Some("FILE") => {}
+        Some(other) => t.refused.push(format!(
+            "CONFIG_TYPE={}: shardgate reads rules from files only",
+            crate::text::elide(other, 64)
+        )),
+    }
+    if get("MERGE_DOMAIN_CONFIG").and_then(go_bool) == Some(true) {
+        // Rules that need the merge fail to load, naming both files; rules that do not
+        // load as they are.
+        t.ignored
+            .push("MERGE_DOMAIN_CONFIG (a domain must sit in one file)".into());
+    }
+    if get("GRPC_UDS").is_some_and(|s| !s.is_empty()) {
+        t.refused
+            .push("GRPC_UDS: shardgate listens on TCP only (GRPC_HOST/GRPC_PORT)".into());
+    }
+
+    for name in env.keys() {
+        let ignored = IGNORED.contains(&name.as_str())
+            || IGNORED_PREFIXES.iter().any(|p| name.starts_with(p));
+        if ignored {
+            t.ignored.push(name.clone());
+        }
+    }
+    t
+}
+
+/// `host:port` as a socket address; a name is resolved (its first address), as
+/// upstream's listener would.
+fn listen_addr(host: &str, port: &str) -> Result<String, String> {
+    let port: u16 = port
+        .parse()
+        .map_err(|_| format!("{}: not a port", crate::text::elide(port, 32)))?;
+    let mut addrs = (host, port)
+        .to_socket_addrs()
+        .map_err(|e| format!("{}: {e}", crate::text::elide(host, 64)))?;
+    addrs
+        .next()
+        .map(|a| a.to_string())
+        .ok_or_else(|| format!("{}: no address", crate::text::elide(host, 64)))
+}
+
+/// upstream's (logrus) level names as a tracing filter.
+fn log_filter(level: &str) -> Option<&'static str> {
+    Some(match level.to_ascii_lowercase().as_str() {
+        "trace" => "trace",
+        "debug" => "debug",
+        "info" => "info",
+        "warn" | "warning" => "warn",
+        "error" | "fatal" | "panic" => "error",
+        _ => return None,
+    })
+}
+
+/// Go's `strconv.ParseBool`, which upstream's settings use.
+fn go_bool(v: &str) -> Option<bool> {
+    match v {
+        "1" | "t" | "T" | "TRUE" | "true" | "True" => Some(true),
+        "0" | "f" | "F" | "FALSE" | "false" | "False" => Some(false),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn set(t: &Translation) -> Vec<(&str, &str)> {
+        t.set.iter().map(|a| (a.ours, a.value.as_str())).collect()
+    }
+
+    #[test]
+    fn an_upstream_deployment_maps_to_ours() {
+        // The environment of upstream's example Deployment, with TLS and the switches.
+        let t = translate(&env(&[
+            ("RUNTIME_ROOT", "/data"),
+            ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+            ("RUNTIME_WATCH_ROOT", "false"),
+            ("GRPC_PORT", "9081"),
+            ("PORT", "9080"),
+            ("LOG_LEVEL", "debug"),
+            ("LOG_FORMAT", "json"),
+            ("SHADOW_MODE", "True"),
+            ("RESPONSE_DYNAMIC_METADATA", "1"),
+            ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
+            ("LIMIT_RESET_HEADER", "X-Reset"),
+            ("GRPC_SERVER_USE_TLS", "true"),
+            ("GRPC_SERVER_TLS_CERT", "/tls/cert.pem"),
+            ("GRPC_SERVER_TLS_KEY", "/tls/key.pem"),
+            ("USE_STATSD", "false"),
+            ("REDIS_URL", "redis:6379"),
+            ("BACKEND_TYPE", "redis"),
+        ]));
+        assert_eq!(
+            set(&t),
+            [
+                ("SHARDGATE_CONFIG", "/data/ratelimit/config"),
+                ("SHARDGATE_GRPC_ADDR", "0.0.0.0:9081"),
+                ("SHARDGATE_HTTP_ADDR", "0.0.0.0:9080"),
+                ("RUST_LOG", "debug"),
+                ("SHARDGATE_LOG_FORMAT", "json"),
+                ("SHARDGATE_GLOBAL_SHADOW_MODE", "true"),
+                ("SHARDGATE_RESPONSE_DYNAMIC_METADATA", "true"),
+                ("SHARDGATE_RATE_LIMIT_HEADERS", "true"),
+                ("SHARDGATE_RESET_HEADER", "X-Reset"),
+                ("SHARDGATE_TLS_CERT", "/tls/cert.pem"),
+                ("SHARDGATE_TLS_KEY", "/tls/key.pem"),
+            ]
+        );
+        assert_eq!(
+            t.ignored,
+            [
+                "BACKEND_TYPE",
+                "REDIS_URL",
+                "RUNTIME_WATCH_ROOT",
+                "USE_STATSD"
+            ]
+        );
+        assert!(t.refused.is_empty(), "{:?}", t.refused);
+    }
+
+    #[test]
+    fn ours_win_and_nothing_is_set_without_upstream_variables() {
+        let t = translate(&env(&[
+            ("GRPC_PORT", "9081"),
+            ("SHARDGATE_GRPC_ADDR", "127.0.0.1:7000"),
+            ("LOG_LEVEL", "warn"),
+            ("RUST_LOG", "shardgate=trace"),
+        ]));
+        assert!(t.set.is_empty(), "{:?}", t.set);
+        assert_eq!(translate(&env(&[("PATH", "/bin")])), Translation::default());
+    }
+
+    #[test]
+    fn defaults_fill_what_upstream_leaves_out() {
+        let t = translate(&env(&[
+            ("RUNTIME_SUBDIRECTORY", "rl"),
+            ("GRPC_HOST", "127.0.0.1"),
+        ]));
+        assert_eq!(
+            set(&t),
+            [
+                ("SHARDGATE_CONFIG", "/srv/runtime_data/current/rl/config"),
+                ("SHARDGATE_GRPC_ADDR", "127.0.0.1:8081"),
+            ]
+        );
+    }
+
+    #[test]
+    fn settings_that_cannot_be_followed_are_refused_by_name() {
+        let t = translate(&env(&[
+            ("GRPC_PORT", "eighty"),
+            ("LOG_LEVEL", "loud"),
+            ("SHADOW_MODE", "yes"),
+            ("GRPC_SERVER_USE_TLS", "true"),
+            ("GRPC_CLIENT_TLS_SAN", "client.example"),
+            ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+            ("GRPC_UDS", "/tmp/rl.sock"),
+        ]));
+        let refused = t.refused.join("\n");
+        for needle in [
+            "GRPC_HOST/GRPC_PORT: eighty: not a port",
+            "LOG_LEVEL=loud",
+            "SHADOW_MODE=yes: not a boolean",
+            "GRPC_SERVER_USE_TLS=true needs GRPC_SERVER_TLS_CERT",
+            "GRPC_SERVER_USE_TLS=true needs GRPC_SERVER_TLS_KEY",
+            "GRPC_CLIENT_TLS_SAN",
+            "CONFIG_TYPE=GRPC_XDS_SOTW",
+            "GRPC_UDS",
+        ] {
+            assert!(refused.contains(needle), "{needle} not in:\n{refused}");
+        }
+    }
+
+    #[test]
+    fn tls_files_without_use_tls_are_ignored_like_upstream() {
+        let t = translate(&env(&[("GRPC_SERVER_TLS_CERT", "/c.pem")]));
+        assert!(t.set.is_empty());
+        assert_eq!(
+            t.ignored,
+            ["GRPC_SERVER_TLS_CERT (GRPC_SERVER_USE_TLS is not true)"]
+        );
+    }
+}
