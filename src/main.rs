@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use shardgate::config::Config;
+use shardgate::config::{Config, LoadOptions};
 use shardgate::service::server::{self, ServeOptions, StoreKind};
 use shardgate::service::tls::TlsFiles;
 use shardgate::service::{AnswerOptions, RateLimitHeaders, RequestLimits};
@@ -39,6 +39,9 @@ enum Command {
     CheckConfig {
         /// A YAML file or a directory of YAML files.
         path: PathBuf,
+        /// Merge documents of one domain, as `serve --merge-domain-config` does.
+        #[arg(long, env = "SHARDGATE_MERGE_DOMAIN_CONFIG")]
+        merge_domain_config: bool,
     },
     /// Manage the DynamoDB table.
     #[cfg(feature = "dynamodb")]
@@ -153,6 +156,11 @@ struct Serve {
     /// keeps its own code (envoyproxy/ratelimit's SHADOW_MODE).
     #[arg(long, env = "SHARDGATE_GLOBAL_SHADOW_MODE")]
     global_shadow_mode: bool,
+    /// Merge config files that name the same domain into one tree (an error otherwise);
+    /// a top-level descriptor repeated across them is still an error
+    /// (envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG).
+    #[arg(long, env = "SHARDGATE_MERGE_DOMAIN_CONFIG")]
+    merge_domain_config: bool,
     /// Decide every rule in quota mode: a request is refused only when all its quota
     /// descriptors are over (envoyproxy/ratelimit's QUOTA_MODE).
     #[arg(long, env = "SHARDGATE_GLOBAL_QUOTA_MODE")]
@@ -326,7 +334,15 @@ fn main() -> ExitCode {
     }
     let cli = Cli::parse();
     match cli.command {
-        Command::CheckConfig { path } => match Config::load(&path) {
+        Command::CheckConfig {
+            path,
+            merge_domain_config,
+        } => match Config::load_with(
+            &path,
+            &LoadOptions {
+                merge_domains: merge_domain_config,
+            },
+        ) {
             Ok(_) => {
                 println!("OK");
                 ExitCode::SUCCESS
@@ -396,6 +412,9 @@ fn main() -> ExitCode {
                 },
                 partition_write_budget: args.partition_write_budget,
                 global_quota_mode: args.global_quota_mode,
+                load: LoadOptions {
+                    merge_domains: args.merge_domain_config,
+                },
                 answer: AnswerOptions {
                     global_shadow: args.global_shadow_mode,
                     dynamic_metadata: args.response_dynamic_metadata,

@@ -131,6 +131,7 @@ pub fn translate(env: &BTreeMap<String, String>) -> Translation {
     for (upstream, ours) in [
         ("SHADOW_MODE", "SHARDGATE_GLOBAL_SHADOW_MODE"),
         ("QUOTA_MODE", "SHARDGATE_GLOBAL_QUOTA_MODE"),
+        ("MERGE_DOMAIN_CONFIG", "SHARDGATE_MERGE_DOMAIN_CONFIG"),
         (
             "RESPONSE_DYNAMIC_METADATA",
             "SHARDGATE_RESPONSE_DYNAMIC_METADATA",
@@ -206,12 +207,6 @@ pub fn translate(env: &BTreeMap<String, String>) -> Translation {
             "CONFIG_TYPE={}: shardgate reads rules from files only",
             crate::text::elide(other, 64)
         )),
-    }
-    if get("MERGE_DOMAIN_CONFIG").and_then(go_bool) == Some(true) {
-        // Rules that need the merge fail to load, naming both files; rules that do not
-        // load as they are.
-        t.ignored
-            .push("MERGE_DOMAIN_CONFIG (a domain must sit in one file)".into());
     }
     if get("GRPC_UDS").is_some_and(|s| !s.is_empty()) {
         t.refused
@@ -291,6 +286,7 @@ mod tests {
             ("LOG_LEVEL", "debug"),
             ("LOG_FORMAT", "json"),
             ("SHADOW_MODE", "True"),
+            ("MERGE_DOMAIN_CONFIG", "true"),
             ("RESPONSE_DYNAMIC_METADATA", "1"),
             ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
             ("LIMIT_RESET_HEADER", "X-Reset"),
@@ -310,6 +306,7 @@ mod tests {
                 ("RUST_LOG", "debug"),
                 ("SHARDGATE_LOG_FORMAT", "json"),
                 ("SHARDGATE_GLOBAL_SHADOW_MODE", "true"),
+                ("SHARDGATE_MERGE_DOMAIN_CONFIG", "true"),
                 ("SHARDGATE_RESPONSE_DYNAMIC_METADATA", "true"),
                 ("SHARDGATE_RATE_LIMIT_HEADERS", "true"),
                 ("SHARDGATE_RESET_HEADER", "X-Reset"),

@@ -81,15 +81,20 @@ pub enum ConfigErrorKind {
     EntityUnknownKey { template: String, key: String },
     #[error("duplicate descriptor composite key '{key}' (first at line {first_line})")]
     DuplicateCompositeKey { key: String, first_line: u32 },
-    #[error("limit '{name}' differs from the one at line {other_line}: both rules use entity template '{template}' and resource '{resource}', so they share one bucket and must agree on unit, requests_per_unit, burst and overdraft")]
+    #[error("limit '{name}' differs from the one at {other}: both rules use entity template '{template}' and resource '{resource}', so they share one bucket and must agree on unit, requests_per_unit, burst and overdraft")]
     ConflictingLimit {
         name: String,
         template: String,
         resource: String,
-        other_line: u32,
+        /// `line N` in the same file, else `file:line`.
+        other: String,
     },
-    #[error("duplicate domain '{domain}' (also in {other})")]
+    #[error("duplicate domain '{domain}' (also in {other}; --merge-domain-config merges them)")]
     DuplicateDomain { domain: String, other: String },
+    #[error("duplicate descriptor composite key '{key}' (also in {other}) in a merged domain")]
+    DuplicateAcrossFiles { key: String, other: String },
+    #[error("top-level 'failure_mode' differs from {other}'s in a merged domain")]
+    MergedFailureModeDiffers { other: String },
     #[error("'{key}' is {bytes} bytes long, at most {max} (it is part of every store key)")]
     TooLong {
         key: &'static str,

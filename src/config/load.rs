@@ -1,17 +1,18 @@
-//! Loading: reading a file or a directory of documents, the duplicate-domain check, the
-//! content hash, and assembling the validated documents into a [`Config`].
+//! Loading: reading a file or a directory of documents, the duplicate-domain check (or,
+//! with [`LoadOptions::merge_domains`], merging a domain's documents), the content hash,
+//! and assembling the validated documents into a [`Config`].
 //!
 //! This is the only module that touches the file system; it must not interpret the YAML
 //! itself (that is `model` and `validate`).
 
-use std::collections::HashMap;
 use std::fmt;
 use std::path::Path;
 use std::sync::Arc;
 
 use super::error::{ConfigError, ConfigErrorKind, ConfigErrors};
-use super::model::{self, Pos};
-use super::{matcher, validate, Config, Domain, FailureMode};
+use super::model::{self, DescriptorModel, DomainPart};
+use super::stats_key::child_key;
+use super::{matcher, validate, Config, Domain, FailureMode, LoadOptions};
 
 fn io_error(file: &str, message: impl fmt::Display) -> ConfigErrors {
     ConfigErrors::from_vec(vec![ConfigError {
@@ -22,8 +23,8 @@ fn io_error(file: &str, message: impl fmt::Display) -> ConfigErrors {
     }])
 }
 
-pub(crate) fn load_path(path: &Path) -> Result<Config, ConfigErrors> {
-    from_documents(&read_documents(path)?)
+pub(crate) fn load_path(path: &Path, options: &LoadOptions) -> Result<Config, ConfigErrors> {
+    from_documents(&read_documents(path)?, options)
 }
 
 /// The `(file name, text)` documents at `path`: the file, or the directory's YAML files.
@@ -75,9 +76,13 @@ fn document_files(dir: &Path) -> std::io::Result<Vec<std::path::PathBuf>> {
     Ok(names.into_iter().map(|n| dir.join(n)).collect())
 }
 
-pub(crate) fn from_documents(docs: &[(String, String)]) -> Result<Config, ConfigErrors> {
+pub(crate) fn from_documents(
+    docs: &[(String, String)],
+    options: &LoadOptions,
+) -> Result<Config, ConfigErrors> {
     let mut errors = Vec::new();
     let mut models = Vec::with_capacity(docs.len());
+    let mut shared = validate::SharedBuckets::default();
     for (name, text) in docs {
         let file: Arc<str> = name.as_str().into();
         match model::parse(text) {
@@ -87,7 +92,7 @@ pub(crate) fn from_documents(docs: &[(String, String)]) -> Result<Config, Config
                 ConfigErrorKind::Syntax(e.message),
             )),
             Ok(root) => {
-                let (doc, mut doc_errors) = validate::document(&file, &root);
+                let (doc, mut doc_errors) = validate::document(&file, &root, &mut shared);
                 doc_errors.sort_by_key(|e| (e.line, e.column));
                 errors.extend(doc_errors);
                 if let Some(doc) = doc {
@@ -97,19 +102,30 @@ pub(crate) fn from_documents(docs: &[(String, String)]) -> Result<Config, Config
         }
     }
 
-    let mut seen: HashMap<&str, (&Arc<str>, Pos)> = HashMap::new();
+    // The documents of each domain, in file order.
+    let mut by_domain: Vec<Vec<DomainPart>> = Vec::new();
     for (file, doc) in &models {
-        if let Some((other, other_pos)) = seen.get(doc.domain.as_str()) {
-            errors.push(ConfigError::new(
-                file,
-                doc.pos,
-                ConfigErrorKind::DuplicateDomain {
-                    domain: doc.domain.clone(),
-                    other: format!("{other}:{}", other_pos.line),
-                },
-            ));
-        } else {
-            seen.insert(&doc.domain, (file, doc.pos));
+        let part = DomainPart { file, doc };
+        match by_domain
+            .iter_mut()
+            .find(|parts| parts[0].doc.domain == doc.domain)
+        {
+            None => by_domain.push(vec![part]),
+            Some(parts) if options.merge_domains => {
+                errors.extend(merge_conflicts(parts, part));
+                parts.push(part);
+            }
+            Some(parts) => {
+                let first = parts[0];
+                errors.push(ConfigError::new(
+                    file,
+                    doc.pos,
+                    ConfigErrorKind::DuplicateDomain {
+                        domain: doc.domain.clone(),
+                        other: format!("{}:{}", first.file, first.doc.pos.line),
+                    },
+                ));
+            }
         }
     }
     if !errors.is_empty() {
@@ -117,16 +133,20 @@ pub(crate) fn from_documents(docs: &[(String, String)]) -> Result<Config, Config
     }
 
     let mut rule_count = 0;
-    let domains = models
-        .iter()
-        .map(|(file, doc)| {
-            let name: Arc<str> = doc.domain.as_str().into();
+    let domains = by_domain
+        .into_iter()
+        .map(|parts| {
+            let name = parts[0].doc.domain.clone();
+            let domain_name: Arc<str> = name.as_str().into();
             let domain = Domain {
-                failure_mode: doc.failure_mode.unwrap_or(FailureMode::Deny),
-                tree: matcher::Tree::compile(&name, file, doc, &mut rule_count),
-                name,
+                failure_mode: parts
+                    .iter()
+                    .find_map(|p| p.doc.failure_mode)
+                    .unwrap_or(FailureMode::Deny),
+                tree: matcher::Tree::compile(&domain_name, &parts, &mut rule_count),
+                name: domain_name,
             };
-            (doc.domain.clone(), domain)
+            (name, domain)
         })
         .collect();
     Ok(Config {
@@ -134,6 +154,44 @@ pub(crate) fn from_documents(docs: &[(String, String)]) -> Result<Config, Config
         rule_count,
         hash: content_hash(docs),
     })
+}
+
+/// What stops `doc` (in `file`) from merging into the domain's earlier `parts`: a
+/// top-level descriptor with a composite key another part has (upstream's "duplicate
+/// descriptor composite key"), or a different top-level `failure_mode`.
+fn merge_conflicts(parts: &[DomainPart], part: DomainPart) -> Vec<ConfigError> {
+    let DomainPart { file, doc } = part;
+    let mut errors = Vec::new();
+    for d in &doc.descriptors {
+        let same = |o: &&DescriptorModel| o.key == d.key && o.value == d.value;
+        if let Some((other, o)) = parts
+            .iter()
+            .find_map(|p| p.doc.descriptors.iter().find(same).map(|o| (p.file, o)))
+        {
+            errors.push(ConfigError::new(
+                file,
+                d.pos,
+                ConfigErrorKind::DuplicateAcrossFiles {
+                    key: child_key(&doc.domain, &d.key, d.value.as_deref()),
+                    other: format!("{other}:{}", o.pos.line),
+                },
+            ));
+        }
+    }
+    let differs = |p: &&DomainPart| {
+        let (a, b) = (p.doc.failure_mode, doc.failure_mode);
+        a.is_some() && b.is_some() && a != b
+    };
+    if let Some(other) = parts.iter().find(differs) {
+        errors.push(ConfigError::new(
+            file,
+            doc.pos,
+            ConfigErrorKind::MergedFailureModeDiffers {
+                other: other.file.to_string(),
+            },
+        ));
+    }
+    errors
 }
 
 /// FNV-1a 64 over the documents sorted by file name, each name and text preceded by its
@@ -174,6 +232,7 @@ impl Fnv1a64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::model::Pos;
 
     #[test]
     fn fnv1a_matches_the_published_test_vectors() {

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 use std::sync::Arc;
 
-use super::model::{DescriptorModel, DocumentModel};
+use super::model::{DescriptorModel, DomainPart};
 use super::stats_key::child_key;
 use super::{FailureMode, Level, Rule};
 
@@ -109,33 +109,38 @@ struct Compiler<'a> {
 }
 
 impl Tree {
-    /// Builds the tree of a validated document (validation guarantees every invariant
-    /// relied on here, such as a cascade parent existing).
-    /// Rules are numbered from `*next_rule` on, which is advanced past them.
-    pub(crate) fn compile(
-        domain: &Arc<str>,
-        file: &str,
-        doc: &DocumentModel,
-        next_rule: &mut usize,
-    ) -> Tree {
-        let mut c = Compiler {
-            domain,
-            next_rule,
-            file,
-            failure_mode: doc.failure_mode.unwrap_or_default(),
-            tree: Tree {
-                nodes: vec![TreeNode::default()],
-                rules: Vec::new(),
-            },
+    /// Builds the tree of a domain from its validated documents (one, or several merged
+    /// with `--merge-domain-config`, whose top-level descriptors validation and the merge
+    /// check keep distinct, so nothing is overwritten here). A top-level `failure_mode`
+    /// set in any of them applies to all. Rules are numbered from `*next_rule` on, which
+    /// is advanced past them.
+    pub(crate) fn compile(domain: &Arc<str>, parts: &[DomainPart], next_rule: &mut usize) -> Tree {
+        let failure_mode = parts
+            .iter()
+            .find_map(|p| p.doc.failure_mode)
+            .unwrap_or_default();
+        let mut tree = Tree {
+            nodes: vec![TreeNode::default()],
+            rules: Vec::new(),
         };
-        let root = Inherited {
-            levels: Vec::new(),
-            stats_key: domain.to_string(),
-            resource: domain,
-            nearest_rule: None,
-        };
-        c.add_children(0, &doc.descriptors, &root);
-        c.tree
+        for DomainPart { file, doc } in parts {
+            let mut c = Compiler {
+                domain,
+                next_rule: &mut *next_rule,
+                file: file.as_ref(),
+                failure_mode,
+                tree,
+            };
+            let root = Inherited {
+                levels: Vec::new(),
+                stats_key: domain.to_string(),
+                resource: domain,
+                nearest_rule: None,
+            };
+            c.add_children(0, &doc.descriptors, &root);
+            tree = c.tree;
+        }
+        tree
     }
 
     pub(crate) fn lookup<E: DescriptorEntry>(&self, entries: &[E]) -> Option<&Arc<Rule>> {

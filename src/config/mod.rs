@@ -239,6 +239,15 @@ impl Domain {
     }
 }
 
+/// How a load combines its documents.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// Documents naming the same domain are merged into one tree, as
+    /// envoyproxy/ratelimit's `MERGE_DOMAIN_CONFIG` does, instead of being an error; two
+    /// top-level descriptors with the same key and value across them still are.
+    pub merge_domains: bool,
+}
+
 /// An immutable, validated configuration snapshot: every domain of every file.
 #[derive(Debug, Default)]
 pub struct Config {
@@ -252,13 +261,26 @@ impl Config {
     /// Loads `path`, a YAML file or a directory of `*.yaml`/`*.yml` files (docs/configuration.md, "Where the configuration comes from").
     /// Every problem is reported, each naming file, line and the offending key or value.
     pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
-        load::load_path(path)
+        Self::load_with(path, &LoadOptions::default())
+    }
+
+    /// [`Config::load`] with `options` (how documents of one domain combine).
+    pub fn load_with(path: &Path, options: &LoadOptions) -> Result<Config, ConfigErrors> {
+        load::load_path(path, options)
     }
 
     /// Builds a config from in-memory documents `(file name, YAML text)`; used by tests
     /// and by `load`.
     pub fn from_documents(docs: &[(String, String)]) -> Result<Config, ConfigErrors> {
-        load::from_documents(docs)
+        Self::from_documents_with(docs, &LoadOptions::default())
+    }
+
+    /// [`Config::from_documents`] with `options`.
+    pub fn from_documents_with(
+        docs: &[(String, String)],
+        options: &LoadOptions,
+    ) -> Result<Config, ConfigErrors> {
+        load::from_documents(docs, options)
     }
 
     /// Convenience for one document.

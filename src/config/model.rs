@@ -6,6 +6,7 @@
 //! must not decide what is valid; it only describes.
 
 use std::fmt;
+use std::sync::Arc;
 
 use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_saphyr::Spanned;
@@ -219,6 +220,14 @@ pub(crate) struct DocumentModel {
     pub pos: Pos,
     pub failure_mode: Option<FailureMode>,
     pub descriptors: Vec<DescriptorModel>,
+}
+
+/// One document of a domain and the file it came from (a domain has several when its
+/// files are merged).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DomainPart<'a> {
+    pub file: &'a Arc<str>,
+    pub doc: &'a DocumentModel,
 }
 
 /// A validated descriptor node.

@@ -15,7 +15,7 @@ use std::time::Duration;
 use notify::{RecursiveMode, Watcher};
 use tokio::sync::mpsc;
 
-use super::{load, Config, ConfigErrors};
+use super::{load, Config, ConfigErrors, LoadOptions};
 
 /// How changes are picked up.
 #[derive(Debug, Clone, Copy)]
@@ -64,6 +64,7 @@ fn watch_target(path: &Path) -> PathBuf {
 /// runtime.
 pub fn watch(
     path: PathBuf,
+    options: LoadOptions,
     current_hash: String,
     timing: ReloadTiming,
     on_change: impl Fn(Result<Arc<Config>, ConfigErrors>) + Send + Sync + 'static,
@@ -99,13 +100,14 @@ pub fn watch(
             // Read and hash first: the poll finds the same content almost every time, and
             // only changed content is worth parsing.
             let p = path.clone();
+            let options = options.clone();
             let seen = last_hash.clone();
             let loaded = match tokio::task::spawn_blocking(move || {
                 let docs = load::read_documents(&p)?;
                 if load::content_hash(&docs) == seen {
                     return Ok(None);
                 }
-                load::from_documents(&docs).map(Some)
+                load::from_documents(&docs, &options).map(Some)
             })
             .await
             {

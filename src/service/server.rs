@@ -16,7 +16,7 @@ use super::metrics::Metrics;
 use super::tls::{TlsError, TlsFiles, TlsState};
 use super::{grpc, http, AnswerOptions, RateLimiter, RequestLimits};
 use crate::config::reload::{self, ReloadTiming};
-use crate::config::{Config, ConfigErrors};
+use crate::config::{Config, ConfigErrors, LoadOptions};
 #[cfg(feature = "dynamodb")]
 use crate::engine::DEFAULT_PARTITION_WRITE_BUDGET;
 use crate::engine::{Clock, Engine, EngineOptions, SystemClock, UNLIMITED_PARTITION_WRITE_BUDGET};
@@ -44,6 +44,8 @@ pub enum StoreKind {
 #[derive(Debug, Clone)]
 pub struct ServeOptions {
     pub config: PathBuf,
+    /// How the config's documents combine (`--merge-domain-config`).
+    pub load: LoadOptions,
     pub grpc_addr: SocketAddr,
     pub http_addr: SocketAddr,
     pub store: StoreKind,
@@ -127,10 +129,11 @@ async fn bind(addr: SocketAddr) -> Result<TcpListener, ServeError> {
 /// Runs `shardgate serve` until a shutdown signal.
 pub async fn run(options: ServeOptions) -> Result<(), ServeError> {
     let metrics = Arc::new(Metrics::new());
-    let config = Config::load(&options.config).map_err(|errors| ServeError::Config {
-        path: options.config.display().to_string(),
-        errors,
-    })?;
+    let config =
+        Config::load_with(&options.config, &options.load).map_err(|errors| ServeError::Config {
+            path: options.config.display().to_string(),
+            errors,
+        })?;
     tracing::info!(
         path = %options.config.display(),
         domains = config.domains().count(),
@@ -268,6 +271,7 @@ async fn serve_on<S: BucketStore>(
         let path = options.config.display().to_string();
         reload::watch(
             options.config.clone(),
+            options.load.clone(),
             config.hash().to_string(),
             ReloadTiming::default(),
             move |result| match result {

@@ -1,6 +1,7 @@
 """An envoyproxy/ratelimit Deployment's environment starts shardgate unchanged (issue 17):
 `shardgate serve` with no flags at all, only upstream's variables (its example
-Deployment's rule directory layout, ports, log settings, Redis and statsd settings),
+Deployment's rule directory layout with a domain over two files, ports, log settings,
+Redis and statsd settings),
 serves the same rules on the same ports, logs in the format asked for, and names the
 variables it ignores once. A setting it cannot follow stops it with a message naming it.
 """
@@ -35,6 +36,10 @@ def test_an_upstream_deployment_environment_serves_its_rules(tmp_path):
     rules = tmp_path / "data" / "ratelimit" / "config"
     rules.mkdir(parents=True)
     (rules / "rl.yaml").write_text(RULES)
+    # A second file for the same domain, which MERGE_DOMAIN_CONFIG merges.
+    (rules / "rl-more.yaml").write_text(
+        "domain: rl\ndescriptors:\n  - key: tenant\n"
+        "    rate_limit: {unit: minute, requests_per_unit: 1}\n")
     grpc_port, http_port = free_port(), free_port()
     env = {
         **base_env(),
@@ -54,6 +59,7 @@ def test_an_upstream_deployment_environment_serves_its_rules(tmp_path):
         "REDIS_URL": "redis:6379",
         "LIMIT_RESPONSE_HEADERS_ENABLED": "true",
         "RESPONSE_DYNAMIC_METADATA": "true",
+        "MERGE_DOMAIN_CONFIG": "true",
     }
     log_path = tmp_path / "shardgate.log"
     with open(log_path, "wb") as log:
@@ -70,6 +76,9 @@ def test_an_upstream_deployment_environment_serves_its_rules(tmp_path):
         assert headers == {"RateLimit-Limit": "2", "RateLimit-Remaining": "1",
                            "RateLimit-Reset": "30"}, headers
         assert r.dynamic_metadata.fields["domain"].string_value == "rl", r
+        tenant = [server.should_rate_limit(request("rl", desc(("tenant", "t")))).overall_code
+                  for _ in range(2)]
+        assert tenant == [OK, OVER_LIMIT], tenant
         status, _, text = server.http("GET", "/healthcheck")
         assert status == 200, text
     finally:
@@ -84,7 +93,8 @@ def test_an_upstream_deployment_environment_serves_its_rules(tmp_path):
     honoured = {l["fields"]["from"] for l in lines
                 if l.get("fields", {}).get("message") == "envoyproxy/ratelimit variable honoured"}
     assert {"RUNTIME_ROOT", "GRPC_PORT", "PORT", "LOG_LEVEL", "LOG_FORMAT",
-            "LIMIT_RESPONSE_HEADERS_ENABLED", "RESPONSE_DYNAMIC_METADATA"} <= honoured, honoured
+            "LIMIT_RESPONSE_HEADERS_ENABLED", "RESPONSE_DYNAMIC_METADATA",
+            "MERGE_DOMAIN_CONFIG"} <= honoured, honoured
 
 
 def test_a_setting_shardgate_cannot_follow_stops_it_by_name(tmp_path):

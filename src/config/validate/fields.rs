@@ -21,7 +21,7 @@ impl<'n> Fields<'n> {
     }
 }
 
-impl Validator {
+impl Validator<'_> {
     /// The known keys of a mapping; unknown and non-string keys are reported.
     pub(super) fn fields<'n>(
         &mut self,

@@ -55,12 +55,15 @@ const RESERVED_LIMIT_NAME: &str = "wcu";
 
 /// Validates one document. The model is returned whenever the domain could be read, even
 /// with errors elsewhere, so that duplicate domains are still reported.
-pub(crate) fn document(file: &Arc<str>, root: &Node) -> (Option<DocumentModel>, Vec<ConfigError>) {
+pub(crate) fn document(
+    file: &Arc<str>,
+    root: &Node,
+    shared: &mut SharedBuckets,
+) -> (Option<DocumentModel>, Vec<ConfigError>) {
     let mut v = Validator {
         file: Arc::clone(file),
         errors: Vec::new(),
-        bucket_limits: HashMap::new(),
-        limits_per_bucket: HashMap::new(),
+        shared,
     };
     let doc = v.top(root);
     (doc, v.errors)
@@ -81,19 +84,27 @@ struct Scope {
 /// One limit of an explicitly templated rule, for the shared-bucket consistency check.
 struct BucketLimit {
     params: RateLimit,
+    file: Arc<str>,
     line: u32,
 }
 
-struct Validator {
-    file: Arc<str>,
-    errors: Vec<ConfigError>,
+/// What the shared-bucket check remembers across every document of one load: rules of
+/// different files (or domains) with the same template and resource share a bucket too.
+#[derive(Default)]
+pub(crate) struct SharedBuckets {
     /// (template, resource, limit name) → the first rule declaring it.
     bucket_limits: HashMap<(String, String, String), BucketLimit>,
     /// (template, resource) → how many limit names its bucket item holds.
     limits_per_bucket: HashMap<(String, String), usize>,
 }
 
-impl Validator {
+struct Validator<'a> {
+    file: Arc<str>,
+    errors: Vec<ConfigError>,
+    shared: &'a mut SharedBuckets,
+}
+
+impl Validator<'_> {
     fn error(&mut self, pos: Pos, kind: K) {
         self.errors.push(ConfigError::new(&self.file, pos, kind));
     }
@@ -510,9 +521,9 @@ impl Validator {
         pos: Pos,
     ) {
         let id = (template.as_str().to_string(), resource.to_string(), name);
-        if !self.bucket_limits.contains_key(&id) {
+        if !self.shared.bucket_limits.contains_key(&id) {
             let bucket = (id.0.clone(), id.1.clone());
-            let count = self.limits_per_bucket.entry(bucket).or_default();
+            let count = self.shared.limits_per_bucket.entry(bucket).or_default();
             *count += 1;
             if *count == MAX_LIMITS_PER_BUCKET + 1 {
                 let kind = K::TooManyLimits {
@@ -524,22 +535,28 @@ impl Validator {
                 self.error(pos, kind);
             }
         }
-        match self.bucket_limits.get(&id) {
+        match self.shared.bucket_limits.get(&id) {
             Some(first) if first.params != *params => {
+                let other = if first.file == self.file {
+                    format!("line {}", first.line)
+                } else {
+                    format!("{}:{}", first.file, first.line)
+                };
                 let kind = K::ConflictingLimit {
                     name: id.2.clone(),
                     template: id.0.clone(),
                     resource: id.1.clone(),
-                    other_line: first.line,
+                    other,
                 };
                 self.error(pos, kind);
             }
             Some(_) => {}
             None => {
-                self.bucket_limits.insert(
+                self.shared.bucket_limits.insert(
                     id,
                     BucketLimit {
                         params: params.clone(),
+                        file: Arc::clone(&self.file),
                         line: pos.line,
                     },
                 );
