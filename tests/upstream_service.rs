@@ -29,6 +29,10 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 10}
   - key: daily
     rate_limit: {unit: day, requests_per_unit: 1}
+  - key: first
+    rate_limit: {unit: minute, requests_per_unit: 10}
+  - key: second
+    rate_limit: {unit: minute, requests_per_unit: 5}
   - key: shadow
     shadow_mode: true
     rate_limit: {unit: minute, requests_per_unit: 1}
@@ -421,4 +425,61 @@ async fn the_same_descriptor_twice_draws_twice_at_once() {
     // Nothing was debited: the one token is still there for one descriptor.
     let once = request("different-domain", vec![desc(&[("daily", "x")])]);
     assert_eq!(codes(&answer(&l, &once).await), [Code::Ok]);
+}
+
+/// `(first=x)` (10/min) and `(second=x)` (5/min), neither in quota mode in the config.
+fn first_and_second() -> RateLimitRequest {
+    request(
+        "different-domain",
+        vec![desc(&[("first", "x")]), desc(&[("second", "x")])],
+    )
+}
+
+async fn spend(l: &RateLimiter<MemoryStore>, key: &str, hits: u64) {
+    let r = answer(
+        l,
+        &request("different-domain", vec![desc_hits(&[(key, "x")], hits)]),
+    )
+    .await;
+    assert_eq!(codes(&r), [Code::Ok], "{r:?}");
+}
+
+#[tokio::test]
+async fn global_quota_mode_refuses_only_when_every_descriptor_is_over() {
+    // TestServiceGlobalQuotaMode: both over, the request is refused.
+    let l = limiter(AnswerOptions::default()).with_global_quota(true);
+    spend(&l, "first", 10).await;
+    spend(&l, "second", 5).await;
+    let r = answer(&l, &first_and_second()).await;
+    assert_eq!(code(r.overall_code), Code::OverLimit, "{r:?}");
+    assert_eq!(codes(&r), [Code::OverLimit, Code::OverLimit]);
+
+    // TestServiceQuotaModeOnlySomeOverTheLimit: one over, the request passes.
+    let l = limiter(AnswerOptions::default()).with_global_quota(true);
+    spend(&l, "first", 10).await;
+    let r = answer(&l, &first_and_second()).await;
+    assert_eq!(code(r.overall_code), Code::Ok, "{r:?}");
+    assert_eq!(codes(&r), [Code::OverLimit, Code::Ok]);
+
+    // Without it the same state refuses the request.
+    let l = limiter(AnswerOptions::default());
+    spend(&l, "first", 10).await;
+    let r = answer(&l, &first_and_second()).await;
+    assert_eq!(code(r.overall_code), Code::OverLimit, "{r:?}");
+}
+
+#[tokio::test]
+async fn global_quota_mode_with_global_shadow_mode() {
+    // TestServiceQuotaModeWithShadowMode: both over, shadow mode answers OK overall and
+    // each descriptor keeps OVER_LIMIT.
+    let l = limiter(AnswerOptions {
+        global_shadow: true,
+        ..Default::default()
+    })
+    .with_global_quota(true);
+    spend(&l, "first", 10).await;
+    spend(&l, "second", 5).await;
+    let r = answer(&l, &first_and_second()).await;
+    assert_eq!(code(r.overall_code), Code::Ok, "{r:?}");
+    assert_eq!(codes(&r), [Code::OverLimit, Code::OverLimit]);
 }
