@@ -303,6 +303,9 @@ async fn changed_limit_reaches_every_existing_shard() {
 )]
 async fn hot_entity_shards_itself() {
     let store = Arc::new(common::dynamo::store().await);
+    let _turn = common::dynamo::load_turn().await;
+    // The offered ~200/s must be answered for the partition budget to be passed.
+    common::dynamo::warm_up(50, Duration::from_millis(100)).await;
     let engine = Arc::new(Engine::new(
         store.clone(),
         EngineOptions {
@@ -405,6 +408,8 @@ impl Drop for Server {
 )]
 async fn three_servers_share_one_bucket() {
     let store = common::dynamo::store().await; // creates the table, picks a namespace
+    let _turn = common::dynamo::load_turn().await;
+    common::dynamo::warm_up(24, Duration::from_millis(100)).await;
     let namespace = store.pk(&BucketKey::new("x", "y", 0));
     let namespace = namespace.split("/BUCKET#").next().unwrap().to_string();
     let dir = tempfile::tempdir().unwrap();

@@ -97,3 +97,40 @@ pub async fn sweep(store: &DynamoStore, now_s: i64) -> usize {
         }
     }
 }
+
+/// The tests that offer DynamoDB Local hundreds of writes a second take turns. Two of them
+/// at once on a cold JVM (as in CI, where DynamoDB Local has just started) cannot get the
+/// load they offer answered, and each then measures the other instead of itself.
+pub async fn load_turn() -> tokio::sync::MutexGuard<'static, ()> {
+    static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    TURN.lock().await
+}
+
+/// Brings DynamoDB Local up to speed before a load test: rounds of `concurrency`
+/// concurrent writes (to keys no store uses) until one round is answered within
+/// `target`, for at most 30 s; a JVM that has just started answers its first thousands of
+/// calls many times slower. Returns the rounds it took.
+pub async fn warm_up(concurrency: usize, target: std::time::Duration) -> usize {
+    use aws_sdk_dynamodb::types::AttributeValue;
+    let client = client();
+    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let mut rounds = 0;
+    loop {
+        rounds += 1;
+        let started = std::time::Instant::now();
+        let writes = (0..concurrency).map(|i| {
+            client
+                .put_item()
+                .table_name(TABLE)
+                .item("PK", AttributeValue::S(format!("%warm-up/{i}")))
+                .item("SK", AttributeValue::S("%warm-up".into()))
+                .send()
+        });
+        for w in futures::future::join_all(writes).await {
+            w.expect("a warm-up write to DynamoDB Local");
+        }
+        if started.elapsed() <= target || std::time::Instant::now() >= give_up {
+            return rounds;
+        }
+    }
+}
