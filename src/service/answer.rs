@@ -79,7 +79,9 @@ impl AnswerOptions {
 }
 
 /// The status the headers speak for, as upstream picks it: a descriptor refused outside
-/// quota mode (the last one), else the one with a limit and the least left.
+/// quota mode (the last one), else the one with a limit and the least left (the first of
+/// equals). Unlike upstream, a limit with 4294967295 left (a burst that large, not yet
+/// drawn on) is picked too, so that any descriptor with a limit gets headers.
 fn closest_to_limit<'a>(
     treatments: &[Treatment],
     statuses: &'a [DescriptorStatus],
@@ -87,7 +89,7 @@ fn closest_to_limit<'a>(
     let mut chosen: Option<&DescriptorStatus> = None;
     let mut least = u32::MAX;
     for (t, s) in treatments.iter().zip(statuses) {
-        if s.current_limit.is_some() && s.limit_remaining < least {
+        if s.current_limit.is_some() && (chosen.is_none() || s.limit_remaining < least) {
             chosen = Some(s);
             least = s.limit_remaining;
         }
@@ -282,6 +284,30 @@ mod tests {
             ),
         ]);
         assert_eq!(dest, expected);
+    }
+
+    #[test]
+    fn the_headers_speak_for_any_descriptor_with_a_limit() {
+        let limited = |remaining| DescriptorStatus {
+            current_limit: Some(Default::default()),
+            limit_remaining: remaining,
+            ..Default::default()
+        };
+        let free = Treatment::Free { unlimited: false };
+        let unlimited = DescriptorStatus {
+            limit_remaining: u32::MAX,
+            ..Default::default()
+        };
+        let statuses = [unlimited.clone(), limited(u32::MAX)];
+        let treatments = [free, Treatment::Free { unlimited: false }];
+        let chosen = closest_to_limit(&treatments, &statuses).expect("a limited status");
+        assert!(chosen.current_limit.is_some());
+        // The least left wins; the first of equals.
+        let statuses = [limited(7), limited(3), limited(3)];
+        let treatments = std::array::from_fn::<_, 3, _>(|_| Treatment::Free { unlimited: false });
+        let chosen = closest_to_limit(&treatments, &statuses).unwrap();
+        assert!(std::ptr::eq(chosen, &statuses[1]));
+        assert!(closest_to_limit(&treatments[..1], &[unlimited]).is_none());
     }
 
     #[test]
