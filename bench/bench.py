@@ -27,7 +27,8 @@ Environment (all optional):
                              shardgate's, 1000 writes/s per shard)
     BENCH_DDB_JVM_WARMUP=20  seconds of bare UpdateItem load first, so DynamoDB Local's JVM
                              has compiled its hot code before anything is measured
-    BENCH_RESULTS=bench/results   where the Markdown and JSON results go
+    BENCH_RESULTS=bench/results   where the Markdown and JSON results go (and the SVG
+                             charts bench/charts.py draws of each JSON right after)
 """
 import datetime
 import json
@@ -898,10 +899,22 @@ def write(stamp, name, report, raw):
     md = os.path.join(RESULTS, f"{stamp}-{name}.md")
     with open(md, "w") as f:
         f.write(report)
-    with open(os.path.join(RESULTS, f"{stamp}-{name}.json"), "w") as f:
+    js = os.path.join(RESULTS, f"{stamp}-{name}.json")
+    with open(js, "w") as f:
         json.dump(raw, f, indent=1, default=str)
     print(report)
     log(f"wrote {md}")
+    charts(js)
+
+
+def charts(js):
+    """The SVG charts beside the result (bench/charts.py, matplotlib from
+    bench/requirements.txt). A failure is reported and the run goes on: the numbers are
+    already written, and `python bench/charts.py FILE.json` draws them later."""
+    try:
+        subprocess.run([PY, os.path.join(ROOT, "bench/charts.py"), js], check=True, timeout=300)
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
+        log(f"no charts for {js} ({e}); run: python bench/charts.py {js}")
 
 
 if __name__ == "__main__":
