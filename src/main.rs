@@ -140,6 +140,11 @@ struct Serve {
     /// unlimited on the memory store).
     #[arg(long, env = "SHARDGATE_PARTITION_WRITE_BUDGET")]
     partition_write_budget: Option<u64>,
+    /// Token leases: a bucket hot in this process is answered from a block of tokens
+    /// taken from its shard in advance (default: on for DynamoDB, off for the memory
+    /// store). A rule opts out with `lease: false`.
+    #[arg(long, env = "SHARDGATE_LEASES", value_enum)]
+    leases: Option<Switch>,
     /// Most descriptors one request may carry.
     #[arg(long, env = "SHARDGATE_MAX_DESCRIPTORS", default_value_t = RequestLimits::default().max_descriptors)]
     max_descriptors: usize,
@@ -209,6 +214,12 @@ enum Store {
     Memory,
     /// A DynamoDB table shared by a fleet of servers.
     Dynamodb,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Switch {
+    On,
+    Off,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -411,6 +422,7 @@ fn main() -> ExitCode {
                     ),
                 },
                 partition_write_budget: args.partition_write_budget,
+                leases: args.leases.map(|s| matches!(s, Switch::On)),
                 global_quota_mode: args.global_quota_mode,
                 load: LoadOptions {
                     merge_domains: args.merge_domain_config,

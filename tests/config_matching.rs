@@ -93,6 +93,7 @@ fn key_only_child_is_the_default_for_any_value() {
             requests_per_unit: 5,
             burst: None,
             overdraft: false,
+            lease: true,
         })
     );
 }
@@ -385,6 +386,7 @@ fn ten_thousand_rules() {
                 requests_per_unit: i,
                 burst: None,
                 overdraft: false,
+                lease: true,
             })
         );
     }

@@ -37,6 +37,7 @@ fn rpm(entity: &str, rate: u64, amount: i64) -> BucketClaim {
             forced: false,
         }],
         cascades: false,
+        strict: false,
     }
 }
 
@@ -326,6 +327,7 @@ async fn hot_entity_shards_itself() {
             forced: false,
         }],
         cascades: false,
+        strict: false,
     };
     let admitted = Arc::new(AtomicU64::new(0));
     let start = Instant::now();

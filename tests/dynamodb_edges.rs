@@ -35,6 +35,7 @@ fn claim(entity: &str, cascades: bool) -> BucketClaim {
             forced: false,
         }],
         cascades,
+        strict: false,
     }
 }
 

@@ -26,6 +26,7 @@ fn claim(entity: &str, name: &str, params: LimitParams, amount: i64) -> BucketCl
             forced: false,
         }],
         cascades: false,
+        strict: false,
     }
 }
 

@@ -39,12 +39,16 @@ fn rig_with<S: BucketStore>(inner: S, options: EngineOptions) -> Rig<S> {
     }
 }
 
-/// DynamoDB's budget (1000 writes/s per shard), rejection cache off (as those scenarios assume).
+/// DynamoDB's budget (1000 writes/s per shard), rejection cache off (as those scenarios
+/// assume), token leases on as on DynamoDB by default: these buckets are cold (the clock
+/// is frozen, no demand window ever completes), and a cold bucket is never leased, so
+/// every scenario's calls and states are the reference's with leases on.
 fn rig<S: BucketStore>(inner: S) -> Rig<S> {
     rig_with(
         inner,
         EngineOptions {
             rejection_cache_ms: 0,
+            leases: Some(shardgate::engine::LeaseOptions::default()),
             ..EngineOptions::default()
         },
     )
@@ -65,6 +69,7 @@ fn bucket(entity: &str, resource: &str, limits: Vec<LimitClaim>) -> BucketClaim 
         resource: resource.into(),
         limits: limits.into(),
         cascades: false,
+        strict: false,
     }
 }
 

@@ -399,18 +399,18 @@ cross_store! {
             }]
         };
         assert_eq!(
-            s.credit(&key(0), STAMP, &c(2_000)).await.unwrap(),
+            s.credit(&key(0), STAMP.into(), &c(2_000)).await.unwrap(),
             vec![],
             "would exceed"
         );
-        assert_eq!(s.credit(&key(0), STAMP, &c(1_000)).await.unwrap(), c(1_000));
+        assert_eq!(s.credit(&key(0), STAMP.into(), &c(1_000)).await.unwrap(), c(1_000));
         let image = s.read(&[key(0)]).await.unwrap()[0].clone().unwrap();
         assert_eq!(
             (image.limits["rpm"].tk, image.limits["rpm"].tc),
             (5_000, -1_000)
         );
         assert_eq!(
-            s.credit(&key(9), STAMP, &c(1)).await.unwrap(),
+            s.credit(&key(9), STAMP.into(), &c(1)).await.unwrap(),
             vec![],
             "never creates"
         );
@@ -480,11 +480,11 @@ cross_store! {
             ..STAMP
         };
         for other in [refilled, doubled] {
-            assert_eq!(s.credit(&key(0), other, &c).await.unwrap(), vec![]);
+            assert_eq!(s.credit(&key(0), other.into(), &c).await.unwrap(), vec![]);
         }
         let image = s.read(&[key(0)]).await.unwrap()[0].clone().unwrap();
         assert_eq!(image.limits["rpm"].tk, 4_000, "nothing credited");
-        assert_eq!(s.credit(&key(0), STAMP, &c).await.unwrap(), c);
+        assert_eq!(s.credit(&key(0), STAMP.into(), &c).await.unwrap(), c);
     }
 }
 
@@ -562,7 +562,7 @@ cross_store! {
             item: item(1_000, 1_000_000),
         };
         invalid(s.commit(&[create]).await.map(drop));
-        invalid(s.credit(&long, STAMP, &[]).await.map(drop));
+        invalid(s.credit(&long, STAMP.into(), &[]).await.map(drop));
         // The longest key every store holds.
         let at_bound = BucketKey::new("x".repeat(MAX_PARTITION_KEY_BYTES - 256 - 10 - 4), "api", 0);
         create_ok(&s, at_bound.clone()).await;

@@ -20,8 +20,8 @@ use shardgate::store::breaker::{Breaker, CircuitState};
 use shardgate::store::dynamodb::{DynamoOptions, DynamoStore};
 use shardgate::store::memory::MemoryStore;
 use shardgate::store::{
-    BucketItem, BucketKey, BucketStore, CommitOutcome, Credit, Debit, DebitMode, DebitOutcome,
-    Stamp, StoreError, Write,
+    BucketItem, BucketKey, BucketStore, CommitOutcome, Credit, CreditGuard, Debit, DebitMode,
+    DebitOutcome, StoreError, Write,
 };
 
 /// A memory store that can be switched off, counting the calls that reach it.
@@ -78,11 +78,11 @@ impl BucketStore for Switchable {
     async fn credit(
         &self,
         key: &BucketKey,
-        stamp: Stamp,
+        guard: CreditGuard,
         c: &[Credit],
     ) -> Result<Vec<Credit>, StoreError> {
         self.check().await?;
-        self.inner.credit(key, stamp, c).await
+        self.inner.credit(key, guard, c).await
     }
 }
 

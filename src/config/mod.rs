@@ -119,6 +119,9 @@ pub struct RateLimit {
     pub burst: Option<u64>,
     /// Debit even when the balance is short (post-hoc usage); see docs/configuration.md, "Overdraft".
     pub overdraft: bool,
+    /// May be answered from a token lease (`lease: false` opts out); see
+    /// docs/configuration.md, "Token leases".
+    pub lease: bool,
 }
 
 impl RateLimit {

@@ -87,6 +87,11 @@ pub(super) fn wrap(b: &BucketClaim) -> impl Fn(StoreError) -> EngineError + '_ {
 impl<S: BucketStore> Engine<S> {
     /// Decides `req`: debits every gated claim (and every forced one), or nothing.
     pub async fn acquire(&self, req: &Acquire) -> Result<Decision, EngineError> {
+        if self.leases.is_some() {
+            if let Some(decision) = Box::pin(self.answer_from_leases(req)).await {
+                return Ok(decision);
+            }
+        }
         let decision = match self.decide(req).await {
             Ok(d) => d,
             // A bucket too busy to write is a refusal with a short wait, not an outage
@@ -107,7 +112,7 @@ impl<S: BucketStore> Engine<S> {
         Ok(decision)
     }
 
-    async fn decide(&self, req: &Acquire) -> Result<Decision, EngineError> {
+    pub(super) async fn decide(&self, req: &Acquire) -> Result<Decision, EngineError> {
         if req.buckets.is_empty() {
             return Ok(Decision {
                 admitted: true,

@@ -11,6 +11,7 @@ pub mod bucket;
 mod cached;
 mod clock;
 mod inflight;
+mod lease;
 mod outcome;
 mod partitioned;
 mod pass;
@@ -30,6 +31,7 @@ use thiserror::Error;
 pub use acquire::CONTENTION_RETRY_MS;
 pub use bucket::{LimitParams, ShardShare};
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use lease::LeaseOptions;
 pub use shard::{HotBucket, RandomDraw, ScriptedDraw, ShardDraw};
 pub use stats::{Counted, EngineStats};
 
@@ -79,6 +81,9 @@ pub struct BucketClaim {
     pub limits: SmallVec<[LimitClaim; 2]>,
     /// This bucket is a cascading child: it never takes the child-only shard retry.
     pub cascades: bool,
+    /// Never answered from a lease (a rule's `lease: false`): each request is its own
+    /// store debit, so requests on several servers are decided in the store's order.
+    pub strict: bool,
 }
 
 /// One all-or-nothing acquisition: every gated claim fits and is debited, or none is.
@@ -165,6 +170,8 @@ pub struct EngineOptions {
     pub rejection_cache_entries: usize,
     /// Item TTL = this × the longest time-to-full of its limits.
     pub ttl_multiplier: i64,
+    /// Token leases for hot buckets (`None`: every decision is its own store debit).
+    pub leases: Option<LeaseOptions>,
 }
 
 impl Default for EngineOptions {
@@ -174,6 +181,7 @@ impl Default for EngineOptions {
             rejection_cache_ms: DEFAULT_REJECTION_CACHE_MS,
             rejection_cache_entries: 10_000,
             ttl_multiplier: 7,
+            leases: None,
         }
     }
 }
@@ -184,9 +192,20 @@ pub struct EngineView {
     stats: Arc<EngineStats>,
     shards: Arc<shard::ShardCounts>,
     rejections: Arc<rejection::RejectionCache>,
+    leases: Option<Arc<lease::LeaseBook>>,
 }
 
 impl EngineView {
+    /// Millitokens held in leases now (0 with leases off).
+    pub fn leased_outstanding(&self) -> i64 {
+        self.leases.as_ref().map_or(0, |b| b.outstanding())
+    }
+
+    /// Whether this engine leases hot buckets.
+    pub fn leases_on(&self) -> bool {
+        self.leases.is_some()
+    }
+
     pub fn stats(&self) -> &EngineStats {
         &self.stats
     }
@@ -219,6 +238,7 @@ pub struct Engine<S: BucketStore> {
     shards: Arc<shard::ShardCounts>,
     rejections: Arc<rejection::RejectionCache>,
     slow_passes: inflight::SlowPasses,
+    leases: Option<Arc<lease::LeaseBook>>,
     stats: Arc<EngineStats>,
     ceiling_log: crate::throttle::LogThrottle,
 }
@@ -255,6 +275,10 @@ impl<S: BucketStore> Engine<S> {
                 options.rejection_cache_entries,
             )),
             slow_passes: inflight::SlowPasses::default(),
+            leases: options
+                .leases
+                .clone()
+                .map(|o| Arc::new(lease::LeaseBook::new(o))),
             options,
             stats: Arc::default(),
             ceiling_log: crate::throttle::LogThrottle::new(std::time::Duration::from_secs(10)),
@@ -275,6 +299,7 @@ impl<S: BucketStore> Engine<S> {
             stats: self.stats.clone(),
             shards: self.shards.clone(),
             rejections: self.rejections.clone(),
+            leases: self.leases.clone(),
         }
     }
 

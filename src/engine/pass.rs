@@ -396,6 +396,7 @@ mod tests {
                 forced,
             }],
             cascades: false,
+            strict: false,
         }
     }
 

@@ -69,6 +69,7 @@ impl Plan {
         // Usage under an overdraft rule already happened: it is recorded on the parent too.
         let forced = limit.overdraft && hits > 0;
         let cascades = rule.cascade_parent.is_some();
+        let strict = !limit.lease;
         let (bucket, idx) = self.claim(
             entity,
             &rule.resource,
@@ -77,6 +78,7 @@ impl Plan {
             hits,
             forced,
             cascades,
+            strict,
         )?;
         let parent = match &rule.cascade_parent {
             Some(parent) => match &parent.limit {
@@ -90,6 +92,7 @@ impl Plan {
                         hits,
                         forced,
                         false,
+                        !pl.lease,
                     )?)
                 }
                 RuleLimit::Unlimited => None,
@@ -113,6 +116,7 @@ impl Plan {
         hits: u64,
         forced: bool,
         cascades: bool,
+        strict: bool,
     ) -> Result<(usize, usize), AmountOverflow> {
         let overflow = || AmountOverflow {
             hits,
@@ -140,12 +144,14 @@ impl Plan {
                     resource: Name::new(resource),
                     limits: SmallVec::new(),
                     cascades: false,
+                    strict: false,
                 });
                 self.acquire.buckets.len() - 1
             }
         };
         let bucket = &mut self.acquire.buckets[bi];
         bucket.cascades |= cascades;
+        bucket.strict |= strict;
         if let Some(li) = bucket.limits.iter().position(|l| l.limit == limit_name) {
             let l = &mut bucket.limits[li];
             l.amount = l.amount.checked_add(amount).ok_or_else(overflow)?;

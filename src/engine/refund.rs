@@ -56,7 +56,7 @@ impl<S: BucketStore> Engine<S> {
         }
         self.rejections.credit(&key, &credits);
         EngineStats::bump(&self.stats.refunds);
-        if let Err(e) = self.store.credit(&key, stamp, &credits).await {
+        if let Err(e) = self.store.credit(&key, stamp.into(), &credits).await {
             // A lost refund costs this bucket one request's tokens; never an over-admission.
             tracing::warn!(resource = %b.resource, error = %e, "refund of a voided debit failed");
         }

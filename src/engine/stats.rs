@@ -62,6 +62,19 @@ engine_stats! {
     refunds,
     /// Requests refused because a bucket's item stayed busy with concurrent transactions.
     contended_refusals,
+    /// Leases taken: blocks of tokens debited from a hot bucket's shard in advance.
+    leases_taken,
+    /// Lease fetches that got nothing: the shard could not give a useful block (the
+    /// bucket is then debited per request for a while).
+    leases_refused,
+    /// Requests answered from leases, with no store call.
+    lease_decisions,
+    /// Leases whose unused rest was credited back to the shard (expired, too short for a
+    /// request, or at shutdown).
+    leases_returned,
+    /// Lease returns the store did not apply (the shard doubled, or refilled near its
+    /// ceiling, since; or the store failed): those tokens stay spent until it refills.
+    lease_returns_dropped,
 }
 
 impl EngineStats {
@@ -84,7 +97,7 @@ mod tests {
         EngineStats::bump(&stats.refunds);
         EngineStats::bump(&stats.refunds);
         let counted = stats.counted();
-        assert_eq!(counted.len(), 13);
+        assert_eq!(counted.len(), 18);
         let refunds = counted.iter().find(|c| c.name == "refunds").unwrap();
         assert_eq!(refunds.value, 2);
         assert_eq!(

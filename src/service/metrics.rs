@@ -139,6 +139,15 @@ impl Collector for EngineCollector {
             None,
             held.metric_type(),
         )?)?;
+        if self.engine.leases_on() {
+            let leased = ConstGauge::new(self.engine.leased_outstanding() as f64 / 1_000.0);
+            leased.encode(encoder.encode_descriptor(
+                "lease_tokens_outstanding",
+                "Tokens this server holds in leases (taken from their shards, not used yet)",
+                None,
+                leased.metric_type(),
+            )?)?;
+        }
         let hot = self.engine.hottest(HOT_BUCKETS_LISTED);
         if !hot.is_empty() {
             let mut m = encoder.encode_descriptor(

@@ -19,7 +19,9 @@ use crate::config::reload::{self, ReloadTiming};
 use crate::config::{Config, ConfigErrors, LoadOptions};
 #[cfg(feature = "dynamodb")]
 use crate::engine::DEFAULT_PARTITION_WRITE_BUDGET;
-use crate::engine::{Clock, Engine, EngineOptions, SystemClock, UNLIMITED_PARTITION_WRITE_BUDGET};
+use crate::engine::{
+    Clock, Engine, EngineOptions, LeaseOptions, SystemClock, UNLIMITED_PARTITION_WRITE_BUDGET,
+};
 #[cfg(feature = "dynamodb")]
 use crate::store::breaker::Breaker;
 #[cfg(feature = "dynamodb")]
@@ -50,6 +52,9 @@ pub struct ServeOptions {
     pub http_addr: SocketAddr,
     pub store: StoreKind,
     pub partition_write_budget: Option<u64>,
+    /// Token leases for hot buckets (`None`: the store's default, on for DynamoDB, off
+    /// for the memory store, where a store call already costs no more than a lease).
+    pub leases: Option<bool>,
     /// Global shadow mode, dynamic metadata and `RateLimit-*` headers.
     pub answer: AnswerOptions,
     /// Every rule in quota mode.
@@ -161,8 +166,10 @@ pub async fn run(options: ServeOptions) -> Result<(), ServeError> {
                 })
             };
             let listeners = (grpc_listener, http_listener);
+            let leases = options.leases.unwrap_or(false);
+            let engine = engine_options(budget, leases);
             let result = serve_on(
-                store, budget, config, listeners, &options, metrics, "memory", None,
+                store, engine, config, listeners, &options, metrics, "memory", None,
             )
             .await;
             sweeper.abort();
@@ -189,9 +196,10 @@ pub async fn run(options: ServeOptions) -> Result<(), ServeError> {
                 .partition_write_budget
                 .unwrap_or(DEFAULT_PARTITION_WRITE_BUDGET);
             let listeners = (grpc_listener, http_listener);
+            let engine = engine_options(budget, options.leases.unwrap_or(true));
             serve_on(
                 store,
-                budget,
+                engine,
                 config,
                 listeners,
                 &options,
@@ -238,10 +246,21 @@ async fn warm_up(store: Arc<Breaker<DynamoStore>>) {
     }
 }
 
+fn engine_options(partition_write_budget: u64, leases: bool) -> EngineOptions {
+    EngineOptions {
+        partition_write_budget,
+        leases: leases.then(LeaseOptions::default),
+        ..EngineOptions::default()
+    }
+}
+
+/// How long the shutdown waits for the leases to go back after the calls finished.
+const LEASE_RETURN_PATIENCE: Duration = Duration::from_secs(5);
+
 #[allow(clippy::too_many_arguments)]
 async fn serve_on<S: BucketStore>(
     store: Arc<S>,
-    partition_write_budget: u64,
+    engine_options: EngineOptions,
     config: Arc<Config>,
     (grpc_listener, http_listener): (TcpListener, TcpListener),
     options: &ServeOptions,
@@ -249,10 +268,8 @@ async fn serve_on<S: BucketStore>(
     store_name: &str,
     warm_up: Option<WarmUp>,
 ) -> Result<(), ServeError> {
-    let engine_options = EngineOptions {
-        partition_write_budget,
-        ..EngineOptions::default()
-    };
+    let partition_write_budget = engine_options.partition_write_budget;
+    let leases = engine_options.leases.is_some();
     let store = Arc::new(Metered::new(store, metrics.clone()));
     let engine = Arc::new(Engine::new(store, engine_options));
     metrics.attach_engine(engine.view());
@@ -313,6 +330,7 @@ async fn serve_on<S: BucketStore>(
         http = %http_listener.local_addr().unwrap_or(options.http_addr),
         store = store_name,
         partition_write_budget,
+        leases,
         tls = options.tls.is_some(),
         mtls = options.tls.as_ref().is_some_and(|t| t.client_ca.is_some()),
         worker_threads = tokio::runtime::Handle::current().metrics().num_workers(),
@@ -355,6 +373,19 @@ async fn serve_on<S: BucketStore>(
             }
         })
     };
+    // Leases are fetched and given back in a task of their own; at shutdown, once the
+    // calls have finished, it gives back everything it holds.
+    let (lease_stop_tx, lease_stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let lease_task = {
+        let engine = limiter.engine().clone();
+        tokio::spawn(async move {
+            engine
+                .run_leases(async move {
+                    let _ = lease_stop_rx.await;
+                })
+                .await;
+        })
+    };
     let grpc_task = tokio::spawn(grpc::serve_with(
         limiter.clone(),
         grpc_listener,
@@ -389,6 +420,13 @@ async fn serve_on<S: BucketStore>(
             ?grace,
             "calls still in flight at the end of the grace period"
         ),
+    }
+    let _ = lease_stop_tx.send(());
+    if tokio::time::timeout(LEASE_RETURN_PATIENCE, lease_task)
+        .await
+        .is_err()
+    {
+        tracing::warn!(patience = ?LEASE_RETURN_PATIENCE, "leases not all given back before exit");
     }
     Ok(())
 }

@@ -124,6 +124,7 @@ fn override_rule(domain: &Arc<str>, d: &RateLimitDescriptor, rpu: u32, unit: i32
             requests_per_unit: rpu,
             burst: None,
             overdraft: false,
+            lease: true,
         }),
         // Answered with an empty name, as envoyproxy/ratelimit does; the bucket's limit is
         // still called `override` (Rule::limit_name).

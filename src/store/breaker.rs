@@ -9,8 +9,8 @@ use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 use super::{
-    BucketItem, BucketKey, BucketStore, CommitOutcome, Credit, Debit, DebitMode, DebitOutcome,
-    Stamp, StoreError, Write,
+    BucketItem, BucketKey, BucketStore, CommitOutcome, Credit, CreditGuard, Debit, DebitMode,
+    DebitOutcome, StoreError, Write,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -190,10 +190,10 @@ impl<S: BucketStore> BucketStore for Breaker<S> {
     async fn credit(
         &self,
         key: &BucketKey,
-        stamp: Stamp,
+        guard: CreditGuard,
         credits: &[Credit],
     ) -> Result<Vec<Credit>, StoreError> {
-        self.guarded(key, self.inner.credit(key, stamp, credits))
+        self.guarded(key, self.inner.credit(key, guard, credits))
             .await
     }
 }

@@ -16,8 +16,8 @@
 use std::sync::Arc;
 
 use super::{
-    BucketItem, BucketKey, BucketStore, CommitOutcome, Credit, Debit, DebitMode, DebitOutcome,
-    Stamp, StoreError, Write,
+    BucketItem, BucketKey, BucketStore, CommitOutcome, Credit, CreditGuard, Debit, DebitMode,
+    DebitOutcome, StoreError, Write,
 };
 
 /// `S`, each call in a task of its own.
@@ -93,13 +93,13 @@ impl<S: BucketStore> BucketStore for Detached<S> {
     async fn credit(
         &self,
         key: &BucketKey,
-        stamp: Stamp,
+        guard: CreditGuard,
         credits: &[Credit],
     ) -> Result<Vec<Credit>, StoreError> {
         let (k, credits) = (key.clone(), credits.to_vec());
         self.run(
             key,
-            move |s| async move { s.credit(&k, stamp, &credits).await },
+            move |s| async move { s.credit(&k, guard, &credits).await },
         )
         .await
     }

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{
-    BucketItem, BucketKey, BucketStore, CommitOutcome, Credit, Debit, DebitMode, DebitOutcome,
-    Stamp, StoreError, Write,
+    BucketItem, BucketKey, BucketStore, CommitOutcome, Credit, CreditGuard, Debit, DebitMode,
+    DebitOutcome, StoreError, Write,
 };
 
 /// One call's operation and outcome, as a store names them (DynamoDB: its API's
@@ -99,11 +99,11 @@ impl<S: BucketStore> BucketStore for Metered<S> {
     async fn credit(
         &self,
         key: &BucketKey,
-        stamp: Stamp,
+        guard: CreditGuard,
         credits: &[Credit],
     ) -> Result<Vec<Credit>, StoreError> {
         let started = Instant::now();
-        let r = self.inner.credit(key, stamp, credits).await;
+        let r = self.inner.credit(key, guard, credits).await;
         self.record("credit", started, &r, |applied| {
             if applied.len() == credits.len() {
                 "applied"

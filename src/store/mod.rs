@@ -167,9 +167,40 @@ impl Stamp {
     }
 }
 
-/// A refund of millitokens a voided debit took: applied only while `tk + amount <=
-/// ceiling`, so a refund can never lift a shard above its share, and only while the item
-/// has not been refilled or doubled since the debit (see [`BucketStore::credit`]).
+/// What a credit requires of its item besides the ceilings of its limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CreditGuard {
+    /// A refund of a voided debit: the item as the debit left it, neither refilled nor
+    /// doubled since (`rf` and shard count as the debit's image showed). A refill since
+    /// may already have given the voided tokens back through its clamp at the ceiling.
+    Unrefilled(Stamp),
+    /// The return of a lease's unused rest (see `engine/lease`): the tokens were taken,
+    /// not voided, so a refill since changes nothing; only the shard count must be the
+    /// one the lease was sized for (a doubling since shrank the share, and the ceilings).
+    /// The ceiling alone keeps the shard within its share, so a return never admits more
+    /// than the bucket's capacity plus its refill.
+    SameCount(u32),
+}
+
+impl From<Stamp> for CreditGuard {
+    fn from(stamp: Stamp) -> CreditGuard {
+        CreditGuard::Unrefilled(stamp)
+    }
+}
+
+impl CreditGuard {
+    /// Whether an item with this refill baseline and shard count meets the guard.
+    pub fn admits(&self, rf: i64, shard_count: u32) -> bool {
+        match *self {
+            CreditGuard::Unrefilled(stamp) => stamp.rf == rf && stamp.shard_count == shard_count,
+            CreditGuard::SameCount(count) => count == shard_count,
+        }
+    }
+}
+
+/// Millitokens given back to a shard (a voided debit's refund, or a lease's unused rest):
+/// applied only while `tk + amount <= ceiling`, so a credit can never lift a shard above
+/// its share, and only while the item meets its [`CreditGuard`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Credit {
     pub limit: Name,
@@ -249,15 +280,16 @@ pub trait BucketStore: Send + Sync + 'static {
         writes: &[Write],
     ) -> impl Future<Output = Result<CommitOutcome, StoreError>> + Send;
 
-    /// Refund voided debits (best effort; see [`Credit`]), only while the item still
-    /// bears `stamp`, the one the debit's image showed: a slow pass since then refilled
-    /// from that baseline, which may already have given the voided tokens back (the clamp
-    /// at the ceiling had removed them), and a refund on top would mint them; a doubling
-    /// since shrank the share the ceilings were computed for. Returns the credits applied.
+    /// Gives millitokens back (best effort; see [`Credit`]), only while the item meets
+    /// `guard`. A refund of voided debits requires the stamp the debit's image showed: a
+    /// slow pass since then refilled from that baseline, which may already have given the
+    /// voided tokens back (the clamp at the ceiling had removed them), and a refund on
+    /// top would mint them; a doubling since shrank the share the ceilings were computed
+    /// for. A lease's return requires the shard count only. Returns the credits applied.
     fn credit(
         &self,
         key: &BucketKey,
-        stamp: Stamp,
+        guard: CreditGuard,
         credits: &[Credit],
     ) -> impl Future<Output = Result<Vec<Credit>, StoreError>> + Send;
 }

@@ -68,8 +68,8 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
 use shardgate::store::{
-    BucketItem, BucketKey, BucketStore, CommitOutcome, Credit, Debit, DebitMode, DebitOutcome,
-    Stamp, StoreError, Write,
+    BucketItem, BucketKey, BucketStore, CommitOutcome, Credit, CreditGuard, Debit, DebitMode,
+    DebitOutcome, StoreError, Write,
 };
 
 /// One store call as the engine made it.
@@ -220,10 +220,10 @@ impl<S: BucketStore> BucketStore for Recorder<S> {
     async fn credit(
         &self,
         key: &BucketKey,
-        stamp: Stamp,
+        guard: CreditGuard,
         credits: &[Credit],
     ) -> Result<Vec<Credit>, StoreError> {
         self.log(Call::Credit { shard: key.shard });
-        self.inner.credit(key, stamp, credits).await
+        self.inner.credit(key, guard, credits).await
     }
 }

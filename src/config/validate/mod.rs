@@ -45,6 +45,7 @@ const RATE_LIMIT_KEYS: &[&str] = &[
     "replaces",
     "burst",
     "overdraft",
+    "lease",
 ];
 const REPLACES_KEYS: &[&str] = &["name"];
 
@@ -342,6 +343,10 @@ impl Validator<'_> {
         let fields = self.fields(f.value, "'rate_limit'", "rate_limit", RATE_LIMIT_KEYS)?;
         let unlimited = self.boolean(fields.get("unlimited"));
         let overdraft = self.boolean(fields.get("overdraft"));
+        let lease = fields
+            .get("lease")
+            .filter(|l| l.value.kind != NodeKind::Null)
+            .is_none_or(|l| self.boolean(Some(l)));
         let unit_field = fields.get("unit");
         let unit = unit_field.and_then(|u| {
             let text = self.text(u)?;
@@ -374,7 +379,12 @@ impl Validator<'_> {
 
         let limit = if unlimited {
             // `overdraft: false` is harmless; the others would give an unlimited rule a bucket.
-            for (key, set) in [("unit", true), ("burst", true), ("overdraft", overdraft)] {
+            for (key, set) in [
+                ("unit", true),
+                ("burst", true),
+                ("overdraft", overdraft),
+                ("lease", !lease),
+            ] {
                 if let Some(k) = fields.get(key).filter(|_| set) {
                     self.error(k.pos, K::UnlimitedWith(k.name));
                 }
@@ -392,6 +402,7 @@ impl Validator<'_> {
                 requests_per_unit: u32::try_from(rpu?).ok()?,
                 burst,
                 overdraft,
+                lease,
             })
         };
         Some(RateLimitModel {

@@ -7,7 +7,8 @@ use std::collections::HashMap;
 use aws_sdk_dynamodb::types::AttributeValue;
 
 use crate::store::{
-    CountChange, Credit, Debit, DebitMode, LimitWrite, Stamp, Write, MILLI, MIN_BALANCE, WCU_LIMIT,
+    CountChange, Credit, CreditGuard, Debit, DebitMode, LimitWrite, Write, MILLI, MIN_BALANCE,
+    WCU_LIMIT,
 };
 
 pub(super) fn n(v: i64) -> AttributeValue {
@@ -236,16 +237,25 @@ pub(super) fn update_of(w: &Write) -> Option<(String, String, Expr)> {
     }
 }
 
-/// The `ADD` and condition of a refund: the item not refilled nor doubled since the debit
-/// (`rf` and count as it showed), each limit's balance at or under its ceiling after it.
-pub(super) fn credit_expression(stamp: Stamp, credits: &[Credit]) -> (String, String, Expr) {
+/// The `ADD` and condition of a credit: the item meeting `guard` (for a refund, not
+/// refilled nor doubled since the debit: `rf` and count as it showed; for a lease's
+/// return, the count), each limit's balance at or under its ceiling after it.
+pub(super) fn credit_expression(guard: CreditGuard, credits: &[Credit]) -> (String, String, Expr) {
     let mut e = Expr::default();
     let mut add = Vec::new();
-    let rf = e.name("#rf".into(), "rf".into());
-    let erf = e.value(":erf".into(), n(stamp.rf));
+    let mut cond = Vec::new();
+    let count = match guard {
+        CreditGuard::Unrefilled(stamp) => {
+            let rf = e.name("#rf".into(), "rf".into());
+            let erf = e.value(":erf".into(), n(stamp.rf));
+            cond.push(format!("{rf} = {erf}"));
+            stamp.shard_count
+        }
+        CreditGuard::SameCount(count) => count,
+    };
     let sc = e.name("#sc".into(), "shard_count".into());
-    let esc = e.value(":esc".into(), n(i64::from(stamp.shard_count)));
-    let mut cond = vec![format!("{rf} = {erf}"), format!("{sc} = {esc}")];
+    let esc = e.value(":esc".into(), n(i64::from(count)));
+    cond.push(format!("{sc} = {esc}"));
     for (i, c) in credits.iter().enumerate() {
         let t = e.name(format!("#t{i}"), attr(&c.limit, "tk"));
         let tc = e.name(format!("#c{i}"), attr(&c.limit, "tc"));

@@ -44,8 +44,8 @@ use ledger::{capacity, capacity_all};
 use super::key::{check_item, check_key};
 use super::DEFAULT_STORE_TIMEOUT;
 use super::{
-    BucketItem, BucketKey, BucketStore, CommitOutcome, Credit, Debit, DebitMode, DebitOutcome,
-    Stamp, StoreError, Write, MAX_COMMIT_ITEMS,
+    BucketItem, BucketKey, BucketStore, CommitOutcome, Credit, CreditGuard, Debit, DebitMode,
+    DebitOutcome, StoreError, Write, MAX_COMMIT_ITEMS,
 };
 use crate::text::elide;
 
@@ -565,7 +565,7 @@ impl BucketStore for DynamoStore {
     async fn credit(
         &self,
         key: &BucketKey,
-        stamp: Stamp,
+        guard: CreditGuard,
         credits: &[Credit],
     ) -> Result<Vec<Credit>, StoreError> {
         check_key(key)?;
@@ -574,10 +574,12 @@ impl BucketStore for DynamoStore {
             if todo.is_empty() {
                 break;
             }
-            match self.update(key, || credit_expression(stamp, &todo)).await? {
+            match self.update(key, || credit_expression(guard, &todo)).await? {
                 Ok(_) => return Ok(todo),
                 Err(None) => return Ok(Vec::new()),
-                Err(Some(image)) if Stamp::of(&image) != stamp => return Ok(Vec::new()),
+                Err(Some(image)) if !guard.admits(image.rf, image.shard_count) => {
+                    return Ok(Vec::new())
+                }
                 Err(Some(image)) => {
                     // Keep only the credits that still fit under their ceiling.
                     todo.retain(|c| {

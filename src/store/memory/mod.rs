@@ -27,8 +27,8 @@ use hashbrown::HashSet;
 
 use super::key::{check_item, check_key};
 use super::{
-    BucketItem, BucketKey, BucketStore, CommitOutcome, CountChange, Credit, Debit, DebitMode,
-    DebitOutcome, LimitWrite, Limits, Name, Stamp, StoreError, Write, MAX_COMMIT_ITEMS, MILLI,
+    BucketItem, BucketKey, BucketStore, CommitOutcome, CountChange, Credit, CreditGuard, Debit,
+    DebitMode, DebitOutcome, LimitWrite, Limits, Name, StoreError, Write, MAX_COMMIT_ITEMS, MILLI,
     MIN_BALANCE, WCU_LIMIT,
 };
 
@@ -366,12 +366,12 @@ impl BucketStore for MemoryStore {
     async fn credit(
         &self,
         key: &BucketKey,
-        stamp: Stamp,
+        guard: CreditGuard,
         credits: &[Credit],
     ) -> Result<Vec<Credit>, StoreError> {
         check_key(key)?;
         let mut g = self.part(key);
-        let bears = |slot: &&mut Slot| slot.rf == stamp.rf && slot.shard_count == stamp.shard_count;
+        let bears = |slot: &&mut Slot| guard.admits(slot.rf, slot.shard_count);
         let Some(slot) = g.get_mut(key).filter(bears) else {
             return Ok(Vec::new());
         };

@@ -1,0 +1,235 @@
+//! Token leases: a bucket hot in this process is answered from memory, out of a block of
+//! tokens taken from one of its shards in advance by the same conditional debit any
+//! request makes. Tokens leave the bucket before they are used, so a lease can never
+//! admit more than the bucket holds; what is not used within the lease's lifetime goes
+//! back to the shard (never above its share), and at shutdown everything does.
+//!
+//! This module owns when to lease, how much, and the return; `book.rs` keeps the leases
+//! and the demand, `size.rs` is the arithmetic. It makes no decision a debit would not
+//! (a lease is a debit), and it never waits on the store on the request path except to
+//! give back a lease that is too short for a request, before the store decides it.
+//!
+//! Fetches and returns run in one task of the server's ([`Engine::run_leases`]): a hot
+//! request never waits for a lease; it is served by the store until one arrives.
+
+mod book;
+mod size;
+
+use std::future::Future;
+use std::pin::Pin;
+
+use futures::stream::{FuturesUnordered, StreamExt};
+use smallvec::SmallVec;
+
+pub(crate) use book::LeaseBook;
+use book::{Return, Served, Want};
+
+use super::{Acquire, BucketClaim, Decision, Engine, EngineStats, LimitClaim};
+use crate::store::{BucketStore, Credit, CreditGuard};
+
+/// How leases are taken.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseOptions {
+    /// How long a granted block may sit before its rest goes back (ms). A second: long
+    /// enough that a hot bucket costs about two writes a second per server (a grant each
+    /// half-lifetime, see `size::needs_top_up`) whatever its rate, short enough that the
+    /// tokens a server stops using reach the other servers within about a second.
+    pub lifetime_ms: i64,
+    /// Decisions per second on one bucket, in this process, from which it is leased:
+    /// below it a lease would answer too few requests to save writes.
+    pub hot_rate: u32,
+    /// A lease is at most `1/share_divisor` of its shard's share: several servers can
+    /// each hold one, and a server that goes quiet or crashes strands little.
+    pub share_divisor: i64,
+}
+
+impl Default for LeaseOptions {
+    fn default() -> Self {
+        LeaseOptions {
+            lifetime_ms: 1_000,
+            hot_rate: 20,
+            share_divisor: 8,
+        }
+    }
+}
+
+type Work<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
+
+impl<S: BucketStore> Engine<S> {
+    /// Answers `req` from leases when they cover it; otherwise gives back first the
+    /// leases too short for it, and returns `None` (the store decides).
+    pub(super) async fn answer_from_leases(&self, req: &Acquire) -> Option<Decision> {
+        let book = self.leases.as_ref()?;
+        match book.serve(req, self.clock.now_ms()) {
+            Served::Answered(decision) => {
+                EngineStats::bump(&self.stats.lease_decisions);
+                Some(decision)
+            }
+            Served::Missed(returns) => {
+                if !returns.is_empty() {
+                    self.give_back(returns).await;
+                }
+                None
+            }
+        }
+    }
+
+    /// Fetches the leases wanted now, concurrently (tests call it to step the lease
+    /// task by hand).
+    pub async fn fetch_wanted_leases(&self) {
+        let Some(book) = &self.leases else { return };
+        futures::future::join_all(book.take_wants().into_iter().map(|w| self.fetch(w))).await;
+    }
+
+    /// Gives back every lease expired by now (tests call it to step the lease task).
+    pub async fn return_expired_leases(&self) {
+        let Some(book) = &self.leases else { return };
+        let returns = book.expire(self.clock.now_ms());
+        if !returns.is_empty() {
+            self.give_back(returns).await;
+        }
+    }
+
+    /// Millitokens this process holds in leases.
+    pub fn leased_outstanding(&self) -> i64 {
+        self.leases.as_ref().map_or(0, |b| b.outstanding())
+    }
+
+    /// The lease task: fetches the leases hot buckets want and gives back expired ones,
+    /// until `stop` resolves; then lets the fetches in flight land and gives everything
+    /// back. Returns at once (after `stop`) when leases are off.
+    pub async fn run_leases(&self, stop: impl Future<Output = ()>) {
+        let Some(book) = &self.leases else {
+            return stop.await;
+        };
+        let mut work: FuturesUnordered<Work<'_>> = FuturesUnordered::new();
+        let mut tick = tokio::time::interval(book.tick());
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tokio::pin!(stop);
+        loop {
+            tokio::select! {
+                _ = &mut stop => break,
+                _ = book.wanted().notified() => {
+                    for want in book.take_wants() {
+                        work.push(Box::pin(self.fetch(want)));
+                    }
+                }
+                Some(()) = work.next(), if !work.is_empty() => {}
+                _ = tick.tick() => {
+                    let returns = book.expire(self.clock.now_ms());
+                    if !returns.is_empty() {
+                        work.push(Box::pin(self.give_back(returns)));
+                    }
+                }
+            }
+        }
+        // Grants in flight land in the book, and go back with the rest.
+        while work.next().await.is_some() {}
+        let returns = book.close();
+        let n = returns.len();
+        self.give_back(returns).await;
+        tracing::info!(leases = n, "leases given back");
+    }
+
+    /// Takes one lease for `want`: a debit of the size its demand calls for, or of what
+    /// the shard can still give when that is still useful; else none for a while.
+    async fn fetch(&self, want: Want) {
+        let Some(book) = &self.leases else { return };
+        let options = book.options();
+        let count = self.shards.get(&want.bucket.entity, &want.bucket.resource);
+        let mut limits: SmallVec<[LimitClaim; 2]> = SmallVec::new();
+        for (c, demand) in &want.limits {
+            let share = c.params.share(count);
+            match size::lease_size(*demand, options.lifetime_ms, share, options.share_divisor) {
+                Some(amount) => limits.push(LimitClaim {
+                    amount,
+                    forced: false,
+                    ..c.clone()
+                }),
+                None => {
+                    book.declined(&want.bucket, self.clock.now_ms());
+                    return;
+                }
+            }
+        }
+        for attempt in 0..2 {
+            let req = Acquire {
+                buckets: smallvec::smallvec![BucketClaim {
+                    entity: want.bucket.entity.clone(),
+                    resource: want.bucket.resource.clone(),
+                    limits: limits.clone(),
+                    cascades: false,
+                    strict: false,
+                }],
+            };
+            match self.decide(&req).await {
+                Ok(d) if d.admitted => {
+                    EngineStats::bump(&self.stats.leases_taken);
+                    book.granted(&want.bucket, &limits, &d.buckets[0], self.clock.now_ms());
+                    return;
+                }
+                Ok(d) if attempt == 0 => {
+                    // Take what fits, if that is still worth a lease.
+                    let o = &d.buckets[0];
+                    let fitted: Option<SmallVec<[LimitClaim; 2]>> = limits
+                        .iter()
+                        .zip(&o.limits)
+                        .zip(&want.limits)
+                        .map(|((c, l), (_, demand))| {
+                            size::what_fits(c.amount, l.remaining, demand.largest).map(|amount| {
+                                LimitClaim {
+                                    amount,
+                                    ..c.clone()
+                                }
+                            })
+                        })
+                        .collect();
+                    match fitted {
+                        Some(f) => limits = f,
+                        None => break,
+                    }
+                }
+                Ok(_) => break,
+                Err(e) => {
+                    tracing::debug!(resource = %want.bucket.resource, error = %e, "lease fetch failed");
+                    break;
+                }
+            }
+        }
+        EngineStats::bump(&self.stats.leases_refused);
+        book.declined(&want.bucket, self.clock.now_ms());
+    }
+
+    /// Credits the rest of each lease back to its shard, under its ceiling and on
+    /// condition that the shard count is still the one the lease was sized for.
+    async fn give_back(&self, returns: Vec<Return>) {
+        futures::future::join_all(returns.into_iter().map(|r| async move {
+            let credits: Vec<Credit> = r
+                .rest
+                .iter()
+                .map(|(limit, params, amount)| Credit {
+                    limit: limit.clone(),
+                    amount: *amount,
+                    ceiling: params.share(r.shard_count).ceiling,
+                })
+                .collect();
+            self.rejections.credit(&r.key, &credits);
+            EngineStats::bump(&self.stats.leases_returned);
+            match self
+                .store
+                .credit(&r.key, CreditGuard::SameCount(r.shard_count), &credits)
+                .await
+            {
+                Ok(applied) if applied.len() == credits.len() => {}
+                // The shard doubled or refilled near its ceiling meanwhile: those tokens
+                // stay taken until it refills (never an over-admission).
+                Ok(_) => EngineStats::bump(&self.stats.lease_returns_dropped),
+                Err(e) => {
+                    EngineStats::bump(&self.stats.lease_returns_dropped);
+                    tracing::warn!(resource = %r.key.resource, error = %e, "lease return failed");
+                }
+            }
+        }))
+        .await;
+    }
+}

@@ -1,0 +1,299 @@
+//! Token leases (issue 18), on every store: a hot bucket is answered from a block of
+//! tokens taken in advance, with no store call; what is not used goes back; tokens are
+//! taken before use, so the bound of the bucket holds and `tc` counts exactly what was
+//! admitted; a cold or nearly empty bucket is decided as without leases. The lease task
+//! is stepped by hand (`fetch_wanted_leases`, `return_expired_leases`) under a frozen
+//! clock, so every step is deterministic.
+
+#[macro_use]
+mod common;
+
+use std::sync::Arc;
+
+use common::{Call, Recorder};
+use shardgate::engine::{
+    Acquire, BucketClaim, Engine, EngineOptions, EngineStats, LeaseOptions, LimitClaim,
+    LimitParams, ManualClock, ScriptedDraw,
+};
+use shardgate::store::{BucketKey, BucketStore, Credit, CreditGuard, Stamp};
+
+const T0: i64 = 1_800_000_000_000;
+
+struct Rig<S: BucketStore> {
+    engine: Engine<Recorder<S>>,
+    store: Arc<Recorder<S>>,
+    clock: Arc<ManualClock>,
+}
+
+fn rig<S: BucketStore>(inner: S, leases: bool) -> Rig<S> {
+    let store = Recorder::new(inner);
+    let clock = Arc::new(ManualClock::new(T0));
+    let options = EngineOptions {
+        leases: leases.then(LeaseOptions::default),
+        ..EngineOptions::default()
+    };
+    let engine = Engine::with_parts(
+        store.clone(),
+        options,
+        clock.clone(),
+        Arc::new(ScriptedDraw::default()),
+    );
+    Rig {
+        engine,
+        store,
+        clock,
+    }
+}
+
+/// A claim of `hits` tokens on `entity`'s bucket of `capacity` tokens refilled at
+/// `per_s` tokens a second.
+fn claim(entity: &str, capacity: u64, per_s: u64, hits: i64) -> BucketClaim {
+    BucketClaim {
+        entity: entity.into(),
+        resource: "api".into(),
+        limits: smallvec::smallvec![LimitClaim {
+            limit: "rps".into(),
+            params: LimitParams::new(capacity, per_s, 1_000),
+            amount: hits * 1_000,
+            forced: false,
+        }],
+        cascades: false,
+        strict: false,
+    }
+}
+
+fn one(b: BucketClaim) -> Acquire {
+    Acquire {
+        buckets: smallvec::smallvec![b],
+    }
+}
+
+/// `n` requests `every_ms` apart; returns how many were admitted.
+async fn drive<S: BucketStore>(rig: &Rig<S>, req: &Acquire, n: usize, every_ms: i64) -> usize {
+    let mut admitted = 0;
+    for _ in 0..n {
+        admitted += usize::from(rig.engine.acquire(req).await.unwrap().admitted);
+        rig.clock.advance(every_ms);
+    }
+    admitted
+}
+
+async fn tc<S: BucketStore>(rig: &Rig<S>, entity: &str) -> i64 {
+    let mut sum = 0;
+    for shard in 0..32 {
+        if let Some(item) = rig.store.get(&BucketKey::new(entity, "api", shard)).await {
+            sum += item.limits["rps"].tc;
+        }
+    }
+    sum
+}
+
+fn stat(
+    rig: &Rig<impl BucketStore>,
+    f: impl Fn(&EngineStats) -> &std::sync::atomic::AtomicU64,
+) -> u64 {
+    EngineStats::get(f(rig.engine.stats()))
+}
+
+cross_store! {
+    /// 100 requests/s on a bucket of 10,000 tokens: after the first window the bucket is
+    /// leased, and the following requests are answered with no store call at all.
+    async fn a_hot_bucket_is_answered_from_memory<S: BucketStore>(store: S) {
+        let rig = rig(store, true);
+        let req = one(claim("hot", 10_000, 10_000, 1));
+        assert_eq!(drive(&rig, &req, 30, 10).await, 30);
+        rig.engine.fetch_wanted_leases().await;
+        assert_eq!(stat(&rig, |s| &s.leases_taken), 1);
+        let leased = rig.engine.leased_outstanding();
+        assert!(leased >= 4_000, "a lease of a few requests at least: {leased}");
+
+        rig.store.clear();
+        assert_eq!(drive(&rig, &req, 20, 10).await, 20);
+        assert_eq!(rig.store.calls(), vec![], "answered from the lease");
+        assert_eq!(stat(&rig, |s| &s.lease_decisions), 20);
+        assert_eq!(rig.engine.leased_outstanding(), leased - 20_000);
+    }
+}
+
+cross_store! {
+    /// What a lease did not use goes back when it expires: the shard's `tc` is then the
+    /// tokens admitted, exactly, and its balance what it would be without the lease.
+    async fn the_unused_rest_goes_back_and_tc_counts_what_was_admitted<S: BucketStore>(store: S) {
+        let rig = rig(store, true);
+        // No refill in this test's time: the balance tells what was taken.
+        let req = one(claim("rest", 1_000, 0, 1));
+        let mut admitted = drive(&rig, &req, 30, 10).await;
+        rig.engine.fetch_wanted_leases().await;
+        assert!(rig.engine.leased_outstanding() > 0);
+        admitted += drive(&rig, &req, 10, 10).await;
+        assert_eq!(admitted, 40);
+        rig.clock.advance(1_000);
+        rig.engine.return_expired_leases().await;
+        assert_eq!(rig.engine.leased_outstanding(), 0);
+        assert_eq!(stat(&rig, |s| &s.leases_returned), 1);
+        assert_eq!(stat(&rig, |s| &s.lease_returns_dropped), 0);
+        assert_eq!(tc(&rig, "rest").await, 40_000, "tc = tokens admitted");
+        let item = rig.store.get(&BucketKey::new("rest", "api", 0)).await.unwrap();
+        assert_eq!(item.limits["rps"].tk, 960_000);
+    }
+}
+
+cross_store! {
+    /// A request larger than what the lease holds gives the lease back first, so the
+    /// store decides it with every token of the bucket in view: a request for all that is
+    /// left is admitted, as it would be without leases.
+    async fn a_request_the_lease_cannot_cover_sees_every_token<S: BucketStore>(store: S) {
+        let rig = rig(store, true);
+        let req = one(claim("big", 1_000, 0, 1));
+        assert_eq!(drive(&rig, &req, 30, 10).await, 30);
+        rig.engine.fetch_wanted_leases().await;
+        let leased = rig.engine.leased_outstanding();
+        assert!(leased > 0);
+        let all_left = one(claim("big", 1_000, 0, 970));
+        let d = rig.engine.acquire(&all_left).await.unwrap();
+        assert!(d.admitted, "{d:?}");
+        assert_eq!(d.buckets[0].limits[0].remaining, 0);
+        assert_eq!(rig.engine.leased_outstanding(), 0);
+        assert!(!rig.engine.acquire(&req).await.unwrap().admitted, "nothing left anywhere");
+        assert_eq!(tc(&rig, "big").await, 1_000_000);
+    }
+}
+
+cross_store! {
+    /// A bucket too small for a useful lease (an eighth of it is under four requests) is
+    /// never leased: every decision is a debit, as without leases.
+    async fn a_small_bucket_is_never_leased<S: BucketStore>(store: S) {
+        let rig = rig(store, true);
+        let req = one(claim("small", 20, 0, 1));
+        assert_eq!(drive(&rig, &req, 30, 10).await, 20);
+        rig.engine.fetch_wanted_leases().await;
+        assert_eq!(stat(&rig, |s| &s.leases_taken), 0);
+        assert_eq!(rig.engine.leased_outstanding(), 0);
+    }
+}
+
+cross_store! {
+    /// `lease: false` (a strict bucket): however hot, every request is its own debit.
+    async fn a_strict_bucket_is_never_leased<S: BucketStore>(store: S) {
+        let rig = rig(store, true);
+        let mut b = claim("strict", 10_000, 10_000, 1);
+        b.strict = true;
+        let req = one(b);
+        assert_eq!(drive(&rig, &req, 60, 10).await, 60);
+        rig.engine.fetch_wanted_leases().await;
+        assert_eq!(stat(&rig, |s| &s.leases_taken), 0);
+        // The first creates the item, every other one is a fast debit.
+        assert_eq!(stat(&rig, |s| &s.fast_path_hits), 59);
+        assert_eq!(stat(&rig, |s| &s.lease_decisions), 0);
+    }
+}
+
+cross_store! {
+    /// A cold bucket is decided exactly as without leases: the same answers and the same
+    /// store calls, request by request; a bucket run dry admits the same requests.
+    async fn cold_and_dry_buckets_decide_as_without_leases<S: BucketStore>(a: S, b: S) {
+        let with = rig(a, true);
+        let without = rig(b, false);
+        let step = |gap: i64| {
+            with.clock.advance(gap);
+            without.clock.advance(gap);
+        };
+        // Cold: two requests a second.
+        let req = one(claim("cold", 1_000, 10, 1));
+        for i in 0..10 {
+            let x = with.engine.acquire(&req).await.unwrap();
+            let y = without.engine.acquire(&req).await.unwrap();
+            assert_eq!(x, y, "request {i}");
+            step(500);
+            with.engine.fetch_wanted_leases().await;
+        }
+        assert_eq!(with.store.calls(), without.store.calls());
+        assert_eq!(EngineStats::get(&with.engine.stats().leases_taken), 0);
+
+        // Dry: almost everything taken at once, then a burst of single tokens.
+        let most = one(claim("cold", 1_000, 10, 985));
+        assert!(with.engine.acquire(&most).await.unwrap().admitted);
+        assert!(without.engine.acquire(&most).await.unwrap().admitted);
+        let (mut x, mut y) = (Vec::new(), Vec::new());
+        for _ in 0..60 {
+            x.push(with.engine.acquire(&req).await.unwrap().admitted);
+            y.push(without.engine.acquire(&req).await.unwrap().admitted);
+            step(5);
+            with.engine.fetch_wanted_leases().await;
+        }
+        assert_eq!(x, y);
+        assert!(x.iter().any(|a| !a), "the burst ran the bucket dry");
+    }
+}
+
+cross_store! {
+    /// A cascade child and its parent are leased each on its own; a request is answered
+    /// from memory only when both are covered, and otherwise decided by the store for
+    /// both — never half from a lease.
+    async fn a_cascade_pair_is_all_or_nothing_across_leases<S: BucketStore>(store: S) {
+        let rig = rig(store, true);
+        let mut child = claim("child", 10_000, 10_000, 1);
+        child.cascades = true;
+        let parent = claim("parent", 10_000, 10_000, 1);
+        let pair = Acquire {
+            buckets: smallvec::smallvec![child.clone(), parent.clone()],
+        };
+        assert_eq!(drive(&rig, &pair, 30, 10).await, 30);
+        rig.engine.fetch_wanted_leases().await;
+        assert_eq!(stat(&rig, |s| &s.leases_taken), 2);
+        rig.store.clear();
+        assert_eq!(drive(&rig, &pair, 5, 10).await, 5);
+        assert_eq!(rig.store.calls(), vec![]);
+
+        // A second child under the same parent: the parent's lease covers it, the new
+        // child has none, so the store decides both (the parent's lease stays whole).
+        let mut other = claim("child2", 10_000, 10_000, 1);
+        other.cascades = true;
+        let outstanding = rig.engine.leased_outstanding();
+        let d = rig
+            .engine
+            .acquire(&Acquire {
+                buckets: smallvec::smallvec![other, parent],
+            })
+            .await
+            .unwrap();
+        assert!(d.admitted);
+        assert_eq!(rig.engine.leased_outstanding(), outstanding);
+        assert!(rig.store.calls().iter().any(|c| matches!(c, Call::Debit { .. })));
+    }
+}
+
+cross_store! {
+    /// A lease's return requires the shard count it was sized for, not the refill
+    /// baseline: it lands after a refill, never after a doubling.
+    async fn a_lease_return_survives_a_refill_not_a_doubling<S: BucketStore>(store: S) {
+        let rig = rig(store, false);
+        let req = one(claim("ret", 100, 100, 10));
+        assert!(rig.engine.acquire(&req).await.unwrap().admitted);
+        let key = BucketKey::new("ret", "api", 0);
+        let before = rig.store.get(&key).await.unwrap();
+        let credit = [Credit {
+            limit: "rps".into(),
+            amount: 5_000,
+            ceiling: 100_000,
+        }];
+        // A refill stamp that no longer matches: a refund is refused, a return applied.
+        let moved = Stamp {
+            rf: before.rf - 1,
+            shard_count: 1,
+        };
+        let s = &rig.store.inner;
+        assert_eq!(s.credit(&key, CreditGuard::Unrefilled(moved), &credit).await.unwrap(), vec![]);
+        assert_eq!(s.credit(&key, CreditGuard::SameCount(1), &credit).await.unwrap(), credit);
+        assert_eq!(s.credit(&key, CreditGuard::SameCount(2), &credit).await.unwrap(), vec![]);
+        let after = rig.store.get(&key).await.unwrap();
+        assert_eq!(after.limits["rps"].tk, before.limits["rps"].tk + 5_000);
+        assert_eq!(after.limits["rps"].tc, before.limits["rps"].tc - 5_000);
+        // Never above the ceiling.
+        let over = [Credit {
+            amount: 100_000,
+            ..credit[0].clone()
+        }];
+        assert_eq!(s.credit(&key, CreditGuard::SameCount(1), &over).await.unwrap(), vec![]);
+    }
+}
