@@ -56,7 +56,12 @@ async fn hammer(server: &TestServer) -> Tally {
                     match code(r.overall_code) {
                         Code::Ok => {
                             assert_eq!(code(s.code), Code::Ok, "{r:?}");
-                            assert!(s.limit_remaining < BURST as u32, "{r:?}");
+                            // At most the burst: a fast debit does not refill the stored
+                            // balance, and the answer projects its refill to now, so a
+                            // shard refilled past its ceiling since its last slow pass
+                            // reports the ceiling after a debit (the debit came out of
+                            // tokens the clamp drops; the slow pass agrees).
+                            assert!(s.limit_remaining <= BURST as u32, "{r:?}");
                             admitted += 1;
                         }
                         Code::OverLimit => {

@@ -16,6 +16,7 @@ Needs DynamoDB Local: SHARDGATE_TEST_DYNAMODB_ENDPOINT (scripts/test starts one)
 it the test fails: a skipped DynamoDB test would prove nothing.
 """
 import json
+import signal
 import os
 import subprocess
 import threading
@@ -155,3 +156,115 @@ def test_processes_share_one_bucket_during_doubling_and_reloads(shardgate, tmp_p
         assert s.proc.poll() is None
     print(f"admitted {hits}, refused {sum(refused)} in {elapsed:.1f} s over {count} shards; "
           f"bound {bound:.0f}")
+
+
+# ----------------------------------------------------------------------------------------
+# Token leases (issue 18): three servers with default flags (leases on, as on DynamoDB by
+# default) on one bucket large enough to be leased and limited below what they are offered.
+
+LEASE_CAPACITY = 200  # an eighth of it is 25 tokens: a lease of several requests
+LEASE_RATE = 50  # tokens per second: about a third of what the clients offer
+LEASE_RUN_S = 5.0
+
+
+ROOMY = 1_000_000  # per minute: a second bucket that never runs dry
+
+
+def roomy_request():
+    return rls_pb2.RateLimitRequest(
+        domain="conc",
+        descriptors=[ratelimit_pb2.RateLimitDescriptor(
+            entries=[ratelimit_pb2.RateLimitDescriptor.Entry(key="other", value="x")])])
+
+
+def bucket_tc(store, namespace, entity):
+    shards = json.loads(cli("inspect", *store, "--namespace", namespace,
+                            "--entity", entity, "--resource", "conc"))
+    existing = [s for s in shards["shards"] if s["exists"]]
+    return sum(s["limits"]["rl"]["tc"] for s in existing), len(existing)
+
+
+def test_three_servers_with_leases_keep_the_bound_and_count_every_token(shardgate, tmp_path):
+    """On the limited bucket, Σ admitted ≤ capacity + rate × elapsed (leases take tokens
+    before use, so the bound is the one without leases). Every client also uses a second
+    bucket that never runs dry, whose leases are still outstanding when all three servers
+    stop with SIGTERM. Afterwards Σ`tc` over each bucket's shards is exactly the tokens
+    admitted on it: every unused lease went back."""
+    if not ENDPOINT:
+        pytest.fail("SHARDGATE_TEST_DYNAMODB_ENDPOINT is not set (scripts/test starts "
+                    "DynamoDB Local and sets it)")
+    namespace = f"leases-{uuid.uuid4().hex[:8]}"
+    store = ["--table", TABLE, "--dynamodb-endpoint", ENDPOINT, "--region", "us-east-1"]
+    cli("table", "create", *store)
+    path = tmp_path / "leases.yaml"
+    path.write_text(CONFIG.format(rate=LEASE_RATE, capacity=LEASE_CAPACITY, other=ROOMY))
+    servers = [shardgate(config=path, store="dynamodb", env=AWS_ENV,
+                         args=[*store, "--namespace", namespace]) for _ in range(3)]
+
+    admitted = [0] * (3 * CLIENTS_PER_SERVER)
+    refused = [0] * (3 * CLIENTS_PER_SERVER)
+    roomy_admitted = [0] * (3 * CLIENTS_PER_SERVER)
+    roomy_refused = []
+    errors = []
+    stop = threading.Event()
+
+    def client(slot, server):
+        req, roomy = request(), roomy_request()
+        for _ in range(1_000_000):  # bounded; the run ends by time long before
+            if stop.is_set():
+                return
+            try:
+                r = server.should_rate_limit(req)
+                o = server.should_rate_limit(roomy)
+            except Exception as e:  # noqa: BLE001 - any RPC failure fails the test
+                errors.append(repr(e))
+                return
+            if r.overall_code == rls_pb2.RateLimitResponse.OK:
+                admitted[slot] += 1
+            else:
+                refused[slot] += 1
+            if o.overall_code == rls_pb2.RateLimitResponse.OK:
+                roomy_admitted[slot] += 1
+            else:
+                roomy_refused.append(o)
+
+    threads = [threading.Thread(target=client, args=(i * CLIENTS_PER_SERVER + j, s))
+               for i, s in enumerate(servers) for j in range(CLIENTS_PER_SERVER)]
+    started = time.monotonic()
+    for t in threads:
+        t.start()
+    time.sleep(LEASE_RUN_S)
+    stop.set()
+    for t in threads:
+        t.join(timeout=30)
+    elapsed = time.monotonic() - started
+    assert not errors, errors[:5]
+
+    seen = [s.metrics() for s in servers]
+    taken = [m.value("shardgate_leases_taken_total") for m in seen]
+    from_lease = [m.value("shardgate_lease_decisions_total") for m in seen]
+    outstanding = sum(m.value("shardgate_lease_tokens_outstanding") for m in seen)
+    for s in servers:
+        s.proc.send_signal(signal.SIGTERM)
+    for s in servers:
+        assert s.proc.wait(timeout=20) == 0, s.log()[-2000:]
+        assert "leases given back" in s.log(), s.log()[-2000:]
+
+    total_tc, n_shards = bucket_tc(store, namespace, "user=hot")
+    roomy_tc, _ = bucket_tc(store, namespace, "other=x")
+    hits = sum(admitted)
+    per_server = [sum(admitted[i * CLIENTS_PER_SERVER:(i + 1) * CLIENTS_PER_SERVER])
+                  for i in range(3)]
+    report = (f"admitted {hits} {per_server}, refused {sum(refused)} in {elapsed:.1f} s; "
+              f"leases taken {taken}, decisions from leases {from_lease}, "
+              f"{outstanding:.0f} tokens outstanding at SIGTERM; roomy bucket {sum(roomy_admitted)}")
+    print(report)
+    assert sum(taken) > 0 and sum(from_lease) > 0, report
+    assert outstanding > 0, f"no lease was outstanding at SIGTERM: {report}"
+    assert roomy_refused == [], roomy_refused[:3]
+    assert sum(refused) > 0, f"the clients must offer more than the limit: {report}"
+    assert hits <= LEASE_CAPACITY + LEASE_RATE * elapsed, report
+    assert total_tc == hits * 1000, (
+        f"Σtc over {n_shards} shards = {total_tc} millitokens; {report}")
+    assert roomy_tc == sum(roomy_admitted) * 1000, (
+        f"roomy bucket: Σtc = {roomy_tc} millitokens; {report}")

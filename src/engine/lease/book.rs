@@ -505,12 +505,14 @@ fn take(lease: &mut ShardLease, b: &BucketClaim) -> BucketOutcome {
                 .find(|h| h.limit == c.limit)
                 .expect("a covering lease holds every claimed limit");
             h.rest -= c.amount;
+            // The shard may have refilled to its ceiling while the lease was held, so the
+            // sum can pass it; a debit of `amount` leaves at most the ceiling less it.
             LimitOutcome {
                 fits: true,
                 remaining: h
                     .shard_left
                     .saturating_add(h.rest)
-                    .min(h.share.ceiling)
+                    .min(h.share.ceiling.saturating_sub(c.amount))
                     .max(0),
                 share: h.share,
                 ra: c.params.ra,
