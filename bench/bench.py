@@ -27,6 +27,8 @@ Environment (all optional):
                              shardgate's, 1000 writes/s per shard)
     BENCH_DDB_JVM_WARMUP=20  seconds of bare UpdateItem load first, so DynamoDB Local's JVM
                              has compiled its hot code before anything is measured
+    BENCH_LEASE_CONCURRENCY="16 64"  dynamodb: concurrency of the token-lease cases (hot
+                             bucket with leases on and off, and on the memory store)
     BENCH_RESULTS=bench/results   where the Markdown and JSON results go (and the SVG
                              charts bench/charts.py draws of each JSON right after)
 """
@@ -41,6 +43,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 
@@ -66,6 +69,10 @@ DDB_WARMUP = float(os.environ.get("BENCH_DDB_WARMUP", "5"))
 DDB_JVM_WARMUP = float(os.environ.get("BENCH_DDB_JVM_WARMUP", "20"))
 PARTITION_WRITE_BUDGET = os.environ.get("BENCH_PARTITION_WRITE_BUDGET", "")
 RESULTS = os.environ.get("BENCH_RESULTS", os.path.join(ROOT, "bench/results"))
+LEASE_CONCURRENCY = [int(c) for c in os.environ.get("BENCH_LEASE_CONCURRENCY", "16 64").split()]
+# The "limited" rule of bench/config.yaml (tenant=limited): capacity and refill per second.
+LIMITED_CAPACITY = 2000
+LIMITED_RATE = 2000
 # Bounds on every load loop besides its duration.
 MAX_REQUESTS = 5_000_000
 DISTINCT_WARM_TIMEOUT = 120
@@ -722,8 +729,171 @@ def bench_dynamodb(work, manifest):
             if kind == "admitted":
                 cases.append({"kind": "ceiling", "concurrency": c,
                               "loop": bare_loop(c, hot_shards(after), "after")})
+    cases += lease_cases(work, manifest, endpoint, table, namespace, env, sg, grpc_port, http_port)
     stop_all()
     return cases
+
+
+def serve_dynamodb(work, name, endpoint, table, namespace, env, extra=()):
+    """Another `shardgate serve --store dynamodb` on the bench table; (proc, grpc, http)."""
+    grpc_port, http_port = free_port(), free_port()
+    proc = start(
+        name,
+        [SHARDGATE, "serve", "--config", CONFIG, "--grpc-addr", f"127.0.0.1:{grpc_port}",
+         "--http-addr", f"127.0.0.1:{http_port}", "--store", "dynamodb", "--table", table,
+         "--dynamodb-endpoint", endpoint, "--namespace", namespace, "--store-timeout", STORE_TIMEOUT,
+         *extra]
+        + (["--partition-write-budget", PARTITION_WRITE_BUDGET] if PARTITION_WRITE_BUDGET else []),
+        os.path.join(work, f"{name}.log"), env=env,
+    )
+    wait_listening(grpc_port, proc, name)
+    wait_listening(http_port, proc, name)
+    return proc, grpc_port, http_port
+
+
+LEASE_COUNTERS = ("leases_taken", "leases_refused", "lease_decisions", "leases_returned",
+                  "lease_returns_dropped")
+
+
+def measured(proc, grpc_port, http_port, frame, c, work, tag, ddb_pid=None):
+    """One h2load case on one server, with its /metrics deltas and CPU."""
+    settle(http_port)
+    before = scrape(http_port)
+    cpu0 = cpu_seconds(proc.pid)
+    dcpu0 = cpu_seconds(ddb_pid) if ddb_pid else 0
+    log_path = os.path.join(work, f"{tag}.log")
+    r = h2load(grpc_port, frame, c, DURATION, log_path)
+    r["server_cpu_s"] = cpu_seconds(proc.pid) - cpu0
+    r["store_cpu_s"] = (cpu_seconds(ddb_pid) - dcpu0) if ddb_pid else 0
+    after = scrape(http_port)
+    r["latency"] = percentiles(log_path)
+    os.unlink(log_path)
+    r["server"] = server_counts(before, after, 1)
+    r["leases"] = {k: delta(before, after, f"shardgate_{k}_total") for k in LEASE_COUNTERS}
+    return r
+
+
+def lease_cases(work, manifest, endpoint, table, namespace, env, sg, grpc_port, http_port):
+    """Token leases (issue 18): the hot bucket at each lease concurrency with leases on
+    (the default), off, and on the memory store, in the same run; then three servers with
+    leases on sharing one bucket limited below what they are offered."""
+    cases = []
+    off = serve_dynamodb(work, "shardgate-leases-off", endpoint, table, f"{namespace}-off", env,
+                         ["--leases", "off"])
+    mgrpc, mhttp = free_port(), free_port()
+    mem = start("shardgate-memory", [SHARDGATE, "serve", "--config", CONFIG,
+                                     "--grpc-addr", f"127.0.0.1:{mgrpc}",
+                                     "--http-addr", f"127.0.0.1:{mhttp}", "--store", "memory"],
+                os.path.join(work, "shardgate-memory.log"))
+    wait_listening(mgrpc, mem, "shardgate (memory)")
+    wait_listening(mhttp, mem, "shardgate (memory)")
+    hot = manifest["hot"]["file"]
+    servers = {"leases on": (sg, grpc_port, http_port), "leases off": off,
+               "memory store": (mem, mgrpc, mhttp)}
+    for c in LEASE_CONCURRENCY:
+        for label, (proc, gp, hp) in servers.items():
+            tag = f"lease-{label.replace(' ', '-')}-c{c}"
+            log(f"  {tag}: warm-up {DDB_WARMUP:g} s, then {DURATION:g} s")
+            if DDB_WARMUP > 0:
+                h2load(gp, hot, c, DDB_WARMUP)
+            r = measured(proc, gp, hp, hot, c, work, tag)
+            cases.append({"kind": "lease", "setting": label, "concurrency": c, "shardgate": r})
+
+    # Three servers, one limited bucket, the same load on each, all at once.
+    fleet = [(sg, grpc_port, http_port)] + [
+        serve_dynamodb(work, f"shardgate-fleet-{i}", endpoint, table, namespace, env) for i in (2, 3)]
+    limited = manifest["limited"]["file"]
+    c = 16
+    log(f"  lease-three-servers: warm-up {DDB_WARMUP:g} s, then {DURATION:g} s, c={c} on each")
+    for _, gp, _ in fleet:
+        h2load(gp, limited, 4, 1)  # the connections and the bucket exist
+    time.sleep(2)  # a fresh second of refill for everyone
+    befores = [scrape(hp) for _, _, hp in fleet]
+    results = [None] * len(fleet)
+
+    def drive(i, gp):
+        results[i] = h2load(gp, limited, c, DURATION)
+
+    threads = [threading.Thread(target=drive, args=(i, gp)) for i, (_, gp, _) in enumerate(fleet)]
+    t0 = time.time()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(DURATION + 120)
+    elapsed = time.time() - t0
+    afters = [scrape(hp) for _, _, hp in fleet]
+    per = [server_counts(b, a, 1) for b, a in zip(befores, afters)]
+    leases = [{k: delta(b, a, f"shardgate_{k}_total") for k in LEASE_COUNTERS}
+              for b, a in zip(befores, afters)]
+    cases.append({"kind": "lease-fleet", "concurrency": c, "elapsed_s": elapsed,
+                  "servers": [{"h2load": r, "server": s, "leases": l}
+                              for r, s, l in zip(results, per, leases)]})
+    return cases
+
+
+def per_server(case, counter):
+    return " / ".join(f"{sv['leases'][counter]:,.0f}" for sv in case["servers"])
+
+
+def lease_report(cases):
+    L = ["\n## Token leases\n"]
+    L.append(
+        "The hot bucket (`tenant=hot`) with token leases on (the default on DynamoDB), with "
+        "`--leases off`, and on the memory store, in the same run, each after its own warm-up. "
+        "Writes and write units are per admitted decision; \"from leases\" is the share of "
+        "decisions answered without a store call.\n"
+    )
+    L.append("| setting | c | decisions/s | vs memory | p50 ms | p99 ms | p99.9 ms | store writes per decision | "
+             "write units per decision | from leases | leases taken | shardgate CPU µs/decision |")
+    L.append("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+    mem = {c["concurrency"]: c["shardgate"] for c in cases
+           if c.get("kind") == "lease" and c["setting"] == "memory store"}
+    for case in (c for c in cases if c.get("kind") == "lease"):
+        r, s, le = case["shardgate"], case["shardgate"]["server"], case["shardgate"]["leases"]
+        n = s["descriptors_within"] or 1
+        writes = sum(v for k, v in s["store_calls"].items() if k.split("/")[0] in WRITES)
+        cap = s["consumed_capacity"]
+        wu = sum(v for op, v in cap.items() if op != "BatchGetItem")
+        m = mem.get(case["concurrency"])
+        L.append(
+            f"| {case['setting']} | {case['concurrency']} | {r['req_per_s']:,.0f} | "
+            f"{ratio(r['req_per_s'], m['req_per_s']) if m else '–'} | {fmt_ms(r['latency']['p50'])} | "
+            f"{fmt_ms(r['latency']['p99'])} | {fmt_ms(r['latency']['p99.9'])} | {writes / n:.4f} | "
+            f"{wu / n:.4f} | {le['lease_decisions'] / n:.1%} | {le['leases_taken']:,.0f} | "
+            f"{r['server_cpu_s'] * 1e6 / n:.1f} |"
+        )
+    L.append("\n### Against the targets (reported, not asserted)\n")
+    for case in (c for c in cases if c.get("kind") == "lease" and c["setting"] == "leases on"):
+        c_ = case["concurrency"]
+        r, s = case["shardgate"], case["shardgate"]["server"]
+        m = mem.get(c_)
+        n = s["descriptors_within"] or 1
+        writes = sum(v for k, v in s["store_calls"].items() if k.split("/")[0] in WRITES)
+        if m:
+            q = r["req_per_s"] / m["req_per_s"] if m["req_per_s"] else 0
+            dp99 = (r["latency"]["p99"] - m["latency"]["p99"]) / 1000
+            L.append(
+                f"- c={c_}: {q:.2f}× the memory store's decisions/s ({'meets' if q >= 0.8 else 'misses'} ≥ 0.8×); "
+                f"{writes / n:.4f} store writes per admitted decision ({'meets' if writes / n <= 0.05 else 'misses'} ≤ 0.05); "
+                f"p99 {dp99:+.2f} ms against the memory store's ({'meets' if dp99 <= 1 else 'misses'} within 1 ms)"
+            )
+    for case in (c for c in cases if c.get("kind") == "lease-fleet"):
+        admitted = [sv["server"]["descriptors_within"] for sv in case["servers"]]
+        refused = [sv["server"]["descriptors_over"] for sv in case["servers"]]
+        total = sum(admitted)
+        bound = LIMITED_CAPACITY + LIMITED_RATE * case["elapsed_s"]
+        even = total / len(admitted) if admitted else 0
+        shares = [a / even - 1 if even else 0 for a in admitted]
+        L.append(
+            f"\n**Three servers, one bucket** (`tenant=limited`, {LIMITED_RATE}/s, burst {LIMITED_CAPACITY}; "
+            f"h2load c={case['concurrency']} on each, all at once, {case['elapsed_s']:.1f} s): admitted "
+            f"{total:,.0f} of {total + sum(refused):,.0f} ({' / '.join(f'{a:,.0f}' for a in admitted)}); "
+            f"bound capacity + rate × t = {bound:,.0f} ({'holds' if total <= bound else 'EXCEEDED'}); "
+            f"each server's share against an even split: {', '.join(f'{x:+.0%}' for x in shares)} "
+            f"({'within' if all(abs(x) <= 0.25 for x in shares) else 'outside'} ±25 %); leases taken "
+            f"{per_server(case, 'leases_taken')}, decisions from leases {per_server(case, 'lease_decisions')}."
+        )
+    return "\n".join(L) + "\n"
 
 
 def parse_ms(text):
@@ -772,6 +942,8 @@ def dynamodb_report(m, cases):
         "other processes, cores |"
     )
     L.append("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+    lease = [c for c in cases if c["kind"].startswith("lease")]
+    cases = [c for c in cases if not c["kind"].startswith("lease")]
     loops = loop_means(cases)
     for case in cases:
         c = case["concurrency"]
@@ -863,7 +1035,7 @@ def dynamodb_report(m, cases):
             "DynamoDB charges a failed conditional write one unit too); the bare loop's are what "
             "DynamoDB Local reported (`ReturnConsumedCapacity = TOTAL`)."
         )
-    return "\n".join(L) + "\n"
+    return "\n".join(L) + "\n" + (lease_report(lease) if lease else "")
 
 
 def main():

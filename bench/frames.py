@@ -38,6 +38,10 @@ SCENARIOS = {
         "one hot descriptor over its limit: tenant=over (1/hour): refusals",
         [[("tenant", "over")]],
     ),
+    "limited": (
+        "one hot descriptor limited below the load: tenant=limited (2000/s, burst 2000)",
+        [[("tenant", "limited")]],
+    ),
 }
 
 

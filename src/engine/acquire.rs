@@ -93,6 +93,10 @@ impl<S: BucketStore> Engine<S> {
             }
         }
         let decision = match self.decide(req).await {
+            Ok(mut d) if self.leases.is_some() => {
+                self.saw_decision(req, &mut d);
+                d
+            }
             Ok(d) => d,
             // A bucket too busy to write is a refusal with a short wait, not an outage
             // (every debit applied was refunded before the error came back).

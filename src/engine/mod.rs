@@ -118,6 +118,8 @@ pub struct BucketOutcome {
     /// The shard's item as this request left it, for a refund (see `BucketStore::credit`).
     pub stamp: Stamp,
     pub limits: SmallVec<[LimitOutcome; 2]>,
+    /// Answered from a lease of this process: a refund goes back to the lease.
+    pub from_lease: bool,
 }
 
 /// The engine's answer to an [`Acquire`].

@@ -79,6 +79,7 @@ impl<S: BucketStore> Engine<S> {
                     }
                 })
                 .collect(),
+            from_lease: false,
         }
     }
 
@@ -144,6 +145,7 @@ impl<S: BucketStore> Engine<S> {
             shard_count: count,
             stamp: Stamp::of(image),
             limits,
+            from_lease: false,
         }
     }
 

@@ -132,12 +132,14 @@ impl Outcomes {
                 shard_count: count,
                 stamp: stamps.written,
                 limits: self.admitted,
+                from_lease: false,
             },
             refused: BucketOutcome {
                 shard: key.shard,
                 shard_count: count,
                 stamp: stamps.read,
                 limits: self.refused,
+                from_lease: false,
             },
         }
     }

@@ -72,7 +72,13 @@ impl<S: BucketStore> Engine<S> {
             req.buckets
                 .iter()
                 .zip(&decision.buckets)
-                .map(|(b, o)| self.credit_bucket(b, o.shard, o.shard_count, o.stamp)),
+                .map(|(b, o)| async move {
+                    if o.from_lease {
+                        self.refund_to_lease(b, o.shard, o.shard_count).await;
+                    } else {
+                        self.credit_bucket(b, o.shard, o.shard_count, o.stamp).await;
+                    }
+                }),
         )
         .await;
     }

@@ -472,15 +472,20 @@ def test_baseline_pass_through_admits_exactly_the_limit(stack):
     for d in DOMAINS:
         assert phase.outcomes(d) == {"OK": N_BASE}, (d, phase.outcomes(d), server.log()[-3000:])
         remaining = sorted(r for _, _, r in phase.calls[d])
-        assert remaining == sorted(list(range(LIMIT)) * buckets), d
+        assert remaining == sorted(list(range(LIMIT)) * buckets), (d, [r for _, _, r in phase.calls[d]])
     assert seen["errors"] == 0
-    assert seen["s1"]["forwarded"] - seen["s0"]["forwarded"] >= 2 * N_BASE
-    # DynamoDB's own account: at least one write unit per admitted call (each is one
-    # UpdateItem of a small item, or a slow-path write).
+    # Every bucket went through the proxy to DynamoDB, and DynamoDB counted the writes. Not
+    # one per call: with token leases (on by default) one write may answer several calls;
+    # the refusals below show every bucket drained in the store itself.
+    forwarded = seen["s1"]["forwarded"] - seen["s0"]["forwarded"]
+    assert forwarded >= 2 * buckets, forwarded
     units = sum(seen["m1"].sum(P + "store_consumed_capacity_units_total", operation=o)
                 - seen["m0"].sum(P + "store_consumed_capacity_units_total", operation=o)
                 for o in ("UpdateItem", "PutItem", "TransactWriteItems"))
-    assert units >= 2 * N_BASE, units
+    assert units >= 2 * buckets, units
+    stack.report.notes.append(
+        f"pass-through: {2 * N_BASE} admitted calls took {forwarded} store requests and "
+        f"{units:g} write units")
     # One more per bucket is refused.
     for d in DOMAINS:
         for u in range(buckets):
@@ -667,7 +672,9 @@ def test_dynamodb_local_stopped_killed_and_restarted(stack):
         assert phase.outcomes(d) == {"OK": LIMIT}, (d, phase.outcomes(d))
         assert [r for _, _, r in phase.calls[d]] == list(range(LIMIT))[::-1]
     assert seen["errors"] == 0
-    assert seen["s1"]["forwarded"] - seen["s0"]["forwarded"] >= 2 * LIMIT
+    # The calls reached the restarted store (with token leases, fewer requests than calls),
+    # and drained the bucket there.
+    assert seen["s1"]["forwarded"] - seen["s0"]["forwarded"] >= 2
     for d in DOMAINS:
         assert counted_call(server, d, "user", "restarted")[::2] == ("OVER_LIMIT", 0)
     stack.report.notes.append(

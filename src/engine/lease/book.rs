@@ -9,7 +9,7 @@ use std::time::Duration;
 use hashbrown::HashMap;
 use parking_lot::Mutex;
 use smallvec::SmallVec;
-use tokio::sync::Notify;
+use tokio::sync::{watch, Notify};
 
 use super::super::bucket::ShardShare;
 use super::super::{Acquire, BucketClaim, BucketOutcome, Decision, LimitClaim, LimitOutcome};
@@ -91,8 +91,19 @@ struct Entry {
     /// The limits of the last request, for a fetch.
     limits: SmallVec<[LimitClaim; 2]>,
     leases: SmallVec<[ShardLease; 1]>,
-    /// One fetch in flight per bucket per process.
+    /// Per limit, what the store last said the shard holds (refilled to then): a lease
+    /// takes at most half of it, so a request that goes to the store while the lease is
+    /// being fetched still finds the other half.
+    available: SmallVec<[(Name, i64); 2]>,
+    /// One fetch wanted or in flight per bucket per process.
     fetching: bool,
+    /// Moves of tokens between this bucket's leases and its shards under way: a fetch
+    /// wanted or in flight, or an expired lease being given back. A request that finds
+    /// the bucket uncovered meanwhile waits for them to land instead of racing them to
+    /// the store, whose answer would miss the tokens in flight (and could even refuse).
+    in_flight: u32,
+    /// Bumped whenever a move lands.
+    landed: watch::Sender<u64>,
     /// No fetch before this (the shard could not grant one lately).
     quiet_until: i64,
     last_seen: i64,
@@ -109,7 +120,10 @@ impl Entry {
             demand: SmallVec::new(),
             limits: SmallVec::new(),
             leases: SmallVec::new(),
+            available: SmallVec::new(),
             fetching: false,
+            in_flight: 0,
+            landed: watch::Sender::new(0),
             quiet_until: 0,
             last_seen: now,
         }
@@ -165,6 +179,12 @@ impl Entry {
         self.last_seen = now;
     }
 
+    /// One move of tokens has landed: wake whoever waits for it.
+    fn land(&mut self) {
+        self.in_flight = self.in_flight.saturating_sub(1);
+        self.landed.send_modify(|n| *n += 1);
+    }
+
     fn hot(&self, options: &LeaseOptions) -> bool {
         self.rate >= options.hot_rate
     }
@@ -187,9 +207,20 @@ impl Entry {
             && !self.demand.is_empty();
         if want {
             self.fetching = true;
+            self.in_flight += 1;
         }
         want
     }
+}
+
+/// One limit a lease is wanted for.
+#[derive(Debug, Clone)]
+pub(super) struct WantedLimit {
+    /// The limit, its parameters and the amount of the last request.
+    pub claim: LimitClaim,
+    pub demand: Demand,
+    /// What the store last said the shard holds (`None`: not known yet).
+    pub available: Option<i64>,
 }
 
 /// A bucket that wants a lease: what a fetch sizes and asks for.
@@ -197,7 +228,7 @@ impl Entry {
 pub(super) struct Want {
     /// The bucket (shard 0 stands for all of them).
     pub bucket: BucketKey,
-    pub limits: SmallVec<[(LimitClaim, Demand); 2]>,
+    pub limits: SmallVec<[WantedLimit; 2]>,
 }
 
 /// The unused rest of a lease, to be credited back to its shard.
@@ -220,6 +251,9 @@ pub(super) enum Served {
     /// Not covered: these leases were short for the request and must go back to their
     /// shards before the store decides it (their tokens would otherwise be refused).
     Missed(Vec<Return>),
+    /// Not covered while a lease of one of its buckets is in flight: ask again once it
+    /// has landed.
+    Wait(watch::Receiver<u64>),
 }
 
 #[derive(Debug, Default)]
@@ -273,13 +307,15 @@ impl LeaseBook {
         &self.wanted
     }
 
-    /// Counts `req` and answers it from the leases if they cover every bucket of it.
-    pub(super) fn serve(&self, req: &Acquire, now: i64) -> Served {
+    /// Counts `req` (when `count`: not when asked again after a wait) and answers it from
+    /// the leases if they cover every bucket of it.
+    pub(super) fn serve(&self, req: &Acquire, now: i64, count: bool) -> Served {
         let mut wanted = false;
+        let mut waiting = None;
         let served = {
             let mut st = self.state.lock();
             let st = &mut *st;
-            for b in req.buckets.iter().filter(|b| !b.strict) {
+            for b in req.buckets.iter().filter(|b| !b.strict && count) {
                 let id = BucketKey::new(&b.entity, &b.resource, 0);
                 if let Some(e) = st.entries.get_mut(&id) {
                     e.observe(b, now);
@@ -318,6 +354,14 @@ impl LeaseBook {
                     })
                 }
                 _ => {
+                    let in_flight = req.buckets.iter().filter(|b| !b.strict).find_map(|b| {
+                        st.entries
+                            .get(&BucketKey::new(&b.entity, &b.resource, 0))
+                            .filter(|e| e.in_flight > 0)
+                    });
+                    if let Some(e) = in_flight.filter(|_| count) {
+                        return Served::Wait(e.landed.subscribe());
+                    }
                     let mut returns = Vec::new();
                     for b in req.buckets.iter().filter(|b| !b.strict) {
                         let id = BucketKey::new(&b.entity, &b.resource, 0);
@@ -354,15 +398,33 @@ impl LeaseBook {
                                     },
                                     |(_, d)| *d,
                                 );
-                                (c.clone(), d)
+                                WantedLimit {
+                                    claim: c.clone(),
+                                    demand: d,
+                                    available: e
+                                        .available
+                                        .iter()
+                                        .find(|(l, _)| *l == c.limit)
+                                        .map(|(_, a)| *a),
+                                }
                             })
                             .collect();
+                        // This request waits for the fetch it asked for rather than race
+                        // it to the store (unless it has leases to give back first).
+                        let wait = matches!(&served, Served::Missed(r) if r.is_empty())
+                            .then(|| e.landed.subscribe());
                         st.wants.push(Want { bucket: id, limits });
                         wanted = true;
+                        if let Some(rx) = wait.filter(|_| count) {
+                            waiting = Some(rx);
+                        }
                     }
                 }
             }
-            served
+            match waiting {
+                Some(rx) => Served::Wait(rx),
+                None => served,
+            }
         };
         if wanted {
             self.wanted.notify_one();
@@ -370,10 +432,49 @@ impl LeaseBook {
         served
     }
 
+    /// Notes what the store said of each bucket of a decision it made (not one answered
+    /// from a lease): the balance each shard was left with. Then adds to what the
+    /// decision reports the tokens this process still holds in leases of the bucket, so
+    /// a request decided by the store reports what a request answered from a lease does.
+    pub(super) fn saw(&self, req: &Acquire, decision: &mut Decision, now: i64) {
+        let mut st = self.state.lock();
+        for (b, o) in req.buckets.iter().zip(decision.buckets.iter_mut()) {
+            if b.strict || o.from_lease {
+                continue;
+            }
+            let Some(e) = st
+                .entries
+                .get_mut(&BucketKey::new(&b.entity, &b.resource, 0))
+            else {
+                continue;
+            };
+            note_available(&mut e.available, b.limits.iter().zip(&o.limits));
+            for (c, l) in b.limits.iter().zip(o.limits.iter_mut()) {
+                let held: i64 = e
+                    .leases
+                    .iter()
+                    .filter(|lease| now < lease.expires_ms)
+                    .flat_map(|lease| lease.limits.iter())
+                    .filter(|h| h.limit == c.limit && h.params == c.params)
+                    .map(|h| h.rest.max(0))
+                    .sum();
+                if held > 0 {
+                    let most = if decision.admitted {
+                        l.share.ceiling.saturating_sub(c.amount)
+                    } else {
+                        l.share.ceiling
+                    };
+                    l.remaining = l.remaining.saturating_add(held).min(most.max(l.remaining));
+                }
+            }
+        }
+    }
+
     /// The buckets that want a lease now (each is marked as fetching until
     /// [`LeaseBook::granted`] or [`LeaseBook::declined`]).
     pub(super) fn take_wants(&self) -> Vec<Want> {
-        std::mem::take(&mut self.state.lock().wants)
+        let mut st = self.state.lock();
+        std::mem::take(&mut st.wants)
     }
 
     /// Records a grant: `outcome` is the shard's answer to the lease's debit of `sizes`
@@ -391,6 +492,8 @@ impl LeaseBook {
             .entry(bucket.clone())
             .or_insert_with(|| Entry::new(now));
         e.fetching = false;
+        e.land();
+        note_available(&mut e.available, limits.iter().zip(&outcome.limits));
         let expires_ms = now + self.options.lifetime_ms;
         let held = |c: &LimitClaim, o: &LimitOutcome| HeldLimit {
             limit: c.limit.clone(),
@@ -435,11 +538,42 @@ impl LeaseBook {
         }
     }
 
+    /// Puts `b`'s claims back into the lease of `shard` (sized for `shard_count`) that
+    /// answered them (a refund of a decision served from it); `false` when that lease is
+    /// gone (returned since), and the tokens must go to the shard itself.
+    pub(super) fn restore(&self, b: &BucketClaim, shard: u32, shard_count: u32) -> bool {
+        let mut st = self.state.lock();
+        let Some(e) = st
+            .entries
+            .get_mut(&BucketKey::new(&b.entity, &b.resource, 0))
+        else {
+            return false;
+        };
+        let Some(l) = e
+            .leases
+            .iter_mut()
+            .find(|l| l.shard == shard && l.shard_count == shard_count)
+        else {
+            return false;
+        };
+        let held: Option<SmallVec<[usize; 2]>> = b
+            .limits
+            .iter()
+            .map(|c| l.limits.iter().position(|h| h.limit == c.limit))
+            .collect();
+        let Some(held) = held else { return false };
+        for (c, i) in b.limits.iter().zip(held) {
+            l.limits[i].rest = l.limits[i].rest.saturating_add(c.amount);
+        }
+        true
+    }
+
     /// Records a fetch that got no lease: no other fetch for a while.
     pub(super) fn declined(&self, bucket: &BucketKey, now: i64) {
         let mut st = self.state.lock();
         if let Some(e) = st.entries.get_mut(bucket) {
             e.fetching = false;
+            e.land();
             e.quiet_until = now + self.options.lifetime_ms / 4;
         }
     }
@@ -455,11 +589,27 @@ impl LeaseBook {
                 .partition(|l| now >= l.expires_ms);
             e.leases = live;
             for l in expired {
-                returns.extend(return_of(&id.entity, &id.resource, l));
+                if let Some(r) = return_of(&id.entity, &id.resource, l) {
+                    e.in_flight += 1;
+                    returns.push(r);
+                }
             }
-            e.fetching || !e.leases.is_empty() || now - e.last_seen < idle_ms
+            e.fetching || e.in_flight > 0 || !e.leases.is_empty() || now - e.last_seen < idle_ms
         });
         returns
+    }
+
+    /// Records that the returns [`LeaseBook::expire`] handed out have landed.
+    pub(super) fn returned(&self, returns: &[Return]) {
+        let mut st = self.state.lock();
+        for r in returns {
+            if let Some(e) = st
+                .entries
+                .get_mut(&BucketKey::new(&r.key.entity, &r.key.resource, 0))
+            {
+                e.land();
+            }
+        }
     }
 
     /// Takes out every lease and wants no more (shutdown).
@@ -489,6 +639,18 @@ impl LeaseBook {
     /// How often the lease task looks for expired leases.
     pub(super) fn tick(&self) -> Duration {
         Duration::from_millis((self.options.lifetime_ms / 10).clamp(10, 250) as u64)
+    }
+}
+
+fn note_available<'a>(
+    available: &mut SmallVec<[(Name, i64); 2]>,
+    limits: impl Iterator<Item = (&'a LimitClaim, &'a LimitOutcome)>,
+) {
+    for (c, o) in limits {
+        match available.iter_mut().find(|(l, _)| *l == c.limit) {
+            Some((_, a)) => *a = o.remaining,
+            None => available.push((c.limit.clone(), o.remaining)),
+        }
     }
 }
 
@@ -525,6 +687,7 @@ fn take(lease: &mut ShardLease, b: &BucketClaim) -> BucketOutcome {
         shard_count: lease.shard_count,
         stamp: lease.stamp,
         limits,
+        from_lease: true,
     }
 }
 
@@ -562,7 +725,7 @@ mod tests {
     /// `n` requests of one token spread evenly over `ms` from `start`.
     fn drive(book: &LeaseBook, b: &BucketClaim, start: i64, ms: i64, n: i64) -> Vec<Served> {
         (0..n)
-            .map(|i| book.serve(&one(b.clone()), start + i * ms / n))
+            .map(|i| book.serve(&one(b.clone()), start + i * ms / n, true))
             .collect()
     }
 
@@ -570,9 +733,9 @@ mod tests {
         let limits: Vec<LimitClaim> = want
             .limits
             .iter()
-            .map(|(c, _)| LimitClaim {
+            .map(|w| LimitClaim {
                 amount: 100_000,
-                ..c.clone()
+                ..w.claim.clone()
             })
             .collect();
         let share = limits[0].params.share(1);
@@ -590,6 +753,7 @@ mod tests {
                     wait_ms: Some(0),
                 })
                 .collect(),
+            from_lease: false,
         };
         book.granted(&want.bucket, &limits, &outcome, now);
     }
@@ -609,7 +773,7 @@ mod tests {
         drive(&book, &b, T0, 300, 30); // 100/s over the first window
         let wants = book.take_wants();
         assert_eq!(wants.len(), 1, "{wants:?}");
-        assert_eq!(wants[0].limits[0].1.per_s, 100_000, "{wants:?}");
+        assert_eq!(wants[0].limits[0].demand.per_s, 100_000, "{wants:?}");
         drive(&book, &b, T0 + 300, 100, 10);
         assert!(
             book.take_wants().is_empty(),
@@ -617,7 +781,7 @@ mod tests {
         );
 
         grant(&book, &wants[0], T0 + 400);
-        let Served::Answered(d) = book.serve(&one(b.clone()), T0 + 401) else {
+        let Served::Answered(d) = book.serve(&one(b.clone()), T0 + 401, true) else {
             panic!("covered");
         };
         assert!(d.admitted);
@@ -633,7 +797,7 @@ mod tests {
         drive(&book, &b, T0, 300, 30);
         let wants = book.take_wants();
         grant(&book, &wants[0], T0 + 300);
-        let Served::Missed(returns) = book.serve(&one(claim(150_000)), T0 + 301) else {
+        let Served::Missed(returns) = book.serve(&one(claim(150_000)), T0 + 301, true) else {
             panic!("150 tokens do not fit in a lease of 100");
         };
         assert_eq!(returns.len(), 1);
@@ -648,7 +812,7 @@ mod tests {
         b.strict = true;
         drive(&book, &b, T0, 600, 60);
         assert!(book.take_wants().is_empty());
-        assert!(matches!(book.serve(&one(b), T0 + 700), Served::Missed(r) if r.is_empty()));
+        assert!(matches!(book.serve(&one(b), T0 + 700, true), Served::Missed(r) if r.is_empty()));
     }
 
     #[test]
@@ -662,6 +826,14 @@ mod tests {
         let returned = book.expire(T0 + 1_300);
         assert_eq!(returned.len(), 1);
         assert_eq!(book.outstanding(), 0);
+        assert!(
+            matches!(
+                book.serve(&one(b.clone()), T0 + 1_300, true),
+                Served::Wait(_)
+            ),
+            "a request waits for the return in flight"
+        );
+        book.returned(&returned);
 
         drive(&book, &b, T0 + 1_300, 300, 30);
         let wants = book.take_wants();
@@ -678,7 +850,7 @@ mod tests {
         for i in 0..(MAX_TRACKED + 10) {
             let mut b = claim(1_000);
             b.entity = format!("e{i}").into();
-            book.serve(&one(b), T0);
+            book.serve(&one(b), T0, true);
         }
         assert_eq!(book.state.lock().entries.len(), MAX_TRACKED);
         assert_eq!(book.expire(T0 + 10_000).len(), 0);

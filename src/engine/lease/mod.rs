@@ -41,6 +41,10 @@ pub struct LeaseOptions {
     /// A lease is at most `1/share_divisor` of its shard's share: several servers can
     /// each hold one, and a server that goes quiet or crashes strands little.
     pub share_divisor: i64,
+    /// How long a request on a bucket whose lease is being fetched or given back waits
+    /// for that store call before going to the store itself (ms): about the store's own
+    /// timeout, so that in practice it always sees the move land.
+    pub wait_ms: u64,
 }
 
 impl Default for LeaseOptions {
@@ -49,6 +53,7 @@ impl Default for LeaseOptions {
             lifetime_ms: 1_000,
             hot_rate: 20,
             share_divisor: 8,
+            wait_ms: 1_000,
         }
     }
 }
@@ -60,17 +65,35 @@ impl<S: BucketStore> Engine<S> {
     /// leases too short for it, and returns `None` (the store decides).
     pub(super) async fn answer_from_leases(&self, req: &Acquire) -> Option<Decision> {
         let book = self.leases.as_ref()?;
-        match book.serve(req, self.clock.now_ms()) {
-            Served::Answered(decision) => {
-                EngineStats::bump(&self.stats.lease_decisions);
-                Some(decision)
-            }
-            Served::Missed(returns) => {
-                if !returns.is_empty() {
-                    self.give_back(returns).await;
+        let mut first = true;
+        loop {
+            match book.serve(req, self.clock.now_ms(), first) {
+                Served::Answered(decision) => {
+                    EngineStats::bump(&self.stats.lease_decisions);
+                    return Some(decision);
                 }
-                None
+                Served::Missed(returns) => {
+                    if !returns.is_empty() {
+                        self.give_back(returns).await;
+                    }
+                    return None;
+                }
+                Served::Wait(mut landed) => {
+                    // A fetch or a return is a store call, bounded by the store's
+                    // timeout; the caller's deadline bounds this wait too, and so does
+                    // the wait's own patience (a fetch wanted but never taken on).
+                    let patience = std::time::Duration::from_millis(book.options().wait_ms);
+                    let _ = tokio::time::timeout(patience, landed.changed()).await;
+                    first = false;
+                }
             }
+        }
+    }
+
+    /// Tells the lease book what the store decided (the balances it left).
+    pub(super) fn saw_decision(&self, req: &Acquire, decision: &mut Decision) {
+        if let Some(book) = &self.leases {
+            book.saw(req, decision, self.clock.now_ms());
         }
     }
 
@@ -86,7 +109,7 @@ impl<S: BucketStore> Engine<S> {
         let Some(book) = &self.leases else { return };
         let returns = book.expire(self.clock.now_ms());
         if !returns.is_empty() {
-            self.give_back(returns).await;
+            self.give_back_expired(returns).await;
         }
     }
 
@@ -118,7 +141,7 @@ impl<S: BucketStore> Engine<S> {
                 _ = tick.tick() => {
                     let returns = book.expire(self.clock.now_ms());
                     if !returns.is_empty() {
-                        work.push(Box::pin(self.give_back(returns)));
+                        work.push(Box::pin(self.give_back_expired(returns)));
                     }
                 }
             }
@@ -138,13 +161,19 @@ impl<S: BucketStore> Engine<S> {
         let options = book.options();
         let count = self.shards.get(&want.bucket.entity, &want.bucket.resource);
         let mut limits: SmallVec<[LimitClaim; 2]> = SmallVec::new();
-        for (c, demand) in &want.limits {
-            let share = c.params.share(count);
-            match size::lease_size(*demand, options.lifetime_ms, share, options.share_divisor) {
+        for w in &want.limits {
+            let share = w.claim.params.share(count);
+            let size =
+                size::lease_size(w.demand, options.lifetime_ms, share, options.share_divisor)
+                    .and_then(|s| match w.available {
+                        Some(a) => size::what_fits(s, a, w.demand.largest),
+                        None => Some(s),
+                    });
+            match size {
                 Some(amount) => limits.push(LimitClaim {
                     amount,
                     forced: false,
-                    ..c.clone()
+                    ..w.claim.clone()
                 }),
                 None => {
                     book.declined(&want.bucket, self.clock.now_ms());
@@ -175,8 +204,8 @@ impl<S: BucketStore> Engine<S> {
                         .iter()
                         .zip(&o.limits)
                         .zip(&want.limits)
-                        .map(|((c, l), (_, demand))| {
-                            size::what_fits(c.amount, l.remaining, demand.largest).map(|amount| {
+                        .map(|((c, l), w)| {
+                            size::what_fits(c.amount, l.remaining, w.demand.largest).map(|amount| {
                                 LimitClaim {
                                     amount,
                                     ..c.clone()
@@ -198,6 +227,36 @@ impl<S: BucketStore> Engine<S> {
         }
         EngineStats::bump(&self.stats.leases_refused);
         book.declined(&want.bucket, self.clock.now_ms());
+    }
+
+    /// Gives back what a decision answered from a lease took: into that lease, or to its
+    /// shard when the lease has gone back since (as a lease's rest: the tokens were taken).
+    pub(super) async fn refund_to_lease(&self, b: &BucketClaim, shard: u32, shard_count: u32) {
+        let Some(book) = &self.leases else { return };
+        EngineStats::bump(&self.stats.refunds);
+        if book.restore(b, shard, shard_count) {
+            return;
+        }
+        let rest = b
+            .limits
+            .iter()
+            .filter(|c| c.amount > 0)
+            .map(|c| (c.limit.clone(), c.params, c.amount))
+            .collect();
+        let key = crate::store::BucketKey::new(&b.entity, &b.resource, shard);
+        self.give_back(vec![Return {
+            key,
+            shard_count,
+            rest,
+        }])
+        .await;
+    }
+
+    /// Gives back leases [`LeaseBook::expire`] took out, then tells the book they landed.
+    async fn give_back_expired(&self, returns: Vec<Return>) {
+        let Some(book) = &self.leases else { return };
+        self.give_back(returns.clone()).await;
+        book.returned(&returns);
     }
 
     /// Credits the rest of each lease back to its shard, under its ceiling and on

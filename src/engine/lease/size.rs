@@ -38,10 +38,13 @@ pub fn lease_size(
     Some(over_lifetime.clamp(least, cap))
 }
 
-/// What to ask for when the shard holds only `available` millitokens (refilled to now):
-/// all of it up to `wanted`, if that is still a useful lease for a request of `largest`.
+/// What to ask for when the shard holds `available` millitokens (refilled to now): at
+/// most half of it, up to `wanted`, if that is still a useful lease for a request of
+/// `largest`. The other half stays for requests decided by the store meanwhile (those
+/// of this server while the lease is in flight, and other servers'), so a bucket near
+/// empty is never emptied into a lease.
 pub fn what_fits(wanted: i64, available: i64, largest: i64) -> Option<i64> {
-    let fits = wanted.min(available);
+    let fits = wanted.min(available / 2);
     (fits >= largest.max(1).saturating_mul(MIN_REQUESTS_PER_LEASE)).then_some(fits)
 }
 
@@ -95,9 +98,13 @@ mod tests {
     }
 
     #[test]
-    fn a_short_shard_grants_what_fits_if_useful() {
-        assert_eq!(what_fits(100_000, 30_000, 1_000), Some(30_000));
-        assert_eq!(what_fits(100_000, 3_000, 1_000), None);
+    fn a_lease_takes_at_most_half_of_what_the_shard_holds() {
+        assert_eq!(what_fits(100_000, 30_000, 1_000), Some(15_000));
+        assert_eq!(
+            what_fits(100_000, 7_000, 1_000),
+            None,
+            "half is under four requests"
+        );
         assert_eq!(what_fits(5_000, 30_000, 1_000), Some(5_000));
         assert_eq!(what_fits(100_000, -5_000, 1_000), None, "in debt");
     }
@@ -133,7 +140,7 @@ mod tests {
             largest in 0i64..1 << 40,
         ) {
             if let Some(f) = what_fits(wanted, available, largest) {
-                prop_assert!(f <= wanted && f <= available && f > 0);
+                prop_assert!(f <= wanted && f <= available / 2 && f > 0);
             }
         }
     }
