@@ -191,6 +191,10 @@ struct Serve {
     /// Log format.
     #[arg(long, env = "SHARDGATE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
+    /// Also log each span when it closes, with its fields and duration: the `decision`
+    /// span of every call once RUST_LOG enables it at debug (docs/operations.md, Tracing).
+    #[arg(long, env = "SHARDGATE_LOG_SPANS")]
+    log_spans: bool,
     /// Threads answering requests (default: one per CPU core). Fewer threads hop fewer
     /// tasks between cores: on a 2-core machine sharing its cores with DynamoDB Local,
     /// one thread cut shardgate's CPU per DynamoDB decision by a fifth (README,
@@ -240,11 +244,13 @@ fn header_name(s: &str) -> Result<String, String> {
     Ok(s.to_string())
 }
 
-fn init_logging(format: LogFormat) {
+fn init_logging(format: LogFormat, spans: bool) {
+    use tracing_subscriber::fmt::format::FmtSpan;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_span_events(if spans { FmtSpan::CLOSE } else { FmtSpan::NONE })
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
@@ -371,7 +377,7 @@ fn main() -> ExitCode {
             resource,
         } => inspect_bucket(dynamo, &entity, &resource),
         Command::Serve(args) => {
-            init_logging(args.log_format);
+            init_logging(args.log_format, args.log_spans);
             if !upstream.refused.is_empty() {
                 return fail(format!(
                     "envoyproxy/ratelimit settings shardgate cannot follow:\n  {}",

@@ -6,12 +6,15 @@
 //! This is the envoyproxy/ratelimit contract; it holds no bucket logic (that is the
 //! engine's) and no transport (that is `grpc.rs`).
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use arc_swap::ArcSwap;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use thiserror::Error;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use super::answer::AnswerOptions;
 use super::deadline::Bounded;
@@ -57,6 +60,64 @@ impl StoreFailure {
             StoreFailure::Engine(_) => "store",
             StoreFailure::Deadline => "deadline",
         }
+    }
+}
+
+/// One call as it goes: its deadline, and what its span reports at the end. Kept (a few
+/// relaxed atomic adds on the call's own future) whether the span is enabled or not:
+/// cheaper than a branch on every engine call.
+struct Progress {
+    deadline: Instant,
+    /// Acquire, peek and refund calls made to the engine. Each is one or more store calls
+    /// (a slow path reads then commits, a contended write retries), or none when the
+    /// rejection cache or the per-shard ceiling refuses it in memory.
+    engine_calls: AtomicU32,
+    /// The cause of the first store failure (`StoreFailure::cause`), answered by
+    /// `failure_mode`.
+    failure: OnceLock<&'static str>,
+    unknown_domain: AtomicBool,
+}
+
+impl Progress {
+    fn new(deadline: Instant) -> Progress {
+        Progress {
+            deadline,
+            engine_calls: AtomicU32::new(0),
+            failure: OnceLock::new(),
+            unknown_domain: AtomicBool::new(false),
+        }
+    }
+
+    /// The span's `outcome`: the answer's code, or the gRPC status of a failed call.
+    fn outcome(&self, result: &Result<RateLimitResponse, CallError>) -> &'static str {
+        match result {
+            Ok(_) if self.unknown_domain.load(Ordering::Relaxed) => "UNKNOWN_DOMAIN",
+            Ok(r) if r.overall_code == Code::OverLimit as i32 => "OVER_LIMIT",
+            Ok(_) => "OK",
+            Err(CallError::InvalidArgument(_)) => "INVALID_ARGUMENT",
+            Err(CallError::Unavailable(_)) => "UNAVAILABLE",
+        }
+    }
+}
+
+/// The span's `rules`: each descriptor's rule stats key, in request order, `-` for one no
+/// rule matched (or replaced) and `unlimited` for an unlimited rule's. Written straight
+/// into the subscriber's buffer, only when the span is enabled.
+struct RuleKeys<'a>(&'a [Treatment]);
+
+impl std::fmt::Display for RuleKeys<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, t) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            match t {
+                Treatment::Limited { rule, .. } => f.write_str(&rule.stats_key)?,
+                Treatment::Free { unlimited: true } => f.write_str("unlimited")?,
+                Treatment::Free { unlimited: false } => f.write_str("-")?,
+            }
+        }
+        Ok(())
     }
 }
 
@@ -210,25 +271,72 @@ impl<S: BucketStore> RateLimiter<S> {
 
     /// Answers one request; the store must have answered by `deadline`, else the request
     /// is answered by its rules' `failure_mode` (see `deadline.rs`).
+    ///
+    /// Each call is a `decision` span at debug level (docs/operations.md, Tracing) with
+    /// the domain, the matched rules' stats keys, the outcome, the number of engine calls
+    /// and the cause of a `failure_mode` answer. Disabled, as it is by default, the span
+    /// costs a check of the level filter: the fields are recorded only when it is enabled,
+    /// and nothing is formatted or allocated otherwise (`tests/decision_alloc.rs`).
     pub async fn should_rate_limit_by(
         &self,
         req: &RateLimitRequest,
         deadline: Instant,
     ) -> Result<RateLimitResponse, CallError> {
+        let span = tracing::debug_span!(
+            "decision",
+            domain = req.domain.as_str(),
+            rules = tracing::field::Empty,
+            outcome = tracing::field::Empty,
+            engine_calls = tracing::field::Empty,
+            failure_mode = tracing::field::Empty,
+        );
+        let progress = Progress::new(deadline);
+        // One path whether the span is enabled or not: a second `.await` of `decide` would
+        // grow this future (boxed by tonic on every call). Entering a disabled span is a
+        // check of an `Option`.
+        let result = self
+            .decide(req, &progress, &span)
+            .instrument(span.clone())
+            .await;
+        if !span.is_disabled() {
+            span.record("outcome", progress.outcome(&result));
+            span.record(
+                "engine_calls",
+                progress.engine_calls.load(Ordering::Relaxed),
+            );
+            if let Some(cause) = progress.failure.get() {
+                span.record("failure_mode", *cause);
+            }
+        }
+        result
+    }
+
+    /// The decision itself (see `should_rate_limit_by`); `span` is the call's, given the
+    /// matched rules once they are known.
+    async fn decide(
+        &self,
+        req: &RateLimitRequest,
+        progress: &Progress,
+        span: &tracing::Span,
+    ) -> Result<RateLimitResponse, CallError> {
         let _timer = self.metrics.request();
         validate(&self.limits, req).map_err(CallError::InvalidArgument)?;
         let snapshot = self.snapshot.load();
         let Some(domain) = snapshot.config.domain(&req.domain) else {
+            progress.unknown_domain.store(true, Ordering::Relaxed);
             self.metrics.domain_not_found();
             let mut response = status::unknown_domain(req.descriptors.len());
             self.answer.apply(req, &[], &mut response);
             return Ok(response);
         };
         let treatments = treatments(domain, req, self.global_quota);
+        if !span.is_disabled() {
+            span.record("rules", tracing::field::display(RuleKeys(&treatments)));
+        }
         let mut verdicts: PerDescriptor<Option<Verdict>> =
             (0..req.descriptors.len()).map(|_| None).collect();
         let over = self
-            .decide_groups(req, &treatments, &mut verdicts, deadline)
+            .decide_groups(req, &treatments, &mut verdicts, progress)
             .await?;
         self.count_hits(&snapshot, req, &treatments, &verdicts);
         let mut response = status::response(&treatments, &verdicts, over);
@@ -245,7 +353,7 @@ impl<S: BucketStore> RateLimiter<S> {
         req: &RateLimitRequest,
         treatments: &[Treatment],
         verdicts: &mut [Option<Verdict>],
-        deadline: Instant,
+        progress: &Progress,
     ) -> Result<bool, CallError> {
         let mut over = false;
         // The groups other than the enforced one are rare; each is stepped through in its
@@ -253,18 +361,18 @@ impl<S: BucketStore> RateLimiter<S> {
         // request) small.
         // 1. Overdraft usage happened already: always recorded.
         if any_in(treatments, Group::Forced) {
-            over |= !Box::pin(self.forced(req, treatments, verdicts, deadline)).await?;
+            over |= !Box::pin(self.forced(req, treatments, verdicts, progress)).await?;
         }
         // 2. The all-or-nothing group; only looked at when the answer is already no.
         let enforced = self.plan(req, treatments, |g| g == Group::Enforced)?;
         let mut enforced_decision = None;
         if !enforced.plan.is_empty() {
             if over {
-                self.acquire_or_peek(&enforced, treatments, false, verdicts, deadline)
+                self.acquire_or_peek(&enforced, treatments, false, verdicts, progress)
                     .await?;
             } else {
                 let decision = self
-                    .acquire_recorded(&enforced, treatments, verdicts, deadline)
+                    .acquire_recorded(&enforced, treatments, verdicts, progress)
                     .await?;
                 over |= !decision.admitted;
                 enforced_decision = Some(decision);
@@ -276,7 +384,7 @@ impl<S: BucketStore> RateLimiter<S> {
                 .as_ref()
                 .map(|d| (&enforced.plan.acquire, d));
             over = Box::pin(
-                self.quota_and_shadow(req, treatments, verdicts, over, enforced, deadline),
+                self.quota_and_shadow(req, treatments, verdicts, over, enforced, progress),
             )
             .await?;
         }
@@ -381,10 +489,10 @@ impl<S: BucketStore> RateLimiter<S> {
         req: &RateLimitRequest,
         treatments: &[Treatment],
         verdicts: &mut [Option<Verdict>],
-        deadline: Instant,
+        progress: &Progress,
     ) -> Result<bool, CallError> {
         let planned = self.plan(req, treatments, |g| g == Group::Forced)?;
-        self.acquire_or_peek(&planned, treatments, true, verdicts, deadline)
+        self.acquire_or_peek(&planned, treatments, true, verdicts, progress)
             .await
     }
 
@@ -398,7 +506,7 @@ impl<S: BucketStore> RateLimiter<S> {
         verdicts: &mut [Option<Verdict>],
         mut over: bool,
         enforced: Option<(&Acquire, &Decision)>,
-        deadline: Instant,
+        progress: &Progress,
     ) -> Result<bool, CallError> {
         // 3. Quota descriptors: over only if all of them are.
         let mut quota_seen = 0;
@@ -412,12 +520,12 @@ impl<S: BucketStore> RateLimiter<S> {
                 quota_seen += 1;
                 let single = self.plan_one(req, treatments, i)?;
                 if over {
-                    self.acquire_or_peek(&single, treatments, false, verdicts, deadline)
+                    self.acquire_or_peek(&single, treatments, false, verdicts, progress)
                         .await?;
                     quota_over += 1;
                 } else {
                     let d = self
-                        .acquire_recorded(&single, treatments, verdicts, deadline)
+                        .acquire_recorded(&single, treatments, verdicts, progress)
                         .await?;
                     if !d.admitted {
                         quota_over += 1;
@@ -428,6 +536,7 @@ impl<S: BucketStore> RateLimiter<S> {
         if quota_seen > 0 && quota_seen == quota_over && !over {
             over = true;
             if let Some((acquire, d)) = enforced {
+                progress.engine_calls.fetch_add(1, Ordering::Relaxed);
                 self.engine.refund(acquire, d).await;
             }
         }
@@ -441,10 +550,10 @@ impl<S: BucketStore> RateLimiter<S> {
             {
                 let single = self.plan_one(req, treatments, i)?;
                 if over {
-                    self.acquire_or_peek(&single, treatments, false, verdicts, deadline)
+                    self.acquire_or_peek(&single, treatments, false, verdicts, progress)
                         .await?;
                 } else {
-                    self.acquire_recorded(&single, treatments, verdicts, deadline)
+                    self.acquire_recorded(&single, treatments, verdicts, progress)
                         .await?;
                 }
             }
@@ -458,17 +567,17 @@ impl<S: BucketStore> RateLimiter<S> {
         planned: &Planned,
         treatments: &[Treatment],
         verdicts: &mut [Option<Verdict>],
-        deadline: Instant,
+        progress: &Progress,
     ) -> Result<Decision, CallError> {
         match self
-            .by(deadline, self.engine.acquire(&planned.plan.acquire))
+            .by(progress, self.engine.acquire(&planned.plan.acquire))
             .await
         {
             Ok(decision) => {
                 record(&decision, &planned.placed, verdicts);
                 Ok(decision)
             }
-            Err(e) => self.on_store_failure(e, &planned.placed, treatments),
+            Err(e) => self.on_store_failure(e, &planned.placed, treatments, progress),
         }
     }
 
@@ -479,13 +588,13 @@ impl<S: BucketStore> RateLimiter<S> {
         treatments: &[Treatment],
         write: bool,
         verdicts: &mut [Option<Verdict>],
-        deadline: Instant,
+        progress: &Progress,
     ) -> Result<bool, CallError> {
         let acquire = &planned.plan.acquire;
         let result = if write {
-            self.by(deadline, self.engine.acquire(acquire)).await
+            self.by(progress, self.engine.acquire(acquire)).await
         } else {
-            self.by(deadline, self.engine.peek(acquire)).await
+            self.by(progress, self.engine.peek(acquire)).await
         };
         match result {
             Ok(decision) => {
@@ -496,18 +605,20 @@ impl<S: BucketStore> RateLimiter<S> {
                     .all(|p| verdicts[p.descriptor].as_ref().is_none_or(Verdict::fits)))
             }
             Err(e) => self
-                .on_store_failure(e, &planned.placed, treatments)
+                .on_store_failure(e, &planned.placed, treatments, progress)
                 .map(|d| d.admitted),
         }
     }
 
-    /// The engine's answer to `call`, if it comes by `deadline` (see `Bounded`). Not an
+    /// The engine's answer to `call`, if it comes by the call's deadline (see `Bounded`). Not an
     /// `async fn`: one would hold `call` twice (its argument, and moved into the bound).
     fn by(
         &self,
-        deadline: Instant,
+        progress: &Progress,
         call: impl std::future::Future<Output = Result<Decision, EngineError>>,
     ) -> impl std::future::Future<Output = Result<Decision, StoreFailure>> {
+        progress.engine_calls.fetch_add(1, Ordering::Relaxed);
+        let deadline = progress.deadline;
         futures::FutureExt::map(Bounded::new(call, deadline), |answer| match answer {
             Some(result) => result.map_err(StoreFailure::Engine),
             None => Err(StoreFailure::Deadline),
@@ -522,6 +633,7 @@ impl<S: BucketStore> RateLimiter<S> {
         e: StoreFailure,
         placed: &[Placed],
         treatments: &[Treatment],
+        progress: &Progress,
     ) -> Result<Decision, CallError> {
         if let StoreFailure::Engine(e) = &e {
             if e.is_request_error() {
@@ -535,6 +647,7 @@ impl<S: BucketStore> RateLimiter<S> {
             Treatment::Limited { rule, .. } => rule.failure_mode == FailureMode::Deny,
             Treatment::Free { .. } => false,
         });
+        let _ = progress.failure.set(e.cause());
         self.metrics
             .store_failure(e.cause(), if deny { "unavailable" } else { "allowed" });
         if let Some(suppressed) = self.store_failure_log.admit() {

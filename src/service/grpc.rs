@@ -51,11 +51,12 @@ pub async fn serve_with<S: BucketStore>(
     healthy: Option<watch::Receiver<bool>>,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
+    let metrics = limiter.metrics().clone();
     let router = router(limiter, healthy).await;
     match tls {
         Some(tls) => {
             router
-                .serve_with_incoming_shutdown(tls.incoming(listener), shutdown)
+                .serve_with_incoming_shutdown(tls.incoming(listener, metrics), shutdown)
                 .await
         }
         None => {

@@ -1,7 +1,7 @@
 //! Prometheus metrics: per-rule hit counters in envoyproxy/ratelimit's terms, config
 //! loads, store calls and the capacity DynamoDB reported, the engine's counters (named
 //! and described in `engine/stats.rs`), the most sharded buckets, answers given by
-//! `failure_mode`, request latency and requests in flight.
+//! `failure_mode`, request latency and requests in flight, and refused TLS handshakes.
 //!
 //! Recording is cheap and lock-free on the hot path except for the first sighting of a
 //! label set; the number of distinct rule keys is capped so hostile descriptor values
@@ -25,6 +25,8 @@ use crate::config::{hit_key, Config, DescriptorEntry, Rule};
 use crate::engine::EngineView;
 use crate::store::metered::CallObserver;
 use crate::store::metered::{CallKind, CallTotals};
+
+use super::tls::HandshakeFailure;
 
 /// Most distinct rule keys tracked; further keys are counted under `_overflow_`.
 pub const MAX_RULE_KEYS: usize = 10_000;
@@ -106,6 +108,12 @@ pub struct Metrics {
     in_flight: Gauge,
     store_failures: Family<FailureLabels, Counter>,
     store_refused_requests: Counter,
+    tls_handshake_failures: Family<ReasonLabel, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: &'static str,
 }
 
 /// Labels of a request answered without the store: why, and how.
@@ -226,6 +234,7 @@ impl Metrics {
             in_flight: Gauge::default(),
             store_failures: Family::default(),
             store_refused_requests: Counter::default(),
+            tls_handshake_failures: Family::default(),
         };
         registry.register(
             "rate_limit_total_hits",
@@ -307,6 +316,11 @@ impl Metrics {
             "Requests answered INVALID_ARGUMENT because the store refused their bucket (a key or item it cannot hold)",
             m.store_refused_requests.clone(),
         );
+        registry.register(
+            "tls_handshake_failures",
+            "TLS handshakes refused or failed on the gRPC port, by reason",
+            m.tls_handshake_failures.clone(),
+        );
         Metrics {
             registry: Mutex::new(registry),
             ..m
@@ -366,6 +380,15 @@ impl Metrics {
     /// A request whose bucket the store refused.
     pub fn request_refused_by_store(&self) {
         self.store_refused_requests.inc();
+    }
+
+    /// A TLS handshake on the gRPC port that did not complete (see `tls.rs`).
+    pub fn tls_handshake_failed(&self, reason: HandshakeFailure) {
+        self.tls_handshake_failures
+            .get_or_create(&ReasonLabel {
+                reason: reason.label(),
+            })
+            .inc();
     }
 
     pub fn domain_not_found(&self) {

@@ -2,6 +2,12 @@
 //! every client certificate must chain to (mTLS). The files are re-read when their content
 //! changes (a certificate rotation, a Kubernetes secret swap); each new connection uses the
 //! latest valid set, and an unreadable or invalid set keeps the previous one.
+//!
+//! A refused handshake is otherwise silent (the client sees an alert or a closed
+//! connection, the server nothing), so each one is counted by reason
+//! ([`HandshakeFailure`], `shardgate_tls_handshake_failures_total`) and logged at warn,
+//! at most once per 10 s per reason: a misconfigured client retries fast, and a port scan
+//! or a TCP health check must not flood the log.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -22,6 +28,15 @@ use tokio::sync::mpsc;
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 use tokio_stream::wrappers::ReceiverStream;
+
+use super::metrics::Metrics;
+use crate::throttle::LogThrottle;
+
+/// How long a client may take to complete its handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// At most one log line per reason in this interval.
+const FAILURE_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Where the TLS material is.
 #[derive(Debug, Clone)]
@@ -143,9 +158,15 @@ impl TlsState {
 
     /// Accepts TCP connections on `listener` and yields those whose TLS handshake
     /// completes (a handshake never blocks the accept loop).
-    pub fn incoming(&self, listener: TcpListener) -> ReceiverStream<io::Result<TlsConn>> {
+    /// Refused handshakes are counted in `metrics` and logged (see the module comment).
+    pub fn incoming(
+        &self,
+        listener: TcpListener,
+        metrics: Arc<Metrics>,
+    ) -> ReceiverStream<io::Result<TlsConn>> {
         let (tx, rx) = mpsc::channel(128);
         let current = self.current.clone();
+        let failures = Arc::new(FailureLog::new(metrics));
         tokio::spawn(async move {
             loop {
                 let (tcp, peer) = match listener.accept().await {
@@ -162,20 +183,133 @@ impl TlsState {
                 super::socket::no_delay(&tcp);
                 let acceptor = TlsAcceptor::from(current.load_full());
                 let tx = tx.clone();
+                let failures = failures.clone();
                 tokio::spawn(async move {
-                    let handshake =
-                        tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp));
+                    let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp));
                     match handshake.await {
                         Ok(Ok(stream)) => {
                             let _ = tx.send(Ok(TlsConn(stream))).await;
                         }
-                        Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
-                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                        Ok(Err(e)) => failures.record(peer, HandshakeFailure::of(&e), &e),
+                        Err(_) => failures.record(
+                            peer,
+                            HandshakeFailure::Timeout,
+                            &format_args!("no handshake within {HANDSHAKE_TIMEOUT:?}"),
+                        ),
                     }
                 });
             }
         });
         ReceiverStream::new(rx)
+    }
+}
+
+/// Why a TLS handshake failed: the `reason` label of
+/// `shardgate_tls_handshake_failures_total`, a fixed set so the series stay few.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HandshakeFailure {
+    /// The client's certificate does not verify against the client CA (another CA's, an
+    /// X.509 v1 certificate, expired, not for client authentication, ...).
+    ClientCertRejected,
+    /// mTLS is on and the client sent no certificate.
+    NoClientCert,
+    /// The client sent a TLS alert: most often it refused the server's certificate.
+    PeerAlert,
+    /// Not TLS, or TLS the server does not speak (plain text on the TLS port, no common
+    /// version or cipher suite, a malformed message).
+    Protocol,
+    /// The handshake did not complete within [`HANDSHAKE_TIMEOUT`].
+    Timeout,
+    /// The connection failed or closed during the handshake (a reset, a TCP probe that
+    /// connects and leaves).
+    Io,
+    /// Any other rustls error.
+    Other,
+}
+
+impl HandshakeFailure {
+    pub const ALL: [HandshakeFailure; 7] = [
+        HandshakeFailure::ClientCertRejected,
+        HandshakeFailure::NoClientCert,
+        HandshakeFailure::PeerAlert,
+        HandshakeFailure::Protocol,
+        HandshakeFailure::Timeout,
+        HandshakeFailure::Io,
+        HandshakeFailure::Other,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            HandshakeFailure::ClientCertRejected => "client_cert_rejected",
+            HandshakeFailure::NoClientCert => "no_client_cert",
+            HandshakeFailure::PeerAlert => "peer_alert",
+            HandshakeFailure::Protocol => "protocol",
+            HandshakeFailure::Timeout => "timeout",
+            HandshakeFailure::Io => "io",
+            HandshakeFailure::Other => "other",
+        }
+    }
+
+    /// The reason of a failed `accept`: tokio-rustls returns rustls's error inside an
+    /// `io::Error`; anything else is the connection's own failure.
+    pub fn of(e: &io::Error) -> HandshakeFailure {
+        let Some(tls) = e
+            .get_ref()
+            .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        else {
+            return HandshakeFailure::Io;
+        };
+        match tls {
+            rustls::Error::NoCertificatesPresented => HandshakeFailure::NoClientCert,
+            rustls::Error::InvalidCertificate(_) => HandshakeFailure::ClientCertRejected,
+            rustls::Error::AlertReceived(_) => HandshakeFailure::PeerAlert,
+            rustls::Error::InappropriateMessage { .. }
+            | rustls::Error::InappropriateHandshakeMessage { .. }
+            | rustls::Error::InvalidMessage(_)
+            | rustls::Error::PeerIncompatible(_)
+            | rustls::Error::PeerMisbehaved(_)
+            | rustls::Error::NoApplicationProtocol
+            | rustls::Error::DecryptError => HandshakeFailure::Protocol,
+            _ => HandshakeFailure::Other,
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// Counts and logs refused handshakes: one throttle per reason, so a flood of one kind
+/// (probes) does not hide the first line of another (a client whose certificate expired).
+struct FailureLog {
+    metrics: Arc<Metrics>,
+    throttles: [LogThrottle; HandshakeFailure::ALL.len()],
+}
+
+impl FailureLog {
+    fn new(metrics: Arc<Metrics>) -> FailureLog {
+        FailureLog {
+            metrics,
+            throttles: std::array::from_fn(|_| LogThrottle::new(FAILURE_LOG_INTERVAL)),
+        }
+    }
+
+    fn record(
+        &self,
+        peer: std::net::SocketAddr,
+        reason: HandshakeFailure,
+        error: &dyn std::fmt::Display,
+    ) {
+        self.metrics.tls_handshake_failed(reason);
+        if let Some(suppressed) = self.throttles[reason.index()].admit() {
+            tracing::warn!(
+                %peer,
+                reason = reason.label(),
+                error = %error,
+                similar_failures_not_logged = suppressed,
+                "TLS handshake failed"
+            );
+        }
     }
 }
 

@@ -289,3 +289,31 @@ pub fn limit_name(s: &DescriptorStatus) -> &str {
         .unwrap_or_else(|| panic!("status has no current_limit: {s:?}"))
         .name
 }
+
+/// A log sink for a test's tracing subscriber: what it wrote, to assert on.
+#[derive(Clone, Default)]
+pub struct LogBuffer(pub Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl LogBuffer {
+    /// The lines written since the last call.
+    pub fn take(&self) -> String {
+        String::from_utf8(std::mem::take(&mut *self.0.lock().unwrap())).unwrap()
+    }
+}
+
+impl std::io::Write for LogBuffer {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LogBuffer {
+    type Writer = LogBuffer;
+    fn make_writer(&'a self) -> LogBuffer {
+        self.clone()
+    }
+}

@@ -1,0 +1,115 @@
+//! The `decision` span: each call's domain, matched rules, outcome and engine calls, as a
+//! subscriber that enables it sees them when the span closes.
+
+mod support;
+
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use shardgate::config::Config;
+use shardgate::engine::{Engine, EngineOptions};
+use shardgate::service::RateLimiter;
+use shardgate::store::memory::MemoryStore;
+use support::{desc, one, request, LogBuffer};
+use tracing_subscriber::fmt::format::FmtSpan;
+
+const YAML: &str = "domain: d
+descriptors:
+  - key: tenant
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: free
+    rate_limit: {unlimited: true}
+";
+
+/// The one closed `decision` span line in `text`.
+fn closed_decision(text: &str) -> String {
+    let lines: Vec<_> = text
+        .lines()
+        .filter(|l| l.contains("decision{") && l.contains("close"))
+        .collect();
+    assert_eq!(lines.len(), 1, "one closed decision span:\n{text}");
+    lines[0].to_string()
+}
+
+#[test]
+fn each_decision_is_a_span_with_its_rules_outcome_and_engine_calls() {
+    let log = LogBuffer::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(log.clone())
+        .with_ansi(false)
+        .with_span_events(FmtSpan::CLOSE)
+        .with_env_filter("shardgate::service::decision=debug")
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let config = Config::from_yaml("a.yaml", YAML).unwrap();
+    let engine = Arc::new(Engine::new(
+        Arc::new(MemoryStore::new()),
+        EngineOptions::default(),
+    ));
+    let limiter = RateLimiter::new(Arc::new(config), engine);
+    let decide = |req: &RateLimitRequest| {
+        let _ = rt.block_on(limiter.should_rate_limit(req));
+        closed_decision(&log.take())
+    };
+
+    let two = request(
+        "d",
+        vec![
+            desc(&[("tenant", "acme")]),
+            desc(&[("free", "x")]),
+            desc(&[("nothing", "y")]),
+        ],
+    );
+    let first = decide(&two);
+    assert!(first.contains(r#"domain="d""#), "{first}");
+    assert!(first.contains("rules=d.tenant,unlimited,-"), "{first}");
+    assert!(first.contains(r#"outcome="OK""#), "{first}");
+    assert!(first.contains("engine_calls=1"), "{first}");
+    assert!(!first.contains("failure_mode"), "{first}");
+    assert!(first.contains(" DEBUG "), "{first}");
+
+    let second = decide(&one("d", &[("tenant", "acme")]));
+    assert!(second.contains(r#"outcome="OVER_LIMIT""#), "{second}");
+    assert!(second.contains("rules=d.tenant "), "{second}");
+
+    let unknown = decide(&one("nowhere", &[("tenant", "acme")]));
+    assert!(unknown.contains(r#"domain="nowhere""#), "{unknown}");
+    assert!(unknown.contains(r#"outcome="UNKNOWN_DOMAIN""#), "{unknown}");
+    assert!(unknown.contains("engine_calls=0"), "{unknown}");
+
+    let invalid = decide(&request("d", vec![]));
+    assert!(
+        invalid.contains(r#"outcome="INVALID_ARGUMENT""#),
+        "{invalid}"
+    );
+}
+
+/// At the default level (info) the span is disabled: no line, nothing recorded.
+#[test]
+fn the_span_is_silent_at_info() {
+    let log = LogBuffer::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(log.clone())
+        .with_ansi(false)
+        .with_span_events(FmtSpan::CLOSE)
+        .with_env_filter("info")
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let config = Config::from_yaml("a.yaml", YAML).unwrap();
+    let engine = Arc::new(Engine::new(
+        Arc::new(MemoryStore::new()),
+        EngineOptions::default(),
+    ));
+    let limiter = RateLimiter::new(Arc::new(config), engine);
+    rt.block_on(limiter.should_rate_limit(&one("d", &[("tenant", "acme")])))
+        .unwrap();
+    assert_eq!(log.take(), "");
+}
