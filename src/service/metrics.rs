@@ -26,7 +26,6 @@ use crate::engine::EngineView;
 use crate::store::metered::CallObserver;
 use crate::store::metered::{CallKind, CallTotals};
 
-use super::tls::HandshakeFailure;
 
 /// Most distinct rule keys tracked; further keys are counted under `_overflow_`.
 pub const MAX_RULE_KEYS: usize = 10_000;
@@ -382,12 +381,11 @@ impl Metrics {
         self.store_refused_requests.inc();
     }
 
-    /// A TLS handshake on the gRPC port that did not complete (see `tls.rs`).
-    pub fn tls_handshake_failed(&self, reason: HandshakeFailure) {
+    /// A TLS handshake on the gRPC port that did not complete, by reason (one of the
+    /// fixed labels of `tls.rs`' `HandshakeFailure`).
+    pub fn tls_handshake_failed(&self, reason: &'static str) {
         self.tls_handshake_failures
-            .get_or_create(&ReasonLabel {
-                reason: reason.label(),
-            })
+            .get_or_create(&ReasonLabel { reason })
             .inc();
     }
 

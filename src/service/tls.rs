@@ -300,7 +300,7 @@ impl FailureLog {
         reason: HandshakeFailure,
         error: &dyn std::fmt::Display,
     ) {
-        self.metrics.tls_handshake_failed(reason);
+        self.metrics.tls_handshake_failed(reason.label());
         if let Some(suppressed) = self.throttles[reason.index()].admit() {
             tracing::warn!(
                 %peer,
