@@ -436,7 +436,9 @@ def test_a_failing_store_fires_circuit_open_store_errors_and_failing_closed(stac
 # Series only a DynamoDB server exports (the memory store makes no metered calls).
 DYNAMODB_ONLY = ("shardgate_store_calls_total", "shardgate_store_call_duration_seconds",
                  "shardgate_store_consumed_capacity_units_total",
-                 "shardgate_store_failure_answers_total")
+                 "shardgate_store_failure_answers_total",
+                 # Token leases are on by default on DynamoDB only.
+                 "shardgate_lease_tokens_outstanding")
 
 
 def panel_targets(dashboard):
