@@ -26,7 +26,6 @@ use crate::engine::EngineView;
 use crate::store::metered::CallObserver;
 use crate::store::metered::{CallKind, CallTotals};
 
-
 /// Most distinct rule keys tracked; further keys are counted under `_overflow_`.
 pub const MAX_RULE_KEYS: usize = 10_000;
 
