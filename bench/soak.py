@@ -6,9 +6,9 @@ seconds after their last use and the sweeper evicts them (docs/architecture.md, 
 
     .venv/bin/python bench/soak.py [--seconds 600] [--keys 1000000] [--concurrency 16]
 
-Needs target/release/shardgate and target/release/examples/rls_load (bench/tools/rls_load.rs,
-built as a cargo example: `cargo build --release --bin shardgate --example rls_load`);
-bench/run builds both.
+Needs target/release/shardgate and target/release/examples/rls_load (under $CARGO_TARGET_DIR
+when set; bench/tools/rls_load.rs, built as a cargo example: `cargo build --release --bin
+shardgate --example rls_load`); bench/run builds both.
 Writes bench/results/<date>-soak.csv (t, rss_kib, fds, requests so far) and prints the
 curve as one line per minute, plus min/max and the first and last minute's RSS.
 """
@@ -26,8 +26,9 @@ import time
 import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHARDGATE = os.path.join(ROOT, "target/release/shardgate")
-RLS_LOAD = os.path.join(ROOT, "target/release/examples/rls_load")
+TARGET = os.path.join(ROOT, os.environ.get("CARGO_TARGET_DIR") or "target")  # as cargo
+SHARDGATE = os.path.join(TARGET, "release/shardgate")
+RLS_LOAD = os.path.join(TARGET, "release/examples/rls_load")
 FRAMES = os.path.join(ROOT, "bench/frames.py")
 
 # Buckets of a per-second rule: full again 1 s after their last debit, so their items
