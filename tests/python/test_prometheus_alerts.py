@@ -3,17 +3,23 @@
 and the alerts fire when the trouble they name is made to happen; every query of the
 Grafana dashboard (deploy/grafana/shardgate.json) is valid PromQL and returns data.
 
-Two servers are scraped: one on the memory store (config reloads, sharding, the rejection
-cache), and, when SHARDGATE_TEST_DYNAMODB_ENDPOINT is set (scripts/test sets it), one on
-DynamoDB Local behind the fault proxy (store calls, failure_mode answers, consumed
-capacity). Prometheus loads a copy of the rules file in which only the `for:` durations
-are cut to 1 s, so that a test waits seconds, not minutes; the copy is checked to differ
-from the file in nothing else.
+Two servers are scraped: one on the memory store (config reloads, sharding, a scan
+filling the rejection cache, a domain's over-limit share jumping), and, when
+SHARDGATE_TEST_DYNAMODB_ENDPOINT is set (scripts/test sets it), one on DynamoDB Local
+behind the fault proxy (store calls failing or slowed, failure_mode answers of both
+kinds, consumed capacity). Every alert of the rules file is made to fire by the trouble it
+names, and is checked not to fire before it (or on the other server).
+
+Prometheus loads a copy of the rules file in which the `for:` durations are cut to 1 s
+and ShardgateOverLimitRatioJump's baseline, the hour ending 10 minutes ago, is scaled by
+1/60 to the minute ending 10 s ago (BASELINE_WINDOW), so that a test waits seconds, not
+minutes or an hour; the copy is checked to differ from the file in nothing else.
 
 Needs the `prometheus` binary (Debian's `prometheus` package; `.ci/run` installs it), or
 its path in PROMETHEUS_BIN. Without it the tests are skipped, saying so.
 """
 import json
+import math
 import os
 import pathlib
 import re
@@ -24,6 +30,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
@@ -48,7 +55,8 @@ OK = rls_pb2.RateLimitResponse.OK
 OVER_LIMIT = rls_pb2.RateLimitResponse.OVER_LIMIT
 
 # `hot`: a bucket so large that a write budget of 5/s doubles it to its 32 shards within a
-# few hundred calls; each shard then holds a 32nd of 100,000 (3125).
+# few hundred calls; each shard then holds a 32nd of 100,000 (3125). `open`: the one rule
+# answered OK, unchecked, when the store fails.
 CONFIG = """\
 domain: ops
 failure_mode: deny
@@ -57,6 +65,24 @@ descriptors:
     rate_limit: {{unit: minute, requests_per_unit: {rpu}, name: user_rpm}}
   - key: hot
     rate_limit: {{unit: second, requests_per_unit: 100000, name: hot_rps}}
+  - key: open
+    failure_mode: allow
+    rate_limit: {{unit: minute, requests_per_unit: 1000, name: open_rpm}}
+"""
+# Domains of their own on the memory server, so that no other test's hits move their
+# over-limit share: `jump` for ShardgateOverLimitRatioJump (each client may make 5 calls a
+# minute), `scan` for ShardgateRejectionCacheGrowing (each user 5 a minute).
+JUMP_CONFIG = """\
+domain: jump
+descriptors:
+  - key: client
+    rate_limit: {unit: minute, requests_per_unit: 5, name: client_rpm}
+"""
+SCAN_CONFIG = """\
+domain: scan
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 5, name: scan_rpm}
 """
 BROKEN = "domain: ops\ndescriptors:\n  - key: user\n    rate_limit: {unit: fortnight}\n"
 WRITE_BUDGET = "5"
@@ -71,9 +97,26 @@ def alert_names(text):
     return re.findall(r"^\s*- alert: (\S+)\s*$", text, re.M)
 
 
+# ShardgateOverLimitRatioJump compares a domain's over-limit share with its average over
+# the hour ending 10 minutes ago; the copy Prometheus loads scales that window by 1/60, as
+# `for:` is cut, to the minute ending 10 s ago: a fresh Prometheus has no hour of history.
+BASELINE_WINDOW = ("[1h] offset 10m", "[1m] offset 10s")
+
+
 def short_for(text):
-    """The rules with every `for:` cut to 1 s."""
-    return re.sub(r"^(\s*)for: \S+\s*$", r"\1for: 1s", text, flags=re.M)
+    """The rules with every `for:` cut to 1 s and the baseline window of
+    ShardgateOverLimitRatioJump scaled down (BASELINE_WINDOW)."""
+    text = re.sub(r"^(\s*)for: \S+\s*$", r"\1for: 1s", text, flags=re.M)
+    return text.replace(*BASELINE_WINDOW)
+
+
+def rule_block(text, alertname):
+    """The lines of one alert's rule, from its `- alert:` line to the next rule."""
+    lines = text.split("\n")
+    start = lines.index(f"      - alert: {alertname}")
+    end = next((i for i in range(start + 1, len(lines))
+                if re.match(r"^\s*- (alert|record): ", lines[i])), len(lines))
+    return lines[start:end]
 
 
 class Prometheus:
@@ -179,10 +222,14 @@ class Stack:
         self.memory = self.dynamo = self.proxy = self.prometheus = None
 
     def start(self):
-        self.config = self.workdir / "memory.yaml"
+        config_dir = self.workdir / "memory"
+        config_dir.mkdir()
+        self.config = config_dir / "ops.yaml"
         self.config.write_text(CONFIG.format(rpu=5))
+        (config_dir / "jump.yaml").write_text(JUMP_CONFIG)
+        (config_dir / "scan.yaml").write_text(SCAN_CONFIG)
         self.memory = start_shardgate(
-            self.workdir, "memory", self.config,
+            self.workdir, "memory", config_dir,
             ["--store", "memory", "--partition-write-budget", WRITE_BUDGET])
         targets = [self.memory.instance]
         if ENDPOINT:
@@ -240,37 +287,50 @@ def stack(tmp_path_factory):
         s.stop()
 
 
-def active(prometheus, alertname, instance=None, state="firing"):
-    """The alerts called `alertname` in `state` (of `instance`, if given)."""
+def active(prometheus, alertname, instance=None, state="firing", **labels):
+    """The alerts called `alertname` in `state` (of `instance` and with `labels`, if
+    given)."""
     return [a for a in prometheus.alerts()
             if a["labels"].get("alertname") == alertname and a["state"] == state
-            and (instance is None or a["labels"].get("instance") == instance)]
+            and (instance is None or a["labels"].get("instance") == instance)
+            and all(a["labels"].get(k) == v for k, v in labels.items())]
 
 
-def wait_alert(stack, alertname, instance, timeout=ALERT_TIMEOUT_S, while_waiting=None):
-    """Polls `/api/v1/alerts` until `alertname` fires for `instance`; returns the alert.
-    `while_waiting()` is called between polls (e.g. to keep traffic flowing)."""
+def wait_alert(stack, alertname, instance, timeout=ALERT_TIMEOUT_S, while_waiting=None,
+               **labels):
+    """Polls `/api/v1/alerts` until `alertname` fires for `instance` (and `labels`);
+    returns the alert. `while_waiting()` is called between polls (e.g. to keep traffic
+    flowing)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        firing = active(stack.prometheus, alertname, instance)
+        firing = active(stack.prometheus, alertname, instance, **labels)
         if firing:
             return firing[0]
         if while_waiting:
             while_waiting()
         else:
             time.sleep(0.5)
-    pytest.fail(f"{alertname} did not fire for {instance} within {timeout}s; alerts now: "
+    pytest.fail(f"{alertname} did not fire for {instance} {labels} within {timeout}s; alerts now: "
                 f"{json.dumps(stack.prometheus.alerts())[:3000]}")
 
 
-def wait_no_alert(stack, alertname, instance, timeout=ALERT_TIMEOUT_S):
+def wait_no_alert(stack, alertname, instance, timeout=ALERT_TIMEOUT_S, while_waiting=None,
+                  **labels):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if not (active(stack.prometheus, alertname, instance)
-                or active(stack.prometheus, alertname, instance, "pending")):
+        if inactive(stack, alertname, instance, **labels):
             return
-        time.sleep(0.5)
-    pytest.fail(f"{alertname} still active for {instance} after {timeout}s")
+        if while_waiting:
+            while_waiting()
+        else:
+            time.sleep(0.5)
+    pytest.fail(f"{alertname} still active for {instance} {labels} after {timeout}s")
+
+
+def inactive(stack, alertname, instance=None, **labels):
+    """Neither pending nor firing (for `instance` and `labels`, if given)."""
+    return not any(active(stack.prometheus, alertname, instance, state, **labels)
+                   for state in ("pending", "firing"))
 
 
 def assert_annotated(alert):
@@ -287,10 +347,17 @@ def assert_annotated(alert):
 
 def test_prometheus_loads_every_rule_and_nothing_fires_on_healthy_servers(stack):
     text = RULES.read_text()
-    # The copy Prometheus loads differs in its `for:` lines only.
+    # The copy Prometheus loads differs in its `for:` lines and in the one baseline window
+    # of ShardgateOverLimitRatioJump only.
+    long, short = BASELINE_WINDOW
+    assert text.count(long) == 1 and short not in text
+    assert stack.rules_text.count(short) == 1 and long not in stack.rules_text
+    assert any(short in l for l in rule_block(stack.rules_text, "ShardgateOverLimitRatioJump"))
     strip = lambda t: [l for l in t.split("\n") if not l.strip().startswith("for:")]
-    assert strip(stack.rules_text) == strip(text)
-    assert stack.rules_text != text
+    assert strip(stack.rules_text.replace(short, long)) == strip(text)
+    assert strip(stack.rules_text) != strip(text)
+    assert [l for l in stack.rules_text.split("\n") if l.strip().startswith("for:")] == \
+        ["        for: 1s"] * len(re.findall(r"^\s*for: ", text, re.M))
 
     groups = stack.prometheus.api("rules")["groups"]
     rules = [r for g in groups for r in g["rules"]]
@@ -392,10 +459,179 @@ def test_a_bucket_at_32_shards_and_a_request_over_a_shards_share_fire_their_aler
         assert_annotated(alert)
 
 
-def test_a_failing_store_fires_circuit_open_store_errors_and_failing_closed(stack):
+def rule_threshold(alertname, metric):
+    """The number `metric > N` is compared with in `alertname`'s rule, so that the test
+    follows the rule file."""
+    expr = "\n".join(rule_block(RULES.read_text(), alertname))
+    return float(re.search(re.escape(metric) + r" > ([0-9.]+)", expr).group(1))
+
+
+def scan(server, first):
+    """A scanning client on 64 users never seen before (64 descriptors, the default
+    --max-descriptors): it takes the whole 5 of each, admitted, then comes back for one
+    more. Each of the 64 store debits of the second request is refused, and the
+    rejection cache keeps the refused bucket's image."""
+    users = [f"scan{first + i}" for i in range(64)]
+    take = server.should_rate_limit(request("scan", *[desc(("user", u), hits=5) for u in users]))
+    again = server.should_rate_limit(request("scan", *[desc(("user", u)) for u in users]))
+    assert (take.overall_code, again.overall_code) == (OK, OVER_LIMIT), (take, again)
+
+
+def test_many_distinct_refused_buckets_fire_ShardgateRejectionCacheGrowing(stack):
+    server = stack.memory
+    threshold = rule_threshold(
+        "ShardgateRejectionCacheGrowing", "max_over_time(shardgate_rejection_cache_entries[5m])")
+    assert server.metrics().value("shardgate_rejection_cache_entries") < threshold
+    assert inactive(stack, "ShardgateRejectionCacheGrowing", server.instance)
+    refused = server.metrics().get("shardgate_store_calls_total", 0, operation="debit",
+                                   outcome="refused")
+    # Thousands of distinct buckets refused a second. An image lives about two cache
+    # lifetimes (2 s), so the cache holds those of the last 2-3 s (up to 10,000).
+    scanned = [0]
+
+    def scanning():
+        end = time.monotonic() + 0.5
+        while time.monotonic() < end:
+            assert scanned[0] < MAX_CALLS * 64, "call budget spent"
+            scan(server, scanned[0])
+            scanned[0] += 64
+
+    alert = wait_alert(stack, "ShardgateRejectionCacheGrowing", server.instance,
+                       while_waiting=scanning)
+    assert_annotated(alert)
+    assert float(alert["value"]) > threshold, alert
+    # Every bucket scanned was refused by its store debit.
+    assert server.metrics().value("shardgate_store_calls_total", operation="debit",
+                                  outcome="refused") - refused == scanned[0]
+    if stack.dynamo:  # the other server was not scanned
+        assert inactive(stack, "ShardgateRejectionCacheGrowing", stack.dynamo.instance)
+    # The scan stops: its images expire and are dropped within a few seconds. (The alert
+    # looks at the highest size over 5 minutes, so it resolves only after those.)
+    deadline = time.monotonic() + 10
+    while server.metrics().value("shardgate_rejection_cache_entries") > 0:
+        assert time.monotonic() < deadline, "rejection cache not emptied 10 s after the scan"
+        time.sleep(0.2)
+
+
+def test_a_domain_whose_over_limit_share_jumps_fires_ShardgateOverLimitRatioJump(stack):
+    server = stack.memory
+    ratio = 'domain:shardgate_over_limit_ratio:rate5m{domain="jump"}'
+    calls = [0]
+
+    def clients(n, client=None):
+        """`n` calls, each by a client never seen before (admitted), or all by `client`."""
+        codes = []
+        for _ in range(n):
+            calls[0] += 1
+            assert calls[0] <= MAX_CALLS, "call budget spent"
+            who = client or f"c{calls[0]}"
+            codes.append(server.should_rate_limit(request("jump", desc(("client", who)))).overall_code)
+        return codes
+
+    # Healthy traffic (all admitted) until the baseline window the rule compares with
+    # (the minute ending 10 s ago, in the copy) holds an evaluation of a 0 share.
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while True:
+        assert clients(10) == [OK] * 10
+        got = stack.prometheus.query(
+            f"count_over_time({ratio}[1m] offset 10s) >= 1 and max_over_time({ratio}[1m]) == 0")
+        if got:
+            break
+        assert time.monotonic() < deadline, stack.prometheus.query(f"{ratio}[1m]")
+        time.sleep(0.2)
+    assert inactive(stack, "ShardgateOverLimitRatioJump", domain="jump")
+
+    # One client calls far past its 5 a minute, and the others stop: most of the
+    # domain's hits are now refused.
+    greedy_codes = []
+
+    def greedy():
+        greedy_codes.extend(clients(10, client="greedy"))
+        time.sleep(0.2)
+
+    alert = wait_alert(stack, "ShardgateOverLimitRatioJump", None, while_waiting=greedy,
+                       domain="jump")
+    assert_annotated(alert)
+    assert float(alert["value"]) > 0.10, alert
+    assert greedy_codes.count(OK) == 5, greedy_codes  # its 5, then refusals
+    assert greedy_codes.count(OVER_LIMIT) == len(greedy_codes) - 5, greedy_codes
+    # The greedy client stops and healthy traffic grows: once the share refused falls
+    # under 10%, the alert resolves.
+    wait_no_alert(stack, "ShardgateOverLimitRatioJump", None, domain="jump",
+                  while_waiting=lambda: clients(100))
+
+
+# The proxy's delay before each store call, five times the rule's 10 ms (which is for a
+# caller with Envoy's 20 ms timeout). DynamoDB Local's own latency on a busy test machine
+# passes 10 ms by itself (measured on a shared 2-core machine: p99 13-25 ms with one
+# caller, over 100 ms with 16, which fires this alert undelayed), so what shows the
+# delay fired it is that every store call made meanwhile took longer than a bound no
+# delayed call can beat (FAST_S). A call (a fresh bucket: debit, read,
+# commit) takes some 200 ms of this caller's 1 s deadline (--store-timeout): slow, never
+# failed.
+STORE_DELAY_MS = 50
+FAST_S = 0.0256  # a bucket bound of shardgate_store_call_duration_seconds under 50 ms
+SLOW_CALLERS = 16
+
+
+def needs_dynamodb():
     if not ENDPOINT:
         pytest.skip("SHARDGATE_TEST_DYNAMODB_ENDPOINT is not set: the store alerts need the "
                     "DynamoDB store (scripts/test starts DynamoDB Local and sets it)")
+
+
+def store_calls_within(server, seconds):
+    """(store calls that took at most `seconds`, all store calls) so far, all operations."""
+    bucket = server.metrics().series("shardgate_store_call_duration_seconds_bucket")
+    fast = sum(v for l, v in bucket if math.isclose(float(l["le"]), seconds))
+    total = sum(v for l, v in bucket if l["le"] == "+Inf")
+    return fast, total
+
+
+def test_slow_store_calls_fire_ShardgateStoreLatencyNearDeadline(stack):
+    needs_dynamodb()
+    server = stack.dynamo
+    wait_deciding(server)
+    assert inactive(stack, "ShardgateStoreLatencyNearDeadline", server.instance)
+    answers = server.metrics().sum("shardgate_store_failure_answers_total")
+    delayed = stack.proxy.set("delay", ms=STORE_DELAY_MS)["faulted"].get("delay", 0)
+    fast, total = store_calls_within(server, FAST_S)
+    calls = [0]
+
+    def slow_call(n):
+        # A user never seen before: the call goes to the store (no lease, no cache).
+        return server.should_rate_limit(request("ops", desc(("user", f"slow{n}")))).overall_code
+
+    def slow_calls():
+        # The rule counts only operations called once a second on average over 5
+        # minutes, some 300 calls: in parallel, as many callers would.
+        first = calls[0]
+        calls[0] += 2 * SLOW_CALLERS
+        assert calls[0] <= MAX_CALLS, "call budget spent"
+        codes = list(pool.map(slow_call, range(first, calls[0])))
+        assert codes == [OK] * len(codes), codes
+
+    try:
+        with ThreadPoolExecutor(SLOW_CALLERS) as pool:
+            alert = wait_alert(stack, "ShardgateStoreLatencyNearDeadline", server.instance,
+                               while_waiting=slow_calls)
+        fast_after, total_after = store_calls_within(server, FAST_S)
+    finally:
+        delayed = stack.proxy.set("pass")["faulted"].get("delay", 0) - delayed
+    assert_annotated(alert)
+    assert float(alert["value"]) > FAST_S, alert
+    assert delayed >= calls[0] > 0, (delayed, calls[0])
+    # The store calls meanwhile were the delayed ones: (almost) none was fast. A
+    # background call (health check, lease) forwarded just before the switch may be.
+    assert total_after - total >= 3 * calls[0], (total, total_after, calls[0])
+    assert fast_after - fast <= 2, (fast, fast_after)
+    # Slow, not failed: every call was answered by the store, none by failure_mode.
+    assert server.metrics().sum("shardgate_store_failure_answers_total") == answers
+    assert inactive(stack, "ShardgateStoreLatencyNearDeadline", stack.memory.instance)
+
+
+def test_a_failing_store_fires_circuit_open_store_errors_and_failing_closed(stack):
+    needs_dynamodb()
     server = stack.dynamo
     for i in range(5):
         assert server.should_rate_limit(request("ops", desc(("user", f"warm{i}")))).overall_code == OK
@@ -428,6 +664,39 @@ def test_a_failing_store_fires_circuit_open_store_errors_and_failing_closed(stac
     # The memory server's store never failed.
     for name in ("ShardgateStoreCircuitOpen", "ShardgateFailingClosed", "ShardgateFailingOpen"):
         assert not active(stack.prometheus, name, stack.memory.instance), name
+
+
+def test_a_failing_store_under_failure_mode_allow_fires_ShardgateFailingOpen(stack):
+    needs_dynamodb()
+    server = stack.dynamo
+    wait_deciding(server)  # the breaker may still be open from the test before
+    assert inactive(stack, "ShardgateFailingOpen", server.instance)
+    allowed = server.metrics().sum("shardgate_store_failure_answers_total", answer="allowed")
+    faulted = stack.proxy.set("http500")["faulted"].get("http500", 0)
+    calls = [0]
+
+    def fail_open():
+        # Buckets never seen before under the `failure_mode: allow` rule: each needs the
+        # store, which fails, so each is answered OK without being counted.
+        for _ in range(5):
+            calls[0] += 1
+            assert calls[0] <= MAX_CALLS, "call budget spent"
+            r = server.should_rate_limit(request("ops", desc(("open", f"unchecked{calls[0]}"))))
+            assert r.overall_code == OK, r
+        time.sleep(0.1)
+
+    try:
+        alert = wait_alert(stack, "ShardgateFailingOpen", server.instance,
+                           while_waiting=fail_open)
+    finally:
+        faulted = stack.proxy.set("pass")["faulted"].get("http500", 0) - faulted
+    assert_annotated(alert)
+    assert alert["labels"]["severity"] == "warning"
+    # Every one of those OK answers was failure_mode's, not the store's.
+    assert server.metrics().sum("shardgate_store_failure_answers_total",
+                                answer="allowed") - allowed == calls[0] > 0
+    assert faulted > 0
+    assert inactive(stack, "ShardgateFailingOpen", stack.memory.instance)
 
 
 # ----------------------------------------------------------------------------------------
