@@ -7,13 +7,13 @@
 //! changes a descriptor's status or what was counted.
 
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit as ProtoUnit;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus};
-use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::google::protobuf::{value::Kind, ListValue, Struct, Value};
 
 use super::treatment::{Group, Treatment};
+use super::wire::{Descriptor, RequestView};
 
 /// The names of the three response headers (upstream's `LIMIT_*_HEADER` settings).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,7 +58,7 @@ impl AnswerOptions {
     /// Shapes `response`, built for `req` from `treatments` (one per descriptor).
     pub(super) fn apply(
         &self,
-        req: &RateLimitRequest,
+        req: &RequestView<'_>,
         treatments: &[Treatment],
         response: &mut RateLimitResponse,
     ) -> Applied {
@@ -133,13 +133,13 @@ fn headers(names: &RateLimitHeaders, s: &DescriptorStatus) -> Vec<HeaderValue> {
 /// zero, and `metadata`, the rule metadata of the descriptors that passed (merged in
 /// request order: the first descriptor's value wins, maps merge key by key).
 fn metadata(
-    req: &RateLimitRequest,
+    req: &RequestView<'_>,
     treatments: &[Treatment],
     statuses: &[DescriptorStatus],
 ) -> Struct {
     let mut fields = std::collections::BTreeMap::new();
-    fields.insert("domain".to_string(), string(req.domain.clone()));
-    let descriptors = req.descriptors.iter().map(descriptor).collect();
+    fields.insert("domain".to_string(), string(req.domain.to_string()));
+    let descriptors = req.descriptors().map(|d| descriptor(&d)).collect();
     fields.insert("descriptors".to_string(), list(descriptors));
     if req.hits_addend != 0 {
         fields.insert("hitsAddend".to_string(), number(req.hits_addend as f64));
@@ -160,7 +160,7 @@ fn metadata(
     }
 }
 
-fn descriptor(d: &RateLimitDescriptor) -> Value {
+fn descriptor(d: &Descriptor<'_>) -> Value {
     let mut fields = std::collections::BTreeMap::new();
     let entries = d
         .entries
@@ -168,13 +168,13 @@ fn descriptor(d: &RateLimitDescriptor) -> Value {
         .map(|e| string(format!("{}={}", e.key, e.value)))
         .collect();
     fields.insert("entries".to_string(), list(entries));
-    if let Some(l) = &d.limit {
+    if let Some(l) = d.limit {
         let unit = ProtoUnit::try_from(l.unit).map_or("UNKNOWN", |u| u.as_str_name());
         let text = format!("requests_per_unit:{} unit:{unit}", l.requests_per_unit);
         fields.insert("limit".to_string(), string(text));
     }
-    if let Some(h) = &d.hits_addend {
-        fields.insert("hitsAddend".to_string(), number(h.value as f64));
+    if let Some(h) = d.hits_addend {
+        fields.insert("hitsAddend".to_string(), number(h as f64));
     }
     struct_value(Struct {
         fields: fields.into_iter().collect(),

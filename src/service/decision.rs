@@ -22,6 +22,7 @@ use super::metrics::{HitOutcome, Metrics, RuleCounters};
 use super::request::{validate, RequestLimits};
 use super::status::{self, record, Placed, Placements, Verdict};
 use super::treatment::{any_in, treatments, Group, PerDescriptor, Treatment};
+use super::wire::RequestView;
 use crate::config::{Config, FailureMode};
 use crate::engine::plan::Plan;
 use crate::engine::{Acquire, Decision, Engine, EngineError, LimitOutcome};
@@ -235,6 +236,11 @@ impl<S: BucketStore> RateLimiter<S> {
         self
     }
 
+    /// The bounds on what one request may carry.
+    pub fn request_limits(&self) -> &RequestLimits {
+        &self.limits
+    }
+
     /// The longest a call waits for the store (and a caller without a deadline's).
     pub fn with_store_timeout(mut self, timeout: std::time::Duration) -> Self {
         self.store_timeout = timeout;
@@ -266,7 +272,8 @@ impl<S: BucketStore> RateLimiter<S> {
         req: &RateLimitRequest,
     ) -> Result<RateLimitResponse, CallError> {
         let deadline = Instant::now() + self.store_timeout;
-        self.should_rate_limit_by(req, deadline).await
+        self.should_rate_limit_by(&RequestView::from(req), deadline)
+            .await
     }
 
     /// Answers one request; the store must have answered by `deadline`, else the request
@@ -279,12 +286,12 @@ impl<S: BucketStore> RateLimiter<S> {
     /// and nothing is formatted or allocated otherwise (`tests/decision_alloc.rs`).
     pub async fn should_rate_limit_by(
         &self,
-        req: &RateLimitRequest,
+        req: &RequestView<'_>,
         deadline: Instant,
     ) -> Result<RateLimitResponse, CallError> {
         let span = tracing::debug_span!(
             "decision",
-            domain = req.domain.as_str(),
+            domain = req.domain,
             rules = tracing::field::Empty,
             outcome = tracing::field::Empty,
             engine_calls = tracing::field::Empty,
@@ -315,17 +322,17 @@ impl<S: BucketStore> RateLimiter<S> {
     /// matched rules once they are known.
     async fn decide(
         &self,
-        req: &RateLimitRequest,
+        req: &RequestView<'_>,
         progress: &Progress,
         span: &tracing::Span,
     ) -> Result<RateLimitResponse, CallError> {
         let _timer = self.metrics.request();
         validate(&self.limits, req).map_err(CallError::InvalidArgument)?;
         let snapshot = self.snapshot.load();
-        let Some(domain) = snapshot.config.domain(&req.domain) else {
+        let Some(domain) = snapshot.config.domain(req.domain) else {
             progress.unknown_domain.store(true, Ordering::Relaxed);
             self.metrics.domain_not_found();
-            let mut response = status::unknown_domain(req.descriptors.len());
+            let mut response = status::unknown_domain(req.len());
             self.answer.apply(req, &[], &mut response);
             return Ok(response);
         };
@@ -333,8 +340,7 @@ impl<S: BucketStore> RateLimiter<S> {
         if !span.is_disabled() {
             span.record("rules", tracing::field::display(RuleKeys(&treatments)));
         }
-        let mut verdicts: PerDescriptor<Option<Verdict>> =
-            (0..req.descriptors.len()).map(|_| None).collect();
+        let mut verdicts: PerDescriptor<Option<Verdict>> = (0..req.len()).map(|_| None).collect();
         let over = self
             .decide_groups(req, &treatments, &mut verdicts, progress)
             .await?;
@@ -350,7 +356,7 @@ impl<S: BucketStore> RateLimiter<S> {
     /// request is refused.
     async fn decide_groups(
         &self,
-        req: &RateLimitRequest,
+        req: &RequestView<'_>,
         treatments: &[Treatment],
         verdicts: &mut [Option<Verdict>],
         progress: &Progress,
@@ -395,7 +401,7 @@ impl<S: BucketStore> RateLimiter<S> {
     fn count_hits(
         &self,
         snapshot: &Snapshot,
-        req: &RateLimitRequest,
+        req: &RequestView<'_>,
         treatments: &[Treatment],
         verdicts: &[Option<Verdict>],
     ) {
@@ -415,7 +421,7 @@ impl<S: BucketStore> RateLimiter<S> {
                 self.metrics.record_hit(
                     &snapshot.counters,
                     rule,
-                    &req.descriptors[i].entries,
+                    req.descriptor(i).entries,
                     (*hits).max(1),
                     outcome,
                 );
@@ -426,7 +432,7 @@ impl<S: BucketStore> RateLimiter<S> {
     /// A plan of the descriptors whose group passes `keep`.
     fn plan(
         &self,
-        req: &RateLimitRequest,
+        req: &RequestView<'_>,
         treatments: &[Treatment],
         keep: impl Fn(Group) -> bool,
     ) -> Result<Planned, CallError> {
@@ -447,7 +453,7 @@ impl<S: BucketStore> RateLimiter<S> {
     /// A plan of descriptor `index` alone.
     fn plan_one(
         &self,
-        req: &RateLimitRequest,
+        req: &RequestView<'_>,
         treatments: &[Treatment],
         index: usize,
     ) -> Result<Planned, CallError> {
@@ -463,14 +469,14 @@ impl<S: BucketStore> RateLimiter<S> {
     fn place(
         &self,
         planned: &mut Planned,
-        req: &RateLimitRequest,
+        req: &RequestView<'_>,
         treatments: &[Treatment],
         i: usize,
     ) -> Result<(), CallError> {
         if let Treatment::Limited { rule, hits, .. } = &treatments[i] {
             let slot = planned
                 .plan
-                .add(rule, &req.descriptors[i].entries, *hits)
+                .add(rule, req.descriptor(i).entries, *hits)
                 .map_err(|e| {
                     CallError::InvalidArgument(format!("descriptors[{i}].hits_addend: {e}"))
                 })?;
@@ -486,7 +492,7 @@ impl<S: BucketStore> RateLimiter<S> {
     /// (always recorded). Returns whether every claim fit.
     async fn forced(
         &self,
-        req: &RateLimitRequest,
+        req: &RequestView<'_>,
         treatments: &[Treatment],
         verdicts: &mut [Option<Verdict>],
         progress: &Progress,
@@ -501,7 +507,7 @@ impl<S: BucketStore> RateLimiter<S> {
     /// answer to no). Returns the answer.
     async fn quota_and_shadow(
         &self,
-        req: &RateLimitRequest,
+        req: &RequestView<'_>,
         treatments: &[Treatment],
         verdicts: &mut [Option<Verdict>],
         mut over: bool,

@@ -18,6 +18,7 @@ mod socket;
 mod status;
 pub mod tls;
 mod treatment;
+pub mod wire;
 
 pub use answer::{AnswerOptions, RateLimitHeaders};
 pub use decision::{CallError, RateLimiter};

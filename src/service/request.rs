@@ -3,8 +3,8 @@
 //! looks at rules or buckets.
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 
+use super::wire::{Keep, RequestView};
 use crate::config::{DescriptorEntry, Unit};
 
 impl DescriptorEntry for Entry {
@@ -36,31 +36,41 @@ impl Default for RequestLimits {
     }
 }
 
+impl RequestLimits {
+    /// What the wire reader keeps of a request: anything past these counts is refused
+    /// by its count alone.
+    pub(super) fn keep(&self) -> Keep {
+        Keep {
+            descriptors: self.max_descriptors,
+            entries: self.max_entries,
+        }
+    }
+}
+
 /// Whether `req` is well-formed and within `l`; the error names the field.
-pub(super) fn validate(l: &RequestLimits, req: &RateLimitRequest) -> Result<(), String> {
+pub(super) fn validate(l: &RequestLimits, req: &RequestView<'_>) -> Result<(), String> {
     let bad = |m: String| Err(m);
     if req.domain.is_empty() {
         return bad("domain must not be empty".into());
     }
-    if req.descriptors.is_empty() {
+    if req.descriptors_seen() == 0 {
         return bad("descriptors must not be empty".into());
     }
-    if req.descriptors.len() > l.max_descriptors {
+    if req.descriptors_seen() > l.max_descriptors {
         return bad(format!(
             "descriptors: {} exceeds the maximum of {}",
-            req.descriptors.len(),
+            req.descriptors_seen(),
             l.max_descriptors
         ));
     }
-    for (i, d) in req.descriptors.iter().enumerate() {
-        if d.entries.is_empty() {
+    for (i, d) in req.descriptors().enumerate() {
+        if d.entries_seen == 0 {
             return bad(format!("descriptors[{i}].entries must not be empty"));
         }
-        if d.entries.len() > l.max_entries {
+        if d.entries_seen > l.max_entries {
             return bad(format!(
                 "descriptors[{i}].entries: {} exceeds the maximum of {}",
-                d.entries.len(),
-                l.max_entries
+                d.entries_seen, l.max_entries
             ));
         }
         for (j, e) in d.entries.iter().enumerate() {
@@ -84,7 +94,7 @@ pub(super) fn validate(l: &RequestLimits, req: &RateLimitRequest) -> Result<(), 
                 ));
             }
         }
-        if let Some(limit) = &d.limit {
+        if let Some(limit) = d.limit {
             if Unit::from_proto(limit.unit).is_none() {
                 return bad(format!(
                     "descriptors[{i}].limit.unit: unknown unit {}",

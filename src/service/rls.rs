@@ -11,10 +11,11 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use bytes::{Buf, Bytes};
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use prost::Message;
 use tonic::body::Body;
-use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
+use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::codegen::http;
 use tonic::server::NamedService;
 use tonic::{Request, Response, Status};
@@ -22,6 +23,7 @@ use tonic::{Request, Response, Status};
 use super::deadline;
 use super::decision::{CallError, RateLimiter};
 use super::framing::{Checked, MAX_REQUEST_MESSAGE_BYTES};
+use super::wire::RequestView;
 use crate::store::BucketStore;
 use crate::text::{elide, MESSAGE_BYTES};
 
@@ -41,10 +43,10 @@ impl<S: BucketStore> Rls<S> {
         Rls { limiter }
     }
 
-    /// One `ShouldRateLimit` call, decoded.
+    /// One `ShouldRateLimit` call: its message, read in place (`wire.rs`), then decided.
     pub async fn should_rate_limit(
         &self,
-        request: Request<RateLimitRequest>,
+        request: Request<Bytes>,
     ) -> Result<Response<RateLimitResponse>, Status> {
         // Before anything else: the caller's clock started when it sent the request.
         let received = tokio::time::Instant::now();
@@ -54,11 +56,13 @@ impl<S: BucketStore> Rls<S> {
             .and_then(|v| v.to_str().ok())
             .and_then(deadline::parse_grpc_timeout);
         let by = deadline::deadline(received, caller, self.limiter.store_timeout());
-        match self
-            .limiter
-            .should_rate_limit_by(request.get_ref(), by)
-            .await
-        {
+        let view = RequestView::decode(request.get_ref(), self.limiter.request_limits().keep())
+            .map_err(|e| {
+                Status::invalid_argument(message(&format_args!(
+                    "the request is not a RateLimitRequest: {e}"
+                )))
+            })?;
+        match self.limiter.should_rate_limit_by(&view, by).await {
             Ok(resp) => Ok(Response::new(resp)),
             Err(e @ CallError::InvalidArgument(_)) => Err(Status::invalid_argument(message(&e))),
             Err(e @ CallError::Unavailable(_)) => Err(Status::unavailable(message(&e))),
@@ -109,11 +113,11 @@ impl<S: BucketStore> tower::Service<http::Request<Body>> for Rls<S> {
 /// One decoded call, as tonic's unary machinery runs it.
 struct Call<S: BucketStore>(Rls<S>);
 
-impl<S: BucketStore> tonic::server::UnaryService<RateLimitRequest> for Call<S> {
+impl<S: BucketStore> tonic::server::UnaryService<Bytes> for Call<S> {
     type Response = RateLimitResponse;
     type Future = BoxFuture<Result<Response<RateLimitResponse>, Status>>;
 
-    fn call(&mut self, request: Request<RateLimitRequest>) -> Self::Future {
+    fn call(&mut self, request: Request<Bytes>) -> Self::Future {
         let rls = self.0.clone();
         Box::pin(async move { rls.should_rate_limit(request).await })
     }
@@ -125,12 +129,13 @@ fn message(e: &impl std::fmt::Display) -> String {
     elide(&e.to_string(), MESSAGE_BYTES).into_owned()
 }
 
-/// Protobuf both ways; a message that does not decode is the client's error.
+/// The request's message as received (read in place by `wire.rs` once the call runs),
+/// the response as protobuf.
 struct RlsCodec;
 
 impl Codec for RlsCodec {
     type Encode = RateLimitResponse;
-    type Decode = RateLimitRequest;
+    type Decode = Bytes;
     type Encoder = ResponseEncoder;
     type Decoder = RequestDecoder;
 
@@ -143,11 +148,27 @@ impl Codec for RlsCodec {
     }
 }
 
+/// The first size of the buffer a call's response is encoded into, and of the one its
+/// request is received into: a rate-limit response is tens of bytes and a request a few
+/// hundred, and tonic's default (8 KiB per buffer, two per call) is past the sizes glibc's
+/// per-thread cache serves (1 KiB), so each call paid two trips through `malloc`'s slow
+/// path. A larger message grows the buffer as it is written, by this much at a time.
+const RESPONSE_BUFFER_BYTES: usize = 512;
+const REQUEST_BUFFER_BYTES: usize = 1024;
+
+/// How often tonic yields while encoding a stream: a unary call sends one message, so
+/// only the default's value matters (32 KiB, kept).
+const YIELD_THRESHOLD_BYTES: usize = 32 * 1024;
+
 struct ResponseEncoder;
 
 impl Encoder for ResponseEncoder {
     type Item = RateLimitResponse;
     type Error = Status;
+
+    fn buffer_settings(&self) -> BufferSettings {
+        BufferSettings::new(RESPONSE_BUFFER_BYTES, YIELD_THRESHOLD_BYTES)
+    }
 
     fn encode(&mut self, item: RateLimitResponse, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
         // EncodeBuf grows as written to: encoding cannot run out of room.
@@ -159,14 +180,16 @@ impl Encoder for ResponseEncoder {
 struct RequestDecoder;
 
 impl Decoder for RequestDecoder {
-    type Item = RateLimitRequest;
+    type Item = Bytes;
     type Error = Status;
 
-    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<RateLimitRequest>, Status> {
-        RateLimitRequest::decode(src).map(Some).map_err(|e| {
-            Status::invalid_argument(message(&format_args!(
-                "the request is not a RateLimitRequest: {e}"
-            )))
-        })
+    fn buffer_settings(&self) -> BufferSettings {
+        BufferSettings::new(REQUEST_BUFFER_BYTES, YIELD_THRESHOLD_BYTES)
+    }
+
+    /// The message's bytes, taken from the receive buffer without a copy (tonic's buffer
+    /// is a `BytesMut`; `copy_to_bytes` splits it).
+    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Bytes>, Status> {
+        Ok(Some(src.copy_to_bytes(src.remaining())))
     }
 }

@@ -5,10 +5,9 @@
 
 use std::sync::Arc;
 
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use smallvec::SmallVec;
 
+use super::wire::{Descriptor, RequestView};
 use crate::config::{entries_key, Domain, FailureMode, Level, RateLimit, Rule, RuleLimit, Unit};
 
 /// Per-descriptor working state of one call: inline for the usual few descriptors.
@@ -47,21 +46,20 @@ pub(super) fn any_in(treatments: &[Treatment], g: Group) -> bool {
 /// quota mode (envoyproxy/ratelimit's `QUOTA_MODE`).
 pub(super) fn treatments(
     domain: &Domain,
-    req: &RateLimitRequest,
+    req: &RequestView<'_>,
     global_quota: bool,
 ) -> PerDescriptor<Treatment> {
     // Match, then apply `replaces` across the matched rules.
     let matched: PerDescriptor<Option<Arc<Rule>>> = req
-        .descriptors
-        .iter()
-        .map(|d| match &d.limit {
+        .descriptors()
+        .map(|d| match d.limit {
             Some(o) => Some(Arc::new(override_rule(
                 &domain.name,
-                d,
+                &d,
                 o.requests_per_unit,
                 o.unit,
             ))),
-            None => domain.match_descriptor(&d.entries).cloned(),
+            None => domain.match_descriptor(d.entries).cloned(),
         })
         .collect();
     let replaced: PerDescriptor<&str> = matched
@@ -69,8 +67,7 @@ pub(super) fn treatments(
         .flatten()
         .flat_map(|r| r.replaces.iter().map(String::as_str))
         .collect();
-    req.descriptors
-        .iter()
+    req.descriptors()
         .zip(&matched)
         .map(|(d, rule)| {
             let Some(rule) = rule.clone() else {
@@ -82,8 +79,8 @@ pub(super) fn treatments(
             let RuleLimit::Limited(limit) = &rule.limit else {
                 return Treatment::Free { unlimited: true };
             };
-            let hits = match &d.hits_addend {
-                Some(h) => h.value,
+            let hits = match d.hits_addend {
+                Some(h) => h,
                 None if req.hits_addend == 0 => 1,
                 None => u64::from(req.hits_addend),
             };
@@ -103,18 +100,18 @@ pub(super) fn treatments(
 
 /// The rule for a descriptor that carries its own limit: it applies regardless of the
 /// tree, keyed by all of the descriptor's entries.
-fn override_rule(domain: &Arc<str>, d: &RateLimitDescriptor, rpu: u32, unit: i32) -> Rule {
+fn override_rule(domain: &Arc<str>, d: &Descriptor<'_>, rpu: u32, unit: i32) -> Rule {
     let levels: Vec<Level> = d
         .entries
         .iter()
         .map(|e| Level {
-            key: e.key.clone(),
-            value: Some(e.value.clone()),
+            key: e.key.to_string(),
+            value: Some(e.value.to_string()),
             share_threshold: false,
             value_to_metric: false,
         })
         .collect();
-    let stats_key = entries_key(domain, &d.entries);
+    let stats_key = entries_key(domain, d.entries);
     Rule {
         index: None,
         domain: domain.clone(),
