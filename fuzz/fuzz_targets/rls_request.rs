@@ -1,5 +1,5 @@
 //! Arbitrary bytes as a protobuf `RateLimitRequest` (the message Envoy sends to
-//! `ShouldRateLimit`, decoded by the same prost type the gRPC service uses), then through
+//! `ShouldRateLimit`, decoded by prost, as the HTTP surface's requests are), then through
 //! the service's decision (`RateLimiter::should_rate_limit`) on the memory store with the
 //! rules of config/example.yaml and fuzz_targets/common/rules.yaml.
 //!
