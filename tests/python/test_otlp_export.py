@@ -13,24 +13,17 @@ missing, a read and a create (3); an existing one a debit (1); a refusal repeate
 the rejection cache's second is answered from memory (0). `test_metrics.py` checks the
 same counts on the metrics.
 """
-import os
 import secrets
 import signal
-import threading
-import time
-from concurrent import futures
 
-import grpc
 from envoy.service.ratelimit.v3 import rls_pb2
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
 from conftest import EXIT_TIMEOUT_S, RPC_TIMEOUT_S
+from otlp_receiver import Receiver
 from test_independent_client import desc, request
 
 OK = rls_pb2.RateLimitResponse.OK
 OVER = rls_pb2.RateLimitResponse.OVER_LIMIT
-
-ARRIVAL_TIMEOUT_S = 10.0
 
 RULES = """
 domain: otel
@@ -48,60 +41,6 @@ OTEL_ENV_CLEARED = {
     "OTEL_RESOURCE_ATTRIBUTES": "",
     "OTEL_TRACES_SAMPLER": "parentbased_always_on",
 }
-
-
-class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
-    """An OTLP/gRPC trace receiver on a free loopback port, keeping every export."""
-
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.exports = []
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(self, self.server)
-        self.port = self.server.add_insecure_port("127.0.0.1:0")
-        assert self.port, "no free loopback port for the receiver"
-        self.server.start()
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    def Export(self, request, context):
-        with self.lock:
-            self.exports.append(request)
-        return trace_service_pb2.ExportTraceServiceResponse()
-
-    def spans(self):
-        """[(resource attributes, span attributes, span)] of every span received."""
-        with self.lock:
-            exports = list(self.exports)
-        out = []
-        for export in exports:
-            for rs in export.resource_spans:
-                resource = attributes(rs.resource.attributes)
-                for ss in rs.scope_spans:
-                    for span in ss.spans:
-                        out.append((resource, attributes(span.attributes), span))
-        return out
-
-    def wait_for(self, count, what):
-        """The spans received once there are at least `count` (polled, bounded in time)."""
-        deadline = time.monotonic() + ARRIVAL_TIMEOUT_S
-        while time.monotonic() < deadline:
-            spans = self.spans()
-            if len(spans) >= count:
-                return spans
-            time.sleep(0.05)
-        raise AssertionError(f"{what}: {len(self.spans())} spans of {count} within {ARRIVAL_TIMEOUT_S}s")
-
-    def stop(self):
-        self.server.stop(grace=None)
-
-
-def attributes(kvs):
-    """OTLP key-values as a dict of Python values."""
-    out = {}
-    for kv in kvs:
-        kind = kv.value.WhichOneof("value")
-        out[kv.key] = getattr(kv.value, kind) if kind else None
-    return out
 
 
 def call(server, tenant, metadata=None):
