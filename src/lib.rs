@@ -5,11 +5,14 @@
 //! descriptors to rules; [`engine`] decides with pre-shard token buckets and never does
 //! I/O itself; [`store`] holds bucket items behind one conditional-write contract
 //! (embedded memory or DynamoDB); [`service`] speaks Envoy's gRPC API and builds answers.
+//! `telemetry` (feature `otel`) exports the decisions' spans over OTLP.
 
 pub mod config;
 pub mod engine;
 pub mod service;
 pub mod store;
+#[cfg(feature = "otel")]
+pub mod telemetry;
 pub mod text;
 mod throttle;
 pub mod upstream_env;

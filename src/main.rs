@@ -19,6 +19,8 @@ use shardgate::store::key::stored_entity;
 use shardgate::store::key::MAX_NAMESPACE_BYTES;
 #[cfg(feature = "dynamodb")]
 use shardgate::store::{inspect, InspectedShard, Name};
+#[cfg(feature = "otel")]
+use shardgate::telemetry::SpanExport;
 
 #[derive(Parser)]
 #[command(
@@ -195,6 +197,12 @@ struct Serve {
     /// span of every call once RUST_LOG enables it at debug (docs/operations.md, Tracing).
     #[arg(long, env = "SHARDGATE_LOG_SPANS")]
     log_spans: bool,
+    /// Export each call's `decision` span over OTLP/gRPC to this collector (e.g.
+    /// http://127.0.0.1:4317). Without it, the OpenTelemetry SDK's own
+    /// OTEL_EXPORTER_OTLP_ENDPOINT turns the export on (docs/operations.md, "Exporting
+    /// spans with OpenTelemetry").
+    #[arg(long, env = "SHARDGATE_OTLP_ENDPOINT")]
+    otlp_endpoint: Option<String>,
     /// Threads answering requests (default: one per CPU core). Fewer threads hop fewer
     /// tasks between cores: on a 2-core machine sharing its cores with DynamoDB Local,
     /// one thread cut shardgate's CPU per DynamoDB decision by a fifth (README,
@@ -244,17 +252,50 @@ fn header_name(s: &str) -> Result<String, String> {
     Ok(s.to_string())
 }
 
-fn init_logging(format: LogFormat, spans: bool) {
+/// Logs to stderr, filtered by RUST_LOG (default info); with `export`, the `decision`
+/// spans also go to the exporter, through a filter of that layer's own (the log level
+/// stays as it is).
+fn init_logging(
+    format: LogFormat,
+    spans: bool,
+    #[cfg(feature = "otel")] export: Option<&SpanExport>,
+) {
     use tracing_subscriber::fmt::format::FmtSpan;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let log = tracing_subscriber::fmt::layer()
         .with_span_events(if spans { FmtSpan::CLOSE } else { FmtSpan::NONE })
         .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
+    let log = match format {
+        LogFormat::Text => log.with_filter(filter).boxed(),
+        LogFormat::Json => log.json().with_filter(filter).boxed(),
+    };
+    let subscriber = tracing_subscriber::registry().with(log);
+    #[cfg(feature = "otel")]
+    let subscriber = subscriber.with(export.map(SpanExport::layer));
+    subscriber.init();
+}
+
+/// The export of the `decision` spans, if it is wanted (`shardgate::telemetry::wanted`).
+/// Must run inside the runtime (see `SpanExport::start`).
+#[cfg(feature = "otel")]
+fn span_export(endpoint: Option<&str>) -> Result<Option<SpanExport>, ExitCode> {
+    if !shardgate::telemetry::wanted(endpoint, |name| std::env::var(name).ok()) {
+        return Ok(None);
+    }
+    SpanExport::start(endpoint).map(Some).map_err(fail)
+}
+
+#[cfg(not(feature = "otel"))]
+fn span_export(endpoint: Option<&str>) -> Result<Option<std::convert::Infallible>, ExitCode> {
+    match endpoint {
+        Some(_) => Err(fail(
+            "--otlp-endpoint: this shardgate was built without the `otel` feature",
+        )),
+        None => Ok(None),
     }
 }
 
@@ -377,7 +418,29 @@ fn main() -> ExitCode {
             resource,
         } => inspect_bucket(dynamo, &entity, &resource),
         Command::Serve(args) => {
-            init_logging(args.log_format, args.log_spans);
+            // The runtime comes first, then the span export inside it, then logging: the
+            // OTLP exporter's tonic channel spawns its connection task on the runtime when
+            // it is built, and the exporting layer must be in the subscriber from the
+            // start. (A `reload` layer filled in later, or an exporter built lazily, would
+            // keep a handle or a check on every span for the life of the process; building
+            // the runtime logs nothing, so nothing is lost by starting it first.)
+            let rt = match runtime_with(args.worker_threads) {
+                Ok(rt) => rt,
+                Err(code) => return code,
+            };
+            let export = {
+                let _in_runtime = rt.enter();
+                match span_export(args.otlp_endpoint.as_deref()) {
+                    Ok(export) => export,
+                    Err(code) => return code,
+                }
+            };
+            init_logging(
+                args.log_format,
+                args.log_spans,
+                #[cfg(feature = "otel")]
+                export.as_ref(),
+            );
             if !upstream.refused.is_empty() {
                 return fail(format!(
                     "envoyproxy/ratelimit settings shardgate cannot follow:\n  {}",
@@ -448,12 +511,16 @@ fn main() -> ExitCode {
                     max_key_bytes: args.max_key_bytes,
                     max_value_bytes: args.max_value_bytes,
                 },
+                trace_context: export.is_some(),
             };
-            let rt = match runtime_with(args.worker_threads) {
-                Ok(rt) => rt,
-                Err(code) => return code,
-            };
-            match rt.block_on(server::run(options)) {
+            let served = rt.block_on(server::run(options));
+            // The calls have drained: the spans of the last ones are flushed now, from
+            // this thread, while the runtime's workers still drive the connection.
+            #[cfg(feature = "otel")]
+            if let Some(export) = export {
+                export.shutdown();
+            }
+            match served {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => fail(e),
             }

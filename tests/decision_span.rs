@@ -1,15 +1,18 @@
-//! The `decision` span: each call's domain, matched rules, outcome and engine calls, as a
+//! The `decision` span: each call's domain, matched rules, outcome and store calls, as a
 //! subscriber that enables it sees them when the span closes.
 
 mod support;
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use shardgate::config::Config;
 use shardgate::engine::{Engine, EngineOptions};
 use shardgate::service::RateLimiter;
 use shardgate::store::memory::MemoryStore;
+use shardgate::store::metered::{CallObserver, Metered};
 use support::{desc, one, request, LogBuffer};
 use tracing_subscriber::fmt::format::FmtSpan;
 
@@ -31,8 +34,18 @@ fn closed_decision(text: &str) -> String {
     lines[0].to_string()
 }
 
+/// Counts the store calls it is told of: an account of them independent of the span's.
+#[derive(Default)]
+struct CallCount(AtomicU32);
+
+impl CallObserver for CallCount {
+    fn observe(&self, _operation: &'static str, _outcome: &'static str, _elapsed: Duration) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 #[test]
-fn each_decision_is_a_span_with_its_rules_outcome_and_engine_calls() {
+fn each_decision_is_a_span_with_its_rules_outcome_and_store_calls() {
     let log = LogBuffer::default();
     let subscriber = tracing_subscriber::fmt()
         .with_writer(log.clone())
@@ -46,14 +59,17 @@ fn each_decision_is_a_span_with_its_rules_outcome_and_engine_calls() {
         .build()
         .unwrap();
     let config = Config::from_yaml("a.yaml", YAML).unwrap();
-    let engine = Arc::new(Engine::new(
-        Arc::new(MemoryStore::new()),
-        EngineOptions::default(),
-    ));
+    // As the server stacks it: the store behind the wrapper that counts its calls.
+    let calls = Arc::new(CallCount::default());
+    let store = Metered::new(Arc::new(MemoryStore::new()), calls.clone());
+    let engine = Arc::new(Engine::new(Arc::new(store), EngineOptions::default()));
     let limiter = RateLimiter::new(Arc::new(config), engine);
+    // The closed span's line, and the store calls the decision made.
     let decide = |req: &RateLimitRequest| {
+        let before = calls.0.load(Ordering::Relaxed);
         let _ = rt.block_on(limiter.should_rate_limit(req));
-        closed_decision(&log.take())
+        let made = calls.0.load(Ordering::Relaxed) - before;
+        (closed_decision(&log.take()), made)
     };
 
     let two = request(
@@ -64,24 +80,37 @@ fn each_decision_is_a_span_with_its_rules_outcome_and_engine_calls() {
             desc(&[("nothing", "y")]),
         ],
     );
-    let first = decide(&two);
+    // A new bucket: a debit finds it missing, then a read and a create.
+    let (first, made) = decide(&two);
+    assert_eq!(made, 3);
     assert!(first.contains(r#"domain="d""#), "{first}");
     assert!(first.contains("rules=d.tenant,unlimited,-"), "{first}");
     assert!(first.contains(r#"outcome="OK""#), "{first}");
-    assert!(first.contains("engine_calls=1"), "{first}");
+    assert!(first.contains("store_calls=3"), "{first}");
     assert!(!first.contains("failure_mode"), "{first}");
+    assert!(!first.contains("engine_calls"), "{first}");
     assert!(first.contains(" DEBUG "), "{first}");
 
-    let second = decide(&one("d", &[("tenant", "acme")]));
+    // Refused by the store: one debit.
+    let (second, made) = decide(&one("d", &[("tenant", "acme")]));
+    assert_eq!(made, 1);
     assert!(second.contains(r#"outcome="OVER_LIMIT""#), "{second}");
     assert!(second.contains("rules=d.tenant "), "{second}");
+    assert!(second.contains("store_calls=1"), "{second}");
 
-    let unknown = decide(&one("nowhere", &[("tenant", "acme")]));
+    // Refused again within the rejection cache's lifetime: answered from memory.
+    let (third, made) = decide(&one("d", &[("tenant", "acme")]));
+    assert_eq!(made, 0);
+    assert!(third.contains(r#"outcome="OVER_LIMIT""#), "{third}");
+    assert!(third.contains("store_calls=0"), "{third}");
+
+    let (unknown, made) = decide(&one("nowhere", &[("tenant", "acme")]));
+    assert_eq!(made, 0);
     assert!(unknown.contains(r#"domain="nowhere""#), "{unknown}");
     assert!(unknown.contains(r#"outcome="UNKNOWN_DOMAIN""#), "{unknown}");
-    assert!(unknown.contains("engine_calls=0"), "{unknown}");
+    assert!(unknown.contains("store_calls=0"), "{unknown}");
 
-    let invalid = decide(&request("d", vec![]));
+    let (invalid, _) = decide(&request("d", vec![]));
     assert!(
         invalid.contains(r#"outcome="INVALID_ARGUMENT""#),
         "{invalid}"

@@ -24,8 +24,9 @@ use shardgate::service::wire::{Keep, RequestView};
 
 fuzz_target!(|data: &[u8]| {
     let _ = common::world();
+    let decoded = RateLimitRequest::decode(data);
     let ours = RequestView::decode(data, Keep::ALL);
-    let Ok(req) = RateLimitRequest::decode(data) else {
+    let Ok(req) = &decoded else {
         assert!(
             ours.is_err(),
             "prost refuses what the reader reads: {ours:?}"
@@ -34,8 +35,8 @@ fuzz_target!(|data: &[u8]| {
     };
     assert_eq!(
         ours.as_ref().ok(),
-        Some(&RequestView::from(&req)),
+        Some(&RequestView::from(req)),
         "the reader disagrees with prost"
     );
-    common::run_request(&req);
+    common::run_request(req);
 });

@@ -6,7 +6,7 @@
 //! This is the envoyproxy/ratelimit contract; it holds no bucket logic (that is the
 //! engine's) and no transport (that is `grpc.rs`).
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use arc_swap::ArcSwap;
@@ -26,7 +26,7 @@ use super::wire::RequestView;
 use crate::config::{Config, FailureMode};
 use crate::engine::plan::Plan;
 use crate::engine::{Acquire, Decision, Engine, EngineError, LimitOutcome};
-use crate::store::{BucketKey, BucketStore, StoreError, DEFAULT_STORE_TIMEOUT};
+use crate::store::{calls, BucketKey, BucketStore, StoreError, DEFAULT_STORE_TIMEOUT};
 use crate::throttle::LogThrottle;
 
 /// Why a call was not answered with statuses.
@@ -64,15 +64,9 @@ impl StoreFailure {
     }
 }
 
-/// One call as it goes: its deadline, and what its span reports at the end. Kept (a few
-/// relaxed atomic adds on the call's own future) whether the span is enabled or not:
-/// cheaper than a branch on every engine call.
+/// One call as it goes: its deadline, and what its span reports at the end.
 struct Progress {
     deadline: Instant,
-    /// Acquire, peek and refund calls made to the engine. Each is one or more store calls
-    /// (a slow path reads then commits, a contended write retries), or none when the
-    /// rejection cache or the per-shard ceiling refuses it in memory.
-    engine_calls: AtomicU32,
     /// The cause of the first store failure (`StoreFailure::cause`), answered by
     /// `failure_mode`.
     failure: OnceLock<&'static str>,
@@ -83,7 +77,6 @@ impl Progress {
     fn new(deadline: Instant) -> Progress {
         Progress {
             deadline,
-            engine_calls: AtomicU32::new(0),
             failure: OnceLock::new(),
             unknown_domain: AtomicBool::new(false),
         }
@@ -280,10 +273,12 @@ impl<S: BucketStore> RateLimiter<S> {
     /// is answered by its rules' `failure_mode` (see `deadline.rs`).
     ///
     /// Each call is a `decision` span at debug level (docs/operations.md, Tracing) with
-    /// the domain, the matched rules' stats keys, the outcome, the number of engine calls
-    /// and the cause of a `failure_mode` answer. Disabled, as it is by default, the span
-    /// costs a check of the level filter: the fields are recorded only when it is enabled,
-    /// and nothing is formatted or allocated otherwise (`tests/decision_alloc.rs`).
+    /// the domain, the matched rules' stats keys, the outcome, the number of store calls
+    /// the call made (`store/calls.rs`: a decision answered from a lease or the rejection
+    /// cache makes none) and the cause of a `failure_mode` answer. Disabled, as it is by
+    /// default, the span costs a check of the level filter: the fields are recorded and
+    /// the store calls counted only when it is enabled, and nothing is formatted or
+    /// allocated otherwise (`tests/decision_alloc.rs`).
     pub async fn should_rate_limit_by(
         &self,
         req: &RequestView<'_>,
@@ -294,23 +289,26 @@ impl<S: BucketStore> RateLimiter<S> {
             domain = req.domain,
             rules = tracing::field::Empty,
             outcome = tracing::field::Empty,
-            engine_calls = tracing::field::Empty,
+            store_calls = tracing::field::Empty,
             failure_mode = tracing::field::Empty,
         );
         let progress = Progress::new(deadline);
-        // One path whether the span is enabled or not: a second `.await` of `decide` would
-        // grow this future (boxed by tonic on every call). Entering a disabled span is a
-        // check of an `Option`.
-        let result = self
-            .decide(req, &progress, &span)
-            .instrument(span.clone())
-            .await;
+        // One `.await` whether the span is enabled or not: a second `.await` of `decide`
+        // would grow this future (boxed by tonic on every call). Entering a disabled span
+        // is a check of an `Option`, and its store calls are not counted.
+        let (result, store_calls) = if span.is_disabled() {
+            let decide = self.decide(req, &progress, &span);
+            futures::future::Either::Left(futures::FutureExt::map(decide, |r| (r, 0)))
+        } else {
+            futures::future::Either::Right(calls::counted(self.decide(req, &progress, &span)))
+        }
+        .instrument(span.clone())
+        .await;
         if !span.is_disabled() {
             span.record("outcome", progress.outcome(&result));
-            span.record(
-                "engine_calls",
-                progress.engine_calls.load(Ordering::Relaxed),
-            );
+            // As a signed integer: OpenTelemetry has no unsigned one, and
+            // tracing-opentelemetry would export an unsigned value as text.
+            span.record("store_calls", i64::from(store_calls));
             if let Some(cause) = progress.failure.get() {
                 span.record("failure_mode", *cause);
             }
@@ -542,7 +540,6 @@ impl<S: BucketStore> RateLimiter<S> {
         if quota_seen > 0 && quota_seen == quota_over && !over {
             over = true;
             if let Some((acquire, d)) = enforced {
-                progress.engine_calls.fetch_add(1, Ordering::Relaxed);
                 self.engine.refund(acquire, d).await;
             }
         }
@@ -623,7 +620,6 @@ impl<S: BucketStore> RateLimiter<S> {
         progress: &Progress,
         call: impl std::future::Future<Output = Result<Decision, EngineError>>,
     ) -> impl std::future::Future<Output = Result<Decision, StoreFailure>> {
-        progress.engine_calls.fetch_add(1, Ordering::Relaxed);
         let deadline = progress.deadline;
         futures::FutureExt::map(Bounded::new(call, deadline), |answer| match answer {
             Some(result) => result.map_err(StoreFailure::Engine),

@@ -1,5 +1,6 @@
 //! The gRPC listener: Envoy's `RateLimitService` (`rls.rs`), `grpc.health.v1` health and
-//! gRPC reflection, served by tonic on one listener, over TLS when configured. It
+//! gRPC reflection, served by tonic on one listener, over TLS when configured, each call
+//! in its caller's trace context when spans are exported (`trace_context.rs`). It
 //! assembles and serves; it decides nothing itself.
 
 use std::sync::Arc;
@@ -13,6 +14,8 @@ use super::decision::RateLimiter;
 use super::rls::{Rls, SERVICE_NAME};
 use super::socket::no_delay;
 use super::tls::TlsState;
+#[cfg(feature = "otel")]
+use super::trace_context::TraceContextLayer;
 use crate::store::BucketStore;
 
 /// Service names the health service reports on: the overall server and the rate-limit
@@ -29,7 +32,7 @@ pub async fn serve<S: BucketStore>(
     listener: TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
-    serve_with(limiter, listener, None, None, shutdown).await
+    serve_with(limiter, listener, None, None, false, shutdown).await
 }
 
 /// Serves gRPC over TLS (see [`super::tls`]) on `listener` until `shutdown` resolves.
@@ -39,20 +42,23 @@ pub async fn serve_tls<S: BucketStore>(
     tls: Arc<TlsState>,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
-    serve_with(limiter, listener, Some(tls), None, shutdown).await
+    serve_with(limiter, listener, Some(tls), None, false, shutdown).await
 }
 
 /// Serves gRPC, over TLS if `tls` is set, with the health service following `healthy`
-/// (SERVING while it holds true, NOT_SERVING otherwise) when it is given.
+/// (SERVING while it holds true, NOT_SERVING otherwise) when it is given, and each call
+/// in the trace context its caller sends when `trace_context` is set (spans exported;
+/// ignored without the `otel` feature).
 pub async fn serve_with<S: BucketStore>(
     limiter: Arc<RateLimiter<S>>,
     listener: TcpListener,
     tls: Option<Arc<TlsState>>,
     healthy: Option<watch::Receiver<bool>>,
+    trace_context: bool,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
     let metrics = limiter.metrics().clone();
-    let router = router(limiter, healthy).await;
+    let router = router(limiter, healthy, trace_context).await;
     match tls {
         Some(tls) => {
             router
@@ -82,11 +88,19 @@ async fn set_health(reporter: &tonic_health::server::HealthReporter, serving: bo
     }
 }
 
+/// The layers around every gRPC service: the caller's trace context, when built with
+/// `otel`.
+#[cfg(feature = "otel")]
+type Layers = tower::layer::util::Stack<TraceContextLayer, tower::layer::util::Identity>;
+#[cfg(not(feature = "otel"))]
+type Layers = tower::layer::util::Identity;
+
 /// The rate-limit service with health and reflection beside it.
 async fn router<S: BucketStore>(
     limiter: Arc<RateLimiter<S>>,
     healthy: Option<watch::Receiver<bool>>,
-) -> tonic::transport::server::Router {
+    trace_context: bool,
+) -> tonic::transport::server::Router<Layers> {
     let (reporter, health) = tonic_health::server::health_reporter();
     set_health(&reporter, healthy.as_ref().is_none_or(|h| *h.borrow())).await;
     if let Some(mut healthy) = healthy {
@@ -102,7 +116,15 @@ async fn router<S: BucketStore>(
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()
         .expect("the embedded descriptor sets are valid");
-    tonic::transport::Server::builder()
+    #[cfg(feature = "otel")]
+    let mut server =
+        tonic::transport::Server::builder().layer(TraceContextLayer::new(trace_context));
+    #[cfg(not(feature = "otel"))]
+    let mut server = {
+        let _no_trace_context_without_otel = trace_context;
+        tonic::transport::Server::builder()
+    };
+    server
         .add_service(health)
         .add_service(reflection)
         .add_service(Rls::new(limiter))

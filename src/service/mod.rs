@@ -17,6 +17,8 @@ pub mod server;
 mod socket;
 mod status;
 pub mod tls;
+#[cfg(feature = "otel")]
+mod trace_context;
 mod treatment;
 pub mod wire;
 

@@ -68,6 +68,9 @@ pub struct ServeOptions {
     /// The longest a call waits for the store, and the deadline of a caller that sets
     /// none (a caller's `grpc-timeout` shortens it).
     pub store_timeout: Duration,
+    /// Each call's `decision` span joins the trace its caller sends (`traceparent`): set
+    /// when spans are exported (feature `otel`).
+    pub trace_context: bool,
 }
 
 /// Why the server could not start or stopped with an error.
@@ -391,6 +394,7 @@ async fn serve_on<S: BucketStore>(
         grpc_listener,
         tls,
         Some(healthy_rx),
+        options.trace_context,
         stopped(),
     ));
     let http_task = tokio::spawn(http::serve(limiter, http_listener, stopped()));

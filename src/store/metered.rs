@@ -1,9 +1,11 @@
 //! A store wrapper that reports every contract call (operation, outcome, latency) to an
-//! observer — the metrics — whatever store is underneath. It changes nothing else.
+//! observer — the metrics — and to the count of the calling decision (`calls.rs`),
+//! whatever store is underneath. It changes nothing else.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::calls;
 use super::{
     BucketItem, BucketKey, BucketStore, CommitOutcome, Credit, CreditGuard, Debit, DebitMode,
     DebitOutcome, StoreError, Write,
@@ -55,7 +57,10 @@ impl<S: BucketStore> Metered<S> {
         let outcome = match result {
             Ok(v) => outcome(v),
             // Failed fast by the circuit breaker: the store was not called.
-            Err(StoreError::CircuitOpen { .. }) => "circuit_open",
+            Err(StoreError::CircuitOpen { .. }) => {
+                calls::add(-1);
+                "circuit_open"
+            }
             Err(_) => "error",
         };
         self.observer.observe(operation, outcome, started.elapsed());
@@ -69,6 +74,7 @@ impl<S: BucketStore> BucketStore for Metered<S> {
         debits: &[Debit],
         mode: DebitMode,
     ) -> Result<DebitOutcome, StoreError> {
+        calls::add(1);
         let started = Instant::now();
         let r = self.inner.debit(key, debits, mode).await;
         self.record("debit", started, &r, |o| match o {
@@ -80,6 +86,7 @@ impl<S: BucketStore> BucketStore for Metered<S> {
     }
 
     async fn read(&self, keys: &[BucketKey]) -> Result<Vec<Option<BucketItem>>, StoreError> {
+        calls::add(1);
         let started = Instant::now();
         let r = self.inner.read(keys).await;
         self.record("read", started, &r, |_| "ok");
@@ -87,6 +94,7 @@ impl<S: BucketStore> BucketStore for Metered<S> {
     }
 
     async fn commit(&self, writes: &[Write]) -> Result<CommitOutcome, StoreError> {
+        calls::add(1);
         let started = Instant::now();
         let r = self.inner.commit(writes).await;
         self.record("commit", started, &r, |o| match o {
@@ -102,6 +110,7 @@ impl<S: BucketStore> BucketStore for Metered<S> {
         guard: CreditGuard,
         credits: &[Credit],
     ) -> Result<Vec<Credit>, StoreError> {
+        calls::add(1);
         let started = Instant::now();
         let r = self.inner.credit(key, guard, credits).await;
         self.record("credit", started, &r, |applied| {

@@ -6,6 +6,7 @@
 //! shard, never decides admission. `memory.rs` is the embedded default.
 
 pub mod breaker;
+pub mod calls;
 pub mod detached;
 #[cfg(feature = "dynamodb")]
 pub mod dynamodb;

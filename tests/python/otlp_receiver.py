@@ -1,0 +1,72 @@
+"""An OTLP/gRPC trace receiver for the tests: the `TraceService/Export` of the
+OpenTelemetry protos (PyPI `opentelemetry-proto`) served by grpcio on a free loopback port,
+keeping every export it is sent, as an OpenTelemetry Collector's `otlp` receiver would
+take them. Used by test_otlp_export.py and by tests/envoy/test_tracing.py."""
+import threading
+import time
+from concurrent import futures
+
+import grpc
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+ARRIVAL_TIMEOUT_S = 10.0
+
+
+class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
+    """An OTLP/gRPC trace receiver on a free loopback port, keeping every export."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.exports = []
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(self, self.server)
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        assert self.port, "no free loopback port for the receiver"
+        self.server.start()
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def Export(self, request, context):
+        with self.lock:
+            self.exports.append(request)
+        return trace_service_pb2.ExportTraceServiceResponse()
+
+    def spans(self):
+        """[(resource attributes, span attributes, span)] of every span received."""
+        with self.lock:
+            exports = list(self.exports)
+        out = []
+        for export in exports:
+            for rs in export.resource_spans:
+                resource = attributes(rs.resource.attributes)
+                for ss in rs.scope_spans:
+                    for span in ss.spans:
+                        out.append((resource, attributes(span.attributes), span))
+        return out
+
+    def wait_for(self, count, what):
+        """The spans received once there are at least `count`."""
+        return self.wait_until(lambda spans: len(spans) >= count, f"{count} spans: {what}")
+
+    def wait_until(self, predicate, what):
+        """The spans received once `predicate(spans)` holds (polled, bounded in time)."""
+        deadline = time.monotonic() + ARRIVAL_TIMEOUT_S
+        while time.monotonic() < deadline:
+            spans = self.spans()
+            if predicate(spans):
+                return spans
+            time.sleep(0.05)
+        spans = self.spans()
+        raise AssertionError(f"not within {ARRIVAL_TIMEOUT_S}s: {what}; got {len(spans)} spans: "
+                             + ", ".join(s.name for _, _, s in spans))
+
+    def stop(self):
+        self.server.stop(grace=None)
+
+
+def attributes(kvs):
+    """OTLP key-values as a dict of Python values."""
+    out = {}
+    for kv in kvs:
+        kind = kv.value.WhichOneof("value")
+        out[kv.key] = getattr(kv.value, kind) if kind else None
+    return out
