@@ -4,7 +4,8 @@
 //! It is the same stack as `shardgate serve`'s gRPC port — tonic's default server builder
 //! (same HTTP/2 settings), the same kind of response-mapping layer, health and reflection
 //! beside the rate-limit service, shardgate's log subscriber (text to stderr, `RUST_LOG`
-//! filter, default `info`), tokio's default multi-thread runtime — but
+//! filter, default `info`), tokio's default multi-thread runtime, the same allocator
+//! (mimalloc) — but
 //! `ShouldRateLimit` does no work: it answers `OK` with one `OK` status per descriptor
 //! and nothing else (no matching, no store, no metrics).
 //!
@@ -12,6 +13,10 @@
 //! sets `TCP_NODELAY` on each accepted socket (tonic leaves them as the OS made them).
 //!
 //!     cargo run --release --example noop_rls -- 127.0.0.1:9081
+
+/// The same allocator as the server's (src/main.rs), so the ceiling stays the same stack.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
