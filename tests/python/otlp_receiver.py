@@ -38,7 +38,11 @@ class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
         for export in exports:
             for rs in export.resource_spans:
                 resource = attributes(rs.resource.attributes)
-                for ss in rs.scope_spans:
+                # xds-protos ships an older copy of the OTLP protos under the same module
+                # names; when another test imported it first, field 2 of ResourceSpans
+                # is called instrumentation_library_spans (the same wire layout).
+                scopes = rs.scope_spans if hasattr(rs, "scope_spans") else rs.instrumentation_library_spans
+                for ss in scopes:
                     for span in ss.spans:
                         out.append((resource, attributes(span.attributes), span))
         return out
