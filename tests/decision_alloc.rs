@@ -113,11 +113,9 @@ fn an_idle_bucket_heap_cost_is_bounded() {
     }
 }
 
-/// Allocations of the 10th identical call (the bucket exists, everything is warm).
-fn steady_allocations(descriptors: Vec<RateLimitDescriptor>) -> usize {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .unwrap();
+/// The hot path's rules on a fresh memory store, with no write budget to double under, so
+/// that repeated calls keep taking the fast path on one shard.
+fn hot_path_limiter() -> RateLimiter<MemoryStore> {
     let config = Config::from_yaml("a.yaml", HOT_PATH_YAML).unwrap();
     let engine = Arc::new(Engine::new(
         Arc::new(MemoryStore::new()),
@@ -126,7 +124,15 @@ fn steady_allocations(descriptors: Vec<RateLimitDescriptor>) -> usize {
             ..EngineOptions::default()
         },
     ));
-    let limiter = RateLimiter::new(Arc::new(config), engine);
+    RateLimiter::new(Arc::new(config), engine)
+}
+
+/// Allocations of the 10th identical call (the bucket exists, everything is warm).
+fn steady_allocations(descriptors: Vec<RateLimitDescriptor>) -> usize {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let limiter = hot_path_limiter();
     let request = RateLimitRequest {
         domain: "d".into(),
         descriptors,
@@ -177,15 +183,7 @@ fn whole_call_allocations(descriptors: Vec<RateLimitDescriptor>) -> usize {
         .enable_time()
         .build()
         .unwrap();
-    let config = Config::from_yaml("a.yaml", HOT_PATH_YAML).unwrap();
-    let engine = Arc::new(Engine::new(
-        Arc::new(MemoryStore::new()),
-        EngineOptions {
-            partition_write_budget: UNLIMITED_PARTITION_WRITE_BUDGET,
-            ..EngineOptions::default()
-        },
-    ));
-    let limiter = Arc::new(RateLimiter::new(Arc::new(config), engine));
+    let limiter = Arc::new(hot_path_limiter());
     let mut service = shardgate::service::rls::Rls::new(limiter);
     let message = RateLimitRequest {
         domain: "d".into(),
