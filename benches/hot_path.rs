@@ -5,7 +5,11 @@
 //! - memory-store fast-path debit on one hot item and across 100,000 items;
 //! - one full decision through the service layer (no network), assembled as the server
 //!   assembles it (store-call and request metrics), for one descriptor, a cascade pair and
-//!   three descriptors, and for one descriptor without metrics.
+//!   three descriptors, and for one descriptor without metrics;
+//! - what one answered request records in metrics (its latency, requests in flight up
+//!   and down, two rule counters, one engine counter) on 1 and 2 threads at once, as
+//!   prometheus-client's shared types record it and as the striped ones do: with two
+//!   threads, the shared lines bounce between the cores.
 //!
 //! Run: `cargo bench --bench hot_path`.
 
@@ -182,5 +186,87 @@ fn decision(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, matcher, bucket_math, store_debit, decision);
+/// Runs `record` `iters` times on each of `threads` threads started together; returns
+/// the wall time, so that time per iteration is the cost of one recording while the other
+/// threads record too.
+fn on_threads(threads: usize, iters: u64, record: &(dyn Fn() + Sync)) -> std::time::Duration {
+    let start = std::sync::Barrier::new(threads + 1);
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                scope.spawn(|| {
+                    start.wait();
+                    for _ in 0..iters {
+                        record();
+                    }
+                })
+            })
+            .collect();
+        start.wait();
+        let began = std::time::Instant::now();
+        for w in workers {
+            w.join().unwrap();
+        }
+        began.elapsed()
+    })
+}
+
+fn metrics_recording(c: &mut Criterion) {
+    use prometheus_client::metrics::counter::Counter;
+    use prometheus_client::metrics::gauge::Gauge;
+    use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+    use shardgate::striped::{StripedCells, StripedCounter, StripedGauge, StripedHistogram};
+    use std::time::Duration;
+
+    let latency = Duration::from_micros(30);
+    let shared = (
+        Histogram::new(exponential_buckets(0.000_05, 2.0, 16)),
+        Gauge::<i64>::default(),
+        [Counter::<u64>::default(), Counter::default()],
+        Counter::<u64>::default(),
+    );
+    let record_shared = || {
+        let (histogram, in_flight, rule, engine) = &shared;
+        in_flight.inc();
+        engine.inc();
+        rule[0].inc_by(1);
+        rule[1].inc_by(1);
+        in_flight.dec();
+        histogram.observe(black_box(latency).as_secs_f64());
+    };
+    let striped = (
+        StripedHistogram::new(exponential_buckets(0.000_05, 2.0, 16)),
+        StripedGauge::default(),
+        StripedCells::<5>::default(),
+        StripedCounter::default(),
+    );
+    let record_striped = || {
+        let (histogram, in_flight, rule, engine) = &striped;
+        in_flight.inc();
+        engine.add(1);
+        rule.add(0, 1);
+        rule.add(3, 1);
+        in_flight.dec();
+        histogram.observe(black_box(latency));
+    };
+    let mut g = c.benchmark_group("metrics_recording");
+    for threads in [1, 2] {
+        g.bench_function(BenchmarkId::new("shared", threads), |b| {
+            b.iter_custom(|iters| on_threads(threads, iters, &record_shared))
+        });
+        g.bench_function(BenchmarkId::new("striped", threads), |b| {
+            b.iter_custom(|iters| on_threads(threads, iters, &record_striped))
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(
+    benches,
+    matcher,
+    bucket_math,
+    store_debit,
+    decision,
+    metrics_recording
+);
 criterion_main!(benches);

@@ -11,6 +11,7 @@ pub mod config;
 pub mod engine;
 pub mod service;
 pub mod store;
+pub mod striped;
 #[cfg(feature = "otel")]
 pub mod telemetry;
 pub mod text;

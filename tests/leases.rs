@@ -95,7 +95,7 @@ async fn tc<S: BucketStore>(rig: &Rig<S>, entity: &str) -> i64 {
 
 fn stat(
     rig: &Rig<impl BucketStore>,
-    f: impl Fn(&EngineStats) -> &std::sync::atomic::AtomicU64,
+    f: impl Fn(&EngineStats) -> &shardgate::striped::StripedCounter,
 ) -> u64 {
     EngineStats::get(f(rig.engine.stats()))
 }

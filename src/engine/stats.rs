@@ -1,9 +1,10 @@
 //! The engine's counters: what it did, counted per process. One declaration gives each
 //! counter its field, its metric name (the same word) and its help text, so every counter
 //! the engine keeps is exported and none is renamed on the way. No I/O: the metrics
-//! module reads them at scrape time.
+//! module reads them at scrape time. Striped per thread (`crate::striped`): the fast
+//! path bumps one on every request, and the workers must not share its cache line.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use crate::striped::StripedCounter;
 
 /// One counter as exported: its name (`shardgate_<name>_total`), help text and value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -18,7 +19,7 @@ macro_rules! engine_stats {
         /// Counters the engine keeps (read by metrics and tests).
         #[derive(Debug, Default)]
         pub struct EngineStats {
-            $($(#[doc = $doc])+ pub $name: AtomicU64,)+
+            $($(#[doc = $doc])+ pub $name: StripedCounter,)+
         }
 
         impl EngineStats {
@@ -27,7 +28,7 @@ macro_rules! engine_stats {
                 vec![$(Counted {
                     name: stringify!($name),
                     help: concat!($($doc),+).trim_ascii().trim_end_matches('.'),
-                    value: self.$name.load(Ordering::Relaxed),
+                    value: self.$name.get(),
                 },)+]
             }
         }
@@ -78,12 +79,12 @@ engine_stats! {
 }
 
 impl EngineStats {
-    pub fn get(counter: &AtomicU64) -> u64 {
-        counter.load(Ordering::Relaxed)
+    pub fn get(counter: &StripedCounter) -> u64 {
+        counter.get()
     }
 
-    pub(super) fn bump(counter: &AtomicU64) {
-        counter.fetch_add(1, Ordering::Relaxed);
+    pub(super) fn bump(counter: &StripedCounter) {
+        counter.add(1);
     }
 }
 

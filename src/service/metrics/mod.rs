@@ -4,39 +4,37 @@
 //! `failure_mode`, request latency and requests in flight, and refused TLS handshakes.
 //!
 //! Recording is cheap and lock-free on the hot path except for the first sighting of a
-//! label set; the number of distinct rule keys is capped so hostile descriptor values
-//! cannot grow memory without bound.
+//! label set: what every request moves is striped per thread (`striped.rs`), the rules'
+//! counters are looked up once per config load (`rule_hits.rs`, which also caps the
+//! distinct keys hostile descriptor values could create), and what is read only at
+//! scrape time is collected then (`collectors.rs`).
+
+mod collectors;
+mod rule_hits;
+mod striped;
+
+pub use rule_hits::{HitOutcome, RuleCounters, MAX_RULE_KEYS};
 
 use parking_lot::Mutex;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
 
-use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
-use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
-use crate::config::{hit_key, Config, DescriptorEntry, Rule};
+use crate::config::{Config, DescriptorEntry, Rule};
 use crate::engine::EngineView;
 use crate::store::metered::CallObserver;
 use crate::store::metered::{CallKind, CallTotals};
-
-/// Most distinct rule keys tracked; further keys are counted under `_overflow_`.
-pub const MAX_RULE_KEYS: usize = 10_000;
-
-/// How many sharded buckets `shardgate_bucket_shards` lists.
-const HOT_BUCKETS_LISTED: usize = 50;
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct RuleLabels {
-    domain: String,
-    key: String,
-}
+use crate::striped::{StripedGauge, StripedHistogram};
+use rule_hits::RuleHits;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StoreLabels {
@@ -54,44 +52,11 @@ struct HashLabel {
     hash: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct BucketLabels {
-    entity: String,
-    resource: String,
-}
-
-/// How one limited descriptor came out, for its rule's counters.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HitOutcome {
-    Within {
-        near: bool,
-    },
-    Over,
-    /// Over, but the rule (or the server) is in shadow mode.
-    ShadowOver,
-}
-
-/// The counters of one rule's own stats key, looked up once per config load so that
-/// counting a hit is a few atomic adds (no label strings, no map lookup).
-#[derive(Debug, Clone)]
-pub struct RuleCounters {
-    total: Counter,
-    over: Counter,
-    near: Counter,
-    within: Counter,
-    shadow: Counter,
-}
-
 /// Every metric shardgate exports.
 #[derive(Debug)]
 pub struct Metrics {
     registry: Mutex<Registry>,
-    total_hits: Family<RuleLabels, Counter>,
-    over_limit: Family<RuleLabels, Counter>,
-    near_limit: Family<RuleLabels, Counter>,
-    within_limit: Family<RuleLabels, Counter>,
-    shadow_mode: Family<RuleLabels, Counter>,
-    rule_keys: Mutex<HashSet<(String, String)>>,
+    rule_hits: Arc<RuleHits>,
     domain_not_found: Counter,
     global_shadow_mode: Counter,
     config_load_success: Counter,
@@ -102,8 +67,8 @@ pub struct Metrics {
     /// The two families' series of each (operation, outcome) seen, so that recording a
     /// store call takes no lock (a `Family` lookup takes a read lock and hashes the labels).
     store_series: ArcSwap<StoreSeries>,
-    request_latency: Histogram,
-    in_flight: Gauge,
+    request_latency: StripedHistogram,
+    in_flight: StripedGauge,
     store_failures: Family<FailureLabels, Counter>,
     store_refused_requests: Counter,
     tls_handshake_failures: Family<ReasonLabel, Counter>,
@@ -123,101 +88,12 @@ struct FailureLabels {
     answer: &'static str,
 }
 
-/// Engine counters and learnt shard counts, read at scrape time.
-#[derive(Debug)]
-struct EngineCollector {
-    engine: EngineView,
-}
-
-impl Collector for EngineCollector {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        for counted in self.engine.stats().counted() {
-            let c = ConstCounter::new(counted.value);
-            let m = encoder.encode_descriptor(counted.name, counted.help, None, c.metric_type())?;
-            c.encode(m)?;
-        }
-        let held = ConstGauge::new(
-            i64::try_from(self.engine.rejection_cache_entries()).unwrap_or(i64::MAX),
-        );
-        held.encode(encoder.encode_descriptor(
-            "rejection_cache_entries",
-            "Shard images the rejection cache holds (buckets short or refused within about two cache lifetimes)",
-            None,
-            held.metric_type(),
-        )?)?;
-        if self.engine.leases_on() {
-            let leased = ConstGauge::new(self.engine.leased_outstanding() as f64 / 1_000.0);
-            leased.encode(encoder.encode_descriptor(
-                "lease_tokens_outstanding",
-                "Tokens this server holds in leases (taken from their shards, not used yet)",
-                None,
-                leased.metric_type(),
-            )?)?;
-        }
-        let hot = self.engine.hottest(HOT_BUCKETS_LISTED);
-        if !hot.is_empty() {
-            let mut m = encoder.encode_descriptor(
-                "bucket_shards",
-                "Shard count of the most sharded buckets this server knows",
-                None,
-                prometheus_client::metrics::MetricType::Gauge,
-            )?;
-            for bucket in hot {
-                let labels = BucketLabels {
-                    entity: bucket.entity,
-                    resource: bucket.resource,
-                };
-                let g = ConstGauge::new(i64::from(bucket.shard_count));
-                g.encode(m.encode_family(&labels)?)?;
-            }
-        }
-        Ok(())
-    }
-}
-
-/// DynamoDB's own account of the calls made: capacity units it reported consumed, by
-/// operation (read at scrape time from the store's call ledger).
-struct CapacityCollector {
-    totals: Box<dyn Fn() -> BTreeMap<CallKind, CallTotals> + Send + Sync>,
-}
-
-impl std::fmt::Debug for CapacityCollector {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("CapacityCollector")
-    }
-}
-
-impl Collector for CapacityCollector {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let mut by_operation: BTreeMap<&'static str, f64> = BTreeMap::new();
-        for (kind, t) in (self.totals)() {
-            *by_operation.entry(kind.operation).or_default() += t.capacity;
-        }
-        let mut m = encoder.encode_descriptor(
-            "store_consumed_capacity_units",
-            "Capacity units DynamoDB reported consumed (ReturnConsumedCapacity), by operation",
-            None,
-            prometheus_client::metrics::MetricType::Counter,
-        )?;
-        for (operation, units) in by_operation {
-            let c = ConstCounter::new(units);
-            c.encode(m.encode_family(&OperationLabel { operation })?)?;
-        }
-        Ok(())
-    }
-}
-
 impl Metrics {
     pub fn new() -> Metrics {
         let mut registry = Registry::with_prefix("shardgate");
         let m = Metrics {
             registry: Mutex::new(Registry::default()),
-            total_hits: Family::default(),
-            over_limit: Family::default(),
-            near_limit: Family::default(),
-            within_limit: Family::default(),
-            shadow_mode: Family::default(),
-            rule_keys: Mutex::new(HashSet::new()),
+            rule_hits: Arc::default(),
             domain_not_found: Counter::default(),
             global_shadow_mode: Counter::default(),
             config_load_success: Counter::default(),
@@ -228,37 +104,12 @@ impl Metrics {
                 Histogram::new(exponential_buckets(0.000_05, 2.0, 16))
             }),
             store_series: ArcSwap::default(),
-            request_latency: Histogram::new(exponential_buckets(0.000_05, 2.0, 16)),
-            in_flight: Gauge::default(),
+            request_latency: StripedHistogram::new(exponential_buckets(0.000_05, 2.0, 16)),
+            in_flight: StripedGauge::default(),
             store_failures: Family::default(),
             store_refused_requests: Counter::default(),
             tls_handshake_failures: Family::default(),
         };
-        registry.register(
-            "rate_limit_total_hits",
-            "Hits of a rule (descriptors × hits)",
-            m.total_hits.clone(),
-        );
-        registry.register(
-            "rate_limit_over_limit",
-            "Hits refused by a rule",
-            m.over_limit.clone(),
-        );
-        registry.register(
-            "rate_limit_near_limit",
-            "Hits admitted with 80% or more of the rule's capacity used",
-            m.near_limit.clone(),
-        );
-        registry.register(
-            "rate_limit_within_limit",
-            "Hits admitted by a rule",
-            m.within_limit.clone(),
-        );
-        registry.register(
-            "rate_limit_shadow_mode",
-            "Hits over a rule's limit that shadow mode let through",
-            m.shadow_mode.clone(),
-        );
         registry.register(
             "domain_not_found",
             "Requests for a domain no config defines",
@@ -319,6 +170,7 @@ impl Metrics {
             "TLS handshakes refused or failed on the gRPC port, by reason",
             m.tls_handshake_failures.clone(),
         );
+        registry.register_collector(Box::new(m.rule_hits.clone()));
         Metrics {
             registry: Mutex::new(registry),
             ..m
@@ -329,7 +181,7 @@ impl Metrics {
     pub fn attach_engine(&self, engine: EngineView) {
         self.registry
             .lock()
-            .register_collector(Box::new(EngineCollector { engine }));
+            .register_collector(Box::new(collectors::EngineCollector { engine }));
     }
 
     /// Adds DynamoDB's consumed capacity, read from `totals` (the store's call ledger) at
@@ -340,7 +192,7 @@ impl Metrics {
     ) {
         self.registry
             .lock()
-            .register_collector(Box::new(CapacityCollector {
+            .register_collector(Box::new(collectors::CapacityCollector {
                 totals: Box::new(totals),
             }));
     }
@@ -415,24 +267,10 @@ impl Metrics {
                 continue;
             }
             if let Some(slot) = rule.index.and_then(|i| counters.get_mut(i)) {
-                let labels = RuleLabels {
-                    domain: rule.domain.to_string(),
-                    key: rule.stats_key.clone(),
-                };
-                *slot = Some(self.counters_for(&labels));
+                *slot = Some(self.rule_hits.for_rule(rule));
             }
         }
         counters
-    }
-
-    fn counters_for(&self, labels: &RuleLabels) -> RuleCounters {
-        RuleCounters {
-            total: self.total_hits.get_or_create_owned(labels),
-            over: self.over_limit.get_or_create_owned(labels),
-            near: self.near_limit.get_or_create_owned(labels),
-            within: self.within_limit.get_or_create_owned(labels),
-            shadow: self.shadow_mode.get_or_create_owned(labels),
-        }
     }
 
     /// Counts `hits` against `rule` for a descriptor with these entries; `counters` are
@@ -445,74 +283,15 @@ impl Metrics {
         hits: u64,
         outcome: HitOutcome,
     ) {
-        if let Some(c) = rule
+        match rule
             .index
             .and_then(|i| counters.get(i))
             .and_then(Option::as_ref)
         {
-            return count(c, hits, outcome);
-        }
-        // Labels from the request: only the counters that move are created.
-        let labels = self.rule_labels(rule, entries);
-        self.total_hits.get_or_create(&labels).inc_by(hits);
-        match outcome {
-            HitOutcome::Within { near } => {
-                self.within_limit.get_or_create(&labels).inc_by(hits);
-                if near {
-                    self.near_limit.get_or_create(&labels).inc_by(hits);
-                }
-            }
-            HitOutcome::Over => {
-                self.over_limit.get_or_create(&labels).inc_by(hits);
-            }
-            HitOutcome::ShadowOver => {
-                self.over_limit.get_or_create(&labels).inc_by(hits);
-                self.shadow_mode.get_or_create(&labels).inc_by(hits);
-            }
-        }
-    }
-
-    /// envoyproxy/ratelimit's stats key ([`hit_key`]), capped in distinct values when it
-    /// carries request values.
-    fn rule_labels<E: DescriptorEntry>(&self, rule: &Rule, entries: &[E]) -> RuleLabels {
-        let key = hit_key(rule, entries);
-        let domain = rule.domain.to_string();
-        if !rule.stats_key_varies() {
-            // A rule's own key: as many as the config has rules, no cap needed.
-            return RuleLabels { domain, key };
-        }
-        let mut seen = self.rule_keys.lock();
-        let pair = (domain.clone(), key);
-        if seen.contains(&pair) || seen.len() < MAX_RULE_KEYS {
-            seen.insert(pair.clone());
-            RuleLabels {
-                domain,
-                key: pair.1,
-            }
-        } else {
-            RuleLabels {
-                domain,
-                key: "_overflow_".to_string(),
-            }
-        }
-    }
-}
-
-fn count(c: &RuleCounters, hits: u64, outcome: HitOutcome) {
-    c.total.inc_by(hits);
-    match outcome {
-        HitOutcome::Within { near } => {
-            c.within.inc_by(hits);
-            if near {
-                c.near.inc_by(hits);
-            }
-        }
-        HitOutcome::Over => {
-            c.over.inc_by(hits);
-        }
-        HitOutcome::ShadowOver => {
-            c.over.inc_by(hits);
-            c.shadow.inc_by(hits);
+            Some(c) => c.count(hits, outcome),
+            None => self
+                .rule_hits
+                .count_from_request(rule, entries, hits, outcome),
         }
     }
 }
@@ -532,9 +311,7 @@ pub struct RequestTimer<'a> {
 impl Drop for RequestTimer<'_> {
     fn drop(&mut self) {
         self.metrics.in_flight.dec();
-        self.metrics
-            .request_latency
-            .observe(self.started.elapsed().as_secs_f64());
+        self.metrics.request_latency.observe(self.started.elapsed());
     }
 }
 

@@ -1,0 +1,108 @@
+//! What the metrics read only at scrape time: the engine's counters, the rejection
+//! cache's size, outstanding lease tokens and the most sharded buckets (from an
+//! `EngineView`), and the capacity DynamoDB reported consumed (from the store's call
+//! ledger). Must not record anything: the request path never calls here.
+
+use std::collections::BTreeMap;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+
+use super::OperationLabel;
+use crate::engine::EngineView;
+use crate::store::metered::{CallKind, CallTotals};
+
+/// How many sharded buckets `shardgate_bucket_shards` lists.
+const HOT_BUCKETS_LISTED: usize = 50;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BucketLabels {
+    entity: String,
+    resource: String,
+}
+
+/// Engine counters and learnt shard counts, read at scrape time.
+#[derive(Debug)]
+pub(super) struct EngineCollector {
+    pub(super) engine: EngineView,
+}
+
+impl Collector for EngineCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        for counted in self.engine.stats().counted() {
+            let c = ConstCounter::new(counted.value);
+            let m = encoder.encode_descriptor(counted.name, counted.help, None, c.metric_type())?;
+            c.encode(m)?;
+        }
+        let held = ConstGauge::new(
+            i64::try_from(self.engine.rejection_cache_entries()).unwrap_or(i64::MAX),
+        );
+        held.encode(encoder.encode_descriptor(
+            "rejection_cache_entries",
+            "Shard images the rejection cache holds (buckets short or refused within about two cache lifetimes)",
+            None,
+            held.metric_type(),
+        )?)?;
+        if self.engine.leases_on() {
+            let leased = ConstGauge::new(self.engine.leased_outstanding() as f64 / 1_000.0);
+            leased.encode(encoder.encode_descriptor(
+                "lease_tokens_outstanding",
+                "Tokens this server holds in leases (taken from their shards, not used yet)",
+                None,
+                leased.metric_type(),
+            )?)?;
+        }
+        let hot = self.engine.hottest(HOT_BUCKETS_LISTED);
+        if !hot.is_empty() {
+            let mut m = encoder.encode_descriptor(
+                "bucket_shards",
+                "Shard count of the most sharded buckets this server knows",
+                None,
+                prometheus_client::metrics::MetricType::Gauge,
+            )?;
+            for bucket in hot {
+                let labels = BucketLabels {
+                    entity: bucket.entity,
+                    resource: bucket.resource,
+                };
+                let g = ConstGauge::new(i64::from(bucket.shard_count));
+                g.encode(m.encode_family(&labels)?)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// DynamoDB's own account of the calls made: capacity units it reported consumed, by
+/// operation (read at scrape time from the store's call ledger).
+pub(super) struct CapacityCollector {
+    pub(super) totals: Box<dyn Fn() -> BTreeMap<CallKind, CallTotals> + Send + Sync>,
+}
+
+impl std::fmt::Debug for CapacityCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CapacityCollector")
+    }
+}
+
+impl Collector for CapacityCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let mut by_operation: BTreeMap<&'static str, f64> = BTreeMap::new();
+        for (kind, t) in (self.totals)() {
+            *by_operation.entry(kind.operation).or_default() += t.capacity;
+        }
+        let mut m = encoder.encode_descriptor(
+            "store_consumed_capacity_units",
+            "Capacity units DynamoDB reported consumed (ReturnConsumedCapacity), by operation",
+            None,
+            prometheus_client::metrics::MetricType::Counter,
+        )?;
+        for (operation, units) in by_operation {
+            let c = ConstCounter::new(units);
+            c.encode(m.encode_family(&OperationLabel { operation })?)?;
+        }
+        Ok(())
+    }
+}

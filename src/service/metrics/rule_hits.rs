@@ -1,0 +1,340 @@
+//! Per-rule hit counters in envoyproxy/ratelimit's terms: `rate_limit_total_hits`,
+//! `_over_limit`, `_near_limit`, `_within_limit` and `_shadow_mode`, labelled by domain
+//! and stats key. Owns the counters of every key seen, the cap on keys that carry request
+//! values, and their encoding at scrape time.
+//!
+//! A config rule's counters are looked up once per config load and striped per thread
+//! (`striped.rs`), so counting its hits is two or three atomic adds on one line this
+//! thread owns. Keys built from request values are looked up per request and kept
+//! unstriped: there can be `MAX_RULE_KEYS` of them.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, NoLabelSet};
+use prometheus_client::metrics::MetricType;
+
+use crate::config::{hit_key, DescriptorEntry, Rule};
+use crate::striped::StripedCells;
+
+/// Most distinct rule keys carrying request values; further keys are counted under
+/// `_overflow_`.
+pub const MAX_RULE_KEYS: usize = 10_000;
+
+/// How one limited descriptor came out, for its rule's counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HitOutcome {
+    Within {
+        near: bool,
+    },
+    Over,
+    /// Over, but the rule (or the server) is in shadow mode.
+    ShadowOver,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+struct RuleLabels {
+    domain: String,
+    key: String,
+}
+
+/// The five counters, in the order of [`SERIES`].
+const TOTAL: usize = 0;
+const OVER: usize = 1;
+const NEAR: usize = 2;
+const WITHIN: usize = 3;
+const SHADOW: usize = 4;
+
+/// Name and help of each counter, indexed as the cells.
+const SERIES: [(&str, &str); 5] = [
+    (
+        "rate_limit_total_hits",
+        "Hits of a rule (descriptors × hits)",
+    ),
+    ("rate_limit_over_limit", "Hits refused by a rule"),
+    (
+        "rate_limit_near_limit",
+        "Hits admitted with 80% or more of the rule's capacity used",
+    ),
+    ("rate_limit_within_limit", "Hits admitted by a rule"),
+    (
+        "rate_limit_shadow_mode",
+        "Hits over a rule's limit that shadow mode let through",
+    ),
+];
+
+/// The counters of one stats key.
+#[derive(Debug)]
+enum HitCells {
+    /// A config rule's key: every thread counts on its own stripe; all five series are
+    /// exported from the config load on, zero or not.
+    Striped(StripedCells<5>),
+    /// A key built from request values: one shared set; a series is exported once it
+    /// has moved (`total` always).
+    Shared([AtomicU64; 5]),
+}
+
+impl HitCells {
+    fn add(&self, cell: usize, by: u64) {
+        match self {
+            HitCells::Striped(cells) => cells.add(cell, by),
+            HitCells::Shared(cells) => {
+                cells[cell].fetch_add(by, Relaxed);
+            }
+        }
+    }
+
+    fn get(&self, cell: usize) -> u64 {
+        match self {
+            HitCells::Striped(cells) => cells.get(cell),
+            HitCells::Shared(cells) => cells[cell].load(Relaxed),
+        }
+    }
+
+    fn exported(&self, cell: usize) -> bool {
+        match self {
+            HitCells::Striped(_) => true,
+            HitCells::Shared(_) => cell == TOTAL || self.get(cell) > 0,
+        }
+    }
+
+    fn count(&self, hits: u64, outcome: HitOutcome) {
+        self.add(TOTAL, hits);
+        match outcome {
+            HitOutcome::Within { near } => {
+                self.add(WITHIN, hits);
+                if near {
+                    self.add(NEAR, hits);
+                }
+            }
+            HitOutcome::Over => self.add(OVER, hits),
+            HitOutcome::ShadowOver => {
+                self.add(OVER, hits);
+                self.add(SHADOW, hits);
+            }
+        }
+    }
+}
+
+/// The counters of one rule's own stats key, looked up once per config load.
+#[derive(Debug, Clone)]
+pub struct RuleCounters(Arc<HitCells>);
+
+impl RuleCounters {
+    pub fn count(&self, hits: u64, outcome: HitOutcome) {
+        self.0.count(hits, outcome);
+    }
+}
+
+/// Every stats key's counters.
+#[derive(Debug, Default)]
+pub struct RuleHits {
+    keys: RwLock<Keys>,
+}
+
+#[derive(Debug, Default)]
+struct Keys {
+    cells: BTreeMap<RuleLabels, Arc<HitCells>>,
+    /// How many of `cells` carry request values (capped at `MAX_RULE_KEYS`).
+    from_requests: usize,
+}
+
+impl RuleHits {
+    /// The counters of a config rule's own key (created, striped, on first sight; a
+    /// reload finds the same ones).
+    pub fn for_rule(&self, rule: &Rule) -> RuleCounters {
+        let labels = RuleLabels {
+            domain: rule.domain.to_string(),
+            key: rule.stats_key.clone(),
+        };
+        if let Some(cells) = self.keys.read().cells.get(&labels) {
+            return RuleCounters(cells.clone());
+        }
+        let mut keys = self.keys.write();
+        let cells = keys
+            .cells
+            .entry(labels)
+            .or_insert_with(|| Arc::new(HitCells::Striped(StripedCells::default())));
+        RuleCounters(cells.clone())
+    }
+
+    /// Counts `hits` for a rule whose key carries the values of these entries.
+    pub fn count_from_request<E: DescriptorEntry>(
+        &self,
+        rule: &Rule,
+        entries: &[E],
+        hits: u64,
+        outcome: HitOutcome,
+    ) {
+        let labels = RuleLabels {
+            domain: rule.domain.to_string(),
+            key: hit_key(rule, entries),
+        };
+        if let Some(cells) = self.keys.read().cells.get(&labels) {
+            return cells.count(hits, outcome);
+        }
+        let mut keys = self.keys.write();
+        let labels = if keys.from_requests < MAX_RULE_KEYS || keys.cells.contains_key(&labels) {
+            labels
+        } else {
+            RuleLabels {
+                domain: labels.domain,
+                key: "_overflow_".to_string(),
+            }
+        };
+        if let Some(cells) = keys.cells.get(&labels) {
+            return cells.count(hits, outcome);
+        }
+        let cells = Arc::new(HitCells::Shared(Default::default()));
+        cells.count(hits, outcome);
+        keys.cells.insert(labels, cells);
+        keys.from_requests += 1;
+    }
+}
+
+impl Collector for RuleHits {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let keys = self.keys.read();
+        for (cell, (name, help)) in SERIES.iter().enumerate() {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for (labels, cells) in &keys.cells {
+                if cells.exported(cell) {
+                    family
+                        .encode_family(labels)?
+                        .encode_counter::<NoLabelSet, _, u64>(&cells.get(cell), None)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use prometheus_client::registry::Registry;
+
+    const YAML: &str = "
+domain: d
+descriptors:
+  - key: fixed
+    rate_limit: {unit: second, requests_per_unit: 10}
+  - key: user
+    detailed_metric: true
+    rate_limit: {unit: second, requests_per_unit: 10}
+";
+
+    fn rule<'a>(config: &'a Config, key: &str) -> &'a Rule {
+        config
+            .domain("d")
+            .unwrap()
+            .rules()
+            .find(|r| r.levels[0].key == key)
+            .unwrap()
+    }
+
+    fn render(hits: &Arc<RuleHits>) -> String {
+        let mut registry = Registry::with_prefix("shardgate");
+        registry.register_collector(Box::new(hits.clone()));
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &registry).unwrap();
+        out
+    }
+
+    #[test]
+    fn a_config_rule_exports_all_five_series_from_its_load_and_counts_per_thread() {
+        let config = Config::from_yaml("a.yaml", YAML).unwrap();
+        let hits = Arc::new(RuleHits::default());
+        let counters = hits.for_rule(rule(&config, "fixed"));
+        let out = render(&hits);
+        for name in [
+            "total_hits",
+            "over_limit",
+            "near_limit",
+            "within_limit",
+            "shadow_mode",
+        ] {
+            let series =
+                format!("shardgate_rate_limit_{name}_total{{domain=\"d\",key=\"d.fixed\"}} 0\n");
+            assert!(out.contains(&series), "{series} missing from\n{out}");
+        }
+        std::thread::scope(|scope| {
+            for _ in 0..4 {
+                let counters = counters.clone();
+                scope.spawn(move || {
+                    for _ in 0..100 {
+                        counters.count(2, HitOutcome::Within { near: true });
+                        counters.count(1, HitOutcome::ShadowOver);
+                    }
+                });
+            }
+        });
+        // A reload finds the same counters.
+        hits.for_rule(rule(&config, "fixed"))
+            .count(1, HitOutcome::Over);
+        let out = render(&hits);
+        for (name, value) in [
+            ("total_hits", 1_201),
+            ("within_limit", 800),
+            ("near_limit", 800),
+            ("over_limit", 401),
+            ("shadow_mode", 400),
+        ] {
+            let series = format!(
+                "shardgate_rate_limit_{name}_total{{domain=\"d\",key=\"d.fixed\"}} {value}\n"
+            );
+            assert!(out.contains(&series), "{series} missing from\n{out}");
+        }
+    }
+
+    #[test]
+    fn request_keys_export_what_moved_and_are_capped() {
+        let config = Config::from_yaml("a.yaml", YAML).unwrap();
+        let user = rule(&config, "user");
+        let hits = Arc::new(RuleHits::default());
+        hits.count_from_request(user, &[("user", "alice")], 3, HitOutcome::Over);
+        let out = render(&hits);
+        assert!(
+            out.contains(
+                "shardgate_rate_limit_total_hits_total{domain=\"d\",key=\"d.user_alice\"} 3\n"
+            ),
+            "{out}"
+        );
+        assert!(
+            out.contains(
+                "shardgate_rate_limit_over_limit_total{domain=\"d\",key=\"d.user_alice\"} 3\n"
+            ),
+            "{out}"
+        );
+        assert!(
+            !out.contains("within_limit_total{domain=\"d\",key=\"d.user_alice\"}"),
+            "{out}"
+        );
+        for i in 1..MAX_RULE_KEYS + 5 {
+            let value = format!("u{i}");
+            let within = HitOutcome::Within { near: false };
+            hits.count_from_request(user, &[("user", value.as_str())], 1, within);
+        }
+        // A key seen before the cap keeps its own series.
+        hits.count_from_request(user, &[("user", "alice")], 1, HitOutcome::Over);
+        let out = render(&hits);
+        let keys = out
+            .lines()
+            .filter(|l| l.starts_with("shardgate_rate_limit_total_hits_total{"))
+            .count();
+        assert_eq!(keys, MAX_RULE_KEYS + 1, "the cap and _overflow_");
+        assert!(
+            out.contains(
+                "shardgate_rate_limit_total_hits_total{domain=\"d\",key=\"_overflow_\"} 5\n"
+            ),
+            "overflow"
+        );
+        assert!(out.contains(
+            "shardgate_rate_limit_total_hits_total{domain=\"d\",key=\"d.user_alice\"} 4\n"
+        ));
+    }
+}
