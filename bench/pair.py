@@ -20,23 +20,13 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from bench import CLK_TCK as TICK_HZ, GRPC_PATH as PATH, NOOP, ROOT, free_port
+
 if len(sys.argv) < 4:
     sys.exit(__doc__)
-TARGET = os.path.join(ROOT, os.environ.get("CARGO_TARGET_DIR") or "target")
-BINS = {"old": sys.argv[1], "new": sys.argv[2], "noop": os.path.join(TARGET, "release/examples/noop_rls")}
+BINS = {"old": sys.argv[1], "new": sys.argv[2], "noop": NOOP}
 FRAME = sys.argv[3]
 ROUNDS = int(sys.argv[4]) if len(sys.argv) > 4 else 6
-TICK_HZ = os.sysconf("SC_CLK_TCK")
-PATH = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def cpu_ticks(pid):
