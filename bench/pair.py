@@ -6,12 +6,16 @@ CPU µs per request, each round's ratios and the medians of the per-round ratios
 judging a change to the request path on a noisy machine: run the binary before the change
 and after it in one alternating run.
 
-    bench/pair.py OLD_SHARDGATE NEW_SHARDGATE FRAME [ROUNDS]
+    bench/pair.py OLD_SHARDGATE NEW_SHARDGATE FRAME [ROUNDS] [--other NAME=COMMAND ...]
 
 FRAME is one gRPC frame as bench/frames.py writes them (e.g. OUT/hot.bin); the ceiling is
-$CARGO_TARGET_DIR (or target)/release/examples/noop_rls, built by bench/run. Only
+$CARGO_TARGET_DIR (or target)/release/examples/noop_rls, built by bench/run. `--other`
+adds another rate-limit server to every round (another implementation, with rules
+equivalent to bench/config.yaml's): COMMAND is its command line, split on spaces, with
+{port} for the gRPC port it must listen on and {http_port} for a second free port. Only
 127.0.0.1 is contacted; each run is bounded by h2load's duration.
 """
+import argparse
 import os
 import re
 import socket
@@ -22,11 +26,18 @@ import time
 
 from bench import CLK_TCK as TICK_HZ, GRPC_PATH as PATH, NOOP, ROOT, free_port
 
-if len(sys.argv) < 4:
-    sys.exit(__doc__)
-BINS = {"old": sys.argv[1], "new": sys.argv[2], "noop": NOOP}
-FRAME = sys.argv[3]
-ROUNDS = int(sys.argv[4]) if len(sys.argv) > 4 else 6
+ap = argparse.ArgumentParser(usage=__doc__)
+ap.add_argument("old")
+ap.add_argument("new")
+ap.add_argument("frame")
+ap.add_argument("rounds", nargs="?", type=int, default=6)
+ap.add_argument("--other", action="append", default=[], metavar="NAME=COMMAND")
+ARGS = ap.parse_args()
+BINS = {"old": ARGS.old, "new": ARGS.new, "noop": NOOP}
+OTHERS = dict(o.split("=", 1) for o in ARGS.other)
+BINS.update(OTHERS)
+FRAME = ARGS.frame
+ROUNDS = ARGS.rounds
 
 
 def cpu_ticks(pid):
@@ -51,9 +62,14 @@ def h2load(port, seconds):
 def measure(name):
     """(req/s, CPU µs per request) of one server, started for this run only."""
     port = free_port()
-    argv = [BINS[name], f"127.0.0.1:{port}"] if name == "noop" else [
-        BINS[name], "serve", "--store", "memory", "--config", os.path.join(ROOT, "bench/config.yaml"),
-        "--grpc-addr", f"127.0.0.1:{port}", "--http-addr", "127.0.0.1:0"]
+    if name in OTHERS:
+        argv = OTHERS[name].format(port=port, http_port=free_port()).split()
+    elif name == "noop":
+        argv = [BINS[name], f"127.0.0.1:{port}"]
+    else:
+        argv = [BINS[name], "serve", "--store", "memory", "--config",
+                os.path.join(ROOT, "bench/config.yaml"),
+                "--grpc-addr", f"127.0.0.1:{port}", "--http-addr", "127.0.0.1:0"]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
     try:
         for _ in range(100):
@@ -75,7 +91,9 @@ def measure(name):
 def main():
     runs = {k: [] for k in BINS}
     for r in range(ROUNDS):
-        order = ["old", "new", "noop"] if r % 2 == 0 else ["noop", "new", "old"]
+        order = ["old", "new", "noop", *OTHERS]
+        if r % 2:
+            order.reverse()
         row = {k: measure(k) for k in order}
         for k in BINS:
             runs[k].append(row[k])
@@ -84,7 +102,9 @@ def main():
     med = statistics.median
     for k in BINS:
         print(f"median {k}: {med(x[0] for x in runs[k]):,.0f} req/s, {med(x[1] for x in runs[k]):.2f} µs CPU/req")
-    for a, b in [("new", "old"), ("new", "noop"), ("old", "noop")]:
+    pairs = [("new", "old"), ("new", "noop"), ("old", "noop")]
+    pairs += [(p, q) for o in OTHERS for p, q in [("new", o), (o, "noop")]]
+    for a, b in pairs:
         req = med(x[0] / y[0] for x, y in zip(runs[a], runs[b]))
         cpu = med(x[1] / y[1] for x, y in zip(runs[a], runs[b]))
         print(f"median of the per-round ratios {a}/{b}: req/s {req:.3f}, CPU per request {cpu:.3f}")

@@ -46,10 +46,10 @@ pub fn stripe() -> usize {
 }
 
 /// `N` counters kept together per stripe (the counters one event moves, so that it
-/// touches one line).
-#[derive(Debug)]
+/// touches one line). A clone shares the counters (a metric family hands out clones).
+#[derive(Debug, Clone)]
 pub struct StripedCells<const N: usize> {
-    stripes: Box<[CachePadded<[AtomicU64; N]>]>,
+    stripes: Arc<[CachePadded<[AtomicU64; N]>]>,
 }
 
 impl<const N: usize> Default for StripedCells<N> {
@@ -77,8 +77,8 @@ impl<const N: usize> StripedCells<N> {
     }
 }
 
-/// One counter, striped.
-#[derive(Debug, Default)]
+/// One counter, striped; a clone shares it.
+#[derive(Debug, Default, Clone)]
 pub struct StripedCounter(StripedCells<1>);
 
 impl StripedCounter {

@@ -3,15 +3,16 @@
 //! shape (`RESPONSE_DYNAMIC_METADATA`), and `RateLimit-*` response headers
 //! (`LIMIT_RESPONSE_HEADERS_ENABLED`).
 //!
-//! Applied to an answer already built from the engine's verdicts (`status.rs`); it never
-//! changes a descriptor's status or what was counted.
+//! Applied to the statuses already built from the engine's verdicts (`status.rs`), before
+//! `reply.rs` writes the answer; it never changes a descriptor's status or what was
+//! counted.
 
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit as ProtoUnit;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus};
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::google::protobuf::{value::Kind, ListValue, Struct, Value};
 
+use super::reply::{Extras, StatusLine};
 use super::treatment::{Group, Treatment};
 use super::wire::{Descriptor, RequestView};
 
@@ -48,33 +49,37 @@ pub struct AnswerOptions {
     pub headers: Option<RateLimitHeaders>,
 }
 
-/// What [`AnswerOptions::apply`] did that is counted.
+/// What [`AnswerOptions::apply`] did: whether it is counted, and what the answer adds.
 pub(super) struct Applied {
     /// The request was over its limits and answered OK by global shadow mode.
     pub shadowed: bool,
+    pub extras: Extras,
 }
 
 impl AnswerOptions {
-    /// Shapes `response`, built for `req` from `treatments` (one per descriptor).
+    /// Shapes the answer to `req`: `overall` and `statuses` (one per descriptor, from
+    /// `treatments`) as decided, and what the deployment adds to them.
     pub(super) fn apply(
         &self,
         req: &RequestView<'_>,
-        treatments: &[Treatment],
-        response: &mut RateLimitResponse,
+        treatments: &[Treatment<'_>],
+        statuses: &[StatusLine<'_>],
+        overall: &mut Code,
     ) -> Applied {
+        let mut extras = Extras::default();
         if let Some(names) = &self.headers {
-            if let Some(s) = closest_to_limit(treatments, &response.statuses) {
-                response.response_headers_to_add = headers(names, s);
+            if let Some(s) = closest_to_limit(treatments, statuses) {
+                extras.headers = headers(names, s);
             }
         }
-        let shadowed = self.global_shadow && response.overall_code == Code::OverLimit as i32;
+        let shadowed = self.global_shadow && *overall == Code::OverLimit;
         if shadowed {
-            response.overall_code = Code::Ok as i32;
+            *overall = Code::Ok;
         }
-        response.dynamic_metadata = self
-            .dynamic_metadata
-            .then(|| metadata(req, treatments, &response.statuses));
-        Applied { shadowed }
+        if self.dynamic_metadata {
+            extras.metadata = Some(metadata(req, treatments, statuses));
+        }
+        Applied { shadowed, extras }
     }
 }
 
@@ -82,16 +87,16 @@ impl AnswerOptions {
 /// quota mode (the last one), else the one with a limit and the least left (the first of
 /// equals). Unlike upstream, a limit with 4294967295 left (a burst that large, not yet
 /// drawn on) is picked too, so that any descriptor with a limit gets headers.
-fn closest_to_limit<'a>(
-    treatments: &[Treatment],
-    statuses: &'a [DescriptorStatus],
-) -> Option<&'a DescriptorStatus> {
-    let mut chosen: Option<&DescriptorStatus> = None;
+fn closest_to_limit<'s, 'r>(
+    treatments: &[Treatment<'_>],
+    statuses: &'s [StatusLine<'r>],
+) -> Option<&'s StatusLine<'r>> {
+    let mut chosen: Option<&StatusLine<'r>> = None;
     let mut least = u32::MAX;
     for (t, s) in treatments.iter().zip(statuses) {
-        if s.current_limit.is_some() && (chosen.is_none() || s.limit_remaining < least) {
+        if s.quotes_limit() && (chosen.is_none() || s.remaining < least) {
             chosen = Some(s);
-            least = s.limit_remaining;
+            least = s.remaining;
         }
         let quota = matches!(
             t,
@@ -100,7 +105,7 @@ fn closest_to_limit<'a>(
                 ..
             }
         );
-        if s.code == Code::OverLimit as i32 && !quota {
+        if s.code == Code::OverLimit && !quota {
             chosen = Some(s);
             least = 0;
         }
@@ -110,12 +115,12 @@ fn closest_to_limit<'a>(
 
 /// The three headers for `s`: its limit's requests per unit, what is left, and the whole
 /// seconds until its bucket is full again (or, refused, until the request would fit).
-fn headers(names: &RateLimitHeaders, s: &DescriptorStatus) -> Vec<HeaderValue> {
-    let limit = s.current_limit.as_ref().map_or(0, |l| l.requests_per_unit);
-    let reset_s = s.duration_until_reset.as_ref().map_or(0, |d| {
-        let whole = d.seconds.max(0) as u64;
-        whole + u64::from(d.nanos > 0)
-    });
+fn headers(names: &RateLimitHeaders, s: &StatusLine<'_>) -> Vec<HeaderValue> {
+    let limit = s.requests_per_unit();
+    // Whole seconds, rounded up.
+    let reset_s = s
+        .reset_ms
+        .map_or(0, |ms| (ms.max(0) as u64).div_ceil(1_000));
     let header = |key: &str, value: String| HeaderValue {
         key: key.to_string(),
         value,
@@ -123,7 +128,7 @@ fn headers(names: &RateLimitHeaders, s: &DescriptorStatus) -> Vec<HeaderValue> {
     };
     vec![
         header(&names.limit, limit.to_string()),
-        header(&names.remaining, s.limit_remaining.to_string()),
+        header(&names.remaining, s.remaining.to_string()),
         header(&names.reset, reset_s.to_string()),
     ]
 }
@@ -134,8 +139,8 @@ fn headers(names: &RateLimitHeaders, s: &DescriptorStatus) -> Vec<HeaderValue> {
 /// request order: the first descriptor's value wins, maps merge key by key).
 fn metadata(
     req: &RequestView<'_>,
-    treatments: &[Treatment],
-    statuses: &[DescriptorStatus],
+    treatments: &[Treatment<'_>],
+    statuses: &[StatusLine<'_>],
 ) -> Struct {
     let mut fields = std::collections::BTreeMap::new();
     fields.insert("domain".to_string(), string(req.domain.to_string()));
@@ -146,7 +151,7 @@ fn metadata(
     }
     let mut passed = Struct::default();
     for (t, s) in treatments.iter().zip(statuses) {
-        if let (Treatment::Limited { rule, .. }, true) = (t, s.code == Code::Ok as i32) {
+        if let (Treatment::Limited { rule, .. }, true) = (t, s.code == Code::Ok) {
             if let Some(serde_json::Value::Object(map)) = &rule.metadata {
                 merge(&mut passed, &json_struct(map));
             }
@@ -286,22 +291,28 @@ mod tests {
         assert_eq!(dest, expected);
     }
 
+    /// A rule with a limit, for statuses that quote one.
+    fn limited_rule() -> std::sync::Arc<crate::config::Rule> {
+        let yaml = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 9}\n";
+        let config = crate::config::Config::from_yaml("a.yaml", yaml).unwrap();
+        let rule = config.domain("d").unwrap().rules().next().unwrap().clone();
+        rule
+    }
+
     #[test]
     fn the_headers_speak_for_any_descriptor_with_a_limit() {
-        let limited = |remaining| DescriptorStatus {
-            current_limit: Some(Default::default()),
-            limit_remaining: remaining,
-            ..Default::default()
+        let rule = limited_rule();
+        let limited = |remaining| StatusLine {
+            limit: Some(&rule),
+            remaining,
+            ..StatusLine::ok(0)
         };
         let free = Treatment::Free { unlimited: false };
-        let unlimited = DescriptorStatus {
-            limit_remaining: u32::MAX,
-            ..Default::default()
-        };
-        let statuses = [unlimited.clone(), limited(u32::MAX)];
+        let unlimited = StatusLine::ok(u32::MAX);
+        let statuses = [unlimited, limited(u32::MAX)];
         let treatments = [free, Treatment::Free { unlimited: false }];
         let chosen = closest_to_limit(&treatments, &statuses).expect("a limited status");
-        assert!(chosen.current_limit.is_some());
+        assert!(chosen.quotes_limit());
         // The least left wins; the first of equals.
         let statuses = [limited(7), limited(3), limited(3)];
         let treatments = std::array::from_fn::<_, 3, _>(|_| Treatment::Free { unlimited: false });
@@ -312,27 +323,25 @@ mod tests {
 
     #[test]
     fn reset_header_rounds_up_to_whole_seconds() {
-        let status = |seconds, nanos| DescriptorStatus {
-            current_limit: Some(Default::default()),
-            limit_remaining: 3,
-            duration_until_reset: Some(envoy_types::pb::google::protobuf::Duration {
-                seconds,
-                nanos,
-            }),
-            ..Default::default()
+        let rule = limited_rule();
+        let status = |reset_ms| StatusLine {
+            limit: Some(&rule),
+            remaining: 3,
+            reset_ms: Some(reset_ms),
+            ..StatusLine::ok(0)
         };
         let reset =
-            |st: &DescriptorStatus| headers(&RateLimitHeaders::default(), st)[2].value.clone();
-        assert_eq!(reset(&status(5, 0)), "5");
-        assert_eq!(reset(&status(5, 1)), "6");
-        assert_eq!(reset(&status(0, 20_000_000)), "1");
-        let h = headers(&RateLimitHeaders::default(), &status(0, 0));
+            |st: &StatusLine<'_>| headers(&RateLimitHeaders::default(), st)[2].value.clone();
+        assert_eq!(reset(&status(5_000)), "5");
+        assert_eq!(reset(&status(5_001)), "6");
+        assert_eq!(reset(&status(20)), "1");
+        let h = headers(&RateLimitHeaders::default(), &status(0));
         assert_eq!(
             h.iter()
                 .map(|h| (h.key.as_str(), h.value.as_str()))
                 .collect::<Vec<_>>(),
             [
-                ("RateLimit-Limit", "0"),
+                ("RateLimit-Limit", "9"),
                 ("RateLimit-Remaining", "3"),
                 ("RateLimit-Reset", "0")
             ]

@@ -19,6 +19,7 @@ use tracing::Instrument;
 use super::answer::AnswerOptions;
 use super::deadline::Bounded;
 use super::metrics::{HitOutcome, Metrics, RuleCounters};
+use super::reply::Reply;
 use super::request::{validate, RequestLimits};
 use super::status::{self, record, Placed, Placements, Verdict};
 use super::treatment::{any_in, treatments, Group, PerDescriptor, Treatment};
@@ -83,10 +84,10 @@ impl Progress {
     }
 
     /// The span's `outcome`: the answer's code, or the gRPC status of a failed call.
-    fn outcome(&self, result: &Result<RateLimitResponse, CallError>) -> &'static str {
+    fn outcome(&self, result: &Result<Reply, CallError>) -> &'static str {
         match result {
             Ok(_) if self.unknown_domain.load(Ordering::Relaxed) => "UNKNOWN_DOMAIN",
-            Ok(r) if r.overall_code == Code::OverLimit as i32 => "OVER_LIMIT",
+            Ok(r) if r.overall() == Code::OverLimit => "OVER_LIMIT",
             Ok(_) => "OK",
             Err(CallError::InvalidArgument(_)) => "INVALID_ARGUMENT",
             Err(CallError::Unavailable(_)) => "UNAVAILABLE",
@@ -97,7 +98,7 @@ impl Progress {
 /// The span's `rules`: each descriptor's rule stats key, in request order, `-` for one no
 /// rule matched (or replaced) and `unlimited` for an unlimited rule's. Written straight
 /// into the subscriber's buffer, only when the span is enabled.
-struct RuleKeys<'a>(&'a [Treatment]);
+struct RuleKeys<'a>(&'a [Treatment<'a>]);
 
 impl std::fmt::Display for RuleKeys<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -267,6 +268,7 @@ impl<S: BucketStore> RateLimiter<S> {
         let deadline = Instant::now() + self.store_timeout;
         self.should_rate_limit_by(&RequestView::from(req), deadline)
             .await
+            .map(|reply| reply.to_response())
     }
 
     /// Answers one request; the store must have answered by `deadline`, else the request
@@ -283,7 +285,7 @@ impl<S: BucketStore> RateLimiter<S> {
         &self,
         req: &RequestView<'_>,
         deadline: Instant,
-    ) -> Result<RateLimitResponse, CallError> {
+    ) -> Result<Reply, CallError> {
         let span = tracing::debug_span!(
             "decision",
             domain = req.domain,
@@ -293,25 +295,22 @@ impl<S: BucketStore> RateLimiter<S> {
             failure_mode = tracing::field::Empty,
         );
         let progress = Progress::new(deadline);
-        // One `.await` whether the span is enabled or not: a second `.await` of `decide`
-        // would grow this future (boxed by tonic on every call). Entering a disabled span
-        // is a check of an `Option`, and its store calls are not counted.
-        let (result, store_calls) = if span.is_disabled() {
-            let decide = self.decide(req, &progress, &span);
-            futures::future::Either::Left(futures::FutureExt::map(decide, |r| (r, 0)))
-        } else {
-            futures::future::Either::Right(calls::counted(self.decide(req, &progress, &span)))
+        if span.is_disabled() {
+            // The usual case: the decision awaited as it is, with no wrapper to move it
+            // through (each would copy its few KB once more on every request).
+            return self.decide(req, &progress, &span).await;
         }
-        .instrument(span.clone())
-        .await;
-        if !span.is_disabled() {
-            span.record("outcome", progress.outcome(&result));
-            // As a signed integer: OpenTelemetry has no unsigned one, and
-            // tracing-opentelemetry would export an unsigned value as text.
-            span.record("store_calls", i64::from(store_calls));
-            if let Some(cause) = progress.failure.get() {
-                span.record("failure_mode", *cause);
-            }
+        // Traced: the span entered on every poll and the store calls counted, in a box of
+        // its own so that this rarer path does not grow the usual one's future.
+        let (result, store_calls) =
+            Box::pin(calls::counted(self.decide(req, &progress, &span)).instrument(span.clone()))
+                .await;
+        span.record("outcome", progress.outcome(&result));
+        // As a signed integer: OpenTelemetry has no unsigned one, and tracing-opentelemetry
+        // would export an unsigned value as text.
+        span.record("store_calls", i64::from(store_calls));
+        if let Some(cause) = progress.failure.get() {
+            span.record("failure_mode", *cause);
         }
         result
     }
@@ -323,16 +322,17 @@ impl<S: BucketStore> RateLimiter<S> {
         req: &RequestView<'_>,
         progress: &Progress,
         span: &tracing::Span,
-    ) -> Result<RateLimitResponse, CallError> {
+    ) -> Result<Reply, CallError> {
         let _timer = self.metrics.request();
         validate(&self.limits, req).map_err(CallError::InvalidArgument)?;
         let snapshot = self.snapshot.load();
         let Some(domain) = snapshot.config.domain(req.domain) else {
             progress.unknown_domain.store(true, Ordering::Relaxed);
             self.metrics.domain_not_found();
-            let mut response = status::unknown_domain(req.len());
-            self.answer.apply(req, &[], &mut response);
-            return Ok(response);
+            let statuses = status::unknown_domain(req.len());
+            let mut overall = Code::Ok;
+            let applied = self.answer.apply(req, &[], &statuses, &mut overall);
+            return Ok(Reply::new(overall, &statuses, &applied.extras));
         };
         let treatments = treatments(domain, req, self.global_quota);
         if !span.is_disabled() {
@@ -343,11 +343,13 @@ impl<S: BucketStore> RateLimiter<S> {
             .decide_groups(req, &treatments, &mut verdicts, progress)
             .await?;
         self.count_hits(&snapshot, req, &treatments, &verdicts);
-        let mut response = status::response(&treatments, &verdicts, over);
-        if self.answer.apply(req, &treatments, &mut response).shadowed {
+        let statuses = status::statuses(&treatments, &verdicts);
+        let mut overall = if over { Code::OverLimit } else { Code::Ok };
+        let applied = self.answer.apply(req, &treatments, &statuses, &mut overall);
+        if applied.shadowed {
             self.metrics.global_shadow_mode();
         }
-        Ok(response)
+        Ok(Reply::new(overall, &statuses, &applied.extras))
     }
 
     /// Decides the request's limited descriptors group by group; returns whether the
@@ -355,7 +357,7 @@ impl<S: BucketStore> RateLimiter<S> {
     async fn decide_groups(
         &self,
         req: &RequestView<'_>,
-        treatments: &[Treatment],
+        treatments: &[Treatment<'_>],
         verdicts: &mut [Option<Verdict>],
         progress: &Progress,
     ) -> Result<bool, CallError> {
@@ -400,7 +402,7 @@ impl<S: BucketStore> RateLimiter<S> {
         &self,
         snapshot: &Snapshot,
         req: &RequestView<'_>,
-        treatments: &[Treatment],
+        treatments: &[Treatment<'_>],
         verdicts: &[Option<Verdict>],
     ) {
         for (i, (t, v)) in treatments.iter().zip(verdicts).enumerate() {
@@ -431,7 +433,7 @@ impl<S: BucketStore> RateLimiter<S> {
     fn plan(
         &self,
         req: &RequestView<'_>,
-        treatments: &[Treatment],
+        treatments: &[Treatment<'_>],
         keep: impl Fn(Group) -> bool,
     ) -> Result<Planned, CallError> {
         let mut planned = Planned {
@@ -452,7 +454,7 @@ impl<S: BucketStore> RateLimiter<S> {
     fn plan_one(
         &self,
         req: &RequestView<'_>,
-        treatments: &[Treatment],
+        treatments: &[Treatment<'_>],
         index: usize,
     ) -> Result<Planned, CallError> {
         let mut planned = Planned {
@@ -468,7 +470,7 @@ impl<S: BucketStore> RateLimiter<S> {
         &self,
         planned: &mut Planned,
         req: &RequestView<'_>,
-        treatments: &[Treatment],
+        treatments: &[Treatment<'_>],
         i: usize,
     ) -> Result<(), CallError> {
         if let Treatment::Limited { rule, hits, .. } = &treatments[i] {
@@ -491,7 +493,7 @@ impl<S: BucketStore> RateLimiter<S> {
     async fn forced(
         &self,
         req: &RequestView<'_>,
-        treatments: &[Treatment],
+        treatments: &[Treatment<'_>],
         verdicts: &mut [Option<Verdict>],
         progress: &Progress,
     ) -> Result<bool, CallError> {
@@ -506,7 +508,7 @@ impl<S: BucketStore> RateLimiter<S> {
     async fn quota_and_shadow(
         &self,
         req: &RequestView<'_>,
-        treatments: &[Treatment],
+        treatments: &[Treatment<'_>],
         verdicts: &mut [Option<Verdict>],
         mut over: bool,
         enforced: Option<(&Acquire, &Decision)>,
@@ -568,14 +570,15 @@ impl<S: BucketStore> RateLimiter<S> {
     async fn acquire_recorded(
         &self,
         planned: &Planned,
-        treatments: &[Treatment],
+        treatments: &[Treatment<'_>],
         verdicts: &mut [Option<Verdict>],
         progress: &Progress,
     ) -> Result<Decision, CallError> {
-        match self
-            .by(progress, self.engine.acquire(&planned.plan.acquire))
-            .await
-        {
+        let answer = Bounded::new(
+            self.engine.acquire(&planned.plan.acquire),
+            progress.deadline,
+        );
+        match Self::by_deadline(answer.await) {
             Ok(decision) => {
                 record(&decision, &planned.placed, verdicts);
                 Ok(decision)
@@ -588,16 +591,16 @@ impl<S: BucketStore> RateLimiter<S> {
     async fn acquire_or_peek(
         &self,
         planned: &Planned,
-        treatments: &[Treatment],
+        treatments: &[Treatment<'_>],
         write: bool,
         verdicts: &mut [Option<Verdict>],
         progress: &Progress,
     ) -> Result<bool, CallError> {
         let acquire = &planned.plan.acquire;
         let result = if write {
-            self.by(progress, self.engine.acquire(acquire)).await
+            Self::by_deadline(Bounded::new(self.engine.acquire(acquire), progress.deadline).await)
         } else {
-            self.by(progress, self.engine.peek(acquire)).await
+            Self::by_deadline(Bounded::new(self.engine.peek(acquire), progress.deadline).await)
         };
         match result {
             Ok(decision) => {
@@ -613,18 +616,17 @@ impl<S: BucketStore> RateLimiter<S> {
         }
     }
 
-    /// The engine's answer to `call`, if it comes by the call's deadline (see `Bounded`). Not an
-    /// `async fn`: one would hold `call` twice (its argument, and moved into the bound).
-    fn by(
-        &self,
-        progress: &Progress,
-        call: impl std::future::Future<Output = Result<Decision, EngineError>>,
-    ) -> impl std::future::Future<Output = Result<Decision, StoreFailure>> {
-        let deadline = progress.deadline;
-        futures::FutureExt::map(Bounded::new(call, deadline), |answer| match answer {
+    /// The engine's answer, if it came by the call's deadline (`Bounded`'s output). The
+    /// callers await `Bounded` directly and map its output here: a wrapping future, or an
+    /// `async fn` taking the engine's future, would hold or move that future once more on
+    /// every request.
+    fn by_deadline(
+        answer: Option<Result<Decision, EngineError>>,
+    ) -> Result<Decision, StoreFailure> {
+        match answer {
             Some(result) => result.map_err(StoreFailure::Engine),
             None => Err(StoreFailure::Deadline),
-        })
+        }
     }
 
     /// A store failure: fail closed if any rule involved says `deny`, else answer OK. A
@@ -634,7 +636,7 @@ impl<S: BucketStore> RateLimiter<S> {
         &self,
         e: StoreFailure,
         placed: &[Placed],
-        treatments: &[Treatment],
+        treatments: &[Treatment<'_>],
         progress: &Progress,
     ) -> Result<Decision, CallError> {
         if let StoreFailure::Engine(e) = &e {

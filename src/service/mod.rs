@@ -11,6 +11,7 @@ pub mod grpc;
 pub mod http;
 mod json;
 pub mod metrics;
+pub mod reply;
 mod request;
 pub mod rls;
 pub mod server;

@@ -11,9 +11,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use bytes::{Buf, Bytes};
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
-use prost::Message;
+use bytes::{Buf, BufMut, Bytes};
 use tonic::body::Body;
 use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::codegen::http;
@@ -23,6 +21,7 @@ use tonic::{Request, Response, Status};
 use super::deadline;
 use super::decision::{CallError, RateLimiter};
 use super::framing::{Checked, MAX_REQUEST_MESSAGE_BYTES};
+use super::reply::Reply;
 use super::wire::RequestView;
 use crate::store::BucketStore;
 use crate::text::{elide, MESSAGE_BYTES};
@@ -42,31 +41,33 @@ impl<S: BucketStore> Rls<S> {
     pub fn new(limiter: Arc<RateLimiter<S>>) -> Rls<S> {
         Rls { limiter }
     }
+}
 
-    /// One `ShouldRateLimit` call: its message, read in place (`wire.rs`), then decided.
-    pub async fn should_rate_limit(
-        &self,
-        request: Request<Bytes>,
-    ) -> Result<Response<RateLimitResponse>, Status> {
-        // Before anything else: the caller's clock started when it sent the request.
-        let received = tokio::time::Instant::now();
-        let caller = request
-            .metadata()
-            .get("grpc-timeout")
-            .and_then(|v| v.to_str().ok())
-            .and_then(deadline::parse_grpc_timeout);
-        let by = deadline::deadline(received, caller, self.limiter.store_timeout());
-        let view = RequestView::decode(request.get_ref(), self.limiter.request_limits().keep())
-            .map_err(|e| {
-                Status::invalid_argument(message(&format_args!(
-                    "the request is not a RateLimitRequest: {e}"
-                )))
-            })?;
-        match self.limiter.should_rate_limit_by(&view, by).await {
-            Ok(resp) => Ok(Response::new(resp)),
-            Err(e @ CallError::InvalidArgument(_)) => Err(Status::invalid_argument(message(&e))),
-            Err(e @ CallError::Unavailable(_)) => Err(Status::unavailable(message(&e))),
-        }
+/// One `ShouldRateLimit` call: its message, read in place (`wire.rs`), then decided. It
+/// owns its limiter (moved in by [`Call`]), so this future is the whole boxed call: an
+/// `async` block around it would be one more copy of a few KB on every request.
+async fn should_rate_limit<S: BucketStore>(
+    limiter: Arc<RateLimiter<S>>,
+    request: Request<Bytes>,
+) -> Result<Response<Reply>, Status> {
+    // Before anything else: the caller's clock started when it sent the request.
+    let received = tokio::time::Instant::now();
+    let caller = request
+        .metadata()
+        .get("grpc-timeout")
+        .and_then(|v| v.to_str().ok())
+        .and_then(deadline::parse_grpc_timeout);
+    let by = deadline::deadline(received, caller, limiter.store_timeout());
+    let view =
+        RequestView::decode(request.get_ref(), limiter.request_limits().keep()).map_err(|e| {
+            Status::invalid_argument(message(&format_args!(
+                "the request is not a RateLimitRequest: {e}"
+            )))
+        })?;
+    match limiter.should_rate_limit_by(&view, by).await {
+        Ok(resp) => Ok(Response::new(resp)),
+        Err(e @ CallError::InvalidArgument(_)) => Err(Status::invalid_argument(message(&e))),
+        Err(e @ CallError::Unavailable(_)) => Err(Status::unavailable(message(&e))),
     }
 }
 
@@ -99,7 +100,7 @@ impl<S: BucketStore> tower::Service<http::Request<Body>> for Rls<S> {
                 Status::unimplemented(format!("{SERVICE_NAME} has one method, ShouldRateLimit"));
             return Box::pin(async move { Ok(status.into_http()) });
         }
-        let call = Call(self.clone());
+        let call = Call(Some(self.limiter.clone()));
         Box::pin(async move {
             let request =
                 request.map(|body| Body::new(Checked::new(body, MAX_REQUEST_MESSAGE_BYTES)));
@@ -110,16 +111,23 @@ impl<S: BucketStore> tower::Service<http::Request<Body>> for Rls<S> {
     }
 }
 
-/// One decoded call, as tonic's unary machinery runs it.
-struct Call<S: BucketStore>(Rls<S>);
+/// One decoded call, as tonic's unary machinery runs it: it holds the limiter until its
+/// one call takes it (a clone there would be a second write per request to the limiter's
+/// reference count, a line both worker threads write).
+struct Call<S: BucketStore>(Option<Arc<RateLimiter<S>>>);
 
 impl<S: BucketStore> tonic::server::UnaryService<Bytes> for Call<S> {
-    type Response = RateLimitResponse;
-    type Future = BoxFuture<Result<Response<RateLimitResponse>, Status>>;
+    type Response = Reply;
+    type Future = BoxFuture<Result<Response<Reply>, Status>>;
 
     fn call(&mut self, request: Request<Bytes>) -> Self::Future {
-        let rls = self.0.clone();
-        Box::pin(async move { rls.should_rate_limit(request).await })
+        match self.0.take() {
+            Some(limiter) => Box::pin(should_rate_limit(limiter, request)),
+            // tonic's unary machinery calls once; a second call has no limiter to use.
+            None => Box::pin(std::future::ready(Err(Status::internal(
+                "a unary call was made twice",
+            )))),
+        }
     }
 }
 
@@ -130,11 +138,11 @@ fn message(e: &impl std::fmt::Display) -> String {
 }
 
 /// The request's message as received (read in place by `wire.rs` once the call runs),
-/// the response as protobuf.
+/// the response as `reply.rs` wrote it.
 struct RlsCodec;
 
 impl Codec for RlsCodec {
-    type Encode = RateLimitResponse;
+    type Encode = Reply;
     type Decode = Bytes;
     type Encoder = ResponseEncoder;
     type Decoder = RequestDecoder;
@@ -163,17 +171,17 @@ const YIELD_THRESHOLD_BYTES: usize = 32 * 1024;
 struct ResponseEncoder;
 
 impl Encoder for ResponseEncoder {
-    type Item = RateLimitResponse;
+    type Item = Reply;
     type Error = Status;
 
     fn buffer_settings(&self) -> BufferSettings {
         BufferSettings::new(RESPONSE_BUFFER_BYTES, YIELD_THRESHOLD_BYTES)
     }
 
-    fn encode(&mut self, item: RateLimitResponse, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
-        // EncodeBuf grows as written to: encoding cannot run out of room.
-        item.encode(dst)
-            .map_err(|e| Status::internal(format!("encoding the response: {e}")))
+    /// The reply's bytes, already encoded (EncodeBuf grows as written to).
+    fn encode(&mut self, item: Reply, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
+        dst.put_slice(item.bytes());
+        Ok(())
     }
 }
 

@@ -1,16 +1,13 @@
-//! The answer to a request: each descriptor's status (code, the limit that speaks for it,
-//! what is left, how long until reset) and the overall code, built from the engine's
-//! verdicts.
+//! Each descriptor's status in the answer to a request (code, the limit that speaks for
+//! it, what is left, how long until reset), from the engine's verdicts; `reply.rs` writes
+//! them out.
 
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
-    Code, DescriptorStatus, RateLimit as ProtoRateLimit,
-};
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
-use envoy_types::pb::google::protobuf::Duration;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use smallvec::SmallVec;
 
-use super::treatment::{Group, Treatment};
-use crate::config::{Rule, RuleLimit};
+use super::reply::StatusLine;
+use super::treatment::{Group, PerDescriptor, Treatment};
+use crate::config::Rule;
 use crate::engine::bucket::{self, whole_tokens};
 use crate::engine::plan::Slot;
 use crate::engine::{Decision, LimitOutcome};
@@ -50,73 +47,36 @@ pub(super) fn record(decision: &Decision, placed: &[Placed], verdicts: &mut [Opt
     }
 }
 
-/// The answer for a domain no config defines: OK with no limit, per descriptor.
-pub(super) fn unknown_domain(descriptors: usize) -> RateLimitResponse {
-    RateLimitResponse {
-        overall_code: Code::Ok as i32,
-        statuses: (0..descriptors).map(|_| ok_status(None, None)).collect(),
-        ..Default::default()
-    }
+/// The statuses for a domain no config defines: OK with no limit, per descriptor.
+pub(super) fn unknown_domain(descriptors: usize) -> PerDescriptor<StatusLine<'static>> {
+    (0..descriptors).map(|_| StatusLine::ok(0)).collect()
 }
 
-/// The answer from each descriptor's treatment and verdict; `over` says whether the
-/// request is refused. A shadow-mode rule's descriptor is reported OK; the deployment's
-/// switches (global shadow mode, metadata, headers) are `answer.rs`'s.
-pub(super) fn response(
-    treatments: &[Treatment],
+/// Each descriptor's status from its treatment and verdict. A shadow-mode rule's
+/// descriptor is reported OK; the overall code and the deployment's switches (global
+/// shadow mode, metadata, headers) are the caller's and `answer.rs`'s.
+pub(super) fn statuses<'a>(
+    treatments: &'a [Treatment<'_>],
     verdicts: &[Option<Verdict>],
-    over: bool,
-) -> RateLimitResponse {
-    let statuses: Vec<DescriptorStatus> = treatments
+) -> PerDescriptor<StatusLine<'a>> {
+    treatments
         .iter()
         .zip(verdicts)
         .map(|(t, v)| match (t, v) {
-            (Treatment::Free { unlimited }, _) => ok_status(None, unlimited.then_some(u32::MAX)),
+            (Treatment::Free { unlimited }, _) => {
+                StatusLine::ok(if *unlimited { u32::MAX } else { 0 })
+            }
             (Treatment::Limited { rule, group, .. }, Some(v)) => {
                 let mut s = status_of(rule, v);
                 if *group == Group::Shadow {
-                    s.code = Code::Ok as i32;
+                    s.code = Code::Ok;
                 }
                 s
             }
             // Failed open: nothing was counted, so no limit is quoted either.
-            (Treatment::Limited { .. }, None) => ok_status(None, None),
+            (Treatment::Limited { .. }, None) => StatusLine::ok(0),
         })
-        .collect();
-    let overall = if over { Code::OverLimit } else { Code::Ok };
-    RateLimitResponse {
-        overall_code: overall as i32,
-        statuses,
-        ..Default::default()
-    }
-}
-
-fn proto_limit(rule: &Rule) -> Option<ProtoRateLimit> {
-    match &rule.limit {
-        RuleLimit::Limited(l) => Some(ProtoRateLimit {
-            name: rule.name.clone().unwrap_or_default(),
-            requests_per_unit: l.requests_per_unit,
-            unit: l.unit.proto_value(),
-        }),
-        RuleLimit::Unlimited => None,
-    }
-}
-
-pub(super) fn ok_status(rule: Option<&Rule>, remaining: Option<u32>) -> DescriptorStatus {
-    DescriptorStatus {
-        code: Code::Ok as i32,
-        current_limit: rule.and_then(proto_limit),
-        limit_remaining: remaining.unwrap_or(0),
-        ..Default::default()
-    }
-}
-
-fn duration_ms(ms: i64) -> Duration {
-    let ms = ms.max(0);
-    Duration {
-        seconds: ms / 1_000,
-        nanos: ((ms % 1_000) * 1_000_000) as i32,
-    }
+        .collect()
 }
 
 fn remaining_tokens(l: &LimitOutcome) -> u32 {
@@ -124,7 +84,7 @@ fn remaining_tokens(l: &LimitOutcome) -> u32 {
 }
 
 /// The status of one descriptor: the tighter of its own limit and its cascade parent's.
-fn status_of(rule: &Rule, v: &Verdict) -> DescriptorStatus {
+fn status_of<'a>(rule: &'a Rule, v: &Verdict) -> StatusLine<'a> {
     let parent_rule = rule.cascade_parent.as_deref();
     // Which limit speaks for the descriptor: one that refused, else the one with less left.
     let parent_speaks = match (&v.parent, parent_rule) {
@@ -149,11 +109,10 @@ fn status_of(rule: &Rule, v: &Verdict) -> DescriptorStatus {
         let wait = |l: &LimitOutcome| if l.fits { 0 } else { l.wait_ms.unwrap_or(0) };
         wait(&v.own).max(v.parent.as_ref().map_or(0, wait))
     };
-    DescriptorStatus {
-        code: if fits { Code::Ok } else { Code::OverLimit } as i32,
-        current_limit: proto_limit(speaker_rule),
-        limit_remaining: remaining_tokens(speaker),
-        duration_until_reset: Some(duration_ms(duration)),
-        ..Default::default()
+    StatusLine {
+        code: if fits { Code::Ok } else { Code::OverLimit },
+        limit: Some(speaker_rule),
+        remaining: remaining_tokens(speaker),
+        reset_ms: Some(duration),
     }
 }

@@ -3,6 +3,7 @@
 //! across the matched rules, then free (no rule, replaced, unlimited) or limited, with its
 //! hits and the group it is decided in (overdraft, all or nothing, quota, shadow).
 
+use std::ops::Deref;
 use std::sync::Arc;
 
 use smallvec::SmallVec;
@@ -13,15 +14,35 @@ use crate::config::{entries_key, Domain, FailureMode, Level, RateLimit, Rule, Ru
 /// Per-descriptor working state of one call: inline for the usual few descriptors.
 pub(super) type PerDescriptor<T> = SmallVec<[T; 4]>;
 
-/// How one request descriptor is handled.
-pub(super) enum Treatment {
+/// How one request descriptor is handled, for the life of its call.
+pub(super) enum Treatment<'a> {
     /// No rule, replaced, or unlimited: answered without the store.
     Free { unlimited: bool },
     Limited {
-        rule: Arc<Rule>,
+        rule: RuleRef<'a>,
         hits: u64,
         group: Group,
     },
+}
+
+/// A descriptor's rule: the config's, borrowed from the snapshot its call holds, or the
+/// one a descriptor's own `limit` makes. Borrowed rather than an `Arc` clone: a config
+/// rule's reference count would be written twice per request by every worker thread, a
+/// cache line the cores pass back and forth when they answer the same rule.
+pub(super) enum RuleRef<'a> {
+    Config(&'a Rule),
+    Override(Box<Rule>),
+}
+
+impl Deref for RuleRef<'_> {
+    type Target = Rule;
+
+    fn deref(&self) -> &Rule {
+        match self {
+            RuleRef::Config(rule) => rule,
+            RuleRef::Override(rule) => rule,
+        }
+    }
 }
 
 /// The groups a request's limited descriptors are decided in, in this order.
@@ -44,33 +65,40 @@ pub(super) fn any_in(treatments: &[Treatment], g: Group) -> bool {
 
 /// How each descriptor of `req` is handled in `domain`; `global_quota` puts every rule in
 /// quota mode (envoyproxy/ratelimit's `QUOTA_MODE`).
-pub(super) fn treatments(
-    domain: &Domain,
+pub(super) fn treatments<'a>(
+    domain: &'a Domain,
     req: &RequestView<'_>,
     global_quota: bool,
-) -> PerDescriptor<Treatment> {
-    // Match, then apply `replaces` across the matched rules.
-    let matched: PerDescriptor<Option<Arc<Rule>>> = req
+) -> PerDescriptor<Treatment<'a>> {
+    // Match, then apply `replaces` across the matched rules (a descriptor's own limit
+    // replaces nothing).
+    let matched: PerDescriptor<Option<RuleRef<'a>>> = req
         .descriptors()
         .map(|d| match d.limit {
-            Some(o) => Some(Arc::new(override_rule(
+            Some(o) => Some(RuleRef::Override(Box::new(override_rule(
                 &domain.name,
                 &d,
                 o.requests_per_unit,
                 o.unit,
-            ))),
-            None => domain.match_descriptor(d.entries).cloned(),
+            )))),
+            None => domain
+                .match_descriptor(d.entries)
+                .map(|r| RuleRef::Config(r)),
         })
         .collect();
-    let replaced: PerDescriptor<&str> = matched
+    let replaced: PerDescriptor<&'a str> = matched
         .iter()
         .flatten()
+        .filter_map(|r| match r {
+            RuleRef::Config(r) => Some(r),
+            RuleRef::Override(_) => None,
+        })
         .flat_map(|r| r.replaces.iter().map(String::as_str))
         .collect();
     req.descriptors()
-        .zip(&matched)
+        .zip(matched)
         .map(|(d, rule)| {
-            let Some(rule) = rule.clone() else {
+            let Some(rule) = rule else {
                 return Treatment::Free { unlimited: false };
             };
             if rule.name.as_deref().is_some_and(|n| replaced.contains(&n)) {

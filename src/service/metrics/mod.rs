@@ -26,14 +26,14 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::metrics::histogram::exponential_buckets;
 use prometheus_client::registry::Registry;
 
 use crate::config::{Config, DescriptorEntry, Rule};
 use crate::engine::EngineView;
 use crate::store::metered::CallObserver;
 use crate::store::metered::{CallKind, CallTotals};
-use crate::striped::{StripedGauge, StripedHistogram};
+use crate::striped::{StripedCounter, StripedGauge, StripedHistogram};
 use rule_hits::RuleHits;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -62,8 +62,8 @@ pub struct Metrics {
     config_load_success: Counter,
     config_load_error: Counter,
     config_info: Family<HashLabel, Gauge>,
-    store_calls: Family<StoreLabels, Counter>,
-    store_latency: Family<OperationLabel, Histogram>,
+    store_calls: Family<StoreLabels, StripedCounter>,
+    store_latency: Family<OperationLabel, StripedHistogram>,
     /// The two families' series of each (operation, outcome) seen, so that recording a
     /// store call takes no lock (a `Family` lookup takes a read lock and hashes the labels).
     store_series: ArcSwap<StoreSeries>,
@@ -101,7 +101,7 @@ impl Metrics {
             config_info: Family::default(),
             store_calls: Family::default(),
             store_latency: Family::new_with_constructor(|| {
-                Histogram::new(exponential_buckets(0.000_05, 2.0, 16))
+                StripedHistogram::new(exponential_buckets(0.000_05, 2.0, 16))
             }),
             store_series: ArcSwap::default(),
             request_latency: StripedHistogram::new(exponential_buckets(0.000_05, 2.0, 16)),
@@ -315,14 +315,18 @@ impl Drop for RequestTimer<'_> {
     }
 }
 
-type StoreSeries =
-    HashMap<(&'static str, &'static str), (Counter, Histogram), foldhash::fast::RandomState>;
+/// Each kind of store call's series, striped: every decision makes at least one call.
+type StoreSeries = HashMap<
+    (&'static str, &'static str),
+    (StripedCounter, StripedHistogram),
+    foldhash::fast::RandomState,
+>;
 
 impl CallObserver for Metrics {
     fn observe(&self, operation: &'static str, outcome: &'static str, elapsed: Duration) {
-        let record = |(calls, latency): &(Counter, Histogram)| {
-            calls.inc();
-            latency.observe(elapsed.as_secs_f64());
+        let record = |(calls, latency): &(StripedCounter, StripedHistogram)| {
+            calls.add(1);
+            latency.observe(elapsed);
         };
         if let Some(series) = self.store_series.load().get(&(operation, outcome)) {
             return record(series);

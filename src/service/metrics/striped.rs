@@ -4,7 +4,21 @@
 use prometheus_client::encoding::{EncodeMetric, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::{MetricType, TypedMetric};
 
-use crate::striped::{StripedGauge, StripedHistogram};
+use crate::striped::{StripedCounter, StripedGauge, StripedHistogram};
+
+impl TypedMetric for StripedCounter {
+    const TYPE: MetricType = MetricType::Counter;
+}
+
+impl EncodeMetric for StripedCounter {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        encoder.encode_counter::<NoLabelSet, _, u64>(&self.get(), None)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        Self::TYPE
+    }
+}
 
 impl TypedMetric for StripedGauge {
     const TYPE: MetricType = MetricType::Gauge;
