@@ -49,10 +49,7 @@ impl StatusLine<'_> {
 
     /// The quoted limit's requests per unit (0 with none).
     pub(super) fn requests_per_unit(&self) -> u32 {
-        match self.limit.map(|r| &r.limit) {
-            Some(RuleLimit::Limited(l)) => l.requests_per_unit,
-            _ => 0,
-        }
+        quoted(self.limit).map_or(0, |(_, rpu, _)| rpu)
     }
 }
 
@@ -212,6 +209,7 @@ impl Wire<'_> {
         }
     }
 
+    /// A length-delimited field (a message, or a string's bytes) of `len` bytes.
     fn message_field(&mut self, tag: u32, len: usize, body: impl FnOnce(&mut Wire<'_>)) {
         encode_key(tag, WireType::LengthDelimited, &mut self.0);
         encode_varint(len as u64, &mut self.0);
@@ -228,9 +226,7 @@ impl Wire<'_> {
                 w.varint_field(LIMIT_UNIT, unit as i64 as u64);
                 let name = rule.name.as_deref().unwrap_or("");
                 if !name.is_empty() {
-                    encode_key(LIMIT_NAME, WireType::LengthDelimited, &mut w.0);
-                    encode_varint(name.len() as u64, &mut w.0);
-                    w.0.put_slice(name.as_bytes());
+                    w.message_field(LIMIT_NAME, name.len(), |w| w.0.put_slice(name.as_bytes()));
                 }
             });
         }
