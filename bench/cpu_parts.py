@@ -20,7 +20,7 @@ import sys
 # (part, pattern matched against one frame's symbol), tried in order on each frame. The
 # shardgate parts come first: a frame of ours is more specific than tonic's around it.
 PARTS = [
-    ("decode", r"service::wire::|RequestDecoder|RateLimitRequest as prost|prost::encoding::(?!encode)"),
+    ("decode", r"service::wire::|service::framing::|RateLimitRequest as prost|prost::encoding::(?!encode)"),
     ("validation", r"service::request::"),
     ("matching", r"service::treatment::|config::matcher::|config::entity::|Config>::match_descriptor|Domain>::match_descriptor"),
     ("planning", r"engine::plan::"),
@@ -28,7 +28,7 @@ PARTS = [
     ("engine", r"shardgate::engine::"),
     ("metrics", r"service::metrics::|prometheus_client::"),
     ("response", r"service::status::|service::answer::"),
-    ("encode", r"ResponseEncoder|service::reply::|RateLimitResponse as prost|tonic::codec::encode"),
+    ("encode", r"service::unary::|service::reply::|RateLimitResponse as prost|tonic::codec::encode"),
     ("decision", r"service::decision::|service::deadline::|service::rls::"),
     ("tracing", r"^tracing::|tracing_core::|tracing_subscriber::"),
     ("grpc (tonic)", r"^<?tonic::|tonic::"),

@@ -199,6 +199,15 @@ async fn forged_values_never_share_a_bucket_over_grpc() {
 /// percent-decoded grpc-message, from the headers of a trailers-only answer or the
 /// trailers.
 async fn raw_call(server: &TestServer, body: &'static [u8]) -> (String, String) {
+    raw_call_with(server, &[], &[body]).await
+}
+
+/// [`raw_call`] with more request headers, the body sent as one DATA frame per chunk.
+async fn raw_call_with(
+    server: &TestServer,
+    headers: &[(&str, &str)],
+    chunks: &[&'static [u8]],
+) -> (String, String) {
     let tcp = tokio::net::TcpStream::connect(server.addr).await.unwrap();
     let (send, connection) = h2::client::handshake(tcp).await.unwrap();
     tokio::spawn(connection);
@@ -209,14 +218,19 @@ async fn raw_call(server: &TestServer, body: &'static [u8]) -> (String, String) 
             server.addr
         ))
         .header("content-type", "application/grpc")
-        .header("te", "trailers")
+        .header("te", "trailers");
+    let request = headers
+        .iter()
+        .fold(request, |r, (name, value)| r.header(*name, *value))
         .body(())
         .unwrap();
     let mut send = send.ready().await.unwrap();
-    let (response, mut stream) = send.send_request(request, false).unwrap();
-    stream
-        .send_data(bytes::Bytes::from_static(body), true)
-        .unwrap();
+    let (response, mut stream) = send.send_request(request, chunks.is_empty()).unwrap();
+    for (i, chunk) in chunks.iter().enumerate() {
+        stream
+            .send_data(bytes::Bytes::from_static(chunk), i + 1 == chunks.len())
+            .unwrap();
+    }
     let response = tokio::time::timeout(std::time::Duration::from_secs(10), response)
         .await
         .expect("answered")
@@ -284,4 +298,69 @@ async fn broken_grpc_framing_is_a_client_error() {
     }
     let mut c = server.client().await;
     c.ok(one("hostile", &[("user", "still-served")])).await;
+}
+
+/// A request the client compressed is refused as gRPC asks (UNIMPLEMENTED, naming what is
+/// accepted): shardgate negotiates no compression. `identity` is no compression.
+#[tokio::test]
+async fn a_compressed_request_is_unimplemented() {
+    let server = TestServer::start(RULES).await;
+    let (status, text) = raw_call_with(
+        &server,
+        &[("grpc-encoding", "gzip")],
+        &[b"\x01\x00\x00\x00\x00"],
+    )
+    .await;
+    assert_eq!(status, "12", "{text}");
+    assert!(text.contains("'gzip'"), "{text}");
+    let long = "x".repeat(4000);
+    let long: &'static str = Box::leak(long.into_boxed_str());
+    let (status, text) = raw_call_with(&server, &[("grpc-encoding", long)], &[b""]).await;
+    assert_eq!(status, "12");
+    assert!(
+        text.len() < 200,
+        "a client's header is quoted bounded: {} bytes",
+        text.len()
+    );
+    let (status, text) = raw_call_with(&server, &[("grpc-encoding", "identity")], &[b""]).await;
+    assert_eq!(
+        (status.as_str(), text.as_str()),
+        ("3", "the request body holds no message")
+    );
+}
+
+/// A message is read whole however the client's DATA frames cut it, and a unary call's
+/// first message is the one decided (any after it are checked and dropped, as tonic did).
+#[tokio::test]
+async fn a_message_in_any_frames_is_read_whole() {
+    use prost::Message;
+    let server = TestServer::start(RULES).await;
+    let message = one("hostile", &[("user", "framed")]).encode_to_vec();
+    let mut body = vec![0u8];
+    body.extend((message.len() as u32).to_be_bytes());
+    body.extend(&message);
+    let body: &'static [u8] = Box::leak(body.into_boxed_slice());
+    for split in [1, 3, 5, 6, body.len() - 1] {
+        let (a, b) = body.split_at(split);
+        let (status, text) = raw_call_with(&server, &[], &[a, b]).await;
+        assert_eq!(status, "0", "split at {split}: {text}");
+    }
+    let bytewise: Vec<&'static [u8]> = body.chunks(1).collect();
+    assert_eq!(raw_call_with(&server, &[], &bytewise).await.0, "0");
+    // Two messages: the second, empty, is framed whole but not decided (decided, it would
+    // be INVALID_ARGUMENT: it names no domain).
+    let two: &'static [u8] = Box::leak([body, b"\x00\x00\x00\x00\x00"].concat().into_boxed_slice());
+    assert_eq!(raw_call_with(&server, &[], &[two]).await.0, "0");
+    // ... and a second message cut short fails the call, as before.
+    let cut: &'static [u8] = Box::leak(
+        [body, b"\x00\x00\x00\x00\x09ab"]
+            .concat()
+            .into_boxed_slice(),
+    );
+    let (status, text) = raw_call_with(&server, &[], &[cut]).await;
+    assert_eq!(status, "3", "{text}");
+    assert!(
+        text.contains("7 bytes short of its 9-byte message"),
+        "{text}"
+    );
 }

@@ -1,6 +1,7 @@
 //! Arbitrary bytes as the HTTP/2 body of a `ShouldRateLimit` call (gRPC length-prefixed
-//! frames), through shardgate's `Rls` route in process: the framing check, tonic's frame
-//! decoding, protobuf decoding, the call and the mapping of its errors to gRPC statuses.
+//! frames), through shardgate's `Rls` route in process: the framing check and the first
+//! message's gathering, protobuf decoding, the call, the answer's framing and the mapping
+//! of its errors to gRPC statuses.
 //!
 //! Invariants: no panic; every answer carries a grpc-status of OK, INVALID_ARGUMENT
 //! (a refused request, a body that does not decode or holds no whole message),

@@ -1,18 +1,22 @@
 //! gRPC length-prefixed framing of a request body, checked as it streams in: a body that
 //! holds no whole message, or announces one over the size limit, is refused with its own
-//! status (INVALID_ARGUMENT, RESOURCE_EXHAUSTED) before tonic decodes anything. tonic
-//! would answer INTERNAL or OUT_OF_RANGE, which read as a server fault.
+//! status (INVALID_ARGUMENT, RESOURCE_EXHAUSTED), never INTERNAL or OUT_OF_RANGE, which
+//! read as a server fault.
 //!
-//! It only watches the frame boundaries and passes every byte through unchanged; the
-//! compression flag and the message itself are tonic's and the codec's concern.
+//! It hands on the first message's bytes as received; what they mean is `wire.rs`'
+//! concern.
 
-use std::pin::Pin;
-use std::task::{ready, Context, Poll};
-
-use bytes::Bytes;
-use http_body::{Body, Frame, SizeHint};
+use bytes::{Bytes, BytesMut};
+use http_body::Body;
+use http_body_util::BodyExt;
 use thiserror::Error;
+use tonic::codegen::http;
 use tonic::Status;
+
+use crate::text::elide;
+
+/// The most of a client's `grpc-encoding` value quoted back to it.
+const NAME_BYTES: usize = 64;
 
 /// The largest request message accepted (gRPC's customary 4 MiB; a rate-limit request is
 /// a few hundred bytes).
@@ -145,72 +149,202 @@ impl Framing {
     }
 }
 
-pin_project_lite::pin_project! {
-    /// A request body whose framing is checked as it passes: a [`FramingError`] becomes
-    /// the body's error, which tonic answers with as it is.
-    pub struct Checked<B> {
-        #[pin]
-        inner: B,
-        framing: Framing,
-        failed: bool,
-    }
-}
-
-impl<B> Checked<B> {
-    pub fn new(inner: B, limit: usize) -> Checked<B> {
-        Checked {
-            inner,
-            framing: Framing::new(limit),
-            failed: false,
-        }
-    }
-}
-
-impl<B> Body for Checked<B>
+/// The first message of a request body, read to the body's end with its framing checked:
+/// the message without its prefix. A unary call carries one message; any after it are
+/// checked and dropped, as tonic drops them. What is kept is bounded by the first
+/// message's size (and one HTTP/2 frame), however long the body.
+///
+/// A message compressed without a negotiated encoding (flag 1), or with a flag gRPC does
+/// not define, is INTERNAL, as gRPC's protocol asks.
+pub async fn first_message<B>(body: B, limit: usize) -> Result<Bytes, Status>
 where
     B: Body<Data = Bytes, Error = Status>,
 {
-    type Data = Bytes;
-    type Error = Status;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
-        let this = self.project();
-        if *this.failed {
-            return Poll::Ready(None);
+    let mut body = std::pin::pin!(body);
+    let mut framing = Framing::new(limit);
+    let mut first = FirstMessage::default();
+    while let Some(frame) = body.frame().await {
+        // Trailers (a client may send some) are not the message's.
+        if let Ok(data) = frame?.into_data() {
+            framing.feed(&data)?;
+            first.add(data);
         }
-        let checked = match ready!(this.inner.poll_frame(cx)) {
-            Some(Ok(frame)) => match frame.data_ref() {
-                Some(data) => this.framing.feed(data).map(|()| frame),
-                None => Ok(frame),
-            },
-            Some(Err(status)) => return Poll::Ready(Some(Err(status))),
-            None => match this.framing.finish() {
-                Ok(()) => return Poll::Ready(None),
-                Err(e) => Err(e),
-            },
+    }
+    framing.finish()?;
+    first.into_message()
+}
+
+/// The bytes of a body's first message (prefix included) as they arrive: the first frame
+/// as it is when the message is in it — the usual case, with no copy — or gathered.
+#[derive(Debug, Default)]
+struct FirstMessage {
+    /// The first frame's bytes while nothing had to be gathered.
+    single: Option<Bytes>,
+    gathered: BytesMut,
+}
+
+impl FirstMessage {
+    fn held(&self) -> &[u8] {
+        self.single.as_deref().unwrap_or(&self.gathered)
+    }
+
+    /// The prefix and message's length, once the prefix is in.
+    fn wanted(&self) -> Option<usize> {
+        let held = self.held();
+        let prefix: [u8; PREFIX_BYTES] = held.get(..PREFIX_BYTES)?.try_into().ok()?;
+        let [_, a, b, c, d] = prefix;
+        Some(PREFIX_BYTES + u32::from_be_bytes([a, b, c, d]) as usize)
+    }
+
+    /// Takes the body's next bytes, keeping those of the first message.
+    fn add(&mut self, data: Bytes) {
+        let held = self.held().len();
+        if self.wanted().is_some_and(|w| held >= w) {
+            return;
+        }
+        if held == 0 {
+            self.single = Some(data);
+        } else {
+            if let Some(single) = self.single.take() {
+                self.gathered.extend_from_slice(&single);
+            }
+            self.gathered.extend_from_slice(&data);
+        }
+        if let Some(wanted) = self.wanted() {
+            match &mut self.single {
+                Some(single) => single.truncate(wanted),
+                None => self.gathered.truncate(wanted),
+            }
+        }
+    }
+
+    /// The message, once the body's framing has been found whole (so it is all held).
+    fn into_message(self) -> Result<Bytes, Status> {
+        let whole = match self.single {
+            Some(single) => single,
+            None => self.gathered.freeze(),
         };
-        Poll::Ready(Some(checked.map_err(|e| {
-            *this.failed = true;
-            Status::from(e)
-        })))
+        match whole.first() {
+            Some(0) => Ok(whole.slice(PREFIX_BYTES.min(whole.len())..)),
+            Some(1) => Err(Status::internal(
+                "protocol error: received message with compressed-flag but no grpc-encoding was specified",
+            )),
+            Some(flag) => Err(Status::internal(format!(
+                "protocol error: received message with invalid compression flag {flag} (valid flags are 0 and 1)"
+            ))),
+            None => Err(FramingError::NoMessage.into()),
+        }
     }
+}
 
-    fn is_end_stream(&self) -> bool {
-        // The end is where the framing is judged: never skip the final poll.
-        self.failed
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+/// A request's `grpc-encoding`: only `identity` (or none) is accepted, as shardgate
+/// negotiates no compression; any other is UNIMPLEMENTED, naming what is accepted.
+pub fn check_encoding(headers: &http::HeaderMap) -> Result<(), Status> {
+    match headers.get("grpc-encoding") {
+        None => Ok(()),
+        Some(v) if v.as_bytes() == b"identity" => Ok(()),
+        Some(v) => {
+            let mut status = Status::unimplemented(format!(
+                "the request is compressed with '{}', and only identity is accepted",
+                elide(&String::from_utf8_lossy(v.as_bytes()), NAME_BYTES)
+            ));
+            status.metadata_mut().insert(
+                "grpc-accept-encoding",
+                tonic::metadata::MetadataValue::from_static("identity"),
+            );
+            Err(status)
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http_body::Frame;
+
+    /// `first_message` of a body sent as these DATA frames, then `trailers` if set.
+    fn first_of(chunks: &[&[u8]], trailers: bool) -> Result<Bytes, Status> {
+        let mut frames: Vec<Result<Frame<Bytes>, Status>> = chunks
+            .iter()
+            .map(|c| Ok(Frame::data(Bytes::copy_from_slice(c))))
+            .collect();
+        if trailers {
+            frames.push(Ok(Frame::trailers(http::HeaderMap::new())));
+        }
+        let body = http_body_util::StreamBody::new(futures::stream::iter(frames));
+        futures::executor::block_on(first_message(body, 10))
+    }
+
+    #[test]
+    fn the_first_message_is_read_from_any_chunking() {
+        let body: &[u8] = b"\x00\x00\x00\x00\x03abc\x00\x00\x00\x00\x01z";
+        for split in 0..=body.len() {
+            let (a, b) = body.split_at(split);
+            for trailers in [false, true] {
+                let got = first_of(&[a, b], trailers).unwrap();
+                assert_eq!(&got[..], b"abc", "split at {split}");
+            }
+        }
+        let bytewise: Vec<&[u8]> = body.chunks(1).collect();
+        assert_eq!(&first_of(&bytewise, false).unwrap()[..], b"abc");
+        assert_eq!(
+            &first_of(&[b"\x00\x00\x00\x00\x00"], false).unwrap()[..],
+            b""
+        );
+    }
+
+    #[test]
+    fn only_the_first_message_is_kept() {
+        let mut first = FirstMessage::default();
+        first.add(Bytes::from_static(b"\x00\x00"));
+        first.add(Bytes::from_static(b"\x00\x00\x02a"));
+        for _ in 0..100 {
+            first.add(Bytes::from(vec![0u8; 1000]));
+        }
+        assert_eq!(first.held().len(), 7, "prefix and message, nothing after");
+        assert_eq!(&first.into_message().unwrap()[..], b"a\x00");
+        let mut first = FirstMessage::default();
+        first.add(Bytes::from(b"\x00\x00\x00\x00\x01a".repeat(50)));
+        assert_eq!(first.held().len(), 6, "one frame holding many messages");
+    }
+
+    #[test]
+    fn a_compressed_or_unknown_flag_is_internal() {
+        let status = first_of(&[b"\x01\x00\x00\x00\x01z"], false).unwrap_err();
+        assert_eq!(status.code(), tonic::Code::Internal);
+        assert!(status.message().contains("compressed-flag"), "{status:?}");
+        let status = first_of(&[b"\x07\x00\x00\x00\x00"], false).unwrap_err();
+        assert_eq!(status.code(), tonic::Code::Internal);
+        assert!(status.message().contains("flag 7"), "{status:?}");
+    }
+
+    #[test]
+    fn framing_errors_keep_their_codes() {
+        let status = first_of(&[], false).unwrap_err();
+        assert_eq!(status.code(), tonic::Code::InvalidArgument);
+        assert_eq!(status.message(), "the request body holds no message");
+        let status = first_of(&[b"\x00\x00\x00\x00\x0b"], false).unwrap_err();
+        assert_eq!(status.code(), tonic::Code::ResourceExhausted);
+        let status = first_of(&[b"\x00\x00\x00\x00\x02a"], false).unwrap_err();
+        assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    }
+
+    #[test]
+    fn only_identity_encoding_is_accepted() {
+        let mut headers = http::HeaderMap::new();
+        assert!(check_encoding(&headers).is_ok());
+        headers.insert("grpc-encoding", "identity".parse().unwrap());
+        assert!(check_encoding(&headers).is_ok());
+        headers.insert("grpc-encoding", "gzip".parse().unwrap());
+        let status = check_encoding(&headers).unwrap_err();
+        assert_eq!(status.code(), tonic::Code::Unimplemented);
+        assert_eq!(
+            status.metadata().get("grpc-accept-encoding").unwrap(),
+            "identity"
+        );
+        headers.insert("grpc-encoding", "y".repeat(5000).parse().unwrap());
+        assert!(check_encoding(&headers).unwrap_err().message().len() < 200);
+    }
 
     fn framed(chunks: &[&[u8]]) -> Result<(), FramingError> {
         let mut f = Framing::new(10);

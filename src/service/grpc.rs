@@ -10,7 +10,9 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use futures::future::Either;
+use futures::future::{Either, Map};
+use futures::FutureExt;
+use http_body_util::Either as EitherBody;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_stream::wrappers::TcpListenerStream;
@@ -26,6 +28,7 @@ use super::socket::no_delay;
 use super::tls::TlsState;
 #[cfg(feature = "otel")]
 use super::trace_context::TraceContextLayer;
+use super::unary::AnswerBody;
 use crate::store::BucketStore;
 
 /// Service names the health service reports on: the overall server and the rate-limit
@@ -115,12 +118,28 @@ impl<S: BucketStore> Clone for Port<S> {
 /// but `ShouldRateLimit`, as the router would).
 const RLS_PREFIX: &str = "/envoy.service.ratelimit.v3.RateLimitService/";
 
+/// What the port answers with: the rate-limit service's own body, or tonic's.
+type PortBody = EitherBody<AnswerBody, Body>;
+
+type Answered<B> = Result<Response<B>, Infallible>;
+
+fn rls_body(answered: Answered<AnswerBody>) -> Answered<PortBody> {
+    answered.map(|r| r.map(EitherBody::Left))
+}
+
+fn other_body(answered: Answered<Body>) -> Answered<PortBody> {
+    answered.map(|r| r.map(EitherBody::Right))
+}
+
 impl<S: BucketStore> Service<Request<Body>> for Port<S> {
-    type Response = Response<Body>;
+    type Response = Response<PortBody>;
     type Error = Infallible;
     type Future = Either<
-        <Rls<S> as Service<Request<Body>>>::Future,
-        <Routes as Service<Request<Body>>>::Future,
+        Map<
+            <Rls<S> as Service<Request<Body>>>::Future,
+            fn(Answered<AnswerBody>) -> Answered<PortBody>,
+        >,
+        Map<<Routes as Service<Request<Body>>>::Future, fn(Answered<Body>) -> Answered<PortBody>>,
     >;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
@@ -130,9 +149,9 @@ impl<S: BucketStore> Service<Request<Body>> for Port<S> {
 
     fn call(&mut self, request: Request<Body>) -> Self::Future {
         if request.uri().path().starts_with(RLS_PREFIX) {
-            Either::Left(self.rls.call(request))
+            Either::Left(self.rls.call(request).map(rls_body as fn(_) -> _))
         } else {
-            Either::Right(self.others.call(request))
+            Either::Right(self.others.call(request).map(other_body as fn(_) -> _))
         }
     }
 }

@@ -21,6 +21,7 @@ pub mod tls;
 #[cfg(feature = "otel")]
 mod trace_context;
 mod treatment;
+pub mod unary;
 pub mod wire;
 
 pub use answer::{AnswerOptions, RateLimitHeaders};

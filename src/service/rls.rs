@@ -1,7 +1,12 @@
-//! The `envoy.service.ratelimit.v3.RateLimitService` route: tonic's unary-call machinery
-//! (compression, trailers, status encoding) with shardgate's own codec and framing check,
-//! so that every way a request body can fail carries its gRPC code by construction — a
-//! typed error mapped to a status, never a message text recognised afterwards.
+//! The `envoy.service.ratelimit.v3.RateLimitService` route: one unary gRPC call over
+//! HTTP/2, read (`framing.rs`), decided, and answered (`unary.rs`) by shardgate itself.
+//! Every way a call can fail carries its gRPC code by construction — a typed error mapped
+//! to a status, never a message text recognised afterwards.
+//!
+//! tonic still runs the connection (HTTP/2, `grpc-timeout`) and the other services; its
+//! generic unary machinery (a metadata map and a request built per call, a codec, an
+//! encoder stream, a boxed body each way) is what this route does without, for one
+//! method whose request and answer are bytes shardgate reads and writes itself.
 //!
 //! It translates between gRPC and [`RateLimiter`]; it decides nothing itself.
 
@@ -11,17 +16,15 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use bytes::{Buf, BufMut, Bytes};
 use tonic::body::Body;
-use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::codegen::http;
 use tonic::server::NamedService;
-use tonic::{Request, Response, Status};
+use tonic::Status;
 
 use super::deadline;
 use super::decision::{CallError, RateLimiter};
-use super::framing::{Checked, MAX_REQUEST_MESSAGE_BYTES};
-use super::reply::Reply;
+use super::framing::{check_encoding, first_message, MAX_REQUEST_MESSAGE_BYTES};
+use super::unary::{self, AnswerBody};
 use super::wire::RequestView;
 use crate::store::BucketStore;
 use crate::text::{elide, MESSAGE_BYTES};
@@ -32,7 +35,7 @@ pub const SERVICE_NAME: &str = "envoy.service.ratelimit.v3.RateLimitService";
 /// The one method's path.
 const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
 
-/// The rate-limit service: a tower service for tonic's router.
+/// The rate-limit service: a tower service for the gRPC port.
 pub struct Rls<S: BucketStore> {
     limiter: Arc<RateLimiter<S>>,
 }
@@ -43,32 +46,45 @@ impl<S: BucketStore> Rls<S> {
     }
 }
 
-/// One `ShouldRateLimit` call: its message, read in place (`wire.rs`), then decided. It
-/// owns its limiter (moved in by [`Call`]), so this future is the whole boxed call: an
-/// `async` block around it would be one more copy of a few KB on every request.
+/// One `ShouldRateLimit` call: its message read whole and in place (`wire.rs`), decided,
+/// answered. It owns its limiter, so this future is the whole boxed call: an `async`
+/// block around it would be one more copy of a few KB on every request.
 async fn should_rate_limit<S: BucketStore>(
     limiter: Arc<RateLimiter<S>>,
-    request: Request<Bytes>,
-) -> Result<Response<Reply>, Status> {
+    request: http::Request<Body>,
+) -> Result<http::Response<AnswerBody>, Infallible> {
     // Before anything else: the caller's clock started when it sent the request.
     let received = tokio::time::Instant::now();
-    let caller = request
-        .metadata()
+    let (parts, body) = request.into_parts();
+    let caller = parts
+        .headers
         .get("grpc-timeout")
         .and_then(|v| v.to_str().ok())
         .and_then(deadline::parse_grpc_timeout);
     let by = deadline::deadline(received, caller, limiter.store_timeout());
-    let view =
-        RequestView::decode(request.get_ref(), limiter.request_limits().keep()).map_err(|e| {
-            Status::invalid_argument(message(&format_args!(
-                "the request is not a RateLimitRequest: {e}"
-            )))
-        })?;
-    match limiter.should_rate_limit_by(&view, by).await {
-        Ok(resp) => Ok(Response::new(resp)),
-        Err(e @ CallError::InvalidArgument(_)) => Err(Status::invalid_argument(message(&e))),
-        Err(e @ CallError::Unavailable(_)) => Err(Status::unavailable(message(&e))),
+    if let Err(status) = check_encoding(&parts.headers) {
+        return Ok(unary::failure(status));
     }
+    drop(parts);
+    let message = match first_message(body, MAX_REQUEST_MESSAGE_BYTES).await {
+        Ok(message) => message,
+        Err(status) => return Ok(unary::failure(status)),
+    };
+    let view = match RequestView::decode(&message, limiter.request_limits().keep()) {
+        Ok(view) => view,
+        Err(e) => {
+            return Ok(unary::failure(Status::invalid_argument(message_text(
+                &format_args!("the request is not a RateLimitRequest: {e}"),
+            ))))
+        }
+    };
+    Ok(match limiter.should_rate_limit_by(&view, by).await {
+        Ok(reply) => unary::answer(reply.bytes()),
+        Err(e @ CallError::InvalidArgument(_)) => {
+            unary::failure(Status::invalid_argument(message_text(&e)))
+        }
+        Err(e @ CallError::Unavailable(_)) => unary::failure(Status::unavailable(message_text(&e))),
+    })
 }
 
 impl<S: BucketStore> Clone for Rls<S> {
@@ -86,9 +102,9 @@ impl<S: BucketStore> NamedService for Rls<S> {
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
 impl<S: BucketStore> tower::Service<http::Request<Body>> for Rls<S> {
-    type Response = http::Response<Body>;
+    type Response = http::Response<AnswerBody>;
     type Error = Infallible;
-    type Future = BoxFuture<Result<http::Response<Body>, Infallible>>;
+    type Future = BoxFuture<Result<http::Response<AnswerBody>, Infallible>>;
 
     fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         Poll::Ready(Ok(()))
@@ -98,106 +114,14 @@ impl<S: BucketStore> tower::Service<http::Request<Body>> for Rls<S> {
         if request.uri().path() != SHOULD_RATE_LIMIT {
             let status =
                 Status::unimplemented(format!("{SERVICE_NAME} has one method, ShouldRateLimit"));
-            return Box::pin(async move { Ok(status.into_http()) });
+            return Box::pin(std::future::ready(Ok(unary::failure(status))));
         }
-        let call = Call(Some(self.limiter.clone()));
-        Box::pin(async move {
-            let request =
-                request.map(|body| Body::new(Checked::new(body, MAX_REQUEST_MESSAGE_BYTES)));
-            let mut grpc = tonic::server::Grpc::new(RlsCodec)
-                .apply_max_message_size_config(Some(MAX_REQUEST_MESSAGE_BYTES), None);
-            Ok(grpc.unary(call, request).await)
-        })
-    }
-}
-
-/// One decoded call, as tonic's unary machinery runs it: it holds the limiter until its
-/// one call takes it (a clone there would be a second write per request to the limiter's
-/// reference count, a line both worker threads write).
-struct Call<S: BucketStore>(Option<Arc<RateLimiter<S>>>);
-
-impl<S: BucketStore> tonic::server::UnaryService<Bytes> for Call<S> {
-    type Response = Reply;
-    type Future = BoxFuture<Result<Response<Reply>, Status>>;
-
-    fn call(&mut self, request: Request<Bytes>) -> Self::Future {
-        match self.0.take() {
-            Some(limiter) => Box::pin(should_rate_limit(limiter, request)),
-            // tonic's unary machinery calls once; a second call has no limiter to use.
-            None => Box::pin(std::future::ready(Err(Status::internal(
-                "a unary call was made twice",
-            )))),
-        }
+        Box::pin(should_rate_limit(self.limiter.clone(), request))
     }
 }
 
 /// A status message: an error's text, bounded (a client refuses trailers past a few KB,
 /// and a message quotes request values).
-fn message(e: &impl std::fmt::Display) -> String {
+fn message_text(e: &impl std::fmt::Display) -> String {
     elide(&e.to_string(), MESSAGE_BYTES).into_owned()
-}
-
-/// The request's message as received (read in place by `wire.rs` once the call runs),
-/// the response as `reply.rs` wrote it.
-struct RlsCodec;
-
-impl Codec for RlsCodec {
-    type Encode = Reply;
-    type Decode = Bytes;
-    type Encoder = ResponseEncoder;
-    type Decoder = RequestDecoder;
-
-    fn encoder(&mut self) -> ResponseEncoder {
-        ResponseEncoder
-    }
-
-    fn decoder(&mut self) -> RequestDecoder {
-        RequestDecoder
-    }
-}
-
-/// The first size of the buffer a call's response is encoded into, and of the one its
-/// request is received into: a rate-limit response is tens of bytes and a request a few
-/// hundred, and tonic's default (8 KiB per buffer, two per call) is past the sizes glibc's
-/// per-thread cache serves (1 KiB), so each call paid two trips through `malloc`'s slow
-/// path. A larger message grows the buffer as it is written, by this much at a time.
-const RESPONSE_BUFFER_BYTES: usize = 512;
-const REQUEST_BUFFER_BYTES: usize = 1024;
-
-/// How often tonic yields while encoding a stream: a unary call sends one message, so
-/// only the default's value matters (32 KiB, kept).
-const YIELD_THRESHOLD_BYTES: usize = 32 * 1024;
-
-struct ResponseEncoder;
-
-impl Encoder for ResponseEncoder {
-    type Item = Reply;
-    type Error = Status;
-
-    fn buffer_settings(&self) -> BufferSettings {
-        BufferSettings::new(RESPONSE_BUFFER_BYTES, YIELD_THRESHOLD_BYTES)
-    }
-
-    /// The reply's bytes, already encoded (EncodeBuf grows as written to).
-    fn encode(&mut self, item: Reply, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
-        dst.put_slice(item.bytes());
-        Ok(())
-    }
-}
-
-struct RequestDecoder;
-
-impl Decoder for RequestDecoder {
-    type Item = Bytes;
-    type Error = Status;
-
-    fn buffer_settings(&self) -> BufferSettings {
-        BufferSettings::new(REQUEST_BUFFER_BYTES, YIELD_THRESHOLD_BYTES)
-    }
-
-    /// The message's bytes, taken from the receive buffer without a copy (tonic's buffer
-    /// is a `BytesMut`; `copy_to_bytes` splits it).
-    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Bytes>, Status> {
-        Ok(Some(src.copy_to_bytes(src.remaining())))
-    }
 }
