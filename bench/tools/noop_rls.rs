@@ -1,13 +1,18 @@
 //! A no-op rate-limit service: the ceiling the load benchmarks (`bench/run`) compare
 //! shardgate with.
 //!
-//! It is the same stack as `shardgate serve`'s gRPC port — tonic's default server builder
-//! (same HTTP/2 settings), the same kind of response-mapping layer, health and reflection
-//! beside the rate-limit service, shardgate's log subscriber (text to stderr, `RUST_LOG`
-//! filter, default `info`), tokio's default multi-thread runtime, the same allocator
-//! (mimalloc) — but
-//! `ShouldRateLimit` does no work: it answers `OK` with one `OK` status per descriptor
-//! and nothing else (no matching, no store, no metrics).
+//! It is a plain tonic rate-limit server, as shardgate's gRPC port was built until
+//! 2026-12-02 — tonic's default server builder (same HTTP/2 settings), the same kind of
+//! response-mapping layer, health and reflection beside the rate-limit service in tonic's
+//! router, tonic's generated service and prost codec, shardgate's log subscriber (text to
+//! stderr, `RUST_LOG` filter, default `info`), tokio's default multi-thread runtime, the
+//! same allocator (mimalloc) — but `ShouldRateLimit` does no work: it answers `OK` with one
+//! `OK` status per descriptor and nothing else (no matching, no store, no metrics).
+//!
+//! shardgate's port now sends the rate-limit call past tonic's router and runs it without
+//! tonic's unary machinery (`src/service/grpc.rs`, `rls.rs`); the ceiling stays the plain
+//! tonic server, the stack the targets are set against, so a shardgate call can cost less
+//! than it.
 //!
 //! Like shardgate, it serves a `TcpListener` through `serve_with_incoming_shutdown` and
 //! sets `TCP_NODELAY` on each accepted socket (tonic leaves them as the OS made them).

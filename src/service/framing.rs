@@ -36,12 +36,25 @@ pub enum FramingError {
     MessageCut { announced: usize, missing: usize },
     #[error("the request message announces {announced} bytes, more than the {limit}-byte limit")]
     TooLarge { announced: usize, limit: usize },
+    /// No compression is negotiated (`framing::check_encoding`), so no message may be
+    /// compressed.
+    #[error(
+        "protocol error: received message with compressed-flag but no grpc-encoding was specified"
+    )]
+    Compressed,
+    #[error("protocol error: received message with invalid compression flag {flag} (valid flags are 0 and 1)")]
+    UnknownFlag { flag: u8 },
 }
 
 impl From<FramingError> for Status {
     fn from(e: FramingError) -> Status {
         match e {
             FramingError::TooLarge { .. } => Status::resource_exhausted(e.to_string()),
+            // gRPC's protocol says INTERNAL for a message whose flag does not match what
+            // was negotiated.
+            FramingError::Compressed | FramingError::UnknownFlag { .. } => {
+                Status::internal(e.to_string())
+            }
             _ => Status::invalid_argument(e.to_string()),
         }
     }
@@ -89,7 +102,12 @@ impl Framing {
                     *have += take;
                     chunk = &chunk[take..];
                     if *have == PREFIX_BYTES {
-                        let [_, a, b, c, d] = *bytes;
+                        let [flag, a, b, c, d] = *bytes;
+                        match flag {
+                            0 => {}
+                            1 => return Err(FramingError::Compressed),
+                            flag => return Err(FramingError::UnknownFlag { flag }),
+                        }
                         let announced = u32::from_be_bytes([a, b, c, d]) as usize;
                         if announced > self.limit {
                             return Err(FramingError::TooLarge {
@@ -155,7 +173,12 @@ impl Framing {
 /// message's size (and one HTTP/2 frame), however long the body.
 ///
 /// A message compressed without a negotiated encoding (flag 1), or with a flag gRPC does
-/// not define, is INTERNAL, as gRPC's protocol asks.
+/// not define, is INTERNAL, as gRPC's protocol asks, whichever message it is, as soon as its
+/// prefix is in (as tonic answered).
+///
+/// The kept bytes are a slice of the HTTP/2 frame they came in, which keeps that frame's
+/// read buffer allocated until the call ends: at most one such buffer per call in flight,
+/// far below the 4 MiB message a call may carry.
 pub async fn first_message<B>(body: B, limit: usize) -> Result<Bytes, Status>
 where
     B: Body<Data = Bytes, Error = Status>,
@@ -218,22 +241,17 @@ impl FirstMessage {
         }
     }
 
-    /// The message, once the body's framing has been found whole (so it is all held).
+    /// The message, once the body's framing has been found whole (so it is all held, and
+    /// its flag says uncompressed).
     fn into_message(self) -> Result<Bytes, Status> {
         let whole = match self.single {
             Some(single) => single,
             None => self.gathered.freeze(),
         };
-        match whole.first() {
-            Some(0) => Ok(whole.slice(PREFIX_BYTES.min(whole.len())..)),
-            Some(1) => Err(Status::internal(
-                "protocol error: received message with compressed-flag but no grpc-encoding was specified",
-            )),
-            Some(flag) => Err(Status::internal(format!(
-                "protocol error: received message with invalid compression flag {flag} (valid flags are 0 and 1)"
-            ))),
-            None => Err(FramingError::NoMessage.into()),
+        if whole.len() < PREFIX_BYTES {
+            return Err(FramingError::NoMessage.into());
         }
+        Ok(whole.slice(PREFIX_BYTES..))
     }
 }
 
@@ -316,6 +334,11 @@ mod tests {
         let status = first_of(&[b"\x07\x00\x00\x00\x00"], false).unwrap_err();
         assert_eq!(status.code(), tonic::Code::Internal);
         assert!(status.message().contains("flag 7"), "{status:?}");
+        // On a later message too, and before a cut body is judged: at the prefix.
+        let status = first_of(&[b"\x00\x00\x00\x00\x01a\x01\x00\x00\x00\x01z"], false).unwrap_err();
+        assert_eq!(status.code(), tonic::Code::Internal, "{status:?}");
+        let status = first_of(&[b"\x01\x00\x00\x00\x09ab"], false).unwrap_err();
+        assert_eq!(status.code(), tonic::Code::Internal, "{status:?}");
     }
 
     #[test]

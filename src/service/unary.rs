@@ -10,7 +10,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::{BufMut, Bytes, BytesMut};
-use http_body::{Frame, SizeHint};
+use http_body::Frame;
 use tonic::codegen::http::{self, header, HeaderMap, HeaderValue};
 use tonic::Status;
 
@@ -69,9 +69,9 @@ impl http_body::Body for AnswerBody {
         self.message.is_none() && self.trailers.is_none()
     }
 
-    fn size_hint(&self) -> SizeHint {
-        SizeHint::with_exact(self.message.as_ref().map_or(0, |m| m.len() as u64))
-    }
+    // No exact `size_hint`: hyper would send it as `content-length`, which tonic's answers
+    // never carried and a hop to HTTP/1.1 or gRPC-web would have to reconcile with the
+    // trailers.
 }
 
 #[cfg(test)]
@@ -85,11 +85,26 @@ mod tests {
         let response = answer(b"\x08\x01");
         assert_eq!(response.status(), http::StatusCode::OK);
         assert_eq!(response.headers()["content-type"], "application/grpc");
-        assert_eq!(response.body().size_hint().exact(), Some(7));
-        let body = response.into_body().collect().await.unwrap();
-        assert_eq!(body.trailers().unwrap()["grpc-status"], "0");
-        assert_eq!(body.trailers().unwrap().len(), 1);
-        assert_eq!(&body.to_bytes()[..], b"\x00\x00\x00\x00\x02\x08\x01");
+        assert_eq!(
+            response.headers().len(),
+            1,
+            "no content-length, as tonic sent none"
+        );
+        assert_eq!(response.body().size_hint().exact(), None);
+        let mut body = response.into_body();
+        // Exactly two frames, in order: the framed message, then the trailers.
+        let first = body.frame().await.unwrap().unwrap();
+        assert_eq!(
+            &first.into_data().unwrap()[..],
+            b"\x00\x00\x00\x00\x02\x08\x01"
+        );
+        assert!(!body.is_end_stream());
+        let second = body.frame().await.unwrap().unwrap();
+        let trailers = second.into_trailers().unwrap();
+        assert_eq!(trailers["grpc-status"], "0");
+        assert_eq!(trailers.len(), 1);
+        assert!(body.is_end_stream());
+        assert!(body.frame().await.is_none());
     }
 
     #[tokio::test]
