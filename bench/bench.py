@@ -1060,24 +1060,6 @@ def dynamodb_report(m, cases):
             f"{s['fast_path_hits']:,.0f} | {s['slow_paths']:,.0f} | {s['rejection_cache_hits']:,.0f} | "
             f"{sm.get('grpc_status')} {sm.get('overall_code')} |"
         )
-    for other in OTHER_RLS:
-        L.append(f"\n## {other}, under the same load\n")
-        L.append(f"Medians over the {ROUNDS} round(s) of each round's ratio; the answers as the other "
-                 "servers' are checked (no /metrics).\n")
-        L.append(f"| scenario | tool | c | req/s via {other} | req/s ratio to the ceiling | "
-                 f"shardgate's req/s ÷ {other}'s | {other} CPU µs/req | CPU ratio to the ceiling | "
-                 f"shardgate's CPU ÷ {other}'s | {other}'s answers |")
-        L.append("|---|---|--:|--:|--:|--:|--:|--:|--:|---|")
-        for (scenario, tool, c), group in groups.items():
-            def per_round(a, b, key):
-                return statistics.median(q(g[a][key], g[b][key]) for g in group)
-            answers = "<br>".join(verification(g[other], g["descriptors_per_request"]) for g in group)
-            L.append(
-                f"| {scenario} | {tool} | {c} | {statistics.median(g[other]['req_per_s'] for g in group):,.0f} | "
-                f"{per_round(other, 'ceiling', 'req_per_s'):.2f} | {per_round('shardgate', other, 'req_per_s'):.2f} | "
-                f"{statistics.median(g[other]['cpu_us_per_decision'] for g in group):.1f} | "
-                f"{per_round(other, 'ceiling', 'cpu_us_per_decision'):.2f} | "
-                f"{per_round('shardgate', other, 'cpu_us_per_decision'):.2f} | {answers} |")
     L.append("\n## Against the targets (reported, not asserted)\n")
     for case in cases:
         if case["kind"] == "ceiling":

@@ -29,7 +29,7 @@ PARTS = [
     ("metrics", r"service::metrics::|prometheus_client::"),
     ("response", r"service::status::|service::answer::"),
     ("encode", r"service::unary::|service::reply::|RateLimitResponse as prost|tonic::codec::encode"),
-    ("decision", r"service::decision::|service::deadline::|service::rls::"),
+    ("decision", r"service::decision::|service::deadline::|service::rls::|service::grpc::Port"),
     ("tracing", r"^tracing::|tracing_core::|tracing_subscriber::"),
     ("grpc (tonic)", r"^<?tonic::|tonic::"),
     ("transport (h2, hyper)", r"\bh2::|hyper::|hyper_util::|tokio::net::|mio::"),
