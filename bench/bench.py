@@ -634,8 +634,8 @@ def memory_report(m, cases, manifest):
             )
     for other in OTHER_RLS:
         L.append(f"\n## {other}, under the same load\n")
-        L.append(f"Medians over the {ROUNDS} round(s) of each round's ratio; the answers as the other "
-                 "servers' are checked (no /metrics).\n")
+        L.append(f"Medians over the {ROUNDS} round(s) of each round's ratio; {other}'s answers are "
+                 "checked as the ceiling's are (no /metrics of its is read).\n")
         L.append(f"| scenario | tool | c | req/s via {other} | req/s ratio to the ceiling | "
                  f"shardgate's req/s ÷ {other}'s | {other} CPU µs/req | CPU ratio to the ceiling | "
                  f"shardgate's CPU ÷ {other}'s | {other}'s answers |")

@@ -25,6 +25,12 @@ pub const MAX_REQUEST_MESSAGE_BYTES: usize = 4 << 20;
 /// The prefix of every gRPC message: a compression flag and a 4-byte big-endian length.
 const PREFIX_BYTES: usize = 5;
 
+/// The message length a prefix announces (its last four bytes, big-endian).
+fn announced(prefix: &[u8; PREFIX_BYTES]) -> usize {
+    let [_, a, b, c, d] = *prefix;
+    u32::from_be_bytes([a, b, c, d]) as usize
+}
+
 /// Why a request body is not a sequence of whole gRPC messages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
 pub enum FramingError {
@@ -102,13 +108,12 @@ impl Framing {
                     *have += take;
                     chunk = &chunk[take..];
                     if *have == PREFIX_BYTES {
-                        let [flag, a, b, c, d] = *bytes;
-                        match flag {
+                        match bytes[0] {
                             0 => {}
                             1 => return Err(FramingError::Compressed),
                             flag => return Err(FramingError::UnknownFlag { flag }),
                         }
-                        let announced = u32::from_be_bytes([a, b, c, d]) as usize;
+                        let announced = announced(bytes);
                         if announced > self.limit {
                             return Err(FramingError::TooLarge {
                                 announced,
@@ -214,9 +219,8 @@ impl FirstMessage {
     /// The prefix and message's length, once the prefix is in.
     fn wanted(&self) -> Option<usize> {
         let held = self.held();
-        let prefix: [u8; PREFIX_BYTES] = held.get(..PREFIX_BYTES)?.try_into().ok()?;
-        let [_, a, b, c, d] = prefix;
-        Some(PREFIX_BYTES + u32::from_be_bytes([a, b, c, d]) as usize)
+        let prefix: &[u8; PREFIX_BYTES] = held.get(..PREFIX_BYTES)?.try_into().ok()?;
+        Some(PREFIX_BYTES + announced(prefix))
     }
 
     /// Takes the body's next bytes, keeping those of the first message.

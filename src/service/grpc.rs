@@ -23,7 +23,7 @@ use tonic_health::ServingStatus;
 use tower::Service;
 
 use super::decision::RateLimiter;
-use super::rls::{Rls, SERVICE_NAME};
+use super::rls::{self, Rls, SERVICE_NAME};
 use super::socket::no_delay;
 use super::tls::TlsState;
 #[cfg(feature = "otel")]
@@ -114,10 +114,6 @@ impl<S: BucketStore> Clone for Port<S> {
     }
 }
 
-/// The path prefix of the rate-limit service's methods (it answers UNIMPLEMENTED for any
-/// but `ShouldRateLimit`, as the router would).
-const RLS_PREFIX: &str = "/envoy.service.ratelimit.v3.RateLimitService/";
-
 /// What the port answers with: the rate-limit service's own body, or tonic's.
 type PortBody = EitherBody<AnswerBody, Body>;
 
@@ -148,7 +144,7 @@ impl<S: BucketStore> Service<Request<Body>> for Port<S> {
     }
 
     fn call(&mut self, request: Request<Body>) -> Self::Future {
-        if request.uri().path().starts_with(RLS_PREFIX) {
+        if rls::serves(request.uri().path()) {
             Either::Left(self.rls.call(request).map(rls_body as fn(_) -> _))
         } else {
             Either::Right(self.others.call(request).map(other_body as fn(_) -> _))

@@ -18,7 +18,6 @@ use std::task::{Context, Poll};
 
 use tonic::body::Body;
 use tonic::codegen::http;
-use tonic::server::NamedService;
 use tonic::Status;
 
 use super::deadline;
@@ -34,6 +33,14 @@ pub const SERVICE_NAME: &str = "envoy.service.ratelimit.v3.RateLimitService";
 
 /// The one method's path.
 const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+
+/// Whether `path` is one of the rate-limit service's, `/{SERVICE_NAME}/{method}` (it
+/// answers UNIMPLEMENTED for any method but `ShouldRateLimit`).
+pub fn serves(path: &str) -> bool {
+    path.strip_prefix('/')
+        .and_then(|p| p.strip_prefix(SERVICE_NAME))
+        .is_some_and(|rest| rest.starts_with('/'))
+}
 
 /// The rate-limit service: a tower service for the gRPC port.
 pub struct Rls<S: BucketStore> {
@@ -95,10 +102,6 @@ impl<S: BucketStore> Clone for Rls<S> {
     }
 }
 
-impl<S: BucketStore> NamedService for Rls<S> {
-    const NAME: &'static str = SERVICE_NAME;
-}
-
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
 impl<S: BucketStore> tower::Service<http::Request<Body>> for Rls<S> {
@@ -124,4 +127,25 @@ impl<S: BucketStore> tower::Service<http::Request<Body>> for Rls<S> {
 /// and a message quotes request values).
 fn message_text(e: &impl std::fmt::Display) -> String {
     elide(&e.to_string(), MESSAGE_BYTES).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_service_s_paths_are_its_own() {
+        assert!(serves(SHOULD_RATE_LIMIT));
+        assert!(serves("/envoy.service.ratelimit.v3.RateLimitService/Other"));
+        assert!(serves("/envoy.service.ratelimit.v3.RateLimitService/"));
+        for other in [
+            "/envoy.service.ratelimit.v3.RateLimitServiceX/ShouldRateLimit",
+            "/envoy.service.ratelimit.v2.RateLimitService/ShouldRateLimit",
+            "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+            "/grpc.health.v1.Health/Check",
+            "/",
+        ] {
+            assert!(!serves(other), "{other}");
+        }
+    }
 }
