@@ -7,6 +7,8 @@
 //! (embedded memory or DynamoDB); [`service`] speaks Envoy's gRPC API and builds answers.
 //! `telemetry` (feature `otel`) exports the decisions' spans over OTLP.
 
+#![forbid(unsafe_code)]
+
 pub mod config;
 pub mod engine;
 pub mod service;

@@ -1,6 +1,8 @@
 //! The `shardgate` command line: `serve`, `check-config`, `table create` and `inspect`.
 //! Parsing and dispatch only.
 
+#![forbid(unsafe_code)]
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;

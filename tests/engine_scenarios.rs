@@ -844,6 +844,40 @@ cross_store! {
 }
 
 cross_store! {
+    /// A slow pass never moves an item's expiry earlier: another server's overdraft, taken
+    /// by a consumption-only debit between the pass's read and its write, raised the `ttl`
+    /// to cover its debt without moving `rf`, so the pass's lock still holds; its write of
+    /// the `ttl` it planned from what it read would forget that debt's expiry.
+    async fn a_slow_pass_never_lowers_an_expiry_an_overdraft_raised<S: BucketStore>(store: S) {
+        let rig = rig(store);
+        // Empty a minute ago: the refill that makes the request fit needs a slow pass.
+        let mut it = rpm_item(1, 100, 0, 1_000_000);
+        it.rf = T0 - 60_000;
+        rig.store.put(BucketKey::new("u1", "api", 0), it).await;
+        let raised = T0 / 1_000 + 1_000_000;
+        let overdraft: Hook<S> = Box::new(move |s| {
+            Box::pin(async move {
+                let w = Write::Debit {
+                    key: BucketKey::new("u1", "api", 0),
+                    debits: vec![shardgate::store::Debit {
+                        limit: "rpm".into(),
+                        amount: 1_000,
+                        gated: false,
+                        params: None,
+                    }],
+                    ttl: Some(raised),
+                };
+                assert_eq!(s.commit(&[w]).await.unwrap(), CommitOutcome::Committed);
+            })
+        });
+        rig.store.before_commit(overdraft);
+        acquire(&rig, &rpm(100, 1)).await;
+        let ttl = item(&rig, "u1", "api", 0).await.ttl;
+        assert!(ttl.is_some_and(|t| t >= raised), "expiry {ttl:?} moved before {raised}");
+    }
+}
+
+cross_store! {
     /// S31 the shard count is learnt and never unlearnt.
     async fn s31_shard_count_never_shrinks<S: BucketStore>(store: S) {
         let rig = rig(store);

@@ -10,12 +10,14 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{Call, Recorder};
+use common::{Call, Hook, Recorder};
 use shardgate::engine::{
     Acquire, BucketClaim, Engine, EngineOptions, EngineStats, LeaseOptions, LimitClaim,
     LimitParams, ManualClock, ScriptedDraw,
 };
-use shardgate::store::{BucketKey, BucketStore, Credit, CreditGuard, Stamp};
+use shardgate::store::{
+    BucketItem, BucketKey, BucketStore, Credit, CreditGuard, LimitState, Limits, Stamp, WCU_LIMIT,
+};
 
 const T0: i64 = 1_800_000_000_000;
 
@@ -281,6 +283,7 @@ cross_store! {
             limit: "rps".into(),
             amount: 5_000,
             ceiling: 100_000,
+            params: LimitParams::new(100, 100, 1_000),
         }];
         // A refill stamp that no longer matches: a refund is refused, a return applied.
         let moved = Stamp {
@@ -350,5 +353,140 @@ cross_store! {
         }
         assert!(EngineStats::get(&with.engine.stats().leases_taken) > 0);
         assert_eq!(x, y);
+    }
+}
+
+// ------------------------------------------------ credits against clamps and reloads
+
+/// The limit every shard of these cases holds: 100,000 tokens a minute.
+fn per_minute() -> LimitParams {
+    LimitParams::new(100_000, 100_000, 60_000)
+}
+
+/// An item of `limits` (each holding the given balance) at shard count `count`, with
+/// `wcu` at `wcu_tk`, written at T0.
+fn item_of(limits: &[(&str, LimitParams, i64)], count: u32, wcu_tk: i64) -> BucketItem {
+    let mut l = Limits::new();
+    for (name, params, tk) in limits {
+        l.insert(*name, LimitState::new(*params, *tk, 0));
+    }
+    l.insert(WCU_LIMIT, LimitState::new(LimitParams::new(1_000, 1_000, 1_000), wcu_tk, 0));
+    BucketItem {
+        rf: T0,
+        shard_count: count,
+        ttl: Some(T0 / 1_000 + 3_600),
+        limits: l,
+    }
+}
+
+/// A lease's return of `amount` millitokens of `limit`, sized for one shard: what another
+/// server holding a lease of this bucket sends when it expires.
+fn lease_return<S: BucketStore>(key: BucketKey, limit: &'static str, amount: i64) -> Hook<S> {
+    Box::new(move |s: Arc<S>| {
+        Box::pin(async move {
+            let credit = [Credit {
+                limit: limit.into(),
+                amount,
+                ceiling: per_minute().share(1).ceiling,
+                params: per_minute(),
+            }];
+            let applied = s.credit(&key, CreditGuard::SameCount(1), &credit).await.unwrap();
+            assert_eq!(applied, credit, "the return lands before the clamp's write");
+        })
+    })
+}
+
+/// No limit of any shard holds more than its share of the count the shard records.
+async fn within_shares<S: BucketStore>(rig: &Rig<S>, entity: &str) {
+    for shard in 0..32 {
+        let Some(item) = rig.store.get(&BucketKey::new(entity, "api", shard)).await else {
+            continue;
+        };
+        for (name, st) in item.limits.iter() {
+            let count = if name == WCU_LIMIT { 1 } else { item.shard_count };
+            let ceiling = st.params().share(count).ceiling;
+            assert!(
+                st.tk <= ceiling,
+                "shard {shard} limit {name}: {} millitokens above a share of {ceiling} at {count} shards",
+                st.tk
+            );
+        }
+    }
+}
+
+cross_store! {
+    /// A doubling clamps shard 0 to its new share in a write planned from the balance it
+    /// read. A lease's return landing between that read and that write must not be
+    /// stacked under the clamp's delta: the shard would sit above its new share.
+    async fn a_lease_return_never_lands_under_a_doublings_clamp<S: BucketStore>(store: S) {
+        let rig = rig(store, false);
+        let key = BucketKey::new("dbl", "api", 0);
+        // A lease of 10,000 tokens is out; `wcu` is spent: the next debit doubles.
+        let held = 90_000_000;
+        rig.store
+            .put(key.clone(), item_of(&[("rps", per_minute(), held)], 1, 0))
+            .await;
+        rig.store.before_commit(lease_return(key.clone(), "rps", 10_000_000));
+        let mut c = claim("dbl", 0, 0, 1);
+        c.limits[0].params = per_minute();
+        assert!(rig.engine.acquire(&one(c)).await.unwrap().admitted);
+        assert_eq!(stat(&rig, |s| &s.shard_doublings), 1);
+        assert_eq!(rig.store.get(&key).await.unwrap().shard_count, 2);
+        within_shares(&rig, "dbl").await;
+    }
+}
+
+cross_store! {
+    /// A slow pass that raises a shard's count clamps every limit of the item, those the
+    /// request names and those it does not. A credit between its read and its write makes
+    /// the write conflict, never stack.
+    async fn a_credit_never_lands_under_a_count_raise<S: BucketStore>(store: S) {
+        let rig = rig(store, false);
+        let key = BucketKey::new("raise", "api", 0);
+        let limits = [("rps", per_minute(), 100_000_000), ("other", per_minute(), 90_000_000)];
+        rig.store.put(key.clone(), item_of(&limits, 1, 1_000_000)).await;
+        // This server knows the bucket has two shards: shard 0 is behind.
+        rig.engine.learn_shard_count("raise", "api", 2);
+        rig.store.before_commit(lease_return(key.clone(), "other", 10_000_000));
+        let mut c = claim("raise", 0, 0, 1);
+        c.limits[0].params = per_minute();
+        assert!(rig.engine.acquire(&one(c)).await.unwrap().admitted);
+        within_shares(&rig, "raise").await;
+    }
+}
+
+cross_store! {
+    /// A lease taken under a limit that a reload then lowered goes back under neither its
+    /// old ceiling nor the new one: its tokens were counted against the old limit. What is
+    /// admitted after the reload stays within the new limit.
+    async fn a_lease_returned_after_a_lowering_reload_admits_nothing_over_the_new_limit<S: BucketStore>(store: S) {
+        let rig = rig(store, true);
+        // 1,000 tokens, never refilled: what is admitted is what the bucket held.
+        let old = one(claim("reload", 1_000, 0, 1));
+        assert_eq!(drive(&rig, &old, 30, 10).await, 30);
+        rig.engine.fetch_wanted_leases().await;
+        let leased = rig.engine.leased_outstanding();
+        assert!(leased > 0, "a lease is out");
+
+        // Another server, already on the reloaded rules (500 tokens), decides first: its
+        // slow pass rewrites the limit, clamping the shard to the new capacity.
+        let other = Engine::with_parts(
+            rig.store.clone(),
+            EngineOptions::default(),
+            rig.clock.clone(),
+            Arc::new(ScriptedDraw::default()),
+        );
+        let new = one(claim("reload", 500, 0, 1));
+        let mut admitted = u32::from(other.acquire(&new).await.unwrap().admitted);
+        // The lease expires and goes back.
+        rig.clock.advance(1_000);
+        rig.engine.return_expired_leases().await;
+        assert_eq!(rig.engine.leased_outstanding(), 0);
+        while other.acquire(&new).await.unwrap().admitted {
+            admitted += 1;
+            assert!(admitted <= 1_000, "bounded");
+        }
+        assert!(admitted <= 500, "{admitted} admitted under a limit of 500 tokens");
+        assert!(stat(&rig, |s| &s.lease_returns_dropped) > 0);
     }
 }

@@ -293,7 +293,7 @@ cross_store! {
             key: key(0),
             expected_rf: NOW_S * 1_000,
             rf: NOW_S * 1_000,
-            ttl: Some(NOW_S + 1),
+            ttl: Some(NOW_S + 420),
             shard_count: None,
             limits: vec![LimitWrite::Set {
                 limit: "tpm".into(),
@@ -323,7 +323,7 @@ cross_store! {
             key: key(0),
             expected_rf: NOW_S * 1_000,
             rf: NOW_S * 1_000,
-            ttl: Some(NOW_S + 1),
+            ttl: Some(NOW_S + 420),
             shard_count: None,
             limits: vec![LimitWrite::Set {
                 limit: limit.into(),
@@ -396,6 +396,7 @@ cross_store! {
                 limit: "rpm".into(),
                 amount,
                 ceiling: 5_000,
+                params: rpm(),
             }]
         };
         assert_eq!(
@@ -444,7 +445,7 @@ cross_store! {
             key: key(0),
             expected_rf: RF,
             rf: RF,
-            ttl: Some(NOW_S + 1),
+            ttl: Some(NOW_S + 420),
             shard_count: Some(CountChange { read, new: 4 }),
             limits: vec![],
         };
@@ -470,6 +471,7 @@ cross_store! {
             limit: "rpm".into(),
             amount: 1_000,
             ceiling: 10_000,
+            params: rpm(),
         }];
         let refilled = Stamp {
             rf: RF - 1,
@@ -600,5 +602,65 @@ cross_store! {
             .await;
         assert!(matches!(out, Err(StoreError::Invalid { .. })), "{out:?}");
         assert_eq!(s.read(&[key(0)]).await.unwrap(), vec![None]);
+    }
+}
+
+cross_store! {
+    /// A credit lands only on a limit that still has the parameters its tokens were taken
+    /// under: after a reload rewrote them (a lower limit), the old ceiling means nothing.
+    async fn credit_needs_the_parameters_it_was_taken_under<S: BucketStore>(s: S) {
+        create(&s, key(0), item(4_000, 1_000_000)).await;
+        let credit = |params| {
+            vec![Credit {
+                limit: "rpm".into(),
+                amount: 1_000,
+                ceiling: 10_000,
+                params,
+            }]
+        };
+        let old = LimitParams::new(20, 20, 60_000);
+        assert_eq!(
+            s.credit(&key(0), STAMP.into(), &credit(old)).await.unwrap(),
+            vec![],
+            "taken under other parameters"
+        );
+        assert_eq!(
+            s.credit(&key(0), STAMP.into(), &credit(rpm())).await.unwrap(),
+            credit(rpm())
+        );
+        let image = s.read(&[key(0)]).await.unwrap()[0].clone().unwrap();
+        assert_eq!(image.limits["rpm"].tk, 5_000);
+    }
+}
+
+cross_store! {
+    /// An update never moves an item's expiry earlier: a consumption-only retry may have
+    /// raised it since the update's read without moving `rf`.
+    async fn update_never_moves_the_expiry_earlier<S: BucketStore>(s: S) {
+        create(&s, key(0), item(5_000, 1_000_000)).await;
+        let update = |ttl| Write::Update {
+            key: key(0),
+            expected_rf: RF,
+            rf: RF,
+            ttl,
+            shard_count: None,
+            limits: vec![],
+        };
+        // The item's ttl is NOW_S + 420.
+        assert!(matches!(
+            s.commit(&[update(Some(NOW_S + 419))]).await.unwrap(),
+            CommitOutcome::Conflict(_)
+        ));
+        assert_eq!(s.commit(&[update(Some(NOW_S + 420))]).await.unwrap(), CommitOutcome::Committed);
+        assert_eq!(s.commit(&[update(Some(NOW_S + 500))]).await.unwrap(), CommitOutcome::Committed);
+        // Removing it (the item never expires) is the latest of all ...
+        assert_eq!(s.commit(&[update(None)]).await.unwrap(), CommitOutcome::Committed);
+        // ... and an item that never expires is not given an expiry again.
+        assert!(matches!(
+            s.commit(&[update(Some(NOW_S + 10_000))]).await.unwrap(),
+            CommitOutcome::Conflict(_)
+        ));
+        let image = s.read(&[key(0)]).await.unwrap()[0].clone().unwrap();
+        assert_eq!(image.ttl, None);
     }
 }

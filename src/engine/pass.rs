@@ -161,6 +161,32 @@ fn tc_fold(tc: i64) -> i64 {
     }
 }
 
+/// The bound an additive write to a limit carries when its delta was computed from the
+/// balance read (`read`) to reach `target` rather than only to take a claim: a refill up to
+/// the ceiling, or a clamp down to a smaller share (a doubling, a shard-count raise). Any
+/// credit that lands between the read and the write (a lease's return, a refund) raises
+/// the balance, and the delta applied on top of it would leave the shard above the share
+/// the write assumed; requiring the balance to be no higher than it was read makes that
+/// write conflict instead, and be planned again from what it finds. Debits that land
+/// meanwhile only lower the balance, which the floor guards. A delta that only takes a
+/// claim (no refill, no clamp) needs no bound: a credit before it is bounded by its own
+/// ceiling, and the claim then takes from that.
+fn assumed_balance(read: i64, target: i64) -> Option<i64> {
+    (target != read).then_some(read)
+}
+
+/// The `ttl` an update writes: the one computed, never earlier than the one read. A
+/// consumption-only retry of an overdraft may have raised the item's `ttl` to cover its
+/// debt without moving `rf` (so this update's lock still holds); the store refuses an
+/// update whose `ttl` is earlier than the stored one, and this keeps the pass's own `ttl`
+/// from being earlier than what it read. `None` (never expires) is the latest of all.
+fn later_ttl(computed: Option<i64>, read: Option<i64>) -> Option<i64> {
+    match (computed, read) {
+        (Some(c), Some(r)) => Some(c.max(r)),
+        _ => None,
+    }
+}
+
 /// Plans the slow-path write of bucket `b` on `key` from `image`, sized for `count`
 /// shards (or the image's count, if larger).
 pub(crate) fn plan_bucket(
@@ -229,7 +255,6 @@ fn plan_update(
             Some(st) if st.params() == c.params => {
                 let (before, _) = refill(st.tk, rf, now, share);
                 let after = out.take(c, before, share);
-                let gained = before - st.tk;
                 let taken = before - after;
                 let tk_delta = after - st.tk;
                 // The balance after the write must stay at or above the claim's floor
@@ -241,7 +266,7 @@ fn plan_update(
                     tk_delta,
                     tc_delta: taken + tc_fold(st.tc),
                     floor: (tk_delta < 0).then(|| lowest - tk_delta),
-                    cap: (gained > 0).then_some(st.tk),
+                    cap: assumed_balance(st.tk, before),
                 });
                 // A concurrent gated debit may take what the shard held before ours.
                 let lowest_after = if c.forced {
@@ -257,7 +282,10 @@ fn plan_update(
                 let (old, _) = refill(st.tk, rf, now, st.params().share(count));
                 let before = old.min(share.ceiling);
                 let after = out.take(c, before, share);
-                let tc = st.tc + tc_fold(st.tc) + (before - after);
+                let tc = st
+                    .tc
+                    .saturating_add(tc_fold(st.tc))
+                    .saturating_add(before - after);
                 writes.push(LimitWrite::Set {
                     limit: c.limit.clone(),
                     state: LimitState::new(c.params, after, tc),
@@ -291,7 +319,7 @@ fn plan_update(
                 tk_delta: now_tk - st.tk,
                 tc_delta: fold,
                 floor: None,
-                cap: (now_tk > st.tk).then_some(st.tk),
+                cap: assumed_balance(st.tk, now_tk),
             });
         }
         horizons.push(st.params().full_again_ms(now_tk));
@@ -309,7 +337,7 @@ fn plan_update(
         key: key.clone(),
         expected_rf: rf,
         rf: written_rf,
-        ttl: expiry(now, ctx.ttl_multiplier, horizons),
+        ttl: later_ttl(expiry(now, ctx.ttl_multiplier, horizons), item.ttl),
         // A shard that knows fewer shards than the bucket has holds a share sized for
         // that smaller count: the balance is clamped above, the count raised here.
         shard_count: (count > item.shard_count).then_some(CountChange {

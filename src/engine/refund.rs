@@ -49,6 +49,7 @@ impl<S: BucketStore> Engine<S> {
                 limit: c.limit.clone(),
                 amount: c.amount,
                 ceiling: c.params.share(count).ceiling,
+                params: c.params,
             })
             .collect();
         if credits.is_empty() {

@@ -102,17 +102,23 @@ fn status_of<'a>(rule: &'a Rule, v: &Verdict) -> StatusLine<'a> {
         (&v.own, rule)
     };
     let fits = v.fits();
-    let duration = if fits {
+    let reset_ms = if fits {
         let full = |l: &LimitOutcome| bucket::time_to_full(l.remaining, l.share);
-        full(&v.own).max(v.parent.as_ref().map_or(0, full))
+        Some(full(&v.own).max(v.parent.as_ref().map_or(0, full)))
     } else {
-        let wait = |l: &LimitOutcome| if l.fits { 0 } else { l.wait_ms.unwrap_or(0) };
-        wait(&v.own).max(v.parent.as_ref().map_or(0, wait))
+        // A refused limit that can never fit (larger than a shard's share, or one that
+        // never refills) quotes no reset: no wait would pay off.
+        let wait = |l: &LimitOutcome| if l.fits { Some(0) } else { l.wait_ms };
+        match (wait(&v.own), v.parent.as_ref().map(wait)) {
+            (Some(own), None) => Some(own),
+            (Some(own), Some(Some(parent))) => Some(own.max(parent)),
+            _ => None,
+        }
     };
     StatusLine {
         code: if fits { Code::Ok } else { Code::OverLimit },
         limit: Some(speaker_rule),
         remaining: remaining_tokens(speaker),
-        reset_ms: Some(duration),
+        reset_ms,
     }
 }

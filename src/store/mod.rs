@@ -103,7 +103,10 @@ pub enum Write {
     /// Create the item if it does not exist (`attribute_not_exists(PK)`).
     Create { key: BucketKey, item: BucketItem },
     /// Update an existing item under the optimistic lock `rf == expected_rf`; `ttl` is
-    /// set (`None`: removed, the item never expires).
+    /// set (`None`: removed, the item never expires), on condition that the stored `ttl`
+    /// is not later than it: an item's expiry only ever moves later (a consumption-only
+    /// retry raises it without moving `rf`, and an update planned before must not lower
+    /// it again).
     Update {
         key: BucketKey,
         expected_rf: i64,
@@ -201,12 +204,16 @@ impl CreditGuard {
 
 /// Millitokens given back to a shard (a voided debit's refund, or a lease's unused rest):
 /// applied only while `tk + amount <= ceiling`, so a credit can never lift a shard above
-/// its share, and only while the item meets its [`CreditGuard`].
+/// its share, only while the limit still has the parameters the tokens were taken under
+/// (a reload that lowered the limit rewrote them, and the ceiling was computed from the
+/// old ones), and only while the item meets its [`CreditGuard`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Credit {
     pub limit: Name,
     pub amount: i64,
     pub ceiling: i64,
+    /// The limit's parameters when the tokens were taken.
+    pub params: LimitParams,
 }
 
 /// Errors a store reports. They carry the bucket they concern where there is one (shown

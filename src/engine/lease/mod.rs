@@ -270,6 +270,7 @@ impl<S: BucketStore> Engine<S> {
                     limit: limit.clone(),
                     amount: *amount,
                     ceiling: params.share(r.shard_count).ceiling,
+                    params: *params,
                 })
                 .collect();
             self.rejections.credit(&r.key, &credits);

@@ -135,14 +135,17 @@ pub(super) fn update_expression(
     let mut set = vec![format!("{rf_name} = {rf_val}")];
     let mut add = Vec::new();
     let mut remove = Vec::new();
+    let mut cond = vec![format!("{rf_name} = {erf}")];
     match ttl {
         Some(t) => {
             let v = e.value(":ttl".into(), n(t));
             set.push(format!("{ttl_name} = {v}"));
+            // The stored expiry is never moved earlier; a missing `ttl` (the item never
+            // expires) fails the comparison too.
+            cond.push(format!("{ttl_name} <= {v}"));
         }
         None => remove.push(ttl_name),
     }
-    let mut cond = vec![format!("{rf_name} = {erf}")];
     if let Some(change) = shard_count {
         let sc = e.name("#sc".into(), "shard_count".into());
         let read = e.value(":scr".into(), n(i64::from(change.read)));
@@ -239,7 +242,8 @@ pub(super) fn update_of(w: &Write) -> Option<(String, String, Expr)> {
 
 /// The `ADD` and condition of a credit: the item meeting `guard` (for a refund, not
 /// refilled nor doubled since the debit: `rf` and count as it showed; for a lease's
-/// return, the count), each limit's balance at or under its ceiling after it.
+/// return, the count), each limit's balance at or under its ceiling after it and its
+/// parameters those the tokens were taken under.
 pub(super) fn credit_expression(guard: CreditGuard, credits: &[Credit]) -> (String, String, Expr) {
     let mut e = Expr::default();
     let mut add = Vec::new();
@@ -264,6 +268,11 @@ pub(super) fn credit_expression(guard: CreditGuard, credits: &[Credit]) -> (Stri
         let lim = e.value(format!(":l{i}"), n(c.ceiling.saturating_sub(c.amount)));
         add.push(format!("{t} {a}, {tc} {na}"));
         cond.push(format!("{t} <= {lim}"));
+        for (field, v) in [("cp", c.params.cp), ("ra", c.params.ra), ("rp", c.params.rp)] {
+            let name = e.name(format!("#{field}{i}"), attr(&c.limit, field));
+            let val = e.value(format!(":{field}{i}"), n(v));
+            cond.push(format!("{name} = {val}"));
+        }
     }
     (format!("ADD {}", add.join(", ")), cond.join(" AND "), e)
 }

@@ -208,6 +208,15 @@ fn apply_update(
     if cur.rf != expected_rf {
         return None;
     }
+    // The stored expiry is never moved earlier (`None`: never expires, the latest).
+    let earlier = match (cur.ttl, ttl) {
+        (Some(stored), Some(written)) => written < stored,
+        (None, Some(_)) => true,
+        (_, None) => false,
+    };
+    if earlier {
+        return None;
+    }
     let mut next = cur.clone();
     next.rf = rf;
     next.ttl = ttl;
@@ -377,6 +386,9 @@ impl BucketStore for MemoryStore {
         };
         let mut applied = Vec::new();
         for c in credits {
+            if slot.balance(&c.limit).is_none_or(|(params, _)| *params != c.params) {
+                continue;
+            }
             if let Some(b) = slot.balance_mut(&c.limit) {
                 if b.tk.saturating_add(c.amount) <= c.ceiling {
                     b.tk += c.amount;
