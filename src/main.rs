@@ -232,8 +232,8 @@ struct Serve {
 /// The gRPC port's limits (docs/configuration.md, "The gRPC port's limits").
 #[derive(Args)]
 struct GrpcPort {
-    /// Calls one connection may have in flight; more are refused (REFUSED_STREAM), and
-    /// Envoy opens another connection.
+    /// Calls one connection may have in flight; more are refused (REFUSED_STREAM). Envoy
+    /// honours it and opens another connection instead.
     #[arg(long, env = "SHARDGATE_GRPC_MAX_CONCURRENT_STREAMS", default_value_t = port_limits::DEFAULT_MAX_CONCURRENT_STREAMS, value_parser = clap::value_parser!(u32).range(1..))]
     grpc_max_concurrent_streams: u32,
     /// The largest request message, in bytes; a larger one is refused (RESOURCE_EXHAUSTED)

@@ -12,7 +12,7 @@ use std::time::Duration;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PortLimits {
     /// Streams (calls) one connection may have open at once; a stream past it is refused
-    /// with REFUSED_STREAM, which Envoy retries on another connection.
+    /// with REFUSED_STREAM (Envoy honours the limit and opens another connection instead).
     pub max_concurrent_streams: u32,
     /// How often an idle connection is pinged to notice a peer that vanished without
     /// closing it (`None`: never).
