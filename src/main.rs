@@ -584,8 +584,17 @@ fn main() -> ExitCode {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_duration;
+    use super::{parse_duration, Cli, Command, Parser, PortLimits};
     use std::time::Duration;
+
+    #[test]
+    fn the_port_flags_default_to_the_port_limits_defaults() {
+        let cli = Cli::try_parse_from(["shardgate", "serve", "--config", "c.yaml"]).unwrap();
+        let Command::Serve(serve) = cli.command else {
+            panic!("serve")
+        };
+        assert_eq!(serve.grpc.limits(), PortLimits::default());
+    }
 
     #[test]
     fn durations_parse_as_humantime_or_bare_seconds() {
