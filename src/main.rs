@@ -17,6 +17,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use shardgate::config::{Config, LoadOptions};
+use shardgate::service::port_limits::{self, PortLimits};
 use shardgate::service::server::{self, ServeOptions, StoreKind};
 use shardgate::service::tls::TlsFiles;
 use shardgate::service::{AnswerOptions, RateLimitHeaders, RequestLimits};
@@ -226,6 +227,44 @@ struct Serve {
     /// Require client certificates issued by this PEM CA (mutual TLS).
     #[arg(long, env = "SHARDGATE_TLS_CLIENT_CA", requires = "tls_cert")]
     tls_client_ca: Option<PathBuf>,
+    #[command(flatten)]
+    grpc: GrpcPort,
+}
+
+/// The gRPC port's limits (docs/configuration.md, "The gRPC port's limits").
+#[derive(Args)]
+struct GrpcPort {
+    /// Calls one connection may have in flight; more are refused (REFUSED_STREAM). Envoy
+    /// honours it and opens another connection instead.
+    #[arg(long, env = "SHARDGATE_GRPC_MAX_CONCURRENT_STREAMS", default_value_t = port_limits::DEFAULT_MAX_CONCURRENT_STREAMS, value_parser = clap::value_parser!(u32).range(1..))]
+    grpc_max_concurrent_streams: u32,
+    /// The largest request message, in bytes; a larger one is refused (RESOURCE_EXHAUSTED)
+    /// as soon as its prefix announces it.
+    #[arg(long, env = "SHARDGATE_GRPC_MAX_MESSAGE_BYTES", default_value_t = port_limits::DEFAULT_MAX_MESSAGE_BYTES, value_parser = clap::value_parser!(u32).range(1..))]
+    grpc_max_message_bytes: u32,
+    /// How often an idle connection is pinged, to close it when its peer is gone (0: never).
+    #[arg(long, env = "SHARDGATE_GRPC_KEEPALIVE_INTERVAL", default_value = "60s", value_parser = parse_duration)]
+    grpc_keepalive_interval: Duration,
+    /// How long a ping may go unanswered before its connection is closed.
+    #[arg(long, env = "SHARDGATE_GRPC_KEEPALIVE_TIMEOUT", default_value = "20s", value_parser = positive_duration)]
+    grpc_keepalive_timeout: Duration,
+    /// Send GOAWAY to connections this old: their calls finish, the client reconnects
+    /// (default, or 0: never; envoyproxy/ratelimit's GRPC_MAX_CONNECTION_AGE).
+    #[arg(long, env = "SHARDGATE_GRPC_MAX_CONNECTION_AGE", value_parser = parse_duration)]
+    grpc_max_connection_age: Option<Duration>,
+}
+
+impl GrpcPort {
+    fn limits(&self) -> PortLimits {
+        let nonzero = |d: Duration| (!d.is_zero()).then_some(d);
+        PortLimits {
+            max_concurrent_streams: self.grpc_max_concurrent_streams,
+            keepalive_interval: nonzero(self.grpc_keepalive_interval),
+            keepalive_timeout: self.grpc_keepalive_timeout,
+            max_connection_age: self.grpc_max_connection_age.and_then(nonzero),
+            max_message_bytes: self.grpc_max_message_bytes,
+        }
+    }
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -317,6 +356,14 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     }
     humantime::parse_duration(s)
         .map_err(|e| format!("'{s}' is not a duration ({e}; try 10s, 500ms, 1m30s)"))
+}
+
+/// A duration above zero.
+fn positive_duration(s: &str) -> Result<Duration, String> {
+    match parse_duration(s)? {
+        d if d.is_zero() => Err(format!("'{}' must be more than zero", s.trim())),
+        d => Ok(d),
+    }
 }
 
 /// A multi-thread runtime of `workers` threads (default: tokio's, one per core).
@@ -520,6 +567,7 @@ fn main() -> ExitCode {
                     max_value_bytes: args.max_value_bytes,
                 },
                 trace_context: export.is_some(),
+                port_limits: args.grpc.limits(),
             };
             let served = rt.block_on(server::run(options));
             // The calls have drained: the spans of the last ones are flushed now, from
@@ -538,8 +586,17 @@ fn main() -> ExitCode {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_duration;
+    use super::{parse_duration, Cli, Command, Parser, PortLimits};
     use std::time::Duration;
+
+    #[test]
+    fn the_port_flags_default_to_the_port_limits_defaults() {
+        let cli = Cli::try_parse_from(["shardgate", "serve", "--config", "c.yaml"]).unwrap();
+        let Command::Serve(serve) = cli.command else {
+            panic!("serve")
+        };
+        assert_eq!(serve.grpc.limits(), PortLimits::default());
+    }
 
     #[test]
     fn durations_parse_as_humantime_or_bare_seconds() {

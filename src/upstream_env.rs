@@ -11,6 +11,7 @@
 
 use std::collections::BTreeMap;
 use std::net::ToSocketAddrs;
+use std::time::Duration;
 
 /// What the environment implies.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -33,7 +34,8 @@ pub struct Alias {
 }
 
 /// Upstream variables that configure what shardgate does differently or not at all
-/// (its stats sinks, caches, Redis and Memcached, xDS, tracing, connection ageing).
+/// (its stats sinks, caches, Redis and Memcached, xDS, tracing, the forced close after a
+/// connection's age).
 const IGNORED: &[&str] = &[
     "BACKEND_TYPE",
     "CACHE_KEY_PREFIX",
@@ -43,7 +45,6 @@ const IGNORED: &[&str] = &[
     "EXPIRATION_JITTER_MAX_SECONDS",
     "EXTRA_TAGS",
     "FORCE_START_WITHOUT_INITIAL_CONFIG",
-    "GRPC_MAX_CONNECTION_AGE",
     "GRPC_MAX_CONNECTION_AGE_GRACE",
     "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
     "LOCAL_CACHE_SIZE_IN_BYTES",
@@ -161,6 +162,21 @@ pub fn translate(env: &BTreeMap<String, String>) -> Translation {
         }
     }
 
+    if let Some(age) = get("GRPC_MAX_CONNECTION_AGE") {
+        match go_duration(age) {
+            Some(d) => alias(
+                &mut t,
+                "SHARDGATE_GRPC_MAX_CONNECTION_AGE",
+                "GRPC_MAX_CONNECTION_AGE",
+                humantime::format_duration(d).to_string(),
+            ),
+            None => t.refused.push(format!(
+                "GRPC_MAX_CONNECTION_AGE={}: not a duration (e.g. 24h, 90m, 1h30m)",
+                crate::text::elide(age, 64)
+            )),
+        }
+    }
+
     // TLS on the gRPC port, only when upstream would use it.
     let tls_files = [
         "GRPC_SERVER_TLS_CERT",
@@ -248,6 +264,46 @@ fn log_filter(level: &str) -> Option<&'static str> {
         "error" | "fatal" | "panic" => "error",
         _ => return None,
     })
+}
+
+/// A duration as Go's `time.ParseDuration` reads it, which upstream's settings use:
+/// `0`, or decimal numbers each with a unit (`ns`, `us`, `µs`, `ms`, `s`, `m`, `h`), as in
+/// `24h`, `1.5h`, `1h30m`. A negative one is refused (it would mean "never" upstream, which
+/// leaving the variable unset says).
+fn go_duration(v: &str) -> Option<Duration> {
+    if v == "0" {
+        return Some(Duration::ZERO);
+    }
+    let mut rest = v.strip_prefix('+').unwrap_or(v);
+    if rest.is_empty() {
+        return None;
+    }
+    let mut total = 0f64;
+    while !rest.is_empty() {
+        let number_len = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let (number, tail) = rest.split_at(number_len);
+        let unit_len = tail
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(tail.len());
+        let (unit, tail) = tail.split_at(unit_len);
+        let seconds = match unit {
+            "ns" => 1e-9,
+            "us" | "µs" | "μs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3_600.0,
+            _ => return None,
+        };
+        if number.is_empty() || number == "." {
+            return None;
+        }
+        total += number.parse::<f64>().ok()? * seconds;
+        rest = tail;
+    }
+    Duration::try_from_secs_f64(total).ok()
 }
 
 /// Go's `strconv.ParseBool`, which upstream's settings use.
@@ -377,6 +433,35 @@ mod tests {
         ] {
             assert!(refused.contains(needle), "{needle} not in:\n{refused}");
         }
+    }
+
+    #[test]
+    fn the_connection_age_is_read_as_go_writes_durations() {
+        let t = translate(&env(&[
+            ("GRPC_MAX_CONNECTION_AGE", "1h30m"),
+            ("GRPC_MAX_CONNECTION_AGE_GRACE", "1h"),
+        ]));
+        assert_eq!(set(&t), [("SHARDGATE_GRPC_MAX_CONNECTION_AGE", "1h 30m")]);
+        assert_eq!(t.ignored, ["GRPC_MAX_CONNECTION_AGE_GRACE"]);
+        let secs = Duration::from_secs_f64;
+        for (go, want) in [
+            ("24h", secs(86_400.0)),
+            ("1.5h", secs(5_400.0)),
+            ("90s", secs(90.0)),
+            ("300ms", secs(0.3)),
+            ("2m0.5s", secs(120.5)),
+            ("+10m", secs(600.0)),
+            ("0", secs(0.0)),
+            ("0s", secs(0.0)),
+            ("1µs", secs(1e-6)),
+        ] {
+            assert_eq!(go_duration(go), Some(want), "{go}");
+        }
+        for bad in ["", "24", "-1h", "1d", "h", "1..5s", ".s", "1h 30m", "ten"] {
+            assert_eq!(go_duration(bad), None, "{bad:?}");
+        }
+        let t = translate(&env(&[("GRPC_MAX_CONNECTION_AGE", "1 day")]));
+        assert!(t.refused[0].starts_with("GRPC_MAX_CONNECTION_AGE=1 day: not a duration"));
     }
 
     #[test]

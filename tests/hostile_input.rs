@@ -301,7 +301,7 @@ async fn broken_grpc_framing_is_a_client_error() {
             "3",
             "not a RateLimitRequest",
         ),
-        // 2^31 bytes announced: over the 4 MiB limit, refused before anything is read.
+        // 2^31 bytes announced: over the 64 KiB limit, refused before anything is read.
         (b"\x00\x80\x00\x00\x00", "8", "announces 2147483648 bytes"),
         // Compressed without a negotiated encoding: INTERNAL, as gRPC's spec requires.
         (b"\x01\x00\x00\x00\x00", "13", "compressed-flag"),

@@ -5,7 +5,7 @@
 //!
 //! Invariants: no panic; every answer carries a grpc-status of OK, INVALID_ARGUMENT
 //! (a refused request, a body that does not decode or holds no whole message),
-//! RESOURCE_EXHAUSTED (a frame header announcing more than the 4 MiB limit) or
+//! RESOURCE_EXHAUSTED (a frame header announcing more than the 64 KiB limit) or
 //! INTERNAL only for a compression flag set without a negotiated encoding (the gRPC
 //! compression spec's rule); never UNAVAILABLE or UNKNOWN on the memory store; an OK
 //! answer is one frame holding a `RateLimitResponse` with statuses.
@@ -72,7 +72,7 @@ fuzz_target!(|data: &[u8]| {
                 "INTERNAL only for a bad compression flag, got {message:?}"
             ),
             "8" => assert!(
-                message.contains("more than the 4194304-byte limit"),
+                message.contains("more than the 65536-byte limit"),
                 "RESOURCE_EXHAUSTED only for an oversized frame, got {message:?}"
             ),
             other => panic!("grpc-status {other} ({message:?})"),

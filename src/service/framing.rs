@@ -1,26 +1,27 @@
 //! gRPC length-prefixed framing of a request body, checked as it streams in: a body that
-//! holds no whole message, or announces one over the size limit, is refused with its own
-//! status (INVALID_ARGUMENT, RESOURCE_EXHAUSTED), never INTERNAL or OUT_OF_RANGE, which
-//! read as a server fault.
+//! holds no whole message, announces one over the size limit, or is not whole in time is
+//! refused with its own status (INVALID_ARGUMENT, RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED),
+//! never INTERNAL or OUT_OF_RANGE, which read as a server fault.
 //!
 //! It hands on the first message's bytes as received; what they mean is `wire.rs`'
 //! concern.
+
+use std::task::Poll;
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use http_body::Body;
 use http_body_util::BodyExt;
 use thiserror::Error;
+use tokio::time::Instant;
 use tonic::codegen::http;
 use tonic::Status;
 
+use super::deadline::Bounded;
 use crate::text::elide;
 
 /// The most of a client's `grpc-encoding` value quoted back to it.
 const NAME_BYTES: usize = 64;
-
-/// The largest request message accepted (gRPC's customary 4 MiB; a rate-limit request is
-/// a few hundred bytes).
-pub const MAX_REQUEST_MESSAGE_BYTES: usize = 4 << 20;
 
 /// The prefix of every gRPC message: a compression flag and a 4-byte big-endian length.
 const PREFIX_BYTES: usize = 5;
@@ -31,7 +32,7 @@ fn announced(prefix: &[u8; PREFIX_BYTES]) -> usize {
     u32::from_be_bytes([a, b, c, d]) as usize
 }
 
-/// Why a request body is not a sequence of whole gRPC messages.
+/// Why a request body is not a sequence of whole gRPC messages, in time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
 pub enum FramingError {
     #[error("the request body holds no message")]
@@ -50,12 +51,19 @@ pub enum FramingError {
     Compressed,
     #[error("protocol error: received message with invalid compression flag {flag} (valid flags are 0 and 1)")]
     UnknownFlag { flag: u8 },
+    /// The body had not ended when the time a body is given (`--store-timeout`) was up.
+    #[error("the request body was not whole within {} (--store-timeout)", humantime::format_duration(*.within))]
+    Late { within: Duration },
 }
 
 impl From<FramingError> for Status {
     fn from(e: FramingError) -> Status {
         match e {
             FramingError::TooLarge { .. } => Status::resource_exhausted(e.to_string()),
+            // The server's own deadline for the request passed before the request was
+            // whole: a timeout (which a client may retry), not the caller cancelling
+            // (CANCELLED) nor anything wrong with what it sent.
+            FramingError::Late { .. } => Status::deadline_exceeded(e.to_string()),
             // gRPC's protocol says INTERNAL for a message whose flag does not match what
             // was negotiated.
             FramingError::Compressed | FramingError::UnknownFlag { .. } => {
@@ -172,19 +180,53 @@ impl Framing {
     }
 }
 
+/// How much of a request body is read, for how long.
+#[derive(Debug, Clone, Copy)]
+pub struct BodyBounds {
+    /// The largest message accepted.
+    pub max_message_len: usize,
+    /// When the body must have ended.
+    pub due: Instant,
+    /// What `due` allowed, for the message of a late body.
+    pub within: Duration,
+}
+
 /// The first message of a request body, read to the body's end with its framing checked:
 /// the message without its prefix. A unary call carries one message; any after it are
 /// checked and dropped, as tonic drops them. What is kept is bounded by the first
 /// message's size (and one HTTP/2 frame), however long the body.
+///
+/// A message announced larger than `bounds.max_message_len` is refused as soon as its
+/// prefix is in, without waiting for (or keeping) its bytes; a body not ended by
+/// `bounds.due` is refused then, whatever deadline its caller sent (or did not), so a
+/// client trickling or stalling its body holds a stream for that long at most. The timer
+/// is armed only when the body is not whole at once (Envoy sends it with the headers).
 ///
 /// A message compressed without a negotiated encoding (flag 1), or with a flag gRPC does
 /// not define, is INTERNAL, as gRPC's protocol asks, whichever message it is, as soon as its
 /// prefix is in (as tonic answered).
 ///
 /// The kept bytes are a slice of the HTTP/2 frame they came in, which keeps that frame's
-/// read buffer allocated until the call ends: at most one such buffer per call in flight,
-/// far below the 4 MiB message a call may carry.
-pub async fn first_message<B>(body: B, limit: usize) -> Result<Bytes, Status>
+/// read buffer allocated until the call ends: at most one such buffer per call in flight.
+pub async fn first_message<B>(body: B, bounds: BodyBounds) -> Result<Bytes, Status>
+where
+    B: Body<Data = Bytes, Error = Status>,
+{
+    let mut read = std::pin::pin!(read_first_message(body, bounds.max_message_len));
+    // Read first: a body already whole is never late, however late the call was polled.
+    if let Poll::Ready(read) = futures::poll!(read.as_mut()) {
+        return read;
+    }
+    match Bounded::new(read, bounds.due).await {
+        Some(read) => read,
+        None => Err(FramingError::Late {
+            within: bounds.within,
+        }
+        .into()),
+    }
+}
+
+async fn read_first_message<B>(body: B, limit: usize) -> Result<Bytes, Status>
 where
     B: Body<Data = Bytes, Error = Status>,
 {
@@ -282,6 +324,7 @@ pub fn check_encoding(headers: &http::HeaderMap) -> Result<(), Status> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use futures::StreamExt;
     use http_body::Frame;
 
     /// `first_message` of a body sent as these DATA frames, then `trailers` if set.
@@ -294,7 +337,42 @@ mod tests {
             frames.push(Ok(Frame::trailers(http::HeaderMap::new())));
         }
         let body = http_body_util::StreamBody::new(futures::stream::iter(frames));
-        futures::executor::block_on(first_message(body, 10))
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        rt.block_on(first_message(body, bounds(Duration::from_secs(60))))
+    }
+
+    fn bounds(within: Duration) -> BodyBounds {
+        BodyBounds {
+            max_message_len: 10,
+            due: Instant::now() + within,
+            within,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_body_not_whole_in_time_is_deadline_exceeded() {
+        let within = Duration::from_millis(20);
+        // The prefix and part of the message, then nothing: the body never ends.
+        let stalled = http_body_util::StreamBody::new(
+            futures::stream::iter([Ok::<_, Status>(Frame::data(Bytes::from_static(
+                b"\x00\x00\x00\x00\x03a",
+            )))])
+            .chain(futures::stream::pending()),
+        );
+        let status = first_message(stalled, bounds(within)).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::DeadlineExceeded);
+        assert_eq!(
+            status.message(),
+            "the request body was not whole within 20ms (--store-timeout)"
+        );
+        // A whole body is read however little time is left.
+        let whole = http_body_util::Full::new(Bytes::from_static(b"\x00\x00\x00\x00\x01a"))
+            .map_err(|never| match never {});
+        let message = first_message(whole, bounds(Duration::from_nanos(1))).await;
+        assert_eq!(&message.unwrap()[..], b"a");
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! assembles and serves; it decides nothing itself.
 //!
 //! The rate-limit service's calls go to it straight from the port ([`Port`]); only the
-//! others (health, reflection, any unknown service) go through tonic's router.
+//! others (health, reflection, any unknown service) go through tonic's router. The port's
+//! HTTP/2 limits are `port_limits.rs`'; its connections are accepted by `accept.rs`.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -15,16 +16,16 @@ use futures::FutureExt;
 use http_body_util::Either as EitherBody;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic::body::Body;
 use tonic::codegen::http::{Request, Response};
 use tonic::service::Routes;
 use tonic_health::ServingStatus;
 use tower::Service;
 
+use super::accept::Accepting;
 use super::decision::RateLimiter;
+use super::port_limits::PortLimits;
 use super::rls::{self, Rls, SERVICE_NAME};
-use super::socket::no_delay;
 use super::tls::TlsState;
 #[cfg(feature = "otel")]
 use super::trace_context::TraceContextLayer;
@@ -39,13 +40,28 @@ pub const HEALTH_SERVICES: [&str; 2] = ["ratelimit", SERVICE_NAME];
 /// by `scripts/gen_descriptor.py`).
 const RLS_DESCRIPTOR_SET: &[u8] = include_bytes!("rls_descriptor.bin");
 
+/// How the port serves, beyond its listener.
+#[derive(Default)]
+pub struct PortOptions {
+    /// TLS (see [`super::tls`]) when set.
+    pub tls: Option<Arc<TlsState>>,
+    /// The health service follows it (SERVING while it holds true, NOT_SERVING otherwise)
+    /// when it is given; always SERVING otherwise.
+    pub healthy: Option<watch::Receiver<bool>>,
+    /// Each call in the trace context its caller sends (spans exported; ignored without
+    /// the `otel` feature).
+    pub trace_context: bool,
+    /// HTTP/2 limits and the request message bound.
+    pub limits: PortLimits,
+}
+
 /// Serves gRPC on `listener` until `shutdown` resolves (health always SERVING).
 pub async fn serve<S: BucketStore>(
     limiter: Arc<RateLimiter<S>>,
     listener: TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
-    serve_with(limiter, listener, None, None, false, shutdown).await
+    serve_with(limiter, listener, PortOptions::default(), shutdown).await
 }
 
 /// Serves gRPC over TLS (see [`super::tls`]) on `listener` until `shutdown` resolves.
@@ -55,39 +71,37 @@ pub async fn serve_tls<S: BucketStore>(
     tls: Arc<TlsState>,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
-    serve_with(limiter, listener, Some(tls), None, false, shutdown).await
+    let options = PortOptions {
+        tls: Some(tls),
+        ..PortOptions::default()
+    };
+    serve_with(limiter, listener, options, shutdown).await
 }
 
-/// Serves gRPC, over TLS if `tls` is set, with the health service following `healthy`
-/// (SERVING while it holds true, NOT_SERVING otherwise) when it is given, and each call
-/// in the trace context its caller sends when `trace_context` is set (spans exported;
-/// ignored without the `otel` feature).
+/// Serves gRPC on `listener` as `options` say until `shutdown` resolves.
 pub async fn serve_with<S: BucketStore>(
     limiter: Arc<RateLimiter<S>>,
     listener: TcpListener,
-    tls: Option<Arc<TlsState>>,
-    healthy: Option<watch::Receiver<bool>>,
-    trace_context: bool,
+    options: PortOptions,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
     let metrics = limiter.metrics().clone();
+    let limits = options.limits;
     let port = Port {
-        rls: Rls::new(limiter),
-        others: others(healthy).await,
+        rls: Rls::new(limiter).with_max_message_len(limits.max_message_len()),
+        others: others(options.healthy, limits.max_message_len()).await,
     };
-    let server = server(trace_context);
-    match tls {
+    let server = limits.apply(server(options.trace_context));
+    let accepting = Accepting::new(listener, metrics.clone());
+    match options.tls {
         Some(tls) => {
             server
-                .serve_with_incoming_shutdown(port, tls.incoming(listener, metrics), shutdown)
+                .serve_with_incoming_shutdown(port, tls.incoming(accepting, metrics), shutdown)
                 .await
         }
         None => {
-            let incoming = tokio_stream::StreamExt::map(TcpListenerStream::new(listener), |conn| {
-                conn.inspect(no_delay)
-            });
             server
-                .serve_with_incoming_shutdown(port, incoming, shutdown)
+                .serve_with_incoming_shutdown(port, accepting, shutdown)
                 .await
         }
     }
@@ -185,9 +199,11 @@ fn server(_trace_context: bool) -> tonic::transport::Server<Layers> {
     tonic::transport::Server::builder()
 }
 
-/// Health and reflection, in tonic's router.
-async fn others(healthy: Option<watch::Receiver<bool>>) -> Routes {
+/// Health and reflection, in tonic's router, their request messages bounded as the
+/// rate-limit service's are.
+async fn others(healthy: Option<watch::Receiver<bool>>, max_message_len: usize) -> Routes {
     let (reporter, health) = tonic_health::server::health_reporter();
+    let health = health.max_decoding_message_size(max_message_len);
     set_health(&reporter, healthy.as_ref().is_none_or(|h| *h.borrow())).await;
     if let Some(mut healthy) = healthy {
         tokio::spawn(async move {
@@ -201,6 +217,7 @@ async fn others(healthy: Option<watch::Receiver<bool>>) -> Routes {
         .register_encoded_file_descriptor_set(RLS_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()
-        .expect("the embedded descriptor sets are valid");
+        .expect("the embedded descriptor sets are valid")
+        .max_decoding_message_size(max_message_len);
     Routes::new(health).add_service(reflection).prepare()
 }

@@ -3,6 +3,7 @@
 //!
 //! Nothing here holds bucket logic: decisions come from the engine.
 
+mod accept;
 mod answer;
 mod deadline;
 mod decision;
@@ -11,6 +12,7 @@ pub mod grpc;
 pub mod http;
 mod json;
 pub mod metrics;
+pub mod port_limits;
 pub mod reply;
 mod request;
 pub mod rls;

@@ -22,7 +22,8 @@ use tonic::Status;
 
 use super::deadline;
 use super::decision::{CallError, RateLimiter};
-use super::framing::{check_encoding, first_message, MAX_REQUEST_MESSAGE_BYTES};
+use super::framing::{check_encoding, first_message, BodyBounds};
+use super::port_limits::DEFAULT_MAX_MESSAGE_BYTES;
 use super::unary::{self, AnswerBody};
 use super::wire::RequestView;
 use crate::store::BucketStore;
@@ -45,11 +46,25 @@ pub fn serves(path: &str) -> bool {
 /// The rate-limit service: a tower service for the gRPC port.
 pub struct Rls<S: BucketStore> {
     limiter: Arc<RateLimiter<S>>,
+    /// The largest request message accepted.
+    max_message_len: usize,
 }
 
 impl<S: BucketStore> Rls<S> {
+    /// The service, accepting request messages up to the port's default bound.
     pub fn new(limiter: Arc<RateLimiter<S>>) -> Rls<S> {
-        Rls { limiter }
+        Rls {
+            limiter,
+            max_message_len: DEFAULT_MAX_MESSAGE_BYTES as usize,
+        }
+    }
+
+    /// Accepting request messages up to `len` bytes.
+    pub fn with_max_message_len(self, len: usize) -> Rls<S> {
+        Rls {
+            max_message_len: len,
+            ..self
+        }
     }
 }
 
@@ -58,6 +73,7 @@ impl<S: BucketStore> Rls<S> {
 /// block around it would be one more copy of a few KB on every request.
 async fn should_rate_limit<S: BucketStore>(
     limiter: Arc<RateLimiter<S>>,
+    max_message_len: usize,
     request: http::Request<Body>,
 ) -> Result<http::Response<AnswerBody>, Infallible> {
     // Before anything else: the caller's clock started when it sent the request.
@@ -73,7 +89,16 @@ async fn should_rate_limit<S: BucketStore>(
         return Ok(unary::failure(status));
     }
     drop(parts);
-    let message = match first_message(body, MAX_REQUEST_MESSAGE_BYTES).await {
+    // The body gets `--store-timeout` from the headers' arrival, whatever the caller's
+    // `grpc-timeout` says (a shorter one still ends the call earlier): the time a call is
+    // given when its caller says nothing, and far more than Envoy, which sends the message
+    // with the headers, ever takes.
+    let bounds = BodyBounds {
+        max_message_len,
+        due: received + limiter.store_timeout(),
+        within: limiter.store_timeout(),
+    };
+    let message = match first_message(body, bounds).await {
         Ok(message) => message,
         Err(status) => return Ok(unary::failure(status)),
     };
@@ -98,6 +123,7 @@ impl<S: BucketStore> Clone for Rls<S> {
     fn clone(&self) -> Rls<S> {
         Rls {
             limiter: self.limiter.clone(),
+            max_message_len: self.max_message_len,
         }
     }
 }
@@ -119,7 +145,11 @@ impl<S: BucketStore> tower::Service<http::Request<Body>> for Rls<S> {
                 Status::unimplemented(format!("{SERVICE_NAME} has one method, ShouldRateLimit"));
             return Box::pin(std::future::ready(Ok(unary::failure(status))));
         }
-        Box::pin(should_rate_limit(self.limiter.clone(), request))
+        Box::pin(should_rate_limit(
+            self.limiter.clone(),
+            self.max_message_len,
+            request,
+        ))
     }
 }
 

@@ -12,7 +12,9 @@ use thiserror::Error;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use super::grpc::PortOptions;
 use super::metrics::Metrics;
+use super::port_limits::PortLimits;
 use super::tls::{TlsError, TlsFiles, TlsState};
 use super::{grpc, http, AnswerOptions, RateLimiter, RequestLimits};
 use crate::config::reload::{self, ReloadTiming};
@@ -65,6 +67,8 @@ pub struct ServeOptions {
     pub shutdown_grace: Duration,
     /// TLS on the gRPC port, if set.
     pub tls: Option<TlsFiles>,
+    /// The gRPC port's HTTP/2 limits and request message bound.
+    pub port_limits: PortLimits,
     /// The longest a call waits for the store, and the deadline of a caller that sets
     /// none (a caller's `grpc-timeout` shortens it).
     pub store_timeout: Duration,
@@ -389,12 +393,16 @@ async fn serve_on<S: BucketStore>(
                 .await;
         })
     };
+    let port = PortOptions {
+        tls,
+        healthy: Some(healthy_rx),
+        trace_context: options.trace_context,
+        limits: options.port_limits.clone(),
+    };
     let grpc_task = tokio::spawn(grpc::serve_with(
         limiter.clone(),
         grpc_listener,
-        tls,
-        Some(healthy_rx),
-        options.trace_context,
+        port,
         stopped(),
     ));
     let http_task = tokio::spawn(http::serve(limiter, http_listener, stopped()));

@@ -23,12 +23,14 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use thiserror::Error;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::StreamExt;
 
+use super::accept::Accepting;
 use super::metrics::Metrics;
 use crate::throttle::LogThrottle;
 
@@ -156,31 +158,27 @@ impl TlsState {
         Ok(TlsState { current, task })
     }
 
-    /// Accepts TCP connections on `listener` and yields those whose TLS handshake
-    /// completes (a handshake never blocks the accept loop).
-    /// Refused handshakes are counted in `metrics` and logged (see the module comment).
+    /// Takes the TCP connections `accepting` yields and yields those whose TLS handshake
+    /// completes (a handshake never blocks accepting; a failed accept pauses it, see
+    /// `accept.rs`). Refused handshakes are counted in `metrics` and logged (see the
+    /// module comment).
     pub fn incoming(
         &self,
-        listener: TcpListener,
+        mut accepting: Accepting,
         metrics: Arc<Metrics>,
     ) -> ReceiverStream<io::Result<TlsConn>> {
         let (tx, rx) = mpsc::channel(128);
         let current = self.current.clone();
         let failures = Arc::new(FailureLog::new(metrics));
         tokio::spawn(async move {
-            loop {
-                let (tcp, peer) = match listener.accept().await {
-                    Ok(c) => c,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
+            while let Some(Ok(tcp)) = accepting.next().await {
                 if tx.is_closed() {
                     return;
                 }
-                super::socket::no_delay(&tcp);
+                // A peer gone already still counts, as a failed handshake (`io`).
+                let peer = tcp
+                    .peer_addr()
+                    .unwrap_or_else(|_| std::net::SocketAddr::from(([0, 0, 0, 0], 0)));
                 let acceptor = TlsAcceptor::from(current.load_full());
                 let tx = tx.clone();
                 let failures = failures.clone();

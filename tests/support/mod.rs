@@ -8,6 +8,8 @@
 // Each test binary uses its own subset of these helpers.
 #![allow(dead_code)]
 
+pub mod raw_h2;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -23,6 +25,7 @@ use shardgate::engine::{
     UNLIMITED_PARTITION_WRITE_BUDGET,
 };
 use shardgate::service::grpc;
+use shardgate::service::port_limits::PortLimits;
 use shardgate::service::RateLimiter;
 use shardgate::store::memory::MemoryStore;
 use tokio::net::TcpListener;
@@ -63,11 +66,27 @@ impl TestServer {
         Self::start_with(yaml, serve_defaults(), clock.clone(), Some(clock)).await
     }
 
+    /// A server on the system clock whose gRPC port has `limits`.
+    pub async fn start_limited(yaml: &str, limits: PortLimits) -> TestServer {
+        let engine = serve_defaults();
+        Self::start_on(yaml, engine, Arc::new(SystemClock), None, limits).await
+    }
+
     pub async fn start_with(
         yaml: &str,
         options: EngineOptions,
         clock: Arc<dyn Clock>,
         manual: Option<Arc<ManualClock>>,
+    ) -> TestServer {
+        Self::start_on(yaml, options, clock, manual, PortLimits::default()).await
+    }
+
+    async fn start_on(
+        yaml: &str,
+        options: EngineOptions,
+        clock: Arc<dyn Clock>,
+        manual: Option<Arc<ManualClock>>,
+        limits: PortLimits,
     ) -> TestServer {
         let config = Config::from_yaml("test.yaml", yaml)
             .unwrap_or_else(|e| panic!("test config must be valid:\n{e}"));
@@ -79,7 +98,7 @@ impl TestServer {
             Arc::new(RandomDraw),
         ));
         let limiter = Arc::new(RateLimiter::new(Arc::new(config), engine));
-        let (addr, shutdown) = serve(limiter.clone()).await;
+        let (addr, shutdown) = serve_limited(limiter.clone(), limits).await;
         TestServer {
             addr,
             store,
@@ -128,12 +147,24 @@ impl Drop for TestServer {
 async fn serve<S: shardgate::store::BucketStore>(
     limiter: Arc<RateLimiter<S>>,
 ) -> (SocketAddr, oneshot::Sender<()>) {
+    serve_limited(limiter, PortLimits::default()).await
+}
+
+/// [`serve`] with the port's `limits`.
+async fn serve_limited<S: shardgate::store::BucketStore>(
+    limiter: Arc<RateLimiter<S>>,
+    limits: PortLimits,
+) -> (SocketAddr, oneshot::Sender<()>) {
     let listener = TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind loopback");
     let addr = listener.local_addr().expect("local addr");
     let (tx, rx) = oneshot::channel::<()>();
-    tokio::spawn(grpc::serve(limiter, listener, async {
+    let options = grpc::PortOptions {
+        limits,
+        ..grpc::PortOptions::default()
+    };
+    tokio::spawn(grpc::serve_with(limiter, listener, options, async {
         let _ = rx.await;
     }));
     (addr, tx)

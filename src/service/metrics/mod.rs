@@ -1,7 +1,8 @@
 //! Prometheus metrics: per-rule hit counters in envoyproxy/ratelimit's terms, config
 //! loads, store calls and the capacity DynamoDB reported, the engine's counters (named
 //! and described in `engine/stats.rs`), the most sharded buckets, answers given by
-//! `failure_mode`, request latency and requests in flight, and refused TLS handshakes.
+//! `failure_mode`, request latency and requests in flight, refused TLS handshakes, and
+//! connections the gRPC port failed to accept.
 //!
 //! Recording is cheap and lock-free on the hot path except for the first sighting of a
 //! label set: what every request moves is striped per thread (`striped.rs`), the rules'
@@ -72,6 +73,7 @@ pub struct Metrics {
     store_failures: Family<FailureLabels, Counter>,
     store_refused_requests: Counter,
     tls_handshake_failures: Family<ReasonLabel, Counter>,
+    grpc_accept_failures: Counter,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -109,6 +111,7 @@ impl Metrics {
             store_failures: Family::default(),
             store_refused_requests: Counter::default(),
             tls_handshake_failures: Family::default(),
+            grpc_accept_failures: Counter::default(),
         };
         registry.register(
             "domain_not_found",
@@ -169,6 +172,11 @@ impl Metrics {
             "tls_handshake_failures",
             "TLS handshakes refused or failed on the gRPC port, by reason",
             m.tls_handshake_failures.clone(),
+        );
+        registry.register(
+            "grpc_accept_failures",
+            "Connections the gRPC port failed to accept (out of file descriptors, most often); each pauses accepting",
+            m.grpc_accept_failures.clone(),
         );
         registry.register_collector(Box::new(m.rule_hits.clone()));
         Metrics {
@@ -238,6 +246,11 @@ impl Metrics {
         self.tls_handshake_failures
             .get_or_create(&ReasonLabel { reason })
             .inc();
+    }
+
+    /// A connection the gRPC port failed to accept (`accept.rs`).
+    pub fn grpc_accept_failed(&self) {
+        self.grpc_accept_failures.inc();
     }
 
     pub fn domain_not_found(&self) {

@@ -1,0 +1,136 @@
+//! The gRPC port's HTTP/2 limits, each set on purpose: what one connection and one call
+//! may hold, how long a silent peer is kept, how long a connection lives. Sized for Envoy,
+//! which sends every rate-limit call of a worker over one or a few long-lived connections,
+//! many streams at a time, each request a message of a few hundred bytes sent with its
+//! headers.
+//!
+//! It owns the values and their application to tonic's server builder; it serves nothing.
+
+use std::time::Duration;
+
+/// What operators tune (`serve --grpc-*` flags); the rest is fixed below.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortLimits {
+    /// Streams (calls) one connection may have open at once; a stream past it is refused
+    /// with REFUSED_STREAM (Envoy honours the limit and opens another connection instead).
+    pub max_concurrent_streams: u32,
+    /// How often an idle connection is pinged to notice a peer that vanished without
+    /// closing it (`None`: never).
+    pub keepalive_interval: Option<Duration>,
+    /// How long a ping may go unanswered before the connection is closed.
+    pub keepalive_timeout: Duration,
+    /// After this long a connection is sent GOAWAY: its calls in flight finish, the client
+    /// opens a new one (`None`: connections live as long as their clients keep them).
+    pub max_connection_age: Option<Duration>,
+    /// The largest request message accepted, in bytes: a larger one is refused as soon as
+    /// its 5-byte prefix announces it.
+    pub max_message_bytes: u32,
+}
+
+/// 1024 streams per connection: Envoy multiplexes a worker's calls on one connection, and
+/// opens another when this many are in flight on it; generous (1024 calls in flight, each
+/// within Envoy's 20 ms timeout), and it bounds what one connection can make the server
+/// hold to 1024 calls' worth.
+pub const DEFAULT_MAX_CONCURRENT_STREAMS: u32 = 1024;
+
+/// A minute between pings of an idle connection: a dead peer's connection (a node gone
+/// without a FIN) is noticed within 80 s, at the cost of one small frame a minute.
+pub const DEFAULT_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(60);
+
+/// 20 s for a ping's answer: far above any round trip, short enough to free a dead
+/// connection's state soon after its ping.
+pub const DEFAULT_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// 64 KiB per request message: a rate-limit request is a few hundred bytes; this leaves
+/// room for dozens of descriptors with long values, and caps what one call can make the
+/// server buffer (at gRPC's customary 4 MiB, a connection's 1024 streams could hold 4 GiB).
+pub const DEFAULT_MAX_MESSAGE_BYTES: u32 = 64 * 1024;
+
+/// Streams the server may reset itself (for a malformed request, a flow-control breach,
+/// a stream refused past the limit) on one connection before it sends GOAWAY
+/// ENHANCE_YOUR_CALM: h2's own default, which tonic turns off. Without it, a client
+/// provoking resets while not reading makes the server queue them without end
+/// (RUSTSEC-2024-0003).
+const MAX_LOCAL_ERROR_RESET_STREAMS: usize = 1024;
+
+/// Streams a client may open and reset before the server has accepted them, past which it
+/// sends GOAWAY: h2's default since the HTTP/2 Rapid Reset attack (CVE-2023-44487), set
+/// here so that no dependency update changes it silently.
+const MAX_PENDING_ACCEPT_RESET_STREAMS: usize = 20;
+
+/// 16 KiB of request headers per stream: Envoy sends a few hundred bytes (path, content
+/// type, `grpc-timeout`, tracing headers); it bounds the decoded headers a stream holds.
+const MAX_HEADER_LIST_BYTES: u32 = 16 * 1024;
+
+/// 16 KiB frames, the protocol's default and smallest maximum: requests and answers are
+/// far smaller, and larger frames only let a peer make the server buffer more at once.
+const MAX_FRAME_BYTES: u32 = 16 * 1024;
+
+/// A stream may be sent 64 KiB ahead of the server's reading (about the protocol's
+/// default): the body is read as it arrives, so a larger window would only let a client
+/// send more to a stream whose reader is busy.
+const STREAM_WINDOW_BYTES: u32 = 64 * 1024;
+
+/// A connection may be sent 1 MiB ahead of the server's reading, across its streams
+/// (hyper's default): a few thousand concurrent requests in flight without waiting for a
+/// window update.
+const CONNECTION_WINDOW_BYTES: u32 = 1024 * 1024;
+
+impl Default for PortLimits {
+    fn default() -> PortLimits {
+        PortLimits {
+            max_concurrent_streams: DEFAULT_MAX_CONCURRENT_STREAMS,
+            keepalive_interval: Some(DEFAULT_KEEPALIVE_INTERVAL),
+            keepalive_timeout: DEFAULT_KEEPALIVE_TIMEOUT,
+            // Off: Envoy's connections are meant to live long, and tonic ages every
+            // connection by the same amount, so connections opened together (a fleet's
+            // restart) would all reconnect together, again at every age.
+            max_connection_age: None,
+            max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
+        }
+    }
+}
+
+impl PortLimits {
+    /// tonic's server builder with every HTTP/2 setting of the port. HTTP/1 stays refused
+    /// (tonic's default): the port speaks gRPC only.
+    pub fn apply<L>(&self, server: tonic::transport::Server<L>) -> tonic::transport::Server<L> {
+        let server = server
+            .max_concurrent_streams(self.max_concurrent_streams)
+            .http2_keepalive_interval(self.keepalive_interval)
+            .http2_keepalive_timeout(Some(self.keepalive_timeout))
+            .http2_max_local_error_reset_streams(Some(MAX_LOCAL_ERROR_RESET_STREAMS))
+            .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_ACCEPT_RESET_STREAMS))
+            .http2_max_header_list_size(MAX_HEADER_LIST_BYTES)
+            .max_frame_size(MAX_FRAME_BYTES)
+            .http2_adaptive_window(Some(false))
+            .initial_stream_window_size(STREAM_WINDOW_BYTES)
+            .initial_connection_window_size(CONNECTION_WINDOW_BYTES)
+            .accept_http1(false);
+        match self.max_connection_age {
+            Some(age) => server.max_connection_age(age),
+            None => server,
+        }
+    }
+
+    /// The message bound as a length.
+    pub fn max_message_len(&self) -> usize {
+        self.max_message_bytes as usize
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_defaults_are_the_documented_ones() {
+        let d = PortLimits::default();
+        assert_eq!(d.max_concurrent_streams, 1024);
+        assert_eq!(d.keepalive_interval, Some(Duration::from_secs(60)));
+        assert_eq!(d.keepalive_timeout, Duration::from_secs(20));
+        assert_eq!(d.max_connection_age, None);
+        assert_eq!(d.max_message_bytes, 65_536);
+        assert_eq!(d.max_message_len(), 65_536);
+    }
+}
