@@ -3,6 +3,8 @@
 //!   with the rule count);
 //! - token-bucket refill;
 //! - memory-store fast-path debit on one hot item and across 100,000 items;
+//! - memory-store create of a new item in a store at its default bound (each create
+//!   pays its share of the eviction passes that make room), and below it;
 //! - one full decision through the service layer (no network), assembled as the server
 //!   assembles it (store-call and request metrics), for one descriptor, a cascade pair and
 //!   three descriptors, and for one descriptor without metrics;
@@ -26,11 +28,11 @@ use shardgate::engine::{Engine, EngineOptions, UNLIMITED_PARTITION_WRITE_BUDGET}
 use shardgate::service::metrics::Metrics;
 use shardgate::service::wire::RequestView;
 use shardgate::service::RateLimiter;
-use shardgate::store::memory::MemoryStore;
+use shardgate::store::memory::{MemoryStore, DEFAULT_MAX_BYTES, MIN_MAX_BYTES};
 use shardgate::store::metered::Metered;
 use shardgate::store::{
-    BucketItem, BucketKey, BucketStore, Debit, DebitMode, LimitState, DEFAULT_STORE_TIMEOUT,
-    WCU_LIMIT,
+    BucketItem, BucketKey, BucketStore, CommitOutcome, Debit, DebitMode, LimitState, Write,
+    DEFAULT_STORE_TIMEOUT, WCU_LIMIT,
 };
 use support::{desc, request, HOT_PATH_YAML};
 
@@ -127,6 +129,64 @@ fn store_debit(c: &mut Criterion) {
             })
         });
     }
+    g.finish();
+}
+
+/// Creates of new items (an address-like entity of 30 bytes, one limit and `wcu`) in a
+/// store filled to its default bound: every create evicts, in passes that each free a
+/// 32nd of a partition. The store is filled on the first run of the bench only, so that
+/// other benches run in a process that never held it.
+fn store_create(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    // `cargo test` runs each bench once, without `--bench`: a store at the least bound
+    // keeps that run short.
+    let max_bytes = if std::env::args().any(|a| a == "--bench") {
+        DEFAULT_MAX_BYTES
+    } else {
+        MIN_MAX_BYTES
+    };
+    let mut full: Option<MemoryStore> = None;
+    let mut n = 0u64;
+    let mut g = c.benchmark_group("memory_store_create");
+    g.bench_function("at_default_bound", |b| {
+        let store = full.get_or_insert_with(|| MemoryStore::with_max_bytes(max_bytes).unwrap());
+        let mut create = || {
+            n += 1;
+            let key = BucketKey::new(format!("remote_address=2001:db8::{n:x}"), "r", 0);
+            let outcome = rt
+                .block_on(store.commit(&[Write::Create {
+                    key,
+                    item: item(1_000_000),
+                }]))
+                .unwrap();
+            assert_eq!(outcome, CommitOutcome::Committed);
+        };
+        while store.stats().evicted_active == 0 {
+            for _ in 0..10_000 {
+                create();
+            }
+        }
+        b.iter(create)
+    });
+    // The same creates into stores far from their bound (a fresh one every 100,000).
+    let mut n = 0u64;
+    g.bench_function("below_bound", |b| {
+        b.iter_batched_ref(
+            || MemoryStore::with_max_bytes(DEFAULT_MAX_BYTES).unwrap(),
+            |store| {
+                n += 1;
+                let key = BucketKey::new(format!("remote_address=2001:db8::{n:x}"), "r", 0);
+                rt.block_on(store.commit(&[Write::Create {
+                    key,
+                    item: item(1_000_000),
+                }]))
+                .unwrap()
+            },
+            criterion::BatchSize::NumIterations(100_000),
+        )
+    });
     g.finish();
 }
 
@@ -276,6 +336,7 @@ criterion_group!(
     matcher,
     bucket_math,
     store_debit,
+    store_create,
     decision,
     metrics_recording
 );

@@ -151,6 +151,12 @@ struct Serve {
     /// unlimited on the memory store).
     #[arg(long, env = "SHARDGATE_PARTITION_WRITE_BUDGET")]
     partition_write_budget: Option<u64>,
+    /// Most bytes of bucket items the memory store holds (e.g. 256MiB, 1GiB; at least
+    /// 1MiB). Past it, a new bucket first evicts buckets refilled to full (no decision
+    /// changes), then the least recently used (docs/configuration.md, "Memory store
+    /// bound").
+    #[arg(long, env = "SHARDGATE_MEMORY_MAX_BYTES", default_value = "256MiB", value_parser = parse_bytes)]
+    memory_max_bytes: u64,
     /// Token leases: a bucket hot in this process is answered from a block of tokens
     /// taken from its shard in advance (default: on for DynamoDB, off for the memory
     /// store). A rule opts out with `lease: false`.
@@ -366,6 +372,14 @@ fn positive_duration(s: &str) -> Result<Duration, String> {
     }
 }
 
+/// A size in bytes: a bare number, or with a unit (`256MiB`, `1GiB`, `512MB`).
+fn parse_bytes(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    s.parse::<bytesize::ByteSize>()
+        .map(|size| size.as_u64())
+        .map_err(|_| format!("'{s}' is not a size (try 256MiB, 1GiB, or a number of bytes)"))
+}
+
 /// A multi-thread runtime of `workers` threads (default: tokio's, one per core).
 fn runtime_with(
     workers: Option<std::num::NonZeroUsize>,
@@ -537,7 +551,9 @@ fn main() -> ExitCode {
                     _ => None,
                 },
                 store: match args.store {
-                    Store::Memory => StoreKind::Memory,
+                    Store::Memory => StoreKind::Memory {
+                        max_bytes: args.memory_max_bytes,
+                    },
                     #[cfg(feature = "dynamodb")]
                     Store::Dynamodb => StoreKind::DynamoDb(args.dynamo.options()),
                     #[cfg(not(feature = "dynamodb"))]
@@ -586,7 +602,7 @@ fn main() -> ExitCode {
 
 #[cfg(test)]
 mod tests {
-    use super::{parse_duration, Cli, Command, Parser, PortLimits};
+    use super::{parse_bytes, parse_duration, Cli, Command, Parser, PortLimits};
     use std::time::Duration;
 
     #[test]
@@ -596,6 +612,21 @@ mod tests {
             panic!("serve")
         };
         assert_eq!(serve.grpc.limits(), PortLimits::default());
+    }
+
+    #[test]
+    fn sizes_parse_with_units_or_as_bytes_and_the_default_is_the_stores() {
+        assert_eq!(
+            parse_bytes("256MiB"),
+            Ok(shardgate::store::memory::DEFAULT_MAX_BYTES)
+        );
+        assert_eq!(parse_bytes("1 GiB"), Ok(1 << 30));
+        assert_eq!(parse_bytes("512MB"), Ok(512_000_000));
+        assert_eq!(parse_bytes("1048576"), Ok(1 << 20));
+        for bad in ["-1", "ten", "5 parsecs", ""] {
+            let e = parse_bytes(bad).unwrap_err();
+            assert!(e.contains(&format!("'{bad}'")), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -4,17 +4,7 @@
 //! `i64` (elapsed × rate, deficit × period) is computed in `i128`. Balances may be negative
 //! (debt); division of a possibly negative balance floors (`div_euclid`).
 
-pub use crate::store::{LimitParams, MILLI};
-
-/// The view one shard has of a limit: its ceiling and refill rate.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ShardShare {
-    /// Most millitokens this shard may hold.
-    pub ceiling: i64,
-    /// Millitokens added per `rp` milliseconds on this shard.
-    pub ra: i64,
-    pub rp: i64,
-}
+pub use crate::store::{LimitParams, ShardShare, MILLI};
 
 impl LimitParams {
     /// A limit of `capacity` tokens refilled by `refill` tokens every `period_ms`.
@@ -23,16 +13,6 @@ impl LimitParams {
             cp: to_milli(capacity),
             ra: to_milli(refill),
             rp: period_ms.max(1).min(i64::MAX as u64) as i64,
-        }
-    }
-
-    /// The share of one of `shard_count` shards: capacity and rate divided, period not.
-    pub fn share(&self, shard_count: u32) -> ShardShare {
-        let s = i64::from(shard_count.max(1));
-        ShardShare {
-            ceiling: self.cp / s,
-            ra: self.ra / s,
-            rp: self.rp,
         }
     }
 
@@ -284,6 +264,29 @@ mod tests {
             let ms = p.full_again_ms(start).expect("refills");
             let (tk, _) = refill(start, 0, ms, share);
             prop_assert_eq!(tk, share.ceiling);
+        }
+
+        /// The store's own statement of "full again" (`LimitParams::refilled_full`, which
+        /// the memory store's bound evicts by) is exactly what this refill computes: an
+        /// item it calls full is one a slow pass would find at its ceiling.
+        #[test]
+        fn the_stores_full_again_is_the_refills(
+            cp in 0i64..1_000_000_000,
+            ra in -1i64..1_000_000_000,
+            rp in 1i64..100_000_000,
+            tk in -1_000_000_000i64..1_100_000_000,
+            rf in 0i64..1_000_000,
+            dt in -1_000i64..10_000_000_000,
+            shards in 0u32..6,
+        ) {
+            let p = LimitParams { cp, ra, rp };
+            let count = 1 << shards;
+            let share = p.share(count);
+            let (refilled, _) = refill(tk, rf, rf + dt, share);
+            prop_assert_eq!(
+                p.refilled_full(tk, rf, rf + dt, count),
+                refilled >= share.ceiling
+            );
         }
 
         #[test]

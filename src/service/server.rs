@@ -30,15 +30,16 @@ use crate::store::breaker::Breaker;
 use crate::store::detached::Detached;
 #[cfg(feature = "dynamodb")]
 use crate::store::dynamodb::{DynamoOptions, DynamoStore};
-use crate::store::memory::MemoryStore;
+use crate::store::memory::{BoundTooSmall, MemoryStore};
 use crate::store::metered::Metered;
 use crate::store::BucketStore;
 
 /// Which store backs the buckets.
 #[derive(Debug, Clone)]
 pub enum StoreKind {
-    /// In this process; nothing else to run.
-    Memory,
+    /// In this process; nothing else to run. Holds at most `max_bytes` of items
+    /// (`--memory-max-bytes`), evicting what no decision needs first.
+    Memory { max_bytes: u64 },
     /// A DynamoDB table shared by every server of a fleet.
     #[cfg(feature = "dynamodb")]
     DynamoDb(DynamoOptions),
@@ -100,9 +101,12 @@ pub enum ServeError {
     Http(#[source] std::io::Error),
     #[error("TLS: {0}")]
     Tls(#[from] TlsError),
+    #[error("--memory-max-bytes: {0}")]
+    MemoryBound(#[from] BoundTooSmall),
 }
 
-/// How often the memory store drops expired buckets.
+/// How often the memory store drops expired buckets (its bound needs no sweep: it is
+/// kept as each item is written).
 const EVICTION_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Consecutive store failures that open the circuit, and how long it stays open.
@@ -157,8 +161,12 @@ pub async fn run(options: ServeOptions) -> Result<(), ServeError> {
     let http_listener = bind(options.http_addr).await?;
     let config = Arc::new(config);
     match &options.store {
-        StoreKind::Memory => {
-            let store = Arc::new(MemoryStore::new());
+        StoreKind::Memory { max_bytes } => {
+            let store = Arc::new(MemoryStore::with_max_bytes(*max_bytes)?);
+            {
+                let store = store.clone();
+                metrics.attach_memory_store(move || store.stats());
+            }
             let budget = options
                 .partition_write_budget
                 .unwrap_or(UNLIMITED_PARTITION_WRITE_BUDGET);

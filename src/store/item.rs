@@ -24,6 +24,59 @@ pub struct LimitParams {
     pub rp: i64,
 }
 
+/// The view one shard has of a limit: its ceiling and refill rate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShardShare {
+    /// Most millitokens this shard may hold.
+    pub ceiling: i64,
+    /// Millitokens added per `rp` milliseconds on this shard.
+    pub ra: i64,
+    pub rp: i64,
+}
+
+impl LimitParams {
+    /// The share of one of `shard_count` shards: capacity and rate divided, period not.
+    /// Part of the format (a shard `s` of `S` holds at most `cp / S`), so the engine's
+    /// refill and the memory store's bound read one definition.
+    #[inline]
+    pub fn share(&self, shard_count: u32) -> ShardShare {
+        if shard_count <= 1 {
+            // Most buckets have one shard: spare the two divisions.
+            return ShardShare {
+                ceiling: self.cp,
+                ra: self.ra,
+                rp: self.rp,
+            };
+        }
+        let s = i64::from(shard_count);
+        ShardShare {
+            ceiling: self.cp / s,
+            ra: self.ra / s,
+            rp: self.rp,
+        }
+    }
+
+    /// Whether a shard of `shard_count` holding `tk` at refill baseline `rf` (epoch ms)
+    /// holds its whole share at `now` (epoch ms) once the elapsed time is counted: the
+    /// state in which the item is the same as no item, since the engine creates a missing
+    /// shard full. Stated from the format alone (the engine's lazy refill adds
+    /// `⌊elapsed × ra / rp⌋` up to the ceiling; `engine/bucket.rs` checks that both
+    /// agree), so a store can tell without the engine.
+    pub fn refilled_full(&self, tk: i64, rf: i64, now: i64, shard_count: u32) -> bool {
+        let share = self.share(shard_count);
+        if tk >= share.ceiling {
+            return true;
+        }
+        let elapsed = now.saturating_sub(rf);
+        if elapsed <= 0 || share.ra <= 0 || share.rp <= 0 {
+            return false;
+        }
+        // ⌊elapsed × ra / rp⌋ ≥ missing  ⇔  elapsed × ra ≥ missing × rp (rp > 0).
+        let missing = i128::from(share.ceiling) - i128::from(tk);
+        i128::from(elapsed) * i128::from(share.ra) >= missing * i128::from(share.rp)
+    }
+}
+
 /// The name of the reserved limit that measures a shard's write pressure.
 pub const WCU_LIMIT: &str = "wcu";
 

@@ -22,8 +22,8 @@ use thiserror::Error;
 
 pub use inspect::{inspect, InspectedShard};
 pub use item::{
-    BucketItem, BucketKey, LimitParams, LimitState, Limits, Name, MAX_SHARD_COUNT, MILLI,
-    MIN_BALANCE, WCU_LIMIT,
+    BucketItem, BucketKey, LimitParams, LimitState, Limits, Name, ShardShare, MAX_SHARD_COUNT,
+    MILLI, MIN_BALANCE, WCU_LIMIT,
 };
 
 use crate::text::quote;

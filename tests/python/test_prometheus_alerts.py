@@ -3,8 +3,9 @@
 and the alerts fire when the trouble they name is made to happen; every query of the
 Grafana dashboard (deploy/grafana/shardgate.json) is valid PromQL and returns data.
 
-Two servers are scraped: one on the memory store (config reloads, sharding, a scan
-filling the rejection cache, a domain's over-limit share jumping), and, when
+Three servers are scraped: one on the memory store (config reloads, sharding, a scan
+filling the rejection cache, a domain's over-limit share jumping), one on a memory store
+bounded at 1 MiB (a flood of new keys evicting buckets in use), and, when
 SHARDGATE_TEST_DYNAMODB_ENDPOINT is set (scripts/test sets it), one on DynamoDB Local
 behind the fault proxy (store calls failing or slowed, failure_mode answers of both
 kinds, consumed capacity). Every alert of the rules file is made to fire by the trouble it
@@ -40,6 +41,7 @@ from conftest import REPO, Server, binary, free_port
 from dynamodb_local import AWS_LOCAL_ENV
 from fault_proxy import FaultProxy
 from test_independent_client import desc, request
+from test_memory_bound import RULES as FLOOD_CONFIG, flood
 
 RULES = REPO / "deploy" / "prometheus" / "shardgate-rules.yml"
 DASHBOARD = REPO / "deploy" / "grafana" / "shardgate.json"
@@ -219,7 +221,7 @@ def start_shardgate(workdir, name, config, args=(), env=None):
 class Stack:
     def __init__(self, workdir):
         self.workdir = workdir
-        self.memory = self.dynamo = self.proxy = self.prometheus = None
+        self.memory = self.bounded = self.dynamo = self.proxy = self.prometheus = None
 
     def start(self):
         config_dir = self.workdir / "memory"
@@ -231,7 +233,14 @@ class Stack:
         self.memory = start_shardgate(
             self.workdir, "memory", config_dir,
             ["--store", "memory", "--partition-write-budget", WRITE_BUDGET])
-        targets = [self.memory.instance]
+        bounded_dir = self.workdir / "bounded"
+        bounded_dir.mkdir()
+        (bounded_dir / "ops.yaml").write_text(CONFIG.format(rpu=5))
+        (bounded_dir / "edge.yaml").write_text(FLOOD_CONFIG)
+        self.bounded = start_shardgate(
+            self.workdir, "bounded", bounded_dir,
+            ["--store", "memory", "--memory-max-bytes", "1MiB"])
+        targets = [self.memory.instance, self.bounded.instance]
         if ENDPOINT:
             subprocess.run(
                 [binary(), "table", "create", "--table", TABLE, "--dynamodb-endpoint", ENDPOINT],
@@ -251,7 +260,7 @@ class Stack:
         rules = self.workdir / "shardgate-rules.yml"
         rules.write_text(self.rules_text)
         self.prometheus = Prometheus(self.workdir, targets, rules)
-        self.servers = [s for s in (self.memory, self.dynamo) if s]
+        self.servers = [s for s in (self.memory, self.bounded, self.dynamo) if s]
         self.wait_scraped()
 
     def wait_scraped(self):
@@ -268,7 +277,7 @@ class Stack:
                     f"within {READY_TIMEOUT_S}s:\n{self.prometheus.log()}")
 
     def stop(self):
-        for s in (self.memory, self.dynamo):
+        for s in (self.memory, self.bounded, self.dynamo):
             if s:
                 s.stop()
         if self.prometheus:
@@ -513,6 +522,21 @@ def test_many_distinct_refused_buckets_fire_ShardgateRejectionCacheGrowing(stack
         time.sleep(0.2)
 
 
+def test_a_flood_of_new_keys_fires_ShardgateMemoryStoreEvictingActiveBuckets(stack):
+    server = stack.bounded
+    assert inactive(stack, "ShardgateMemoryStoreEvictingActiveBuckets", server.instance)
+    # 1 MiB holds about 3,000 buckets of a full IPv6 address: 10,000 new ones (157
+    # calls) push out buckets a day from full.
+    flood(server, 0, 10_000)
+    evicted = server.metrics().value("shardgate_memory_store_evictions_total", reason="active")
+    assert evicted > 5_000, evicted
+    alert = wait_alert(stack, "ShardgateMemoryStoreEvictingActiveBuckets", server.instance)
+    assert_annotated(alert)
+    assert float(alert["value"]) > 0, alert
+    # The server on the default bound held every bucket it was given.
+    assert inactive(stack, "ShardgateMemoryStoreEvictingActiveBuckets", stack.memory.instance)
+
+
 def test_a_domain_whose_over_limit_share_jumps_fires_ShardgateOverLimitRatioJump(stack):
     server = stack.memory
     ratio = 'domain:shardgate_over_limit_ratio:rate5m{domain="jump"}'
@@ -746,7 +770,7 @@ def test_the_dashboard_is_importable_and_every_panel_query_returns_data(stack):
         assert panel["datasource"]["uid"] == target["datasource"]["uid"] == "${DS_PROMETHEUS}", panel["title"]
     titles = " | ".join(p["title"] for p in dashboard["panels"]).lower()
     for topic in ("outcome", "by rule", "latency", "store calls", "capacity", "cost",
-                  "shard", "rejection cache", "reload"):
+                  "shard", "rejection cache", "reload", "memory store"):
         assert topic in titles, topic
 
     # Load: admitted and refused hits, rejection-cache hits, a hot bucket sharded, a reload.

@@ -1,7 +1,8 @@
 //! What the metrics read only at scrape time: the engine's counters, the rejection
 //! cache's size, outstanding lease tokens and the most sharded buckets (from an
-//! `EngineView`), and the capacity DynamoDB reported consumed (from the store's call
-//! ledger). Must not record anything: the request path never calls here.
+//! `EngineView`), the capacity DynamoDB reported consumed (from the store's call
+//! ledger), and the memory store's size and evictions. Must not record anything: the
+//! request path never calls here.
 
 use std::collections::BTreeMap;
 
@@ -12,10 +13,16 @@ use prometheus_client::metrics::gauge::ConstGauge;
 
 use super::OperationLabel;
 use crate::engine::EngineView;
+use crate::store::memory::MemoryStats;
 use crate::store::metered::{CallKind, CallTotals};
 
 /// How many sharded buckets `shardgate_bucket_shards` lists.
 const HOT_BUCKETS_LISTED: usize = 50;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: &'static str,
+}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BucketLabels {
@@ -102,6 +109,60 @@ impl Collector for CapacityCollector {
         for (operation, units) in by_operation {
             let c = ConstCounter::new(units);
             c.encode(m.encode_family(&OperationLabel { operation })?)?;
+        }
+        Ok(())
+    }
+}
+
+/// The memory store's items, the bytes charged against its bound, and what it evicted
+/// (read at scrape time from the store).
+pub(super) struct MemoryStoreCollector {
+    pub(super) stats: Box<dyn Fn() -> MemoryStats + Send + Sync>,
+}
+
+impl std::fmt::Debug for MemoryStoreCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("MemoryStoreCollector")
+    }
+}
+
+impl Collector for MemoryStoreCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let stats = (self.stats)();
+        let gauges = [
+            (
+                "memory_store_items",
+                "Bucket items the memory store holds",
+                stats.items,
+            ),
+            (
+                "memory_store_bytes",
+                "Bytes the memory store's items are charged against its bound (an upper bound of what they take)",
+                stats.bytes,
+            ),
+            (
+                "memory_store_max_bytes",
+                "The memory store's bound (--memory-max-bytes)",
+                stats.max_bytes,
+            ),
+        ];
+        for (name, help, value) in gauges {
+            let g = ConstGauge::new(i64::try_from(value).unwrap_or(i64::MAX));
+            g.encode(encoder.encode_descriptor(name, help, None, g.metric_type())?)?;
+        }
+        let mut m = encoder.encode_descriptor(
+            "memory_store_evictions",
+            "Items the memory store dropped, by reason: full (every limit refilled: the same as no item) or active (still in use, re-created full: may over-admit) to stay within its bound, expired (the expiry sweep)",
+            None,
+            prometheus_client::metrics::MetricType::Counter,
+        )?;
+        for (reason, value) in [
+            ("full", stats.evicted_full),
+            ("active", stats.evicted_active),
+            ("expired", stats.expired),
+        ] {
+            let c = ConstCounter::new(value);
+            c.encode(m.encode_family(&ReasonLabel { reason })?)?;
         }
         Ok(())
     }

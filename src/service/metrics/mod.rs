@@ -1,8 +1,8 @@
 //! Prometheus metrics: per-rule hit counters in envoyproxy/ratelimit's terms, config
-//! loads, store calls and the capacity DynamoDB reported, the engine's counters (named
-//! and described in `engine/stats.rs`), the most sharded buckets, answers given by
-//! `failure_mode`, request latency and requests in flight, refused TLS handshakes, and
-//! connections the gRPC port failed to accept.
+//! loads, store calls and the capacity DynamoDB reported, the memory store's size and
+//! evictions, the engine's counters (named and described in `engine/stats.rs`), the most
+//! sharded buckets, answers given by `failure_mode`, request latency and requests in
+//! flight, refused TLS handshakes, and connections the gRPC port failed to accept.
 //!
 //! Recording is cheap and lock-free on the hot path except for the first sighting of a
 //! label set: what every request moves is striped per thread (`striped.rs`), the rules'
@@ -32,6 +32,7 @@ use prometheus_client::registry::Registry;
 
 use crate::config::{Config, DescriptorEntry, Rule};
 use crate::engine::EngineView;
+use crate::store::memory::MemoryStats;
 use crate::store::metered::CallObserver;
 use crate::store::metered::{CallKind, CallTotals};
 use crate::striped::{StripedCounter, StripedGauge, StripedHistogram};
@@ -202,6 +203,16 @@ impl Metrics {
             .lock()
             .register_collector(Box::new(collectors::CapacityCollector {
                 totals: Box::new(totals),
+            }));
+    }
+
+    /// Adds the memory store's items, bytes and evictions, read from `stats` (the
+    /// store's own account) at each scrape.
+    pub fn attach_memory_store(&self, stats: impl Fn() -> MemoryStats + Send + Sync + 'static) {
+        self.registry
+            .lock()
+            .register_collector(Box::new(collectors::MemoryStoreCollector {
+                stats: Box::new(stats),
             }));
     }
 

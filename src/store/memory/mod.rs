@@ -16,14 +16,29 @@
 //!
 //! It refuses what DynamoDB would refuse (`key.rs`: a key or an item too large), so a
 //! test on this store sees what a fleet would.
+//!
+//! Bound. Nothing outside the process bounds how many buckets clients make (one per
+//! client address on a rule keyed by it, and an item lives seven times its time to full:
+//! a week on a `day` rule), so the store holds at most `max_bytes` of items, each charged
+//! an upper bound of what it takes (`partition.rs`). Each partition enforces its 64th of
+//! the bound when it writes a new item, so the bound holds at every instant, not only
+//! after the periodic expiry sweep; a write that would pass it first evicts, in one pass
+//! over that partition, the items ranked lowest: full ones first (the same as no item),
+//! then the least recently used (`bound.rs`). Bytes, not items, because a long entity
+//! (up to a kilobyte) costs several times a short one. Partitions are chosen by a seeded
+//! hash, so they fill evenly and none evicts much before the store as a whole is full.
+//! The pass holds the partition's lock as the expiry sweep does, and frees at least a
+//! thirty-second of the partition's budget, so it runs about once per that many new items.
 
 use std::collections::BTreeSet;
 use std::hash::BuildHasher;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, LazyLock};
 
 use parking_lot::{Mutex, MutexGuard};
 
 use hashbrown::HashSet;
+use thiserror::Error;
 
 use super::key::{check_item, check_key};
 use super::{
@@ -32,13 +47,48 @@ use super::{
     MIN_BALANCE, WCU_LIMIT,
 };
 
+mod bound;
 mod partition;
 mod slot;
+mod table;
 
+use bound::{Clock, Evicted, Evictions};
 use partition::Partition;
 use slot::{Balance, Shape, ShapeOf, Slot, NO_TTL};
 
 const PARTITIONS: usize = 64;
+
+/// The bound a store holds by default (`--memory-max-bytes`): what a small pod can give
+/// the items besides the process itself.
+pub const DEFAULT_MAX_BYTES: u64 = 256 << 20;
+
+/// The least bound a store accepts: each partition must hold a few of the largest items
+/// (an entity of a kilobyte) and what one request writes there.
+pub const MIN_MAX_BYTES: u64 = 1 << 20;
+
+/// A bound too small for the store to work with.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+#[error("a memory store bound of {max_bytes} bytes is below the least it works with, {MIN_MAX_BYTES} bytes (1 MiB)")]
+pub struct BoundTooSmall {
+    pub max_bytes: u64,
+}
+
+/// What the store holds and what its bound removed, since it started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryStats {
+    /// Items held.
+    pub items: u64,
+    /// Bytes they are charged against the bound.
+    pub bytes: u64,
+    /// The bound.
+    pub max_bytes: u64,
+    /// Items evicted to make room that were the same as no item (every limit full).
+    pub evicted_full: u64,
+    /// Items evicted to make room while still in use: each is re-created full.
+    pub evicted_active: u64,
+    /// Items dropped by the expiry sweep.
+    pub expired: u64,
+}
 
 /// Keys hold request values, so the hash is seeded per process (foldhash's quality
 /// variant, as hashbrown uses by default): fast, and not predictable from outside.
@@ -54,6 +104,10 @@ pub struct MemoryStore {
     /// Every shape some item holds (and, until the next eviction pass, shapes no item
     /// holds any more). Taken after a partition lock, never before one.
     shapes: Mutex<HashSet<Arc<Shape>, Hasher>>,
+    /// The latest time a caller gave: what items are ranked at and marked with.
+    clock: Clock,
+    evictions: Evictions,
+    max_bytes: u64,
 }
 
 impl Default for MemoryStore {
@@ -67,21 +121,34 @@ fn partition_of(key: &BucketKey) -> usize {
 }
 
 impl MemoryStore {
+    /// A store under the default bound ([`DEFAULT_MAX_BYTES`]).
     pub fn new() -> MemoryStore {
-        MemoryStore {
+        MemoryStore::with_max_bytes(DEFAULT_MAX_BYTES).expect("the default bound is valid")
+    }
+
+    /// A store holding at most `max_bytes` of items (see the module comment).
+    pub fn with_max_bytes(max_bytes: u64) -> Result<MemoryStore, BoundTooSmall> {
+        if max_bytes < MIN_MAX_BYTES {
+            return Err(BoundTooSmall { max_bytes });
+        }
+        let budget = usize::try_from(max_bytes / PARTITIONS as u64).unwrap_or(usize::MAX);
+        Ok(MemoryStore {
             partitions: (0..PARTITIONS)
-                .map(|_| Mutex::new(Partition::default()))
+                .map(|_| Mutex::new(Partition::new(budget)))
                 .collect(),
             shapes: Mutex::new(HashSet::default()),
-        }
+            clock: Clock::default(),
+            evictions: Evictions::default(),
+            max_bytes,
+        })
     }
 
     fn part(&self, key: &BucketKey) -> MutexGuard<'_, Partition> {
         self.partitions[partition_of(key)].lock()
     }
 
-    /// The compact form of `item`; `like` is a shape to reuse when it fits (an update
-    /// seldom changes names or parameters), sparing the interner's lock.
+    /// The compact form of `item`, marked as used now; `like` is a shape to reuse when
+    /// it fits (an update seldom changes names or parameters), sparing the interner's lock.
     fn slot(&self, item: &BucketItem, like: Option<&Arc<Shape>>) -> Slot {
         let shape = match like {
             Some(s) if s.describes(&item.limits) => s.clone(),
@@ -91,6 +158,7 @@ impl MemoryStore {
             rf: item.rf,
             ttl: item.ttl.unwrap_or(NO_TTL),
             shard_count: item.shard_count,
+            touched: self.clock.mark(),
             shape,
             balances: item
                 .limits
@@ -123,16 +191,36 @@ impl MemoryStore {
         self.part(key).get(key).map(Slot::image)
     }
 
-    /// Puts an item as-is (tests use it to set up scenarios).
+    /// Puts an item as-is (tests use it to set up scenarios), within the bound.
     pub fn put(&self, key: BucketKey, item: BucketItem) {
         let mut g = self.part(&key);
         let slot = self.slot(&item, None);
-        g.insert(&key, slot);
+        let evicted = g.insert(&key, slot, self.clock.now_s());
+        drop(g);
+        self.evictions.record(evicted, self.max_bytes);
     }
 
     /// Number of items held.
     pub fn len(&self) -> usize {
         self.partitions.iter().map(|p| p.lock().len()).sum()
+    }
+
+    /// What the store holds and what its bound removed (for the metrics).
+    pub fn stats(&self) -> MemoryStats {
+        let (mut items, mut bytes) = (0, 0);
+        for p in &self.partitions {
+            let p = p.lock();
+            items += p.len() as u64;
+            bytes += p.charged() as u64;
+        }
+        MemoryStats {
+            items,
+            bytes,
+            max_bytes: self.max_bytes,
+            evicted_full: self.evictions.full.load(Ordering::Relaxed),
+            evicted_active: self.evictions.active.load(Ordering::Relaxed),
+            expired: self.evictions.expired.load(Ordering::Relaxed),
+        }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -144,11 +232,15 @@ impl MemoryStore {
     /// re-creating it from config on its next use loses nothing. Maps left mostly empty
     /// give their memory back, and shapes no item holds any more are forgotten.
     pub fn evict_expired(&self, now_s: i64) -> usize {
+        self.clock.saw(now_s);
         let mut evicted = 0;
         for p in &self.partitions {
             evicted += p.lock().evict_expired(now_s);
         }
         self.shapes.lock().retain(|s| Arc::strong_count(s) > 1);
+        self.evictions
+            .expired
+            .fetch_add(evicted as u64, Ordering::Relaxed);
         evicted
     }
 }
@@ -294,6 +386,7 @@ impl MemoryStore {
                     return Ok(None);
                 }
                 let mut next = cur.clone();
+                next.touched = self.clock.mark();
                 apply_debit(&mut next, debits, DebitMode::RetryOnly);
                 if let Some(t) = ttl {
                     next.ttl = *t;
@@ -312,8 +405,20 @@ impl BucketStore for MemoryStore {
         mode: DebitMode,
     ) -> Result<DebitOutcome, StoreError> {
         check_key(key)?;
+        let mark = match mode {
+            DebitMode::Fast { now_s, .. } => {
+                self.clock.saw(now_s);
+                bound::mark_of(now_s)
+            }
+            DebitMode::RetryOnly => self.clock.mark(),
+        };
         let mut g = self.part(key);
-        Ok(match g.get_mut(key) {
+        let mut slot = g.get_mut(key);
+        // A refused bucket is in use too: dropped, it would be re-created full.
+        if let Some(slot) = &mut slot {
+            slot.touched = mark;
+        }
+        Ok(match slot {
             None => DebitOutcome::Refused(None),
             Some(slot) if debit_allowed(slot, debits, mode) => {
                 apply_debit(slot, debits, mode);
@@ -363,12 +468,16 @@ impl BucketStore for MemoryStore {
         if !failed.is_empty() {
             return Ok(CommitOutcome::Conflict(failed));
         }
+        let now_s = self.clock.now_s();
+        let mut evicted = Evicted::default();
         for (w, next) in writes.iter().zip(staged) {
-            guards
+            evicted += guards
                 .get_mut(&partition_of(w.key()))
                 .expect("locked above")
-                .insert(w.key(), next);
+                .insert(w.key(), next, now_s);
         }
+        drop(guards);
+        self.evictions.record(evicted, self.max_bytes);
         Ok(CommitOutcome::Committed)
     }
 
@@ -384,6 +493,7 @@ impl BucketStore for MemoryStore {
         let Some(slot) = g.get_mut(key).filter(bears) else {
             return Ok(Vec::new());
         };
+        slot.touched = self.clock.mark();
         let mut applied = Vec::new();
         for c in credits {
             if slot.balance(&c.limit).is_none_or(|(params, _)| *params != c.params) {
@@ -402,8 +512,11 @@ impl BucketStore for MemoryStore {
 }
 
 #[cfg(test)]
+mod bound_tests;
+
+#[cfg(test)]
 mod tests {
-    use super::partition::Address;
+    use super::table::Address;
     use super::*;
     use crate::store::{LimitParams, LimitState};
 

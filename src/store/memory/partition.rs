@@ -1,109 +1,190 @@
-//! One locked partition of the memory store: each resource's items by (entity, shard), so
-//! a resource name is stored once per partition and a lookup borrows the key's strings
-//! instead of copying them.
+//! One locked partition of the memory store: each resource's items in a table of its own
+//! (`table.rs`), so a resource name is stored once per partition. It charges each item
+//! against the partition's share of the store's bound and, before an insert would pass
+//! it, evicts in the order `bound.rs` ranks. It decides nothing about limits.
+//!
+//! Charge. An item is charged what it costs at worst: its key and slot in a table that
+//! has just doubled (a table grows at 7/8 full, so a slot costs its size and control byte
+//! × 16/7 right after; `table.rs` keeps tables from growing for any other reason), plus
+//! what it keeps on the heap (an entity too long to be held inline, balances of more than
+//! two limits), rounded up as an allocator's size classes do. The bytes charged are an
+//! upper bound on what the items take; the per-resource maps and the shared shapes (a
+//! few per rule) are not charged.
 
-use std::hash::Hash;
+use std::mem::size_of;
 
-use hashbrown::{Equivalent, HashMap};
+use hashbrown::HashMap;
 
-use super::slot::Slot;
+use super::bound::{is_full_rank, Evicted, Histogram, Moment, Rank};
+use super::slot::{Balance, Slot};
+use super::table::{Address, Table};
 use super::Hasher;
 use crate::store::{BucketKey, Name};
 
-/// Where an item sits within its resource's map.
-#[derive(Debug, PartialEq, Eq)]
-pub(super) struct Address {
-    entity: Name,
-    shard: u32,
+/// What one item takes in its table at worst: key, slot and control byte, at the load
+/// of a table that has just doubled (7/16).
+const TABLE_BYTES: usize = (size_of::<Address>() + size_of::<Slot>() + 1) * 16 / 7 + 1;
+
+/// What a heap block of `bytes` may take: a size-class allocator rounds a request up by
+/// at most a quarter (and to 16 bytes).
+fn heap_block(bytes: usize) -> usize {
+    bytes + bytes / 4 + 16
 }
 
-/// An [`Address`] borrowed from a [`BucketKey`]: lookups need no copy of the entity.
-#[derive(Hash)]
-pub(super) struct AddressOf<'a> {
-    entity: &'a str,
-    shard: u32,
+/// Bytes `slot` at `address` is charged (see the module comment).
+fn charge(address: &Address, slot: &Slot) -> usize {
+    let entity = if address.entity.is_heap_allocated() {
+        heap_block(address.entity.capacity())
+    } else {
+        0
+    };
+    let balances = if slot.balances.spilled() {
+        heap_block(slot.balances.capacity() * size_of::<Balance>())
+    } else {
+        0
+    };
+    TABLE_BYTES + entity + balances
 }
 
-impl<'a> AddressOf<'a> {
-    pub(super) fn of(key: &'a BucketKey) -> AddressOf<'a> {
-        AddressOf {
-            entity: &key.entity,
-            shard: key.shard,
-        }
-    }
-}
-
-impl Hash for Address {
-    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
-        AddressOf {
-            entity: &self.entity,
-            shard: self.shard,
-        }
-        .hash(h);
-    }
-}
-
-impl Equivalent<Address> for AddressOf<'_> {
-    fn equivalent(&self, a: &Address) -> bool {
-        a.shard == self.shard && a.entity == self.entity
-    }
-}
-
-pub(super) type Items = HashMap<Address, Slot, Hasher>;
-
-/// One locked partition: each resource's items by address.
-#[derive(Debug, Default)]
+/// One locked partition: each resource's items by address, and what they are charged.
+#[derive(Debug)]
 pub(super) struct Partition {
-    resources: HashMap<Name, Items, Hasher>,
+    resources: HashMap<Name, Table, Hasher>,
+    items: usize,
+    charged: usize,
+    /// This partition's share of the store's bound, in bytes.
+    budget: usize,
 }
 
 impl Partition {
-    pub(super) fn get(&self, key: &BucketKey) -> Option<&Slot> {
-        self.resources
-            .get(key.resource.as_str())?
-            .get(&AddressOf::of(key))
-    }
-
-    pub(super) fn get_mut(&mut self, key: &BucketKey) -> Option<&mut Slot> {
-        self.resources
-            .get_mut(key.resource.as_str())?
-            .get_mut(&AddressOf::of(key))
-    }
-
-    pub(super) fn insert(&mut self, key: &BucketKey, slot: Slot) {
-        let address = Address {
-            entity: key.entity.clone(),
-            shard: key.shard,
-        };
-        match self.resources.get_mut(key.resource.as_str()) {
-            Some(items) => {
-                items.insert(address, slot);
-            }
-            None => {
-                let mut items = Items::default();
-                items.insert(address, slot);
-                self.resources.insert(key.resource.clone(), items);
-            }
+    pub(super) fn new(budget: usize) -> Partition {
+        Partition {
+            resources: HashMap::default(),
+            items: 0,
+            charged: 0,
+            budget,
         }
     }
 
-    pub(super) fn len(&self) -> usize {
-        self.resources.values().map(Items::len).sum()
+    pub(super) fn get(&self, key: &BucketKey) -> Option<&Slot> {
+        self.resources.get(key.resource.as_str())?.get(key)
     }
 
-    /// Drops the items expired at `now_s`; returns how many. Maps left mostly empty
+    pub(super) fn get_mut(&mut self, key: &BucketKey) -> Option<&mut Slot> {
+        self.resources.get_mut(key.resource.as_str())?.get_mut(key)
+    }
+
+    /// Writes `slot` at `key`, first evicting (as ranked at `now_s`) what it takes to
+    /// keep the partition within its budget once it is written; returns what went.
+    pub(super) fn insert(&mut self, key: &BucketKey, slot: Slot, now_s: i64) -> Evicted {
+        let address = Address::of(key);
+        let incoming = charge(&address, &slot);
+        let mut held = self.get(key).map_or(0, |cur| charge(&address, cur));
+        let mut evicted = Evicted::default();
+        if self.charged - held + incoming > self.budget {
+            // A pass frees a thirty-second of the budget at least, so passes over the
+            // partition are rare even while every request creates an item.
+            let wanted = (self.charged - held + incoming - self.budget).max(self.budget / 32);
+            evicted = self.evict(wanted, now_s);
+            // It may have evicted this key's own item (if it ranked among the oldest).
+            held = self.get(key).map_or(0, |cur| charge(&address, cur));
+        }
+        self.charged = self.charged - held + incoming;
+        // Two lookups when the resource is new, so a known one costs no clone of its name.
+        if !self.resources.contains_key(key.resource.as_str()) {
+            self.resources
+                .insert(key.resource.clone(), Table::default());
+        }
+        let table = self
+            .resources
+            .get_mut(key.resource.as_str())
+            .expect("inserted above");
+        if table.insert(address, slot).is_none() {
+            self.items += 1;
+        }
+        evicted
+    }
+
+    /// Removes the lowest-ranked items (`bound.rs`) holding at least `wanted` bytes.
+    fn evict(&mut self, wanted: usize, now_s: i64) -> Evicted {
+        let moment = Moment { now_s };
+        let mut histogram = Histogram::default();
+        // Each item's rank, in the order the tables are walked: ranking is the pass's
+        // cost, so it is done once.
+        let mut ranks: Vec<Rank> = Vec::with_capacity(self.items);
+        for table in self.resources.values() {
+            for (address, slot) in table.iter() {
+                let rank = moment.rank(address.shard, slot);
+                histogram.add(rank, charge(address, slot));
+                ranks.push(rank);
+            }
+        }
+        let mut cut = histogram.cut(wanted);
+        let mut ranks = ranks.into_iter();
+        let mut evicted = Evicted::default();
+        // `remove_where` walks the tables as `iter` does, and nothing changed since, so
+        // the ranks line up.
+        self.remove_where(|address, slot| {
+            let rank = ranks.next().expect("one rank per item");
+            if !cut.takes(rank, charge(address, slot)) {
+                return false;
+            }
+            if is_full_rank(rank) {
+                evicted.full += 1;
+            } else {
+                evicted.active += 1;
+            }
+            true
+        });
+        debug_assert!(ranks.next().is_none(), "every rank used");
+        evicted
+    }
+
+    /// Removes every item `gone` picks (called once per item, in the tables' order);
+    /// returns how many.
+    fn remove_where(&mut self, mut gone: impl FnMut(&Address, &Slot) -> bool) -> usize {
+        let mut removed = 0;
+        let mut freed = 0;
+        self.resources.retain(|_, table| {
+            table.retain(|address, slot| {
+                if !gone(address, slot) {
+                    return true;
+                }
+                removed += 1;
+                freed += charge(address, slot);
+                false
+            });
+            !table.is_empty()
+        });
+        self.items -= removed;
+        self.charged -= freed;
+        removed
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.items
+    }
+
+    /// Bytes the items are charged.
+    pub(super) fn charged(&self) -> usize {
+        self.charged
+    }
+
+    /// Drops the items expired at `now_s`; returns how many. Tables left mostly empty
     /// give their memory back.
     pub(super) fn evict_expired(&mut self, now_s: i64) -> usize {
-        let mut evicted = 0;
-        self.resources.retain(|_, items| {
-            let before = items.len();
-            items.retain(|_, slot| slot.ttl > now_s);
-            evicted += before - items.len();
-            if items.len() < items.capacity() / 4 {
-                items.shrink_to(items.len() * 2);
-            }
-            !items.is_empty()
-        });
-        evicted
+        self.remove_where(|_, slot| slot.ttl <= now_s)
+    }
+}
+
+#[cfg(test)]
+impl Partition {
+    pub(super) fn budget(&self) -> usize {
+        self.budget
+    }
+
+    /// Bytes the tables' allocations take.
+    pub(super) fn table_bytes(&self) -> usize {
+        self.resources.values().map(Table::allocated).sum()
     }
 }

@@ -1,8 +1,8 @@
 //! The compact form of a stored item ([`Slot`]): an idle bucket's footprint bounds how
 //! many keys one process holds, so the limit names and parameters an item carries (which
 //! config decides) are one shared, interned [`Shape`], leaving only balances, `rf`, `ttl`
-//! and the shard count per item. It converts to the contract's [`BucketItem`]; it checks
-//! no condition.
+//! and the shard count per item (and when it was last used, for the store's bound). It
+//! converts to the contract's [`BucketItem`]; it checks no condition.
 
 use std::hash::Hash;
 use std::sync::Arc;
@@ -101,6 +101,9 @@ pub(super) struct Slot {
     /// Epoch seconds; [`NO_TTL`] when the item does not expire.
     pub(super) ttl: i64,
     pub(super) shard_count: u32,
+    /// The second (epoch s, `bound.rs`) the item was last debited, credited or written:
+    /// its recency for the bound. Held in what was padding after `shard_count`.
+    pub(super) touched: u32,
     pub(super) shape: Arc<Shape>,
     pub(super) balances: SmallVec<[Balance; 2]>,
 }
