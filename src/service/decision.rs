@@ -59,6 +59,10 @@ impl StoreFailure {
                 source: StoreError::CircuitOpen { .. },
                 ..
             }) => "circuit_open",
+            StoreFailure::Engine(EngineError::Store {
+                source: StoreError::Shed { .. },
+                ..
+            }) => "shed",
             StoreFailure::Engine(_) => "store",
             StoreFailure::Deadline => "deadline",
         }

@@ -195,6 +195,7 @@ pub async fn run(options: ServeOptions) -> Result<(), ServeError> {
             // Each call in a task of its own: a caller's deadline never cancels a call
             // that is resolving credentials or opening a connection (see `detached.rs`).
             let store = Arc::new(Detached::new(breaker));
+            metrics.attach_pressure(store.pressure().clone());
             let budget = options
                 .partition_write_budget
                 .unwrap_or(DEFAULT_PARTITION_WRITE_BUDGET);

@@ -1,5 +1,6 @@
 //! Prometheus metrics: per-rule hit counters in envoyproxy/ratelimit's terms, config
-//! loads, store calls and the capacity DynamoDB reported, the engine's counters (named
+//! loads, store calls by outcome (an error's class among them), the capacity DynamoDB
+//! reported, store calls left running or shed, the engine's counters (named
 //! and described in `engine/stats.rs`), the most sharded buckets, answers given by
 //! `failure_mode`, request latency and requests in flight, and refused TLS handshakes.
 //!
@@ -82,7 +83,8 @@ struct ReasonLabel {
 /// Labels of a request answered without the store: why, and how.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct FailureLabels {
-    /// `store` (it failed), `deadline` (no answer in time), `circuit_open`.
+    /// `store` (it failed), `deadline` (no answer in time), `circuit_open`, `shed` (not
+    /// sent: too many calls whose callers gave up were still running).
     cause: &'static str,
     /// `unavailable` (a `deny` rule: UNAVAILABLE) or `allowed` (OK, nothing counted).
     answer: &'static str,
@@ -195,6 +197,14 @@ impl Metrics {
             .register_collector(Box::new(collectors::CapacityCollector {
                 totals: Box::new(totals),
             }));
+    }
+
+    /// Adds the store calls left running by callers that gave up, and those shed (read at
+    /// each scrape).
+    pub fn attach_pressure(&self, pressure: Arc<crate::store::detached::Pressure>) {
+        self.registry
+            .lock()
+            .register_collector(Box::new(collectors::PressureCollector { pressure }));
     }
 
     /// The Prometheus text exposition of every metric.
