@@ -11,6 +11,7 @@
 //! Request counts are judged, never wall-clock times: a slow machine only makes fewer
 //! attempts fit.
 
+#[cfg(feature = "dynamodb")]
 mod stub_dynamo;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,6 +24,7 @@ use shardgate::store::{
     BucketItem, BucketKey, BucketStore, CommitOutcome, Credit, CreditGuard, Debit, DebitMode,
     DebitOutcome, StoreError, Write,
 };
+#[cfg(feature = "dynamodb")]
 use stub_dynamo::{Answer, Stub};
 use tokio::sync::watch;
 
@@ -155,6 +157,7 @@ async fn a_call_answered_in_time_is_never_counted_abandoned() {
     assert_eq!(store.pressure().shed(), 0);
 }
 
+#[cfg(feature = "dynamodb")]
 fn one_token() -> Vec<Debit> {
     vec![Debit {
         limit: "rpm".into(),
@@ -164,12 +167,14 @@ fn one_token() -> Vec<Debit> {
     }]
 }
 
+#[cfg(feature = "dynamodb")]
 const FAST: DebitMode = DebitMode::Fast {
     now_s: 1,
     shard_count: 1,
 };
 
 /// Polls until the stand-in's count of requests has not moved for 300 ms, and returns it.
+#[cfg(feature = "dynamodb")]
 async fn settled(stub: &Stub) -> usize {
     let mut last = stub.count(|_| true);
     loop {
@@ -186,6 +191,7 @@ async fn settled(stub: &Stub) -> usize {
 /// attempts within the call's deadline; a caller gone after 10 ms leaves the attempt in
 /// flight to end, and no other is made. Before, the call made all three whatever its
 /// caller did.
+#[cfg(feature = "dynamodb")]
 #[tokio::test]
 async fn no_sdk_retry_once_the_caller_is_gone() {
     let stub = Stub::start(|_| Answer::server_error().after(Duration::from_millis(50))).await;
@@ -213,6 +219,7 @@ async fn no_sdk_retry_once_the_caller_is_gone() {
     assert!(eventually(|| store.pressure().abandoned() == 0).await);
 }
 
+#[cfg(feature = "dynamodb")]
 fn conflict() -> Answer {
     Answer::error("TransactionConflictException", serde_json::json!({}))
 }
@@ -220,6 +227,7 @@ fn conflict() -> Answer {
 /// A write a transaction keeps holding, each refusal taking 40 ms, with a store deadline
 /// of 100 ms: the retries stop at the deadline (three attempts at most), and the write is
 /// the bucket's contention. Before, four attempts ran whatever the deadline.
+#[cfg(feature = "dynamodb")]
 #[tokio::test]
 async fn the_conflict_retries_end_at_the_deadline() {
     let stub = Stub::start(|_| conflict().after(Duration::from_millis(40))).await;
@@ -240,6 +248,7 @@ async fn the_conflict_retries_end_at_the_deadline() {
 
 /// The same write, its caller gone after 10 ms while the first refusal takes 30 ms: no
 /// retry follows. Before, four attempts ran.
+#[cfg(feature = "dynamodb")]
 #[tokio::test]
 async fn the_conflict_retries_stop_once_the_caller_is_gone() {
     let stub = Stub::start(|_| conflict().after(Duration::from_millis(30))).await;

@@ -7,6 +7,7 @@
 //! The store level runs against a stand-in for DynamoDB (`stub_dynamo`), the engine and
 //! the service against a memory store that throttles chosen buckets.
 
+#[cfg(feature = "dynamodb")]
 mod stub_dynamo;
 
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -29,10 +30,12 @@ use shardgate::store::{
     BucketItem, BucketKey, BucketStore, CommitOutcome, Credit, CreditGuard, Debit, DebitMode,
     DebitOutcome, LimitState, Limits, StoreError, Write, WCU_LIMIT,
 };
+#[cfg(feature = "dynamodb")]
 use stub_dynamo::{Answer, Stub};
 
 // ------------------------------------------------------------------ the store
 
+#[cfg(feature = "dynamodb")]
 fn hot_or_nothing(reasons: serde_json::Value) -> impl Fn(&stub_dynamo::Request) -> Answer {
     move |r| {
         if r.operation == "UpdateItem" && r.concerns("hot") {
@@ -43,6 +46,7 @@ fn hot_or_nothing(reasons: serde_json::Value) -> impl Fn(&stub_dynamo::Request) 
     }
 }
 
+#[cfg(feature = "dynamodb")]
 fn fast(now_s: i64) -> DebitMode {
     DebitMode::Fast {
         now_s,
@@ -50,6 +54,7 @@ fn fast(now_s: i64) -> DebitMode {
     }
 }
 
+#[cfg(feature = "dynamodb")]
 fn one_token() -> Vec<Debit> {
     vec![Debit {
         limit: "rpm".into(),
@@ -65,6 +70,7 @@ fn one_token() -> Vec<Debit> {
 /// being answered, and the breaker (five consecutive faults open it) stays closed.
 /// Before, each throttle was the store's fault after three attempts, and the fifth in a
 /// row opened the circuit for every bucket.
+#[cfg(feature = "dynamodb")]
 #[tokio::test]
 async fn a_throttled_partition_leaves_the_circuit_closed_for_every_other_bucket() {
     let stub = Stub::start(hot_or_nothing(serde_json::json!({}))).await;
@@ -103,6 +109,7 @@ async fn a_throttled_partition_leaves_the_circuit_closed_for_every_other_bucket(
 /// DynamoDB names why it throttled: a key range's limit is the bucket's, the same as no
 /// reason at all; the table's capacity or the account's quota throttles every bucket
 /// alike, and that is the store failing: the breaker counts it.
+#[cfg(feature = "dynamodb")]
 #[tokio::test]
 async fn throttling_of_the_whole_table_is_the_stores_fault() {
     let key_range = serde_json::json!({"throttlingReasons": [
