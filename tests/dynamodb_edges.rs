@@ -1,8 +1,9 @@
 //! The DynamoDB store at its edges, against DynamoDB Local: the key bounds of the store
 //! contract are DynamoDB's own; a key DynamoDB refuses is that request's error and never
-//! an outage; the IAM policy shipped names exactly what the calls need; and what the AWS
-//! SDK does when a caller gives up mid-call — credentials being fetched, a connection
-//! being made — and how the store keeps that work from being lost.
+//! an outage; a foreign item whose numbers the engine cannot work with is that bucket's
+//! error; the IAM policy shipped names exactly what the calls need; and what the AWS SDK
+//! does when a caller gives up mid-call — credentials being fetched, a connection being
+//! made — and how the store keeps that work from being lost.
 
 #![cfg(feature = "dynamodb")]
 
@@ -22,7 +23,7 @@ use shardgate::store::breaker::{Breaker, CircuitState};
 use shardgate::store::detached::Detached;
 use shardgate::store::dynamodb::{DetachedCredentials, DynamoStore};
 use shardgate::store::key::{MAX_NAMESPACE_BYTES, MAX_PARTITION_KEY_BYTES};
-use shardgate::store::{BucketKey, BucketStore};
+use shardgate::store::{BucketKey, BucketStore, StoreError};
 
 fn claim(entity: &str, cascades: bool) -> BucketClaim {
     BucketClaim {
@@ -112,6 +113,69 @@ async fn a_key_dynamodb_refuses_is_the_requests_error_not_an_outage() {
     // The store still serves everyone else.
     let req = Acquire {
         buckets: smallvec::smallvec![claim("short", false)],
+    };
+    assert!(engine.acquire(&req).await.unwrap().admitted);
+}
+
+/// Items written straight into the table by something else, with a shard count no bucket
+/// can have (a million, and none at all: 0): each is that bucket's corrupt item — an
+/// error naming its key and the count, which the breaker never counts — and never work
+/// that grows with the count. Every other bucket is decided as before. Before, a million
+/// was taken as the count: draws and a doubling's reads over a million shards.
+#[tokio::test]
+#[cfg_attr(
+    not(dynamodb_local),
+    ignore = "needs DynamoDB Local: run scripts/test, or set SHARDGATE_TEST_DYNAMODB_ENDPOINT and build again"
+)]
+async fn a_foreign_items_shard_count_past_32_is_that_buckets_corrupt_item() {
+    let inner = common::dynamo::store().await;
+    let client = common::dynamo::client();
+    for (entity, count) in [("foreign-million", 1_000_000), ("foreign-zero", 0)] {
+        let n = |v: i64| AttributeValue::N(v.to_string());
+        client
+            .put_item()
+            .table_name(common::dynamo::TABLE)
+            .item(
+                "PK",
+                AttributeValue::S(inner.pk(&BucketKey::new(entity, "api", 0))),
+            )
+            .item("SK", AttributeValue::S("#STATE".into()))
+            .item("rf", n(1_800_000_000_000))
+            .item("shard_count", n(count))
+            .item("b_rpm_tk", n(100_000))
+            .item("b_rpm_cp", n(100_000))
+            .item("b_rpm_ra", n(100_000))
+            .item("b_rpm_rp", n(60_000))
+            .send()
+            .await
+            .expect("written past shardgate");
+    }
+    let store = Arc::new(Breaker::new(inner, 1, Duration::from_secs(60)));
+    let engine = Engine::new(store.clone(), EngineOptions::default());
+    for (entity, count) in [("foreign-million", 1_000_000), ("foreign-zero", 0)] {
+        let req = Acquire {
+            buckets: smallvec::smallvec![claim(entity, false)],
+        };
+        let err = tokio::time::timeout(Duration::from_secs(30), engine.acquire(&req))
+            .await
+            .expect("no work that grows with the count")
+            .expect_err("a corrupt item");
+        let shardgate::engine::EngineError::Store { source, .. } = &err else {
+            panic!("{err}");
+        };
+        let StoreError::Corrupt { key, reason } = source else {
+            panic!("{err}");
+        };
+        assert!(key.ends_with(&format!("/BUCKET#{entity}#api#0")), "{key}");
+        assert_eq!(
+            reason,
+            &format!("'shard_count' is {count}, not within 1..=32")
+        );
+        assert!(!err.is_request_error() && !source.is_fault(), "{err}");
+    }
+    assert_eq!(store.state(), CircuitState::Closed, "a threshold of one");
+    let req = Acquire {
+        buckets: smallvec::smallvec![claim("native", false)],
     };
     assert!(engine.acquire(&req).await.unwrap().admitted);
 }
@@ -427,7 +491,8 @@ async fn always_unprocessed() -> (String, Arc<AtomicU64>) {
 
 /// A read whose keys DynamoDB keeps leaving unprocessed is asked again with backoff
 /// (10, 20, 40 ms), but never past the call's deadline: with 25 ms, two requests at most
-/// (a third would start after the deadline), then the store's failure.
+/// (a third would start after the deadline). Then the partition of the key left is
+/// throttled: that bucket's contention, not the store failing.
 #[tokio::test]
 #[cfg_attr(
     not(dynamodb_local),
@@ -441,7 +506,13 @@ async fn unprocessed_keys_are_asked_again_only_within_the_deadline() {
         .read(&[BucketKey::new("e", "r", 0)])
         .await
         .expect_err("never processed");
-    assert!(err.is_fault(), "throttling is the store's fault: {err}");
+    assert_eq!(
+        err,
+        StoreError::Throttled {
+            key: BucketKey::new("e", "r", 0)
+        }
+    );
+    assert!(!err.is_fault(), "{err}");
     let sent = requests.load(Ordering::SeqCst);
     assert!((1..=2).contains(&sent), "{sent} requests within 25 ms");
     // A patient store asks four times (the retries all fit in one second).

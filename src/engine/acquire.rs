@@ -98,17 +98,7 @@ impl<S: BucketStore> Engine<S> {
                 d
             }
             Ok(d) => d,
-            // A bucket too busy to write is a refusal with a short wait, not an outage
-            // (every debit applied was refunded before the error came back).
-            Err(EngineError::Store {
-                entity,
-                resource,
-                source: StoreError::Contention { .. },
-            }) => {
-                EngineStats::bump(&self.stats.contended_refusals);
-                return Ok(self.contended(req, &entity, &resource));
-            }
-            Err(e) => return Err(e),
+            Err(e) => return self.busy_refusal(req, e),
         };
         if !decision.admitted {
             self.note_per_shard_ceiling(req, &decision);
@@ -236,6 +226,17 @@ impl<S: BucketStore> Engine<S> {
                         }
                     }
                 }
+                // The partition refused the write for its rate: the bucket doubles if it can
+                // (resolve.rs), else the throttle is this bucket's refusal.
+                Err(throttled @ StoreError::Throttled { .. }) if first_error.is_none() => {
+                    match Box::pin(self.relieve_throttled(b, draw, throttled)).await {
+                        Ok(p) => p,
+                        Err(e) => {
+                            first_error = Some(e);
+                            Progress::Pending
+                        }
+                    }
+                }
                 Err(e) => {
                     first_error = first_error.or(Some(wrap(b)(e)));
                     Progress::Pending
@@ -329,6 +330,41 @@ impl<S: BucketStore> Engine<S> {
         }
     }
 
+    /// A bucket too busy to write (its item contended by transactions, or its partition
+    /// throttled) is refused with a short wait, that bucket alone: it is busy, the store
+    /// is not down, so no `failure_mode` answers it. Every debit applied was refunded
+    /// before the error came back. Any other error is returned as it is.
+    fn busy_refusal(&self, req: &Acquire, e: EngineError) -> Result<Decision, EngineError> {
+        let EngineError::Store {
+            entity,
+            resource,
+            source,
+        } = &e
+        else {
+            return Err(e);
+        };
+        match source {
+            StoreError::Contention { .. } => {
+                EngineStats::bump(&self.stats.contended_refusals);
+                Ok(self.contended(req, entity, resource))
+            }
+            StoreError::Throttled { key } => {
+                EngineStats::bump(&self.stats.throttled_refusals);
+                // The throttled item's own bucket: a call may have carried several.
+                let named = req
+                    .buckets
+                    .iter()
+                    .any(|b| b.entity == key.entity && b.resource == key.resource);
+                Ok(if named {
+                    self.contended(req, &key.entity, &key.resource)
+                } else {
+                    self.contended(req, entity, resource)
+                })
+            }
+            _ => Err(e),
+        }
+    }
+
     /// Answers `req` from the store without writing: what each bucket would say now.
     pub async fn peek(&self, req: &Acquire) -> Result<Decision, EngineError> {
         let now = self.clock.now_ms();
@@ -337,11 +373,10 @@ impl<S: BucketStore> Engine<S> {
             .iter()
             .map(|b| BucketKey::new(&b.entity, &b.resource, 0))
             .collect();
-        let images = self
-            .store
-            .read(&keys)
-            .await
-            .map_err(|e| wrap(&req.buckets[0])(e))?;
+        let images = match self.store.read(&keys).await {
+            Ok(images) => images,
+            Err(e) => return self.busy_refusal(req, wrap(&req.buckets[0])(e)),
+        };
         let buckets: Vec<BucketOutcome> = req
             .buckets
             .iter()

@@ -1,8 +1,9 @@
 //! A refused fast debit, taken on: what its old image says (classification), and where
 //! the bucket goes next — a fast rejection when a refill would not help, a doubling when
-//! its shard's `wcu` ran dry with no refill in sight, a retry on up to two other shards,
-//! or a slow pass. Decides from images and, for a doubling or a retry, store calls; it
-//! reports no outcome (that is `outcome.rs`).
+//! its shard's `wcu` ran dry with no refill in sight (or the store throttled the debit on
+//! its partition), a retry on up to two other shards, or a slow pass. Decides from images
+//! and, for a doubling or a retry, store calls; it reports no outcome (that is
+//! `outcome.rs`).
 
 use futures::future::join_all;
 use smallvec::SmallVec;
@@ -11,7 +12,17 @@ use super::acquire::{now_s, wrap, Draw, Progress};
 use super::bucket::{refill, MILLI};
 use super::pass;
 use super::{BucketClaim, Engine, EngineError, EngineStats, LimitClaim, MAX_SHARD_COUNT};
-use crate::store::{BucketItem, BucketKey, BucketStore, CommitOutcome, DebitOutcome, WCU_LIMIT};
+use crate::store::{
+    BucketItem, BucketKey, BucketStore, CommitOutcome, DebitOutcome, StoreError, WCU_LIMIT,
+};
+
+/// The hot shard a doubling answers: its image as a refusal returned it, or only its
+/// number (a throttled debit returns no image; the doubling's read brings it).
+#[derive(Debug, Clone, Copy)]
+enum Hot<'a> {
+    Seen(&'a BucketItem),
+    Unread(u32),
+}
 
 /// Why the fast path refused, judged from the old image alone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,7 +118,7 @@ impl<S: BucketStore> Engine<S> {
                     // Not a hot partition: the slow pass refills `wcu`.
                     return Ok(slow(shard, count, image));
                 }
-                let grown = self.double(b, &image, count).await?;
+                let grown = self.double(b, Hot::Seen(&image), count).await?;
                 if grown > count {
                     let old: Vec<u32> = (0..count).collect();
                     let fresh = self.draw.draw(grown, &old);
@@ -167,37 +178,57 @@ impl<S: BucketStore> Engine<S> {
         }
     }
 
+    /// A fast debit on `draw` that the store throttled on its shard's partition
+    /// (`throttled`): the partition's own word that the shard takes more writes than it
+    /// absorbs, a stronger sign than a `wcu` run dry (this server's estimate). The bucket
+    /// doubles as for `wcu` (the same doubling), and the request goes on to the slow path
+    /// on one of the new shards. A bucket that cannot double (32 shards, shares too small
+    /// for its claims, or a doubling that lost) answers the throttle as its own refusal
+    /// (see `acquire`), never as the store failing.
+    pub(super) async fn relieve_throttled(
+        &self,
+        b: &BucketClaim,
+        draw: Draw,
+        throttled: StoreError,
+    ) -> Result<Progress, EngineError> {
+        let count = self.shards.get(&b.entity, &b.resource).max(draw.count);
+        let grown = self.double(b, Hot::Unread(draw.shard), count).await?;
+        if grown <= count {
+            return Err(wrap(b)(throttled));
+        }
+        let old: Vec<u32> = (0..count).collect();
+        Ok(Progress::Slow {
+            shard: self.draw.draw(grown, &old),
+            count: grown,
+            seen: None,
+        })
+    }
+
     /// Doubles the bucket's shard count on shard 0, passes the new count to the existing
     /// shards (each clamped to its new share as it learns it), and returns the count now
     /// in force. Declines at 32 shards, and when a doubled share could no longer hold the
     /// claims the bucket carries.
-    async fn double(
-        &self,
-        b: &BucketClaim,
-        hot: &BucketItem,
-        count: u32,
-    ) -> Result<u32, EngineError> {
+    async fn double(&self, b: &BucketClaim, hot: Hot<'_>, count: u32) -> Result<u32, EngineError> {
         if count >= MAX_SHARD_COUNT {
             EngineStats::bump(&self.stats.shard_doublings_declined_at_max);
             return Ok(count);
         }
         let new = (count * 2).min(MAX_SHARD_COUNT);
-        // Shards never merge back: a doubling that leaves a shard's share smaller than the
-        // claims the bucket carries would refuse them on every shard for good. The shard
-        // stays hot instead, and its slow passes refill `wcu`, as at the maximum. Judged
-        // by the usual claim, not only this request's: a check-only request (0 hits)
-        // must not spread the bucket until an ordinary one no longer fits.
-        if b.limits
-            .iter()
-            .any(|c| !c.forced && usual_claim(c, hot) > c.params.share(new).ceiling)
-        {
-            EngineStats::bump(&self.stats.shard_doublings_declined_small_share);
-            return Ok(count);
+        if let Hot::Seen(hot) = hot {
+            if self.share_too_small(b, Some(hot), new) {
+                return Ok(count);
+            }
         }
         let keys: Vec<BucketKey> = (0..count)
             .map(|s| BucketKey::new(&b.entity, &b.resource, s))
             .collect();
         let mut images = self.store.read(&keys).await.map_err(wrap(b))?;
+        if let Hot::Unread(shard) = hot {
+            let hot = images.get(shard as usize).and_then(Option::as_ref);
+            if self.share_too_small(b, hot, new) {
+                return Ok(count);
+            }
+        }
         // Only the bucket's limits are rewritten (refilled, clamped); no claim is taken.
         let clamp = BucketClaim {
             limits: SmallVec::new(),
@@ -252,18 +283,37 @@ impl<S: BucketStore> Engine<S> {
         self.shards.learn(&b.entity, &b.resource, new);
         Ok(new)
     }
+
+    /// Whether a doubling to `new` shards would leave a shard's share smaller than the
+    /// claims the bucket carries (counted when it does). Shards never merge back: such a
+    /// doubling would refuse them on every shard for good. The shard stays hot instead,
+    /// and its slow passes refill `wcu`, as at the maximum. Judged by the usual claim,
+    /// not only this request's: a check-only request (0 hits) must not spread the bucket
+    /// until an ordinary one no longer fits.
+    fn share_too_small(&self, b: &BucketClaim, hot: Option<&BucketItem>, new: u32) -> bool {
+        let small = b
+            .limits
+            .iter()
+            .any(|c| !c.forced && usual_claim(c, hot) > c.params.share(new).ceiling);
+        if small {
+            EngineStats::bump(&self.stats.shard_doublings_declined_small_share);
+        }
+        small
+    }
 }
 
-/// The claim a bucket's limit usually carries, judged from a hot shard's image: this
-/// request's, at least one token (an ordinary request: Envoy's default `hits_addend`),
-/// and at least the average taken per fast-path write on that shard (`tc` over the
-/// writes `wcu` counted) — so check-only or small requests cannot spread a bucket until
-/// its ordinary requests no longer fit a shard's share.
-fn usual_claim(c: &LimitClaim, hot: &BucketItem) -> i64 {
-    let writes = hot.limit(WCU_LIMIT).map_or(0, |w| w.tc / MILLI);
-    let average = match hot.limit(&c.limit) {
-        Some(st) if writes > 0 && st.tc > 0 => st.tc / writes,
-        _ => 0,
-    };
+/// The claim a bucket's limit usually carries, judged from a hot shard's image (when
+/// there is one): this request's, at least one token (an ordinary request: Envoy's
+/// default `hits_addend`), and at least the average taken per fast-path write on that
+/// shard (`tc` over the writes `wcu` counted) — so check-only or small requests cannot
+/// spread a bucket until its ordinary requests no longer fit a shard's share.
+fn usual_claim(c: &LimitClaim, hot: Option<&BucketItem>) -> i64 {
+    let average = hot.map_or(0, |hot| {
+        let writes = hot.limit(WCU_LIMIT).map_or(0, |w| w.tc / MILLI);
+        match hot.limit(&c.limit) {
+            Some(st) if writes > 0 && st.tc > 0 => st.tc / writes,
+            _ => 0,
+        }
+    });
     c.amount.max(MILLI).max(average)
 }

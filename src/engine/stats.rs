@@ -63,6 +63,9 @@ engine_stats! {
     refunds,
     /// Requests refused because a bucket's item stayed busy with concurrent transactions.
     contended_refusals,
+    /// Requests refused because the store throttled a bucket's partition (a hot bucket that
+    /// could not double, or whose doubling was throttled too).
+    throttled_refusals,
     /// Leases taken: blocks of tokens debited from a hot bucket's shard in advance.
     leases_taken,
     /// Lease fetches that got nothing: the shard could not give a useful block (the
@@ -98,7 +101,7 @@ mod tests {
         EngineStats::bump(&stats.refunds);
         EngineStats::bump(&stats.refunds);
         let counted = stats.counted();
-        assert_eq!(counted.len(), 18);
+        assert_eq!(counted.len(), 19);
         let refunds = counted.iter().find(|c| c.name == "refunds").unwrap();
         assert_eq!(refunds.value, 2);
         assert_eq!(

@@ -59,6 +59,10 @@ impl StoreFailure {
                 source: StoreError::CircuitOpen { .. },
                 ..
             }) => "circuit_open",
+            StoreFailure::Engine(EngineError::Store {
+                source: StoreError::Shed { .. },
+                ..
+            }) => "shed",
             StoreFailure::Engine(_) => "store",
             StoreFailure::Deadline => "deadline",
         }
@@ -186,18 +190,29 @@ impl<S: BucketStore> RateLimiter<S> {
         &self.metrics
     }
 
-    /// Marks whether the store has answered since start-up (see `check_store`).
+    /// Marks whether the store has answered since start-up (see [`Self::readiness`]).
     pub fn set_ready(&self, ready: bool) {
         self.ready
             .store(ready, std::sync::atomic::Ordering::Release);
     }
 
-    /// Whether the store answers: not before it has since start-up (the server warms it
-    /// up), then one read of a key no bucket uses, bounded in time.
-    pub async fn check_store(&self) -> Result<(), String> {
-        if !self.ready.load(std::sync::atomic::Ordering::Acquire) {
-            return Err("warming up: the store has not answered yet".to_string());
+    /// Whether this server is ready for calls: once its store has answered after
+    /// start-up (the server warms it up), and from then on whatever the store does. A
+    /// store outage is answered by each rule's `failure_mode`, which only a server that
+    /// stays in its callers' endpoints can give; a server taken out instead would leave
+    /// Envoy's filter-level failure mode to answer for every rule alike.
+    pub fn readiness(&self) -> Result<(), String> {
+        if self.ready.load(std::sync::atomic::Ordering::Acquire) {
+            Ok(())
+        } else {
+            Err("warming up: the store has not answered yet".to_string())
         }
+    }
+
+    /// Whether the store answers: not before it has since start-up, then one read of a
+    /// key no bucket uses, bounded in time.
+    pub async fn check_store(&self) -> Result<(), String> {
+        self.readiness()?;
         let probe = [BucketKey::new("%health", "%health", 0)];
         match tokio::time::timeout(
             std::time::Duration::from_secs(2),

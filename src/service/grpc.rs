@@ -32,9 +32,23 @@ use super::trace_context::TraceContextLayer;
 use super::unary::AnswerBody;
 use crate::store::BucketStore;
 
-/// Service names the health service reports on: the overall server and the rate-limit
-/// service under its short and full names.
+/// Service names the health service reports readiness on (besides the server's own, ""):
+/// the rate-limit service under its short and full names. Ready once the store has
+/// answered after start-up, and from then on whatever the store does: a store outage is
+/// answered by each rule's `failure_mode`, which only a server in the endpoints can give.
 pub const HEALTH_SERVICES: [&str; 2] = ["ratelimit", SERVICE_NAME];
+
+/// The health service name that follows the store itself (SERVING while it answers), for
+/// whoever wants to route away from a server whose store does not answer.
+pub const STORE_HEALTH_SERVICE: &str = "store";
+
+/// What the health service follows: readiness (see [`HEALTH_SERVICES`]) and the store's
+/// health (see [`STORE_HEALTH_SERVICE`]), each SERVING while it holds true.
+#[derive(Debug, Clone)]
+pub struct HealthWatch {
+    pub ready: watch::Receiver<bool>,
+    pub store: watch::Receiver<bool>,
+}
 
 /// File descriptors of the rate-limit API, for reflection (generated from Envoy's protos
 /// by `scripts/gen_descriptor.py`).
@@ -45,9 +59,8 @@ const RLS_DESCRIPTOR_SET: &[u8] = include_bytes!("rls_descriptor.bin");
 pub struct PortOptions {
     /// TLS (see [`super::tls`]) when set.
     pub tls: Option<Arc<TlsState>>,
-    /// The health service follows it (SERVING while it holds true, NOT_SERVING otherwise)
-    /// when it is given; always SERVING otherwise.
-    pub healthy: Option<watch::Receiver<bool>>,
+    /// What the health service follows when it is given; always SERVING otherwise.
+    pub health: Option<HealthWatch>,
     /// Each call in the trace context its caller sends (spans exported; ignored without
     /// the `otel` feature).
     pub trace_context: bool,
@@ -89,7 +102,7 @@ pub async fn serve_with<S: BucketStore>(
     let limits = options.limits;
     let port = Port {
         rls: Rls::new(limiter).with_max_message_len(limits.max_message_len()),
-        others: others(options.healthy, limits.max_message_len()).await,
+        others: others(options.health, limits.max_message_len()).await,
     };
     let server = limits.apply(server(options.trace_context));
     let accepting = Accepting::new(listener, metrics.clone());
@@ -166,16 +179,37 @@ impl<S: BucketStore> Service<Request<Body>> for Port<S> {
     }
 }
 
-async fn set_health(reporter: &tonic_health::server::HealthReporter, serving: bool) {
+/// Sets the status of each of `names`.
+async fn set_health(
+    reporter: &tonic_health::server::HealthReporter,
+    names: &[&str],
+    serving: bool,
+) {
     let status = if serving {
         ServingStatus::Serving
     } else {
         ServingStatus::NotServing
     };
-    reporter.set_service_status("", status).await;
-    for name in HEALTH_SERVICES {
+    for name in names {
         reporter.set_service_status(name, status).await;
     }
+}
+
+/// Keeps `names` following `watch` (SERVING while it holds true), from now on.
+async fn follow(
+    reporter: &tonic_health::server::HealthReporter,
+    names: &'static [&'static str],
+    mut watch: watch::Receiver<bool>,
+) {
+    let now = *watch.borrow_and_update();
+    set_health(reporter, names, now).await;
+    let reporter = reporter.clone();
+    tokio::spawn(async move {
+        while watch.changed().await.is_ok() {
+            let serving = *watch.borrow_and_update();
+            set_health(&reporter, names, serving).await;
+        }
+    });
 }
 
 /// The layers around every gRPC service: the caller's trace context, when built with
@@ -199,19 +233,23 @@ fn server(_trace_context: bool) -> tonic::transport::Server<Layers> {
     tonic::transport::Server::builder()
 }
 
+/// Readiness names: the server's own and [`HEALTH_SERVICES`].
+const READY_NAMES: [&str; 3] = ["", HEALTH_SERVICES[0], HEALTH_SERVICES[1]];
+
 /// Health and reflection, in tonic's router, their request messages bounded as the
 /// rate-limit service's are.
-async fn others(healthy: Option<watch::Receiver<bool>>, max_message_len: usize) -> Routes {
-    let (reporter, health) = tonic_health::server::health_reporter();
-    let health = health.max_decoding_message_size(max_message_len);
-    set_health(&reporter, healthy.as_ref().is_none_or(|h| *h.borrow())).await;
-    if let Some(mut healthy) = healthy {
-        tokio::spawn(async move {
-            while healthy.changed().await.is_ok() {
-                let serving = *healthy.borrow_and_update();
-                set_health(&reporter, serving).await;
-            }
-        });
+async fn others(health: Option<HealthWatch>, max_message_len: usize) -> Routes {
+    let (reporter, service) = tonic_health::server::health_reporter();
+    let service = service.max_decoding_message_size(max_message_len);
+    match health {
+        Some(HealthWatch { ready, store }) => {
+            follow(&reporter, &READY_NAMES, ready).await;
+            follow(&reporter, &[STORE_HEALTH_SERVICE], store).await;
+        }
+        None => {
+            set_health(&reporter, &READY_NAMES, true).await;
+            set_health(&reporter, &[STORE_HEALTH_SERVICE], true).await;
+        }
     }
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(RLS_DESCRIPTOR_SET)
@@ -219,5 +257,5 @@ async fn others(healthy: Option<watch::Receiver<bool>>, max_message_len: usize) 
         .build_v1()
         .expect("the embedded descriptor sets are valid")
         .max_decoding_message_size(max_message_len);
-    Routes::new(health).add_service(reflection).prepare()
+    Routes::new(service).add_service(reflection).prepare()
 }

@@ -1,6 +1,7 @@
-//! The HTTP surface (`--http-addr`): `GET /metrics` (Prometheus), `GET /healthcheck`,
-//! `GET /rlconfig` (the loaded rules as text) and `POST /json` (a proto3-JSON
-//! `RateLimitRequest` answered like the gRPC call: 200 OK, 429 over limit, 400 bad body).
+//! The HTTP surface (`--http-addr`): `GET /metrics` (Prometheus), `GET /healthcheck`
+//! (readiness), `GET /healthcheck/store` (whether the store answers now), `GET /rlconfig`
+//! (the loaded rules as text) and `POST /json` (a proto3-JSON `RateLimitRequest` answered
+//! like the gRPC call: 200 OK, 429 over limit, 400 bad body).
 //!
 //! It translates HTTP to the [`RateLimiter`] and the metrics; it decides nothing itself.
 
@@ -26,6 +27,7 @@ pub fn router<S: BucketStore>(limiter: Arc<RateLimiter<S>>) -> Router {
     Router::new()
         .route("/metrics", get(metrics::<S>))
         .route("/healthcheck", get(healthcheck::<S>))
+        .route("/healthcheck/store", get(store_check::<S>))
         .route("/rlconfig", get(rlconfig::<S>))
         .route("/json", post(json_call::<S>))
         .with_state(limiter)
@@ -53,7 +55,17 @@ async fn metrics<S: BucketStore>(State(limiter): State<Arc<RateLimiter<S>>>) -> 
         .into_response()
 }
 
+/// Readiness: 200 once the store has answered after start-up, whatever it does later (a
+/// store outage is answered by the rules' `failure_mode`); 503 before.
 async fn healthcheck<S: BucketStore>(State(limiter): State<Arc<RateLimiter<S>>>) -> Response {
+    match limiter.readiness() {
+        Ok(()) => (StatusCode::OK, "OK\n").into_response(),
+        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {e}\n")).into_response(),
+    }
+}
+
+/// The store's health now: one read of a key no bucket uses.
+async fn store_check<S: BucketStore>(State(limiter): State<Arc<RateLimiter<S>>>) -> Response {
     match limiter.check_store().await {
         Ok(()) => (StatusCode::OK, "OK\n").into_response(),
         Err(e) => (

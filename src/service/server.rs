@@ -12,7 +12,7 @@ use thiserror::Error;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use super::grpc::PortOptions;
+use super::grpc::{HealthWatch, PortOptions};
 use super::metrics::Metrics;
 use super::port_limits::PortLimits;
 use super::tls::{TlsError, TlsFiles, TlsState};
@@ -115,7 +115,7 @@ const BREAKER_THRESHOLD: u32 = 5;
 #[cfg(feature = "dynamodb")]
 const BREAKER_COOL_OFF: Duration = Duration::from_millis(500);
 
-/// How often gRPC health re-checks that the store answers.
+/// How often the `store` health service re-checks that the store answers.
 const STORE_HEALTH_INTERVAL: Duration = Duration::from_secs(5);
 /// How often the rejection cache drops images no request can use any more (entries live
 /// at most two cache lifetimes past their last use, plus this).
@@ -207,6 +207,7 @@ pub async fn run(options: ServeOptions) -> Result<(), ServeError> {
             // Each call in a task of its own: a caller's deadline never cancels a call
             // that is resolving credentials or opening a connection (see `detached.rs`).
             let store = Arc::new(Detached::new(breaker));
+            metrics.attach_pressure(store.pressure().clone());
             let budget = options
                 .partition_write_budget
                 .unwrap_or(DEFAULT_PARTITION_WRITE_BUDGET);
@@ -355,16 +356,20 @@ async fn serve_on<S: BucketStore>(
         Some(files) => Some(Arc::new(TlsState::start(files.clone(), TLS_RELOAD_POLL)?)),
         None => None,
     };
-    // gRPC health follows the store: NOT_SERVING until it has answered a first call, and
-    // while it does not answer.
-    let (healthy_tx, healthy_rx) = watch::channel(warm_up.is_none());
+    // Readiness (gRPC health of the server and the rate-limit service, `/healthcheck`):
+    // NOT_SERVING until the store has answered a first call, then SERVING for good: a
+    // store outage is answered by each rule's failure_mode. The `store` health service
+    // follows the store itself.
+    let (ready_tx, ready_rx) = watch::channel(warm_up.is_none());
+    let (store_tx, store_rx) = watch::channel(warm_up.is_none());
     let health_task = {
         let limiter = limiter.clone();
         tokio::spawn(async move {
             if let Some(warm_up) = warm_up {
                 warm_up.await;
                 limiter.set_ready(true);
-                healthy_tx.send_replace(true);
+                ready_tx.send_replace(true);
+                store_tx.send_replace(true);
             }
             let mut tick = tokio::time::interval(STORE_HEALTH_INTERVAL);
             tick.tick().await;
@@ -374,7 +379,7 @@ async fn serve_on<S: BucketStore>(
                 if let Err(e) = &ok {
                     tracing::warn!(error = %e, "store health check failed");
                 }
-                healthy_tx.send_if_modified(|h| std::mem::replace(h, ok.is_ok()) != ok.is_ok());
+                store_tx.send_if_modified(|h| std::mem::replace(h, ok.is_ok()) != ok.is_ok());
             }
         })
     };
@@ -403,7 +408,10 @@ async fn serve_on<S: BucketStore>(
     };
     let port = PortOptions {
         tls,
-        healthy: Some(healthy_rx),
+        health: Some(HealthWatch {
+            ready: ready_rx,
+            store: store_rx,
+        }),
         trace_context: options.trace_context,
         limits: options.port_limits.clone(),
     };

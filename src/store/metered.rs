@@ -12,7 +12,7 @@ use super::{
 };
 
 /// One call's operation and outcome, as a store names them (DynamoDB: its API's
-/// operation, `ok`, `condition_failed`, `conflict`, `error`, …).
+/// operation, `ok`, `condition_failed`, `conflict`, `throttled`, `error`, …).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct CallKind {
     pub operation: &'static str,
@@ -56,12 +56,14 @@ impl<S: BucketStore> Metered<S> {
     ) {
         let outcome = match result {
             Ok(v) => outcome(v),
-            // Failed fast by the circuit breaker: the store was not called.
-            Err(StoreError::CircuitOpen { .. }) => {
+            // Failed fast by the circuit breaker, or shed: the store was not called.
+            Err(e @ (StoreError::CircuitOpen { .. } | StoreError::Shed { .. })) => {
                 calls::add(-1);
-                "circuit_open"
+                e.class()
             }
-            Err(_) => "error",
+            // By class: only `error` is the store failing; throttling, contention, a
+            // corrupt item or a refused key are one bucket's (or one request's).
+            Err(e) => e.class(),
         };
         self.observer.observe(operation, outcome, started.elapsed());
     }

@@ -1,6 +1,7 @@
 """The Dockerfile, as far as it can be checked without Docker (none runs here): its
 HEALTHCHECK command is run against a real shardgate, with the environment the image sets,
-and must pass while the store answers and fail while it does not; the ports and paths it
+and must pass once the store has answered and fail while it never has (`/healthcheck` is
+readiness: a store failing later leaves it passing); the ports and paths it
 declares agree with each other; the build context leaves out what the build does not need.
 """
 import json
@@ -34,7 +35,7 @@ def run_healthcheck(http_port):
 
 
 @pytest.mark.parametrize("store_up", [True, False], ids=["store-up", "store-down"])
-def test_healthcheck_follows_the_store(store_up, shardgate_bin, tmp_path):
+def test_healthcheck_waits_for_the_store(store_up, shardgate_bin, tmp_path):
     store = (Store("memory") if store_up else
              Store("dynamodb", endpoint=f"http://127.0.0.1:{free_port()}", table="unreachable"))
     sg = Shardgate(shardgate_bin, REPO / "config" / "example.yaml", store, tmp_path, "docker")

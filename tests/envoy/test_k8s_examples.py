@@ -5,21 +5,31 @@
   rules, and must limit.
 - The probes' gRPC health service name is checked against the real server by Envoy's own
   gRPC health checker (a wrong name fails the check).
+- The Kubernetes example's pod, its DynamoDB table gone after start-up (a fault proxy in
+  front of DynamoDB Local answering HTTP 500): its readiness probe stays SERVING, so the
+  pod stays in the Service, and Envoy gets each rule's `failure_mode` answer.
 - Every ConfigMap passes `shardgate check-config`; the manifests keep the properties their
   READMEs promise (ConfigMap mounted as a directory, non-root, DynamoDB settings, minimal
   IAM actions).
 """
 import json
+import os
 import subprocess
+import sys
 import time
+import urllib.parse
 
 import pytest
 import yaml
 
 from envoy_e2e import (
-    REPO, RLS_TIMEOUT, ROUTER, E2EError, Envoy, Shardgate, bootstrap, backend_listener,
-    http_listener, static_cluster, unique, wait_until,
+    REPO, RLS_TIMEOUT, ROUTER, E2EError, Envoy, Shardgate, Store, bootstrap, backend_listener,
+    create_table, header, http_listener, ratelimit_filter, route, static_cluster, unique,
+    wait_until,
 )
+
+sys.path.insert(0, str(REPO / "tests" / "python"))
+from fault_proxy import FaultProxy  # noqa: E402  (the store-fault suite's proxy, stdlib only)
 
 ISTIO = REPO / "envoy-examples" / "istio"
 K8S = REPO / "envoy-examples" / "kubernetes"
@@ -259,3 +269,101 @@ def test_iam_policies_are_minimal():
         (arn,) = resources
         assert arn.startswith("arn:aws:dynamodb:") and arn.endswith(":table/shardgate"), arn
         assert "*" not in arn
+
+
+# --- Kubernetes: readiness through a store outage -------------------------------------------
+
+DDB_ENV = "SHARDGATE_TEST_DYNAMODB_ENDPOINT"
+# shardgate re-checks its store every 5 s (STORE_HEALTH_INTERVAL); the outage outlasts two
+# of those checks and the 2 s each may take.
+OUTAGE_WATCHED_S = 12.0
+
+
+def k8s_envoy_config(ports, shardgate_port, probe_service):
+    """Envoy in front of the example's pod: the filter fails closed (`failure_mode_deny`),
+    so a rule's UNAVAILABLE shows as 500; the shardgate cluster is health checked with the
+    readiness probe's service, as the kubelet asks it."""
+    cluster = static_cluster("shardgate", shardgate_port, http2=True)
+    cluster["health_checks"] = [{
+        "timeout": "1s", "interval": "0.2s", "no_traffic_interval": "0.2s",
+        "unhealthy_threshold": 1, "healthy_threshold": 1,
+        "grpc_health_check": {"service_name": probe_service},
+    }]
+    routes = [
+        route("/tenant", [{"actions": [header("x-tenant", "tenant")]}]),
+        route("/address", [{"actions": [{"remote_address": {}}]}]),
+    ]
+    filters = [ratelimit_filter("edge", failure_mode_deny=True),
+               {"name": "envoy.filters.http.router", "typed_config": {"@type": ROUTER}}]
+    return bootstrap(ports["admin"],
+                     [http_listener("main", ports["main"], routes, filters),
+                      backend_listener(ports["backend"])],
+                     [cluster, static_cluster("backend", ports["backend"])])
+
+
+def rule_failure_modes(configmap_path):
+    """Each top-level rule key of the example's `edge` domain and its `failure_mode`
+    (the domain's where the rule sets none)."""
+    cm = one(load_all(configmap_path), "ConfigMap")
+    domain = yaml.safe_load(cm["data"]["edge.yaml"])
+    return {d["key"]: d.get("failure_mode", domain.get("failure_mode", "deny"))
+            for d in domain["descriptors"]}
+
+
+def test_kubernetes_pod_stays_ready_and_answers_each_rules_failure_mode_in_a_store_outage(
+        shardgate_bin, envoy_bin, tmp_path):
+    """Readiness means "warmed up", not "the store answers": a pod taken out of the
+    Service in a store outage leaves Envoy's filter-level failure mode to answer for
+    every rule alike, and with every pod out, no rule's own `failure_mode` is ever
+    given. Here the table fails after start-up: the probe's service stays SERVING, and
+    the tenant rule (deny) is answered UNAVAILABLE (Envoy, failing closed: 500) while the
+    client-address rule (allow) lets its request through. Before, the probe turned
+    NOT_SERVING within one store health interval."""
+    modes = rule_failure_modes(K8S / "configmap.yaml")
+    assert modes == {"tenant": "deny", "remote_address": "allow"}, modes
+    endpoint = os.environ.get(DDB_ENV)
+    if not endpoint:
+        pytest.fail(f"{DDB_ENV} is not set: this test needs DynamoDB Local (scripts/test starts it)")
+    upstream = urllib.parse.urlsplit(endpoint).port
+    proxy = FaultProxy(upstream, tmp_path / "fault-proxy.log")
+    sg = envoy = None
+    try:
+        store = Store("dynamodb", endpoint=proxy.endpoint, table="shardgate-e2e-k8s")
+        create_table(shardgate_bin, store, tmp_path / "create.log")
+        probe = grpc_probe_service(one(load_all(K8S / "deployment.yaml"), "Deployment"))
+        limits = write_configmap(K8S / "configmap.yaml", tmp_path / "limits")
+        sg = Shardgate(shardgate_bin, limits, store, tmp_path, "k8s-outage")
+        sg.start()
+        envoy = Envoy(envoy_bin, tmp_path, "k8s-outage",
+                      lambda ports: k8s_envoy_config(ports, sg.port, probe))
+        envoy.start()
+        wait_until(lambda: envoy.counter("cluster.shardgate.health_check.success") >= 1, 60,
+                   "the readiness probe's service SERVING", detail=sg.proc.log)
+        tenant = {"x-tenant": unique("t")}
+        assert envoy.get("/tenant", tenant).status == 200
+        assert envoy.get("/address").status == 200
+
+        proxy.set("http500")
+        failures = envoy.counter("cluster.shardgate.health_check.failure")
+        errors = envoy.counter("cluster.backend.ratelimit.error")
+        answers = []
+        started = time.monotonic()
+        while time.monotonic() - started < OUTAGE_WATCHED_S:
+            answers.append((envoy.get("/tenant", tenant).status, envoy.get("/address").status))
+            assert envoy.counter("cluster.shardgate.health_check.failure") == failures, (
+                "the probe's service went NOT_SERVING", sg.proc.log(tail=2000))
+            time.sleep(0.5)
+        assert envoy.counter("cluster.shardgate.membership_healthy") == 1
+        # deny: UNAVAILABLE, refused by Envoy failing closed; allow: OK, passed.
+        assert set(answers) == {(500, 200)}, answers
+        assert envoy.counter("cluster.backend.ratelimit.error") == errors + len(answers)
+        assert "store health check failed" in sg.proc.log(tail=5000), "the store did fail"
+    except E2EError as e:
+        pytest.fail(str(e))
+    finally:
+        proxy.set("pass")
+        if envoy is not None:
+            envoy.stop()
+        if sg is not None:
+            sg.stop()
+        proxy.stop()

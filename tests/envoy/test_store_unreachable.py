@@ -4,7 +4,9 @@ shardgate answers, and Envoy's `failure_mode_deny` what the client sees.
 - `failure_mode: deny` (default): shardgate answers gRPC UNAVAILABLE; Envoy, failing closed,
   answers 500.
 - `failure_mode: allow`: shardgate answers OK, counting nothing; Envoy passes the request.
-- gRPC health (service `ratelimit`, the readiness probes' name) is NOT_SERVING meanwhile.
+- gRPC health (service `ratelimit`, the readiness probes' name) is NOT_SERVING meanwhile:
+  the store has never answered since start-up (a store failing later leaves the server
+  ready; see test_k8s_examples.py).
 
 Not parametrized over stores: the point is a DynamoDB store whose endpoint refuses
 connections (a closed loopback port), which needs no DynamoDB at all.

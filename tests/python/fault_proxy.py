@@ -19,12 +19,20 @@ also on connections kept alive from before:
   `PutItem`), as DynamoDB answers one that meets a transaction in progress on its item;
   reads and transactions are forwarded.
 
+A fault may be narrowed: `key=S` applies it only to requests whose body holds the text S
+(a bucket's partition key, or part of it: one hot bucket), `op=O` only to requests of
+operation O (`UpdateItem`, …), `times=N` only to the next N requests it applies to; every
+other request is forwarded. `reason=R` adds DynamoDB's throttling reason R (e.g.
+`TableWriteKeyRangeThroughputExceeded`: one partition key's limit;
+`TableWriteAccountLimitExceeded`: the table's) to `ptee` and `throttle` answers.
+
 Errors are sent as DynamoDB sends them: `Content-Type: application/x-amz-json-1.0`, a
 JSON body with `__type` (namespace `#` code) and `message`, `x-amzn-RequestId` and
 `x-amz-crc32`. The AWS Rust SDK reads the code after the `#`; it retries 500s (transient
-status), and both throttling codes (its THROTTLING_ERRORS list), with backoff, within the
-attempts and deadline the client is configured with; connection resets are I/O errors,
-also retried.
+status) with backoff, within the attempts and deadline the client is configured with;
+connection resets are I/O errors, also retried. Both throttling codes are in its list of
+retryable ones too, but shardgate's client forbids those retries (a throttle is answered
+by the engine, at once).
 
 If the upstream refuses the connection or fails mid-answer (DynamoDB Local stopped or
 killed), the client's connection is reset the same way, so the client sees what it would
@@ -33,8 +41,8 @@ see talking to the store directly.
 Run: `python fault_proxy.py --upstream 127.0.0.1:8000`; it binds two free loopback ports
 and prints `LISTEN <proxy port> CONTROL <control port>` on its first stdout line.
 Control (HTTP GET on the control port, JSON answers):
-`/mode?fault=pass|delay|http500|ptee|throttle|reset|conflict[&ms=N]` sets the fault and returns the
-counters; `/stats` returns them.
+`/mode?fault=pass|delay|http500|ptee|throttle|reset|conflict[&ms=N][&key=S][&op=O][&times=N][&reason=R]`
+sets the fault and returns the counters; `/stats` returns them.
 
 `FaultProxy` below starts it as a subprocess for tests.
 """
@@ -199,9 +207,17 @@ def close(writer):
             pass
 
 
-def error_response(kind):
+def error_response(kind, throttling_reason=None):
     status, reason, type_, message = ERRORS[kind]
-    body = json.dumps({"__type": type_, "message": message}).encode()
+    answer = {"__type": type_, "message": message}
+    if throttling_reason and kind in ("ptee", "throttle"):
+        # DynamoDB's model spells the field so in ThrottlingException, capitalised in
+        # ProvisionedThroughputExceededException.
+        field = "throttlingReasons" if kind == "throttle" else "ThrottlingReasons"
+        answer[field] = [{
+            "reason": throttling_reason,
+            "resource": "arn:aws:dynamodb:us-east-1:000000000000:table/shardgate"}]
+    body = json.dumps(answer).encode()
     head = (
         f"HTTP/1.1 {status} {reason}\r\n"
         f"x-amzn-RequestId: {uuid.uuid4().hex.upper()}\r\n"
@@ -219,6 +235,11 @@ class Proxy:
         self.upstream = (upstream_host, upstream_port)
         self.fault = "pass"
         self.delay_ms = 0
+        # Narrowing of the fault (see the module's doc): None means any.
+        self.key = None
+        self.op = None
+        self.times = None
+        self.reason = None
         self.stats = {
             "connections": 0,
             "requests": 0,  # requests read from clients
@@ -236,8 +257,22 @@ class Proxy:
             self.stats[field][key] = self.stats[field].get(key, 0) + 1
 
     def snapshot(self):
-        return {"fault": self.fault, "delay_ms": self.delay_ms,
+        return {"fault": self.fault, "delay_ms": self.delay_ms, "key": self.key,
+                "op": self.op, "times": self.times, "reason": self.reason,
                 **json.loads(json.dumps(self.stats))}
+
+    def applies(self, op, body):
+        """Whether the current fault applies to this request (and counts it if narrowed
+        to a number of times)."""
+        if self.key is not None and self.key.encode() not in body:
+            return False
+        if self.op is not None and op != self.op:
+            return False
+        if self.times is not None:
+            if self.times <= 0:
+                return False
+            self.times -= 1
+        return True
 
     async def guarded(self, client, work):
         """Runs `work` while watching the client: if it closes its connection first,
@@ -277,15 +312,17 @@ class Proxy:
                 self.count("requests")
                 op = headers.get("x-amz-target", "?").rpartition(".")[2]
                 fault, delay_ms = self.fault, self.delay_ms
+                if fault == "conflict" and op not in SINGLE_ITEM_WRITES:
+                    fault = "pass"
+                if fault != "pass" and not self.applies(op, body):
+                    fault = "pass"
                 if fault == "reset":
                     self.count("faulted", "reset")
                     reset(writer)
                     return
-                if fault == "conflict" and op not in SINGLE_ITEM_WRITES:
-                    fault = "pass"
                 if fault in ERRORS:
                     self.count("faulted", fault)
-                    writer.write(error_response(fault))
+                    writer.write(error_response(fault, self.reason))
                     await writer.drain()
                     continue
                 if fault == "delay":
@@ -371,6 +408,10 @@ class Proxy:
                 else:
                     self.fault = fault
                     self.delay_ms = int(query.get("ms", "0"))
+                    self.key = query.get("key")
+                    self.op = query.get("op")
+                    self.times = int(query["times"]) if "times" in query else None
+                    self.reason = query.get("reason")
             elif url.path != "/stats":
                 status, answer = 404, {"error": "GET /mode?fault=... or /stats"}
             body = json.dumps(answer or self.snapshot()).encode()
@@ -457,10 +498,16 @@ class FaultProxy:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.control_port}{path}", timeout=5) as r:
             return json.loads(r.read())
 
-    def set(self, fault, ms=0):
-        """Switches the fault; returns the counters as they were at the switch."""
+    def set(self, fault, ms=0, key=None, op=None, times=None, reason=None):
+        """Switches the fault (narrowed to `key`, `op`, the next `times` requests, with a
+        throttling `reason`: see the module's doc); returns the counters as they were at
+        the switch."""
         assert fault in FAULTS, fault
-        return self._get(f"/mode?fault={fault}&ms={int(ms)}")
+        query = {"fault": fault, "ms": int(ms)}
+        for name, value in (("key", key), ("op", op), ("times", times), ("reason", reason)):
+            if value is not None:
+                query[name] = value
+        return self._get(f"/mode?{urllib.parse.urlencode(query)}")
 
     def stats(self):
         return self._get("/stats")

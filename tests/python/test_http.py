@@ -1,6 +1,7 @@
 """The HTTP surface (issue 5): `POST /json` answers like the gRPC call (200 OK, 429 over
-limit, 400 with a message naming the field for a bad body), `GET /healthcheck`, and
-`GET /rlconfig` (domains, rules and the config hash that the metrics show).
+limit, 400 with a message naming the field for a bad body), `GET /healthcheck`
+(readiness) and `GET /healthcheck/store` (the store's health), and `GET /rlconfig`
+(domains, rules and the config hash that the metrics show).
 
 `/json` bodies are also read back with protobuf's own proto3-JSON parser
 (`google.protobuf.json_format`) into Envoy's `RateLimitResponse`, so they are checked
@@ -10,9 +11,11 @@ import json
 import re
 import time
 
+import grpc
 import pytest
 
 from google.protobuf import json_format
+from grpc_health.v1 import health_pb2
 from envoy.service.ratelimit.v3 import rls_pb2
 
 from fake_dynamodb import FakeDynamo
@@ -242,19 +245,50 @@ def test_healthcheck(shardgate):
     assert (status, text.strip()) == (200, "OK")
 
 
-def test_healthcheck_is_503_while_the_store_does_not_answer(shardgate):
+def wait_for(done, timeout_s):
+    """Polls `done` every 50 ms until it holds or `timeout_s` passes; its last answer."""
+    deadline = time.monotonic() + timeout_s
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return done()
+
+
+READY_SERVICES = ["", "ratelimit", "envoy.service.ratelimit.v3.RateLimitService"]
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+# The `store` health service is re-checked every 5 s (STORE_HEALTH_INTERVAL), each check
+# bounded by 2 s.
+STORE_CHECK_S = 5 + 2 + 3
+
+
+def test_readiness_stays_while_the_store_fails_and_the_store_check_follows_it(shardgate):
+    """Readiness (`/healthcheck`; gRPC health of the server and the rate-limit service)
+    means the store has answered since start-up: a store failing later leaves the server
+    ready, each request answered by its rules' `failure_mode` (deny here: UNAVAILABLE),
+    which only a server its callers still reach can give. The store's own health is
+    `/healthcheck/store` and the gRPC service `store`: 503 and NOT_SERVING while it fails,
+    200 and SERVING once it answers again. Before, `/healthcheck` and every health
+    service followed the store."""
     with FakeDynamo() as store:
         server = shardgate(RULES, **store.serve_options("200ms"))
-        assert server.http("GET", "/healthcheck")[:1] == (200,)
+        assert server.http("GET", "/healthcheck")[::2] == (200, "OK\n")
+        assert server.http("GET", "/healthcheck/store")[::2] == (200, "OK\n")
+        assert server.health_status("store") == SERVING
         store.failing = True
-        status, _, text = server.http("GET", "/healthcheck")
+        status, _, text = server.http("GET", "/healthcheck/store")
         assert status == 503 and text.startswith("store unavailable"), (status, text)
+        with pytest.raises(grpc.RpcError) as e:
+            server.should_rate_limit(request("api", desc(("user", "u"))))
+        assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert wait_for(lambda: server.health_status("store") == NOT_SERVING, STORE_CHECK_S)
+        # Ready all along.
+        assert server.http("GET", "/healthcheck")[::2] == (200, "OK\n")
+        for service in READY_SERVICES:
+            assert server.health_status(service) == SERVING, service
         store.failing = False
-        # Back once the store answers (after the circuit breaker's cool-off).
-        deadline = time.monotonic() + 5
-        while server.http("GET", "/healthcheck")[0] != 200 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert server.http("GET", "/healthcheck")[0] == 200
+        # The store's health is back once it answers (after the breaker's cool-off).
+        assert wait_for(lambda: server.http("GET", "/healthcheck/store")[0] == 200, 5)
+        assert wait_for(lambda: server.health_status("store") == SERVING, STORE_CHECK_S)
 
 
 def test_rlconfig_lists_domains_rules_and_the_hash_the_metrics_show(shardgate, tmp_path):

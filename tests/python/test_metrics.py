@@ -268,8 +268,9 @@ def test_store_calls_and_their_latency_histogram_by_operation(shardgate):
     assert diff_engine(m1, m2, "fast_path_hits") == 4
     assert sum(v for _, v in m2.series(P + "store_calls_total")) - \
         sum(v for _, v in m1.series(P + "store_calls_total")) == 4
-    # /healthcheck probes the store with a read.
+    # /healthcheck/store probes the store with a read; /healthcheck (readiness) does not.
     assert server.http("GET", "/healthcheck")[0] == 200
+    assert server.http("GET", "/healthcheck/store")[0] == 200
     m3 = server.metrics()
     assert calls(m3, "read", "ok") - calls(m2, "read", "ok") == 1
 

@@ -1,10 +1,12 @@
 //! What the metrics read only at scrape time: the engine's counters, the rejection
 //! cache's size, outstanding lease tokens and the most sharded buckets (from an
 //! `EngineView`), the capacity DynamoDB reported consumed (from the store's call
-//! ledger), and the memory store's size and evictions. Must not record anything: the
-//! request path never calls here.
+//! ledger), the memory store's size and evictions, and the store calls left running by
+//! callers that gave up (from the detached store's `Pressure`). Must not record anything:
+//! the request path never calls here.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
@@ -13,6 +15,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 
 use super::OperationLabel;
 use crate::engine::EngineView;
+use crate::store::detached::Pressure;
 use crate::store::memory::MemoryStats;
 use crate::store::metered::{CallKind, CallTotals};
 
@@ -164,6 +167,34 @@ impl Collector for MemoryStoreCollector {
             let c = ConstCounter::new(value);
             c.encode(m.encode_family(&ReasonLabel { reason })?)?;
         }
+        Ok(())
+    }
+}
+
+/// Store calls whose callers gave up, still running, and calls shed because too many
+/// were (see `store/detached.rs`).
+#[derive(Debug)]
+pub(super) struct PressureCollector {
+    pub(super) pressure: Arc<Pressure>,
+}
+
+impl Collector for PressureCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let abandoned =
+            ConstGauge::new(i64::try_from(self.pressure.abandoned()).unwrap_or(i64::MAX));
+        abandoned.encode(encoder.encode_descriptor(
+            "store_calls_abandoned",
+            "Store calls still running whose callers gave up (each call ends by the store timeout and starts no retry meanwhile)",
+            None,
+            abandoned.metric_type(),
+        )?)?;
+        let shed = ConstCounter::new(self.pressure.shed());
+        shed.encode(encoder.encode_descriptor(
+            "store_calls_shed",
+            "Store calls not sent because too many calls whose callers gave up were still running (answered by failure_mode)",
+            None,
+            shed.metric_type(),
+        )?)?;
         Ok(())
     }
 }

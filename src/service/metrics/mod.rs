@@ -1,8 +1,9 @@
 //! Prometheus metrics: per-rule hit counters in envoyproxy/ratelimit's terms, config
-//! loads, store calls and the capacity DynamoDB reported, the memory store's size and
-//! evictions, the engine's counters (named and described in `engine/stats.rs`), the most
-//! sharded buckets, answers given by `failure_mode`, request latency and requests in
-//! flight, refused TLS handshakes, and connections the gRPC port failed to accept.
+//! loads, store calls by outcome (an error's class among them), the capacity DynamoDB
+//! reported, store calls left running or shed, the memory store's size and evictions, the
+//! engine's counters (named and described in `engine/stats.rs`), the most sharded buckets,
+//! answers given by `failure_mode`, request latency and requests in flight, refused TLS
+//! handshakes, and connections the gRPC port failed to accept.
 //!
 //! Recording is cheap and lock-free on the hot path except for the first sighting of a
 //! label set: what every request moves is striped per thread (`striped.rs`), the rules'
@@ -85,7 +86,8 @@ struct ReasonLabel {
 /// Labels of a request answered without the store: why, and how.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct FailureLabels {
-    /// `store` (it failed), `deadline` (no answer in time), `circuit_open`.
+    /// `store` (it failed), `deadline` (no answer in time), `circuit_open`, `shed` (not
+    /// sent: too many calls whose callers gave up were still running).
     cause: &'static str,
     /// `unavailable` (a `deny` rule: UNAVAILABLE) or `allowed` (OK, nothing counted).
     answer: &'static str,
@@ -214,6 +216,23 @@ impl Metrics {
             .register_collector(Box::new(collectors::MemoryStoreCollector {
                 stats: Box::new(stats),
             }));
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let registry = self.registry.lock();
+        prometheus_client::encoding::text::encode(&mut out, &registry)
+            .expect("writing to a String cannot fail");
+        out
+    }
+
+    /// Adds the store calls left running by callers that gave up, and those shed (read at
+    /// each scrape).
+    pub fn attach_pressure(&self, pressure: Arc<crate::store::detached::Pressure>) {
+        self.registry
+            .lock()
+            .register_collector(Box::new(collectors::PressureCollector { pressure }));
     }
 
     /// The Prometheus text exposition of every metric.

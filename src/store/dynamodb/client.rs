@@ -1,23 +1,33 @@
-//! Reaching DynamoDB: the client from the standard AWS chain with the store's deadline,
-//! credentials resolved so that no caller's deadline can cut a fetch short, the table's
-//! creation, and the start-up warm-up that has the store answering before the server
-//! says SERVING.
+//! Reaching DynamoDB: the client from the standard AWS chain with the store's deadline
+//! and the retries a call may make, credentials resolved so that no caller's deadline can
+//! cut a fetch short, the table's creation, and the start-up warm-up that has the store
+//! answering before the server says SERVING.
 
 use std::time::Duration;
 
 use aws_credential_types::provider::{self, ProvideCredentials, SharedCredentialsProvider};
 use aws_credential_types::Credentials;
+use aws_sdk_dynamodb::config::interceptors::InterceptorContext;
+use aws_sdk_dynamodb::config::retry::{ClassifyRetry, RetryAction};
 use aws_sdk_dynamodb::error::{DisplayErrorContext, ProvideErrorMetadata};
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, BillingMode, KeySchemaElement, KeyType, KeysAndAttributes,
     ReturnConsumedCapacity, ScalarAttributeType, TimeToLiveSpecification,
 };
 use aws_sdk_dynamodb::Client;
+use aws_smithy_runtime_api::client::retries::classifiers::{RetryClassifierPriority, RetryReason};
+use aws_smithy_runtime_api::client::retries::ErrorKind;
 use futures::future::{BoxFuture, FutureExt, Shared};
 
+use super::failure::describe;
 use super::ledger::capacity_all;
-use super::{describe, DynamoOptions, DynamoStore};
+use super::{DynamoOptions, DynamoStore};
+use crate::store::detached::caller_gone;
 use crate::store::{BucketKey, StoreError};
+
+/// Attempts of one SDK call, the first included; all within the call's deadline (the
+/// operation timeout covers them and the waits between them).
+const MAX_ATTEMPTS: u32 = 3;
 
 /// Builds a DynamoDB client from the standard AWS configuration chain. Its calls are
 /// bounded by `options.timeout`; its credentials are resolved by [`DetachedCredentials`].
@@ -47,10 +57,11 @@ pub(super) async fn connection(
         )
         .retry_config(
             aws_config::retry::RetryConfig::standard()
-                .with_max_attempts(3)
+                .with_max_attempts(MAX_ATTEMPTS)
                 .with_initial_backoff(Duration::from_millis(1))
                 .with_max_backoff((options.timeout / 4).max(Duration::from_millis(1))),
-        );
+        )
+        .retry_classifier(WithinTheCall);
     let credentials = shared
         .credentials_provider()
         .map(|p| SharedCredentialsProvider::new(DetachedCredentials::new(p)));
@@ -62,6 +73,48 @@ pub(super) async fn connection(
         builder = builder.region(aws_config::Region::new("us-east-1"));
     }
     (Client::from_conf(builder.build()), credentials)
+}
+
+/// The retries the SDK's standard mode would make that a call of this store must not.
+///
+/// - A throttling error: on a hot partition a retry adds load where there is too much
+///   already, spends the client's retry quota that every other bucket's transient errors
+///   share, and delays the answer the engine has for it (a doubling of the bucket, or its
+///   short refusal). A table-wide throttle is an outage, and a retry loads it too.
+/// - Anything, once the call's caller has given up (`detached::caller_gone`): nobody reads
+///   the answer, and a store that answered too late for the caller is behind already. The
+///   attempt in flight runs to its end (its connection and credentials serve later calls).
+#[derive(Debug)]
+struct WithinTheCall;
+
+impl ClassifyRetry for WithinTheCall {
+    fn classify_retry(&self, _ctx: &InterceptorContext) -> RetryAction {
+        RetryAction::NoActionIndicated
+    }
+
+    fn classify_retry_v2(&self, _ctx: &InterceptorContext, previous: &RetryAction) -> RetryAction {
+        let throttled = matches!(
+            previous,
+            RetryAction::RetryIndicated(RetryReason::RetryableError {
+                kind: ErrorKind::ThrottlingError,
+                ..
+            })
+        );
+        if previous.should_retry() && (throttled || caller_gone()) {
+            RetryAction::RetryForbidden
+        } else {
+            RetryAction::NoActionIndicated
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        "shardgate: retries within the call"
+    }
+
+    /// After the SDK's own classifiers, so as to see (and forbid) what they decided.
+    fn priority(&self) -> RetryClassifierPriority {
+        RetryClassifierPriority::run_after(RetryClassifierPriority::transient_error_classifier())
+    }
 }
 
 /// A fetch of credentials, shared by every caller waiting for it; its error as text (the
@@ -279,10 +332,7 @@ impl DynamoStore {
                     .record("BatchGetItem", "ok", capacity_all(o.consumed_capacity()));
                 Ok(())
             }
-            Err(err) => {
-                self.ledger.record("BatchGetItem", "error", 0.0);
-                Err(self.failure(key, &err))
-            }
+            Err(err) => Err(self.failed("BatchGetItem", key, &err)),
         }
     }
 }

@@ -2,7 +2,13 @@
 //! (`{namespace}/BUCKET#{entity}#{resource}#{shard}`, `SK = #STATE`) and the attributes
 //! of an item (`rf`, `shard_count`, `ttl`, `entity_id`, `resource`, and per limit
 //! `b_{limit}_{tk,cp,ra,rp,tc}`, every number an integer), both ways. A corrupt item is
-//! an error naming its key and the reason.
+//! an error naming its key and the reason: that bucket's error, never the store's.
+//!
+//! A number read from the table is taken only within what the engine can work with: a
+//! shard count outside 1..=32 (work per request grows with it: draws, a doubling's read
+//! of every shard) and a refill period below 1 ms make the item corrupt. Such an item is
+//! refused, not clamped: every conditional write carries the count it read, so a clamped
+//! count would fail against the item for ever, silently.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -10,7 +16,7 @@ use aws_sdk_dynamodb::types::AttributeValue;
 
 use super::expr::{attr, n, s};
 use super::DynamoStore;
-use crate::store::{BucketItem, BucketKey, LimitState, Limits, StoreError};
+use crate::store::{BucketItem, BucketKey, LimitState, Limits, StoreError, MAX_SHARD_COUNT};
 
 /// One item as the SDK carries it.
 pub(super) type Item = HashMap<String, AttributeValue>;
@@ -35,9 +41,15 @@ pub(super) fn decode(item: &Item) -> Result<BucketItem, String> {
         .transpose()?
         .ok_or_else(|| "no 'rf'".to_string())?;
     let shard_count = match item.get("shard_count") {
-        Some(v) => u32::try_from(parse_n("shard_count", v)?)
-            .map_err(|_| "'shard_count' out of range".to_string())?
-            .max(1),
+        Some(v) => {
+            let count = parse_n("shard_count", v)?;
+            u32::try_from(count)
+                .ok()
+                .filter(|c| (1..=MAX_SHARD_COUNT).contains(c))
+                .ok_or_else(|| {
+                    format!("'shard_count' is {count}, not within 1..={MAX_SHARD_COUNT}")
+                })?
+        }
         None => 1,
     };
     let ttl = item.get("ttl").map(|v| parse_n("ttl", v)).transpose()?;
@@ -179,5 +191,25 @@ mod tests {
         item.insert("b_x_cp".into(), n(1));
         item.insert("b_x_rp".into(), n(0));
         assert_eq!(decode(&item).unwrap_err(), "limit 'x' has refill period 0");
+    }
+
+    #[test]
+    fn decode_refuses_a_shard_count_outside_what_a_bucket_can_have() {
+        let mut item: Item = HashMap::new();
+        item.insert("rf".into(), n(1));
+        assert_eq!(decode(&item).unwrap().shard_count, 1, "absent: one shard");
+        for ok in [1, 2, 32] {
+            item.insert("shard_count".into(), n(ok));
+            assert_eq!(decode(&item).unwrap().shard_count, ok as u32);
+        }
+        for (bad, why) in [
+            (33, "'shard_count' is 33, not within 1..=32"),
+            (0, "'shard_count' is 0, not within 1..=32"),
+            (-1, "'shard_count' is -1, not within 1..=32"),
+            (1 << 40, "'shard_count' is 1099511627776, not within 1..=32"),
+        ] {
+            item.insert("shard_count".into(), n(bad));
+            assert_eq!(decode(&item).unwrap_err(), why);
+        }
     }
 }

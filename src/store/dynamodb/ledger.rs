@@ -21,7 +21,14 @@ const OPERATIONS: [&str; 4] = [
 ];
 
 /// What becomes of a call.
-const OUTCOMES: [&str; 5] = ["ok", "condition_failed", "conflict", "cancelled", "error"];
+const OUTCOMES: [&str; 6] = [
+    "ok",
+    "condition_failed",
+    "conflict",
+    "cancelled",
+    "throttled",
+    "error",
+];
 
 /// Capacity units are counted in thousandths (DynamoDB reports halves for reads).
 const CAPACITY_SCALE: f64 = 1_000.0;

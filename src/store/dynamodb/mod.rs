@@ -9,21 +9,23 @@
 //! boxed: each is several KB, and inline they made every future above them (the engine's,
 //! the request's) about 30 KB, copied and allocated on every decision.
 //!
-//! This file holds the contract's calls and what DynamoDB's errors mean; `client.rs`
-//! reaching the table, `expr.rs` the expressions, `codec.rs` the item format and keys,
-//! `ledger.rs` the call accounting. Table: `PK` (S) + `SK` (S), on-demand, TTL on `ttl`.
+//! This file holds the contract's calls; `failure.rs` what DynamoDB's errors mean,
+//! `client.rs` reaching the table, `expr.rs` the expressions, `codec.rs` the item format
+//! and keys, `ledger.rs` the call accounting. Table: `PK` (S) + `SK` (S), on-demand, TTL on `ttl`.
 //! This module decides nothing about limits.
 
 mod client;
 mod codec;
 mod expr;
+mod failure;
 mod ledger;
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::time::Duration;
 
 use aws_credential_types::provider::SharedCredentialsProvider;
-use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_dynamodb::error::ProvideErrorMetadata;
 use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
@@ -39,8 +41,10 @@ pub use ledger::CallLedger;
 
 use codec::Item;
 use expr::{credit_expression, debit_expression, update_of, Expr};
+use failure::{describe, REASON_BYTES, TRANSACTION_THROTTLING};
 use ledger::{capacity, capacity_all};
 
+use super::detached::caller_gone;
 use super::key::{check_item, check_key};
 use super::DEFAULT_STORE_TIMEOUT;
 use super::{
@@ -64,41 +68,12 @@ pub struct DynamoOptions {
     pub timeout: Duration,
 }
 
-pub(super) fn describe<E: ProvideErrorMetadata + std::fmt::Debug, R: std::fmt::Debug>(
-    e: &SdkError<E, R>,
-) -> String {
-    match e {
-        SdkError::ServiceError(s) => {
-            let inner = s.err();
-            format!(
-                "{}: {}",
-                inner.code().unwrap_or("ServiceError"),
-                inner.message().unwrap_or("no message")
-            )
-        }
-        SdkError::TimeoutError(_) => "timed out".to_string(),
-        SdkError::DispatchFailure(d) => format!("dispatch failure: {d:?}"),
-        other => format!("{other:?}"),
-    }
-}
-
-/// DynamoDB error codes that refuse one request (its key, item or expression), not the
-/// store: they never count towards the circuit breaker.
-const REQUEST_ERRORS: [&str; 3] = [
-    "ValidationException",
-    "ItemCollectionSizeLimitExceededException",
-    "SerializationException",
-];
-
 /// A single-item write DynamoDB refused because a transaction holds the item.
 const CONFLICT: &str = "TransactionConflictException";
 
 /// Backoff caps (full jitter) of the retries of a write refused by [`CONFLICT`]; small,
-/// since the store call's deadline bounds the whole call. Then it is [`StoreError::Contention`].
+/// and none past the call's deadline. Then it is [`StoreError::Contention`].
 const CONFLICT_BACKOFF_CAPS_MS: [u64; 3] = [2, 4, 8];
-
-/// Most bytes of a DynamoDB error text carried into a [`StoreError`].
-const REASON_BYTES: usize = 256;
 
 /// Bucket items in a DynamoDB table.
 #[derive(Debug)]
@@ -157,31 +132,41 @@ impl DynamoStore {
         &self.namespace
     }
 
-    fn unavailable(&self, key: &BucketKey, reason: String) -> StoreError {
-        StoreError::Unavailable {
-            key: self.pk(key),
-            reason: elide(&reason, REASON_BYTES).into_owned(),
-        }
-    }
-
-    /// What a failed SDK call means: this request's error ([`REQUEST_ERRORS`]) or the
-    /// store's (everything else: timeouts, 5xx, throttling, connections, credentials).
-    fn failure<E, R>(&self, key: &BucketKey, err: &SdkError<E, R>) -> StoreError
+    /// Runs `attempt` (one single-item write) until no transaction holds its item:
+    /// retried after jittered waits within [`CONFLICT_BACKOFF_CAPS_MS`], none starting
+    /// or running past the call's deadline (the first try's start plus the store
+    /// timeout: the SDK's own timeout bounds one try, not this loop), and none once the
+    /// caller has gone (nobody reads the answer, and each try loads an item already
+    /// busy). Then the item is contended.
+    async fn until_no_conflict<T, F>(
+        &self,
+        key: &BucketKey,
+        mut attempt: impl FnMut() -> F,
+    ) -> Result<T, StoreError>
     where
-        E: ProvideErrorMetadata + std::fmt::Debug,
-        R: std::fmt::Debug,
+        F: Future<Output = Result<Option<T>, StoreError>>,
     {
-        let reason = elide(&describe(err), REASON_BYTES).into_owned();
-        match err.code() {
-            Some(code) if REQUEST_ERRORS.contains(&code) => StoreError::Invalid {
-                key: self.pk(key),
-                reason,
-            },
-            _ => StoreError::Unavailable {
-                key: self.pk(key),
-                reason,
-            },
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        if let Some(done) = attempt().await? {
+            return Ok(done);
         }
+        for cap in CONFLICT_BACKOFF_CAPS_MS {
+            let wait = jitter(cap);
+            if caller_gone() || tokio::time::Instant::now() + wait >= deadline {
+                break;
+            }
+            tokio::time::sleep(wait).await;
+            match tokio::time::timeout_at(deadline, attempt()).await {
+                Ok(result) => {
+                    if let Some(done) = result? {
+                        return Ok(done);
+                    }
+                }
+                // Cut off at the deadline: still the transactions' doing, not the store's.
+                Err(_) => break,
+            }
+        }
+        Err(StoreError::Contention { key: self.pk(key) })
     }
 
     /// One conditional `UpdateItem` built by `expression` (again for each retry after a
@@ -191,17 +176,11 @@ impl DynamoStore {
         key: &BucketKey,
         expression: impl Fn() -> (String, String, Expr),
     ) -> Result<Result<BucketItem, Option<BucketItem>>, StoreError> {
-        for cap in CONFLICT_BACKOFF_CAPS_MS {
+        self.until_no_conflict(key, || {
             let (u, c, e) = expression();
-            match self.update_once(key, u, c, e).await? {
-                Some(done) => return Ok(done),
-                None => backoff(cap).await,
-            }
-        }
-        let (u, c, e) = expression();
-        self.update_once(key, u, c, e)
-            .await?
-            .ok_or_else(|| StoreError::Contention { key: self.pk(key) })
+            self.update_once(key, u, c, e)
+        })
+        .await
     }
 
     /// One `UpdateItem` attempt; `None` when a transaction held the item.
@@ -250,8 +229,7 @@ impl DynamoStore {
                     self.ledger.record("UpdateItem", "conflict", 0.0);
                     return Ok(None);
                 }
-                self.ledger.record("UpdateItem", "error", 0.0);
-                Err(self.failure(key, &err))
+                Err(self.failed("UpdateItem", key, &err))
             }
         }
     }
@@ -262,15 +240,8 @@ impl DynamoStore {
         key: &BucketKey,
         item: &BucketItem,
     ) -> Result<Option<Option<BucketItem>>, StoreError> {
-        for cap in CONFLICT_BACKOFF_CAPS_MS {
-            match self.put_once(key, item).await? {
-                Some(done) => return Ok(done),
-                None => backoff(cap).await,
-            }
-        }
-        self.put_once(key, item)
-            .await?
-            .ok_or_else(|| StoreError::Contention { key: self.pk(key) })
+        self.until_no_conflict(key, || self.put_once(key, item))
+            .await
     }
 
     /// One `PutItem` attempt; `None` when a transaction held the item.
@@ -309,8 +280,7 @@ impl DynamoStore {
                     self.ledger.record("PutItem", "conflict", 0.0);
                     return Ok(None);
                 }
-                self.ledger.record("PutItem", "error", 0.0);
-                Err(self.failure(key, &err))
+                Err(self.failed("PutItem", key, &err))
             }
         }
     }
@@ -410,7 +380,8 @@ impl BucketStore for DynamoStore {
             }
         }
         // Unprocessed keys (throttling) are asked for again with backoff, but never past
-        // the call's deadline: the SDK's own timeout covers one call, not this loop.
+        // the call's deadline (the SDK's own timeout covers one call, not this loop) nor
+        // once the caller has gone.
         let deadline = tokio::time::Instant::now() + self.timeout;
         for chunk in wanted.chunks(MAX_COMMIT_ITEMS) {
             let mut pending: Vec<Item> = chunk.to_vec();
@@ -420,7 +391,7 @@ impl BucketStore for DynamoStore {
                     break;
                 }
                 if attempt > 0 {
-                    if tokio::time::Instant::now() + delay >= deadline {
+                    if caller_gone() || tokio::time::Instant::now() + delay >= deadline {
                         break;
                     }
                     tokio::time::sleep(delay).await;
@@ -441,10 +412,7 @@ impl BucketStore for DynamoStore {
                 .await;
                 let out = match out {
                     Ok(o) => o,
-                    Err(err) => {
-                        self.ledger.record("BatchGetItem", "error", 0.0);
-                        return Err(self.failure(&first, &err));
-                    }
+                    Err(err) => return Err(self.failed("BatchGetItem", &first, &err)),
                 };
                 self.ledger
                     .record("BatchGetItem", "ok", capacity_all(out.consumed_capacity()));
@@ -459,11 +427,15 @@ impl BucketStore for DynamoStore {
                     pending = un.keys().to_vec();
                 }
             }
-            if !pending.is_empty() {
-                return Err(self.unavailable(
-                    &first,
-                    "BatchGetItem left keys unprocessed (throttled) until the deadline".into(),
-                ));
+            // Keys DynamoDB kept leaving unprocessed: their partitions are throttled.
+            if let Some(left) = pending.first() {
+                let throttled = keys
+                    .iter()
+                    .find(|k| left.get("PK") == Some(&AttributeValue::S(self.pk(k))))
+                    .unwrap_or(&first);
+                return Err(StoreError::Throttled {
+                    key: throttled.clone(),
+                });
             }
         }
         keys.iter()
@@ -516,8 +488,7 @@ impl BucketStore for DynamoStore {
                     _ => None,
                 };
                 let Some(reasons) = reasons else {
-                    self.ledger.record("TransactWriteItems", "error", 0.0);
-                    return Err(self.failure(writes[0].key(), &err));
+                    return Err(self.failed("TransactWriteItems", writes[0].key(), &err));
                 };
                 self.ledger.record("TransactWriteItems", "cancelled", 0.0);
                 let mut failed = Vec::new();
@@ -538,9 +509,11 @@ impl BucketStore for DynamoStore {
                                 ),
                             });
                         }
-                        // The store's capacity: an outage.
-                        Some(code @ ("ProvisionedThroughputExceeded" | "ThrottlingError")) => {
-                            return Err(self.unavailable(writes[i].key(), code.to_string()));
+                        // That item's partition is throttled: its bucket's contention.
+                        Some(code) if TRANSACTION_THROTTLING.contains(&code) => {
+                            return Err(StoreError::Throttled {
+                                key: writes[i].key().clone(),
+                            });
                         }
                         // A conflicting concurrent transaction: treat as a lost race and
                         // let the caller retry against the item as it is now.
@@ -594,8 +567,7 @@ impl BucketStore for DynamoStore {
     }
 }
 
-/// Waits a random time below `cap_ms` (full jitter) before a retry.
-async fn backoff(cap_ms: u64) {
-    let ms = rand::random_range(0..=cap_ms * 1_000);
-    tokio::time::sleep(Duration::from_micros(ms)).await;
+/// A random wait up to `cap_ms` (full jitter) before a retry.
+fn jitter(cap_ms: u64) -> Duration {
+    Duration::from_micros(rand::random_range(0..=cap_ms * 1_000))
 }
