@@ -218,15 +218,6 @@ impl Metrics {
             }));
     }
 
-    /// The Prometheus text exposition of every metric.
-    pub fn render(&self) -> String {
-        let mut out = String::new();
-        let registry = self.registry.lock();
-        prometheus_client::encoding::text::encode(&mut out, &registry)
-            .expect("writing to a String cannot fail");
-        out
-    }
-
     /// Adds the store calls left running by callers that gave up, and those shed (read at
     /// each scrape).
     pub fn attach_pressure(&self, pressure: Arc<crate::store::detached::Pressure>) {
