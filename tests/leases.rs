@@ -28,15 +28,20 @@ struct Rig<S: BucketStore> {
 }
 
 fn rig<S: BucketStore>(inner: S, leases: bool) -> Rig<S> {
+    // The lease task is stepped by hand here: a request that finds a fetch wanted but
+    // not yet made waits only briefly before going to the store.
+    let options = leases.then(|| LeaseOptions {
+        wait_ms: 5,
+        ..LeaseOptions::default()
+    });
+    rig_leasing(inner, options)
+}
+
+fn rig_leasing<S: BucketStore>(inner: S, leases: Option<LeaseOptions>) -> Rig<S> {
     let store = Recorder::new(inner);
     let clock = Arc::new(ManualClock::new(T0));
     let options = EngineOptions {
-        // The lease task is stepped by hand here: a request that finds a fetch wanted
-        // but not yet made waits only briefly before going to the store.
-        leases: leases.then(|| LeaseOptions {
-            wait_ms: 5,
-            ..LeaseOptions::default()
-        }),
+        leases,
         ..EngineOptions::default()
     };
     let engine = Engine::with_parts(
@@ -370,7 +375,10 @@ fn item_of(limits: &[(&str, LimitParams, i64)], count: u32, wcu_tk: i64) -> Buck
     for (name, params, tk) in limits {
         l.insert(*name, LimitState::new(*params, *tk, 0));
     }
-    l.insert(WCU_LIMIT, LimitState::new(LimitParams::new(1_000, 1_000, 1_000), wcu_tk, 0));
+    l.insert(
+        WCU_LIMIT,
+        LimitState::new(LimitParams::new(1_000, 1_000, 1_000), wcu_tk, 0),
+    );
     BucketItem {
         rf: T0,
         shard_count: count,
@@ -390,7 +398,10 @@ fn lease_return<S: BucketStore>(key: BucketKey, limit: &'static str, amount: i64
                 ceiling: per_minute().share(1).ceiling,
                 params: per_minute(),
             }];
-            let applied = s.credit(&key, CreditGuard::SameCount(1), &credit).await.unwrap();
+            let applied = s
+                .credit(&key, CreditGuard::SameCount(1), &credit)
+                .await
+                .unwrap();
             assert_eq!(applied, credit, "the return lands before the clamp's write");
         })
     })
@@ -403,7 +414,11 @@ async fn within_shares<S: BucketStore>(rig: &Rig<S>, entity: &str) {
             continue;
         };
         for (name, st) in item.limits.iter() {
-            let count = if name == WCU_LIMIT { 1 } else { item.shard_count };
+            let count = if name == WCU_LIMIT {
+                1
+            } else {
+                item.shard_count
+            };
             let ceiling = st.params().share(count).ceiling;
             assert!(
                 st.tk <= ceiling,
@@ -488,5 +503,69 @@ cross_store! {
         }
         assert!(admitted <= 500, "{admitted} admitted under a limit of 500 tokens");
         assert!(stat(&rig, |s| &s.lease_returns_dropped) > 0);
+    }
+}
+
+cross_store! {
+    /// Waiting for a lease move costs a caller at most a quarter of what is left of its
+    /// deadline (issue 27, point 3). A hot bucket's fetch is wanted and never made (no
+    /// lease task runs), so its tokens stay "on the move". Requests in a hurry (60 ms
+    /// left) that the shard holds enough for, whatever the fetch takes, go to the store
+    /// at once. One for more than half of what the shard holds, which the fetch might
+    /// take from under it, waits for the move with the default patience of 1 s, and is
+    /// still answered by the store inside its 400 ms deadline, as it would be without
+    /// leases. Before the deadline bounded the wait, it waited the whole second.
+    async fn a_lease_wait_never_costs_the_caller_its_deadline<S: BucketStore>(store: S) {
+        let rig = rig_leasing(store, Some(LeaseOptions::default()));
+        let small = one(claim("patient", 10_000, 10_000, 1));
+        let big = one(claim("patient", 10_000, 10_000, 6_000));
+        let calls = std::iter::repeat_n((&small, 60), 30).chain([(&big, 400)]);
+        for (i, (req, allows_ms)) in calls.enumerate() {
+            let deadline = tokio::time::Instant::now() + std::time::Duration::from_millis(allows_ms);
+            let decision = tokio::time::timeout_at(deadline, rig.engine.acquire_by(req, Some(deadline)))
+                .await
+                .unwrap_or_else(|_| panic!("request {i} not answered by its deadline"))
+                .unwrap();
+            assert!(decision.admitted, "request {i}");
+            rig.clock.advance(10);
+        }
+        assert_eq!(stat(&rig, |s| &s.lease_waits_cut), 1, "only the big request waited");
+        assert_eq!(stat(&rig, |s| &s.lease_decisions), 0);
+        assert_eq!(tc(&rig, "patient").await, 6_030_000, "the store decided every request");
+    }
+}
+
+cross_store! {
+    /// The lease task is supervised (issue 27, point 4): a panic in it (here, the store
+    /// panicking under a fetch) turns leasing off, gives back the leases held, and is
+    /// counted; requests then go to the store, exactly as without leases.
+    async fn a_dead_lease_task_turns_leasing_off_and_gives_back_what_it_held<S: BucketStore>(store: S) {
+        let rig = rig(store, true);
+        let held = one(claim("held", 1_000, 0, 1));
+        let mut admitted = drive(&rig, &held, 30, 10).await;
+        rig.engine.fetch_wanted_leases().await;
+        assert!(rig.engine.leased_outstanding() > 0, "a lease is held");
+        admitted += drive(&rig, &held, 5, 10).await;
+
+        // Another hot bucket wants a lease; its fetch's debit panics.
+        let doomed = one(claim("doomed", 1_000, 0, 1));
+        drive(&rig, &doomed, 30, 10).await;
+        rig.store.after_debit(Box::new(|_| Box::pin(async { panic!("injected: the fetch's store call panics") })));
+        // Runs until the panic ends it: a healthy task would run until told to stop.
+        tokio::time::timeout(std::time::Duration::from_secs(10), rig.engine.run_leases(std::future::pending()))
+            .await
+            .expect("the lease task ended on its panic");
+
+        assert_eq!(stat(&rig, |s| &s.lease_task_failures), 1);
+        assert_eq!(rig.engine.leased_outstanding(), 0, "what it held went back");
+        assert_eq!(tc(&rig, "held").await, i64::try_from(admitted).unwrap() * 1_000, "tc = tokens admitted");
+        let answered = stat(&rig, |s| &s.lease_decisions);
+        rig.store.clear();
+        admitted += drive(&rig, &held, 30, 10).await;
+        assert_eq!(admitted, 65);
+        assert_eq!(stat(&rig, |s| &s.lease_decisions), answered, "no lease answers any more");
+        let debits = rig.store.calls().iter().filter(|c| matches!(c, Call::Debit { .. })).count();
+        assert_eq!(debits, 30, "every request is a store debit");
+        assert_eq!(stat(&rig, |s| &s.leases_taken), 1, "and no lease is fetched again");
     }
 }

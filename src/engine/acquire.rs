@@ -87,13 +87,25 @@ pub(super) fn wrap(b: &BucketClaim) -> impl Fn(StoreError) -> EngineError + '_ {
 impl<S: BucketStore> Engine<S> {
     /// Decides `req`: debits every gated claim (and every forced one), or nothing.
     pub async fn acquire(&self, req: &Acquire) -> Result<Decision, EngineError> {
-        if self.leases.is_some() {
-            if let Some(decision) = Box::pin(self.answer_from_leases(req)).await {
+        self.acquire_by(req, None).await
+    }
+
+    /// [`Self::acquire`] for a caller that gives up at `deadline`: a wait for a lease
+    /// move takes at most a small part of what is left, so the store still decides in
+    /// time (see `lease/mod.rs`). The deadline bounds nothing else: the caller holds the
+    /// whole call to it.
+    pub async fn acquire_by(
+        &self,
+        req: &Acquire,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Result<Decision, EngineError> {
+        if self.leasing() {
+            if let Some(decision) = Box::pin(self.answer_from_leases(req, deadline)).await {
                 return Ok(decision);
             }
         }
         let decision = match self.decide(req).await {
-            Ok(mut d) if self.leases.is_some() => {
+            Ok(mut d) if self.leasing() => {
                 self.saw_decision(req, &mut d);
                 d
             }

@@ -241,6 +241,9 @@ pub struct Engine<S: BucketStore> {
     rejections: Arc<rejection::RejectionCache>,
     slow_passes: inflight::SlowPasses,
     leases: Option<Arc<lease::LeaseBook>>,
+    /// Set when the lease task died: no request is answered from (or waits for) a lease
+    /// any more, every one goes to the store (see `lease/mod.rs`).
+    leasing_failed: std::sync::atomic::AtomicBool,
     stats: Arc<EngineStats>,
     ceiling_log: crate::throttle::LogThrottle,
 }
@@ -281,6 +284,7 @@ impl<S: BucketStore> Engine<S> {
                 .leases
                 .clone()
                 .map(|o| Arc::new(lease::LeaseBook::new(o))),
+            leasing_failed: std::sync::atomic::AtomicBool::new(false),
             options,
             stats: Arc::default(),
             ceiling_log: crate::throttle::LogThrottle::new(std::time::Duration::from_secs(10)),

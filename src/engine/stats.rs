@@ -79,6 +79,12 @@ engine_stats! {
     /// Lease returns the store did not apply (the shard doubled, or refilled near its
     /// ceiling, since; or the store failed): those tokens stay spent until it refills.
     lease_returns_dropped,
+    /// Requests that stopped waiting for a lease move on their bucket (a fetch or a return
+    /// still under way after the most their deadline allows) and went to the store.
+    lease_waits_cut,
+    /// Deaths of the lease task (a panic): leasing is then off until restart, and the
+    /// leases held were given back.
+    lease_task_failures,
 }
 
 impl EngineStats {

@@ -590,7 +590,8 @@ impl<S: BucketStore> RateLimiter<S> {
         progress: &Progress,
     ) -> Result<Decision, CallError> {
         let answer = Bounded::new(
-            self.engine.acquire(&planned.plan.acquire),
+            self.engine
+                .acquire_by(&planned.plan.acquire, Some(progress.deadline)),
             progress.deadline,
         );
         match Self::by_deadline(answer.await) {
@@ -613,7 +614,13 @@ impl<S: BucketStore> RateLimiter<S> {
     ) -> Result<bool, CallError> {
         let acquire = &planned.plan.acquire;
         let result = if write {
-            Self::by_deadline(Bounded::new(self.engine.acquire(acquire), progress.deadline).await)
+            Self::by_deadline(
+                Bounded::new(
+                    self.engine.acquire_by(acquire, Some(progress.deadline)),
+                    progress.deadline,
+                )
+                .await,
+            )
         } else {
             Self::by_deadline(Bounded::new(self.engine.peek(acquire), progress.deadline).await)
         };

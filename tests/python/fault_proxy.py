@@ -21,8 +21,9 @@ also on connections kept alive from before:
 
 A fault may be narrowed: `key=S` applies it only to requests whose body holds the text S
 (a bucket's partition key, or part of it: one hot bucket), `op=O` only to requests of
-operation O (`UpdateItem`, …), `times=N` only to the next N requests it applies to; every
-other request is forwarded. `reason=R` adds DynamoDB's throttling reason R (e.g.
+operation O (`UpdateItem`, …), `min_debit=N` only to debits whose first limit's amount (in
+millitokens) is at least N (a token lease's fetch takes a block, a request its hits),
+`times=N` only to the next N requests it applies to; every other request is forwarded. `reason=R` adds DynamoDB's throttling reason R (e.g.
 `TableWriteKeyRangeThroughputExceeded`: one partition key's limit;
 `TableWriteAccountLimitExceeded`: the table's) to `ptee` and `throttle` answers.
 
@@ -41,7 +42,7 @@ see talking to the store directly.
 Run: `python fault_proxy.py --upstream 127.0.0.1:8000`; it binds two free loopback ports
 and prints `LISTEN <proxy port> CONTROL <control port>` on its first stdout line.
 Control (HTTP GET on the control port, JSON answers):
-`/mode?fault=pass|delay|http500|ptee|throttle|reset|conflict[&ms=N][&key=S][&op=O][&times=N][&reason=R]`
+`/mode?fault=pass|delay|http500|ptee|throttle|reset|conflict[&ms=N][&key=S][&op=O][&min_debit=N][&times=N][&reason=R]`
 sets the fault and returns the counters; `/stats` returns them.
 
 `FaultProxy` below starts it as a subprocess for tests.
@@ -78,6 +79,19 @@ ERRORS = {
                  "com.amazonaws.dynamodb.v20120810#TransactionConflictException",
                  "Transaction is ongoing for the item"),
 }
+
+def first_debit(body):
+    """The millitokens an `UpdateItem` body's first debit takes (`ADD #t0 :n0`, `:n0`
+    negative: shardgate's debit); 0 for anything else (a credit adds `:a0` to `#t0`, a
+    read, a transaction, a body that is not JSON)."""
+    try:
+        request = json.loads(body)
+        if "#t0 :n0" not in request["UpdateExpression"]:
+            return 0
+        return -int(request["ExpressionAttributeValues"][":n0"]["N"])
+    except (ValueError, KeyError, TypeError):
+        return 0
+
 
 # The operations `conflict` answers (the others are forwarded).
 SINGLE_ITEM_WRITES = ("UpdateItem", "PutItem")
@@ -238,6 +252,7 @@ class Proxy:
         # Narrowing of the fault (see the module's doc): None means any.
         self.key = None
         self.op = None
+        self.min_debit = None
         self.times = None
         self.reason = None
         self.stats = {
@@ -258,7 +273,7 @@ class Proxy:
 
     def snapshot(self):
         return {"fault": self.fault, "delay_ms": self.delay_ms, "key": self.key,
-                "op": self.op, "times": self.times, "reason": self.reason,
+                "op": self.op, "min_debit": self.min_debit, "times": self.times, "reason": self.reason,
                 **json.loads(json.dumps(self.stats))}
 
     def applies(self, op, body):
@@ -267,6 +282,8 @@ class Proxy:
         if self.key is not None and self.key.encode() not in body:
             return False
         if self.op is not None and op != self.op:
+            return False
+        if self.min_debit is not None and first_debit(body) < self.min_debit:
             return False
         if self.times is not None:
             if self.times <= 0:
@@ -410,6 +427,7 @@ class Proxy:
                     self.delay_ms = int(query.get("ms", "0"))
                     self.key = query.get("key")
                     self.op = query.get("op")
+                    self.min_debit = int(query["min_debit"]) if "min_debit" in query else None
                     self.times = int(query["times"]) if "times" in query else None
                     self.reason = query.get("reason")
             elif url.path != "/stats":
@@ -498,13 +516,16 @@ class FaultProxy:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.control_port}{path}", timeout=5) as r:
             return json.loads(r.read())
 
-    def set(self, fault, ms=0, key=None, op=None, times=None, reason=None):
-        """Switches the fault (narrowed to `key`, `op`, the next `times` requests, with a
+    def set(self, fault, ms=0, key=None, op=None, times=None, reason=None, min_debit=None):
+        """Switches the fault (narrowed to `key`, `op`, `min_debit`, the next `times`
+        requests, with a
         throttling `reason`: see the module's doc); returns the counters as they were at
         the switch."""
         assert fault in FAULTS, fault
         query = {"fault": fault, "ms": int(ms)}
-        for name, value in (("key", key), ("op", op), ("times", times), ("reason", reason)):
+        narrowing = (("key", key), ("op", op), ("times", times), ("reason", reason),
+                     ("min_debit", min_debit))
+        for name, value in narrowing:
             if value is not None:
                 query[name] = value
         return self._get(f"/mode?{urllib.parse.urlencode(query)}")

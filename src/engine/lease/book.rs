@@ -110,6 +110,19 @@ struct Entry {
 }
 
 impl Entry {
+    /// Whether the store might refuse `b` only because this bucket's tokens are on the
+    /// move: a fetch takes at most half of what the shard last held, so a request for no
+    /// more than that half finds it in the store whatever the fetch takes; a larger one,
+    /// or one on a shard never seen, might not.
+    fn tight_for(&self, b: &BucketClaim) -> bool {
+        b.limits.iter().any(|c| {
+            self.available
+                .iter()
+                .find(|(l, _)| *l == c.limit)
+                .is_none_or(|(_, held)| c.amount > held / 2)
+        })
+    }
+
     fn new(now: i64) -> Entry {
         Entry {
             window: Window {
@@ -204,7 +217,10 @@ impl Entry {
             && self.hot(options)
             && low
             && live < MAX_LEASES_PER_BUCKET
-            && !self.demand.is_empty();
+            && !self.demand.is_empty()
+            // Not before the store has said what the shard holds: a lease takes at most
+            // half of that, and a request racing the fetch counts on the other half.
+            && !self.available.is_empty();
         if want {
             self.fetching = true;
             self.in_flight += 1;
@@ -253,7 +269,18 @@ pub(super) enum Served {
     Missed(Vec<Return>),
     /// Not covered while a lease of one of its buckets is in flight: ask again once it
     /// has landed.
-    Wait(watch::Receiver<u64>),
+    Wait(Landing),
+}
+
+/// A move of a bucket's tokens under way, which a request may wait for.
+#[derive(Debug)]
+pub(super) struct Landing {
+    /// Changes when the move lands.
+    pub landed: watch::Receiver<u64>,
+    /// The store might refuse the request only because of the tokens on the move (see
+    /// [`Entry::tight_for`]); otherwise waiting only makes the `remaining` it reports
+    /// exact.
+    pub tight: bool,
 }
 
 #[derive(Debug, Default)]
@@ -358,9 +385,13 @@ impl LeaseBook {
                         st.entries
                             .get(&BucketKey::new(&b.entity, &b.resource, 0))
                             .filter(|e| e.in_flight > 0)
+                            .map(|e| (e, b))
                     });
-                    if let Some(e) = in_flight.filter(|_| count) {
-                        return Served::Wait(e.landed.subscribe());
+                    if let Some((e, b)) = in_flight.filter(|_| count) {
+                        return Served::Wait(Landing {
+                            landed: e.landed.subscribe(),
+                            tight: e.tight_for(b),
+                        });
                     }
                     let mut returns = Vec::new();
                     for b in req.buckets.iter().filter(|b| !b.strict) {
@@ -411,8 +442,11 @@ impl LeaseBook {
                             .collect();
                         // This request waits for the fetch it asked for rather than race
                         // it to the store (unless it has leases to give back first).
-                        let wait = matches!(&served, Served::Missed(r) if r.is_empty())
-                            .then(|| e.landed.subscribe());
+                        let wait =
+                            matches!(&served, Served::Missed(r) if r.is_empty()).then(|| Landing {
+                                landed: e.landed.subscribe(),
+                                tight: e.tight_for(b),
+                            });
                         st.wants.push(Want { bucket: id, limits });
                         wanted = true;
                         if let Some(rx) = wait.filter(|_| count) {
@@ -422,7 +456,7 @@ impl LeaseBook {
                 }
             }
             match waiting {
-                Some(rx) => Served::Wait(rx),
+                Some(landing) => Served::Wait(landing),
                 None => served,
             }
         };
@@ -722,11 +756,46 @@ mod tests {
         LeaseBook::new(LeaseOptions::default())
     }
 
-    /// `n` requests of one token spread evenly over `ms` from `start`.
+    /// `n` requests of one token spread evenly over `ms` from `start`; those not
+    /// answered from a lease are decided by the store (admitted, the shard left at
+    /// 900,000 tokens) and the book sees it.
     fn drive(book: &LeaseBook, b: &BucketClaim, start: i64, ms: i64, n: i64) -> Vec<Served> {
         (0..n)
-            .map(|i| book.serve(&one(b.clone()), start + i * ms / n, true))
+            .map(|i| {
+                let now = start + i * ms / n;
+                let req = one(b.clone());
+                let served = book.serve(&req, now, true);
+                if !matches!(served, Served::Answered(_)) {
+                    book.saw(&req, &mut stored(b, 900_000_000), now);
+                }
+                served
+            })
             .collect()
+    }
+
+    /// The store's decision of `b`, admitted, the shard left with `remaining`.
+    fn stored(b: &BucketClaim, remaining: i64) -> Decision {
+        let share = b.limits[0].params.share(1);
+        Decision {
+            admitted: true,
+            buckets: smallvec::smallvec![BucketOutcome {
+                shard: 0,
+                shard_count: 1,
+                stamp: Stamp::default(),
+                limits: b
+                    .limits
+                    .iter()
+                    .map(|_| LimitOutcome {
+                        fits: true,
+                        remaining,
+                        share,
+                        ra: share.ra,
+                        wait_ms: Some(0),
+                    })
+                    .collect(),
+                from_lease: false,
+            }],
+        }
     }
 
     fn grant(book: &LeaseBook, want: &Want, now: i64) {
@@ -756,6 +825,24 @@ mod tests {
             from_lease: false,
         };
         book.granted(&want.bucket, &limits, &outcome, now);
+    }
+
+    #[test]
+    fn a_bucket_the_store_has_not_decided_wants_no_lease() {
+        let book = book();
+        let req = one(claim(1_000));
+        // Hot, but every store call failed (or missed its deadline): nothing was seen.
+        for i in 0..60 {
+            book.serve(&req, T0 + i * 10, true);
+        }
+        assert!(book.take_wants().is_empty());
+        book.saw(&req, &mut stored(&claim(1_000), 900_000_000), T0 + 600);
+        book.serve(&req, T0 + 610, true);
+        assert_eq!(
+            book.take_wants().len(),
+            1,
+            "wanted once the shard's balance is known"
+        );
     }
 
     #[test]
@@ -826,12 +913,20 @@ mod tests {
         let returned = book.expire(T0 + 1_300);
         assert_eq!(returned.len(), 1);
         assert_eq!(book.outstanding(), 0);
+        // The shard held 500 tokens after the grant.
         assert!(
             matches!(
-                book.serve(&one(b.clone()), T0 + 1_300, true),
-                Served::Wait(_)
+                book.serve(&one(claim(300_000)), T0 + 1_300, true),
+                Served::Wait(Landing { tight: true, .. })
             ),
-            "a request waits for the return in flight"
+            "a request for more than half of it waits for the return in flight"
+        );
+        assert!(
+            matches!(
+                book.serve(&one(claim(250_000)), T0 + 1_300, true),
+                Served::Wait(Landing { tight: false, .. })
+            ),
+            "one the store holds enough for need not"
         );
         book.returned(&returned);
 

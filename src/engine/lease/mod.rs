@@ -6,23 +6,27 @@
 //!
 //! This module owns when to lease, how much, and the return; `book.rs` keeps the leases
 //! and the demand, `size.rs` is the arithmetic. It makes no decision a debit would not
-//! (a lease is a debit), and it never waits on the store on the request path except to
-//! give back a lease that is too short for a request, before the store decides it.
+//! (a lease is a debit). On the request path it waits on the store only to give back a
+//! lease too short for a request, before the store decides it, and for a move of its
+//! bucket's tokens already under way (a fetch or a return, whose tokens the store would
+//! not see yet) — at most a quarter of what is left of the caller's deadline
+//! ([`WAIT_SHARE_OF_DEADLINE`]), then the store decides as it would without leases.
 //!
-//! Fetches and returns run in one task of the server's ([`Engine::run_leases`]): a hot
-//! request never waits for a lease; it is served by the store until one arrives.
+//! Fetches and returns run in one task of the server's ([`Engine::run_leases`]), which
+//! is supervised: if it dies, leasing turns off and what it held goes back.
 
 mod book;
 mod size;
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::Ordering;
 
 use futures::stream::{FuturesUnordered, StreamExt};
 use smallvec::SmallVec;
 
 pub(crate) use book::LeaseBook;
-use book::{Return, Served, Want};
+use book::{Landing, Return, Served, Want};
 
 use super::{Acquire, BucketClaim, Decision, Engine, EngineStats, LimitClaim};
 use crate::store::{BucketStore, Credit, CreditGuard};
@@ -41,9 +45,12 @@ pub struct LeaseOptions {
     /// A lease is at most `1/share_divisor` of its shard's share: several servers can
     /// each hold one, and a server that goes quiet or crashes strands little.
     pub share_divisor: i64,
-    /// How long a request on a bucket whose lease is being fetched or given back waits
-    /// for that store call before going to the store itself (ms): about the store's own
-    /// timeout, so that in practice it always sees the move land.
+    /// The longest a request on a bucket whose lease is being fetched or given back waits
+    /// for that store call before going to the store itself (ms), when its caller set no
+    /// deadline. With a deadline it waits at most a [`WAIT_SHARE_OF_DEADLINE`]th of what
+    /// is left of it: a fetch is a whole decision (a slow path, a retry, a doubling) and
+    /// may take longer than the caller allows, while the store decides the request as it
+    /// would without leases in the time that remains.
     pub wait_ms: u64,
 }
 
@@ -58,12 +65,38 @@ impl Default for LeaseOptions {
     }
 }
 
+/// A request waits for a lease move at most this fraction of what is left of its
+/// deadline (a quarter: 3.3 ms of the 13.3 ms Envoy's default 20 ms timeout leaves the
+/// store), so the store still has three quarters to decide it.
+pub const WAIT_SHARE_OF_DEADLINE: u32 = 4;
+
+/// What a panic said, when it said it with a string.
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(not a string)")
+}
+
+/// A caller with at least this long left waits (its share) for a move even when the store
+/// holds enough for it: the store's answer then counts the tokens on the move, so the
+/// `remaining` it reports is exact. One with less (Envoy's 20 ms leaves the store
+/// 13.3 ms) goes to the store at once, whose answer may report up to a lease's tokens
+/// too few remaining; what is admitted is the same.
+pub const UNHURRIED: std::time::Duration = std::time::Duration::from_millis(100);
+
 type Work<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
 
 impl<S: BucketStore> Engine<S> {
     /// Answers `req` from leases when they cover it; otherwise gives back first the
-    /// leases too short for it, and returns `None` (the store decides).
-    pub(super) async fn answer_from_leases(&self, req: &Acquire) -> Option<Decision> {
+    /// leases too short for it, and returns `None` (the store decides). Waits for a lease
+    /// move under way on its bucket at most [`Self::lease_patience`].
+    pub(super) async fn answer_from_leases(
+        &self,
+        req: &Acquire,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Option<Decision> {
         let book = self.leases.as_ref()?;
         let mut first = true;
         loop {
@@ -78,20 +111,47 @@ impl<S: BucketStore> Engine<S> {
                     }
                     return None;
                 }
-                Served::Wait(mut landed) => {
-                    // A fetch or a return is a store call, bounded by the store's
-                    // timeout; the caller's deadline bounds this wait too, and so does
-                    // the wait's own patience (a fetch wanted but never taken on).
-                    let patience = std::time::Duration::from_millis(book.options().wait_ms);
-                    let _ = tokio::time::timeout(patience, landed.changed()).await;
+                Served::Wait(Landing { mut landed, tight }) => {
+                    // Once at most (the second look never waits): then the store decides,
+                    // finding at least the half of the shard a lease leaves.
+                    let patience = Self::lease_patience(book.options(), deadline, tight);
+                    if !patience.is_zero() {
+                        let waited = tokio::time::timeout(patience, landed.changed()).await;
+                        if waited.is_err() {
+                            EngineStats::bump(&self.stats.lease_waits_cut);
+                        }
+                    }
                     first = false;
                 }
             }
         }
     }
 
+    /// How long a request may wait for a lease move: [`LeaseOptions::wait_ms`], and no
+    /// more than a [`WAIT_SHARE_OF_DEADLINE`]th of what is left before `deadline`; not at
+    /// all, when the store holds enough for it whatever the move (not `tight`) and the
+    /// caller is in a hurry (less than [`UNHURRIED`] left).
+    fn lease_patience(
+        options: &LeaseOptions,
+        deadline: Option<tokio::time::Instant>,
+        tight: bool,
+    ) -> std::time::Duration {
+        let most = std::time::Duration::from_millis(options.wait_ms);
+        let Some(deadline) = deadline else {
+            return most;
+        };
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        if !tight && left < UNHURRIED {
+            return std::time::Duration::ZERO;
+        }
+        most.min(left / WAIT_SHARE_OF_DEADLINE)
+    }
+
     /// Tells the lease book what the store decided (the balances it left).
     pub(super) fn saw_decision(&self, req: &Acquire, decision: &mut Decision) {
+        if !self.leasing() {
+            return;
+        }
         if let Some(book) = &self.leases {
             book.saw(req, decision, self.clock.now_ms());
         }
@@ -118,13 +178,40 @@ impl<S: BucketStore> Engine<S> {
         self.leases.as_ref().map_or(0, |b| b.outstanding())
     }
 
+    /// Whether requests are answered from leases: they are on, and the lease task lives.
+    pub(super) fn leasing(&self) -> bool {
+        self.leases.is_some() && !self.leasing_failed.load(Ordering::Acquire)
+    }
+
     /// The lease task: fetches the leases hot buckets want and gives back expired ones,
     /// until `stop` resolves; then lets the fetches in flight land and gives everything
     /// back. Returns at once (after `stop`) when leases are off.
+    ///
+    /// Supervised: should it panic (a bug in the book, the store or the arithmetic),
+    /// leasing turns off for good — every request goes to the store, none waits for a
+    /// fetch that will never land — the leases held are given back, and the death is
+    /// logged and counted (`lease_task_failures`). Returns then, without waiting for
+    /// `stop`.
     pub async fn run_leases(&self, stop: impl Future<Output = ()>) {
         let Some(book) = &self.leases else {
             return stop.await;
         };
+        let run = std::panic::AssertUnwindSafe(self.lease_loop(book, stop));
+        if let Err(panic) = futures::FutureExt::catch_unwind(run).await {
+            self.leasing_failed.store(true, Ordering::Release);
+            EngineStats::bump(&self.stats.lease_task_failures);
+            let returns = book.close();
+            tracing::error!(
+                panic = panic_text(panic.as_ref()),
+                leases = returns.len(),
+                "the lease task died: leasing is off until restart, the leases held are given back",
+            );
+            self.give_back(returns).await;
+        }
+    }
+
+    /// [`Self::run_leases`]'s loop.
+    async fn lease_loop(&self, book: &LeaseBook, stop: impl Future<Output = ()>) {
         let mut work: FuturesUnordered<Work<'_>> = FuturesUnordered::new();
         let mut tick = tokio::time::interval(book.tick());
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -268,7 +268,11 @@ pub(super) fn credit_expression(guard: CreditGuard, credits: &[Credit]) -> (Stri
         let lim = e.value(format!(":l{i}"), n(c.ceiling.saturating_sub(c.amount)));
         add.push(format!("{t} {a}, {tc} {na}"));
         cond.push(format!("{t} <= {lim}"));
-        for (field, v) in [("cp", c.params.cp), ("ra", c.params.ra), ("rp", c.params.rp)] {
+        for (field, v) in [
+            ("cp", c.params.cp),
+            ("ra", c.params.ra),
+            ("rp", c.params.rp),
+        ] {
             let name = e.name(format!("#{field}{i}"), attr(&c.limit, field));
             let val = e.value(format!(":{field}{i}"), n(v));
             cond.push(format!("{name} = {val}"));

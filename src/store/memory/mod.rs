@@ -496,7 +496,10 @@ impl BucketStore for MemoryStore {
         slot.touched = self.clock.mark();
         let mut applied = Vec::new();
         for c in credits {
-            if slot.balance(&c.limit).is_none_or(|(params, _)| *params != c.params) {
+            if slot
+                .balance(&c.limit)
+                .is_none_or(|(params, _)| *params != c.params)
+            {
                 continue;
             }
             if let Some(b) = slot.balance_mut(&c.limit) {
