@@ -107,7 +107,7 @@ mod tests {
         EngineStats::bump(&stats.refunds);
         EngineStats::bump(&stats.refunds);
         let counted = stats.counted();
-        assert_eq!(counted.len(), 19);
+        assert_eq!(counted.len(), 21);
         let refunds = counted.iter().find(|c| c.name == "refunds").unwrap();
         assert_eq!(refunds.value, 2);
         assert_eq!(
