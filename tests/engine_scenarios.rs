@@ -333,6 +333,8 @@ cross_store! {
                     committed: true
                 },
                 Call::Read { shards: vec![1] },
+                // Shard 1 is absent: shard 0's count sizes it (X07).
+                Call::Read { shards: vec![0] },
                 Call::Commit {
                     kinds: vec!["create"],
                     committed: true
@@ -622,6 +624,7 @@ cross_store! {
                     missing: true
                 },
                 Call::Read { shards: vec![3] },
+                Call::Read { shards: vec![0] },
                 Call::Commit {
                     kinds: vec!["create"],
                     committed: true
@@ -794,6 +797,29 @@ cross_store! {
         // The stale server learns four from shard 0's refusal of its count.
         assert!(stale.acquire(&rpm(100, 1)).await.unwrap().admitted);
         assert_eq!(stale.known_shard_count("u1", "api"), 4);
+    }
+}
+
+cross_store! {
+    /// X07 a shard never created is created for the count shard 0 holds, not the stale one
+    /// the drawing server knows: this server believes two shards while another doubled the
+    /// bucket to four and created none of the new ones. Created for two, shard 1 would
+    /// hold half the capacity (50 tokens) next to the quarters of the others: 25 tokens of
+    /// over-admission that no later pass takes back.
+    async fn x07_a_shard_created_under_a_stale_count_takes_shard_zeros<S: BucketStore>(store: S) {
+        let rig = rig(store);
+        put_rpm_shard(&rig, 0, 4, 100, 25_000).await;
+        rig.engine.learn_shard_count("u1", "api", 2);
+        rig.draw.push(1);
+        assert!(acquire(&rig, &rpm(100, 1)).await.admitted);
+        let s1 = item(&rig, "u1", "api", 1).await;
+        assert_eq!(s1.shard_count, 4, "created for shard 0's count: {:?}", rig.store.calls());
+        assert_eq!(
+            s1.limits["rpm"].tk,
+            25_000 - 1_000,
+            "a quarter less the request, not half"
+        );
+        assert_eq!(rig.engine.known_shard_count("u1", "api"), 4);
     }
 }
 
