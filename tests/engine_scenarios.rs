@@ -333,6 +333,8 @@ cross_store! {
                     committed: true
                 },
                 Call::Read { shards: vec![1] },
+                // Shard 1 is absent: shard 0's count sizes it (X07).
+                Call::Read { shards: vec![0] },
                 Call::Commit {
                     kinds: vec!["create"],
                     committed: true
@@ -622,6 +624,7 @@ cross_store! {
                     missing: true
                 },
                 Call::Read { shards: vec![3] },
+                Call::Read { shards: vec![0] },
                 Call::Commit {
                     kinds: vec!["create"],
                     committed: true
@@ -794,6 +797,29 @@ cross_store! {
         // The stale server learns four from shard 0's refusal of its count.
         assert!(stale.acquire(&rpm(100, 1)).await.unwrap().admitted);
         assert_eq!(stale.known_shard_count("u1", "api"), 4);
+    }
+}
+
+cross_store! {
+    /// X07 a shard never created is created for the count shard 0 holds, not the stale one
+    /// the drawing server knows: this server believes two shards while another doubled the
+    /// bucket to four and created none of the new ones. Created for two, shard 1 would
+    /// hold half the capacity (50 tokens) next to the quarters of the others: 25 tokens of
+    /// over-admission that no later pass takes back.
+    async fn x07_a_shard_created_under_a_stale_count_takes_shard_zeros<S: BucketStore>(store: S) {
+        let rig = rig(store);
+        put_rpm_shard(&rig, 0, 4, 100, 25_000).await;
+        rig.engine.learn_shard_count("u1", "api", 2);
+        rig.draw.push(1);
+        assert!(acquire(&rig, &rpm(100, 1)).await.admitted);
+        let s1 = item(&rig, "u1", "api", 1).await;
+        assert_eq!(s1.shard_count, 4, "created for shard 0's count: {:?}", rig.store.calls());
+        assert_eq!(
+            s1.limits["rpm"].tk,
+            25_000 - 1_000,
+            "a quarter less the request, not half"
+        );
+        assert_eq!(rig.engine.known_shard_count("u1", "api"), 4);
     }
 }
 
@@ -1339,6 +1365,62 @@ cross_store! {
             1
         );
         assert_eq!(rig.engine.known_shard_count("u2", "api"), 16);
+    }
+}
+
+/// Hammers `entity/api` with `req` (frozen clock, so a shard's `wcu` never refills and
+/// every exhaustion asks for a doubling) `n` times; returns shard 0's count after.
+async fn hammer<S: BucketStore>(rig: &Rig<S>, entity: &str, reqs: &[Acquire], n: usize) -> u32 {
+    for i in 0..n {
+        rig.engine
+            .acquire(&reqs[i % reqs.len()])
+            .await
+            .expect("store never fails here");
+    }
+    item(rig, entity, "api", 0).await.shard_count
+}
+
+cross_store! {
+    /// X11 check-only and one-token traffic that keeps a 100-token bucket hot spreads it
+    /// only while each shard's share holds four usual claims (`MIN_CLAIMS_PER_SHARD`): 16
+    /// shards hold 6.25 tokens each, 32 would hold 3.125. And a limit the shard holds that
+    /// the requests do not name (another rule's 100 per hour) guards the doubling as much
+    /// as a named one: requests naming only a vast per-minute limit must not spread it.
+    async fn x11_light_traffic_doubles_to_four_claims_a_shard<S: BucketStore>(store: S) {
+        let options = EngineOptions {
+            partition_write_budget: 4,
+            rejection_cache_ms: 0,
+            ..EngineOptions::default()
+        };
+        let rig = rig_with(store, options);
+        let check = one(bucket("u1", "api", vec![per_minute("rpm", 100, None, 0)]));
+        let take = one(bucket("u1", "api", vec![per_minute("rpm", 100, None, 1)]));
+        let reqs = [check.clone(), check.clone(), check, take];
+        let count = hammer(&rig, "u1", &reqs, 400).await;
+        assert!(EngineStats::get(&rig.engine.stats().shard_doublings) >= 1, "it was hot");
+        assert_eq!(count, 16, "at most 16 shards of 6.25 tokens, never 32 of 3.125");
+        assert!(!exists(&rig, "u1", 16).await, "no shard beyond the 16");
+
+        // u2 holds a vast per-minute limit the requests name and 100/hour they do not.
+        let doublings = EngineStats::get(&rig.engine.stats().shard_doublings);
+        let both = one(bucket(
+            "u2",
+            "api",
+            vec![
+                per_minute("rpm", 1_000_000, None, 1),
+                LimitClaim {
+                    limit: "rph".into(),
+                    params: LimitParams::new(100, 100, 3_600_000),
+                    amount: 1_000,
+                    forced: false,
+                },
+            ],
+        ));
+        assert!(acquire(&rig, &both).await.admitted, "creates both limits");
+        let check = one(bucket("u2", "api", vec![per_minute("rpm", 1_000_000, None, 0)]));
+        let count = hammer(&rig, "u2", &[check], 400).await;
+        assert!(EngineStats::get(&rig.engine.stats().shard_doublings) > doublings, "it was hot");
+        assert_eq!(count, 16, "the unnamed 100/hour keeps four claims a shard");
     }
 }
 

@@ -622,6 +622,46 @@ async fn hits_addend_descriptor_level_overrides_request_level_and_zero_only_chec
     );
 }
 
+/// A request whose hits can never fit (more than the limit's whole burst) is refused with
+/// no `duration_until_reset` at all, as docs/architecture.md ("Statuses") says: no wait
+/// would pay off, and a 0 would tell Envoy to retry at once. The bucket is left whole,
+/// and a refusal that a wait does cure still quotes its wait.
+#[tokio::test]
+async fn hits_that_can_never_fit_are_refused_with_no_reset_quoted() {
+    let server = TestServer::start_frozen(USER_10_PER_MINUTE).await;
+    let mut c = server.client().await;
+    let alice = &[("user", "alice")];
+
+    let s = c
+        .ok(request("api", vec![desc_hits(alice, 11)]))
+        .await
+        .statuses[0]
+        .clone();
+    assert_eq!((code(s.code), s.limit_remaining), (Code::OverLimit, 10));
+    assert_eq!(
+        s.duration_until_reset, None,
+        "11 hits never fit 10/min: {s:?}"
+    );
+
+    let s = c
+        .ok(request("api", vec![desc_hits(alice, 10)]))
+        .await
+        .statuses[0]
+        .clone();
+    assert_eq!(
+        (code(s.code), s.limit_remaining),
+        (Code::Ok, 0),
+        "nothing was taken"
+    );
+    let s = c
+        .ok(request("api", vec![desc_hits(alice, 1)]))
+        .await
+        .statuses[0]
+        .clone();
+    assert_eq!(code(s.code), Code::OverLimit);
+    assert_eq!(reset_ms(&s), 6_001, "one token's refill + 1 ms");
+}
+
 #[tokio::test]
 async fn request_level_hits_addend_applies_to_every_descriptor() {
     let server = TestServer::start_frozen(USER_10_PER_MINUTE).await;

@@ -9,9 +9,9 @@ use futures::future::join_all;
 use smallvec::SmallVec;
 
 use super::acquire::{now_s, wrap, Draw, Progress};
-use super::bucket::{refill, MILLI};
+use super::bucket::{refill, LimitParams, MILLI};
 use super::pass;
-use super::{BucketClaim, Engine, EngineError, EngineStats, LimitClaim, MAX_SHARD_COUNT};
+use super::{BucketClaim, Engine, EngineError, EngineStats, MAX_SHARD_COUNT};
 use crate::store::{
     BucketItem, BucketKey, BucketStore, CommitOutcome, DebitOutcome, StoreError, WCU_LIMIT,
 };
@@ -284,17 +284,32 @@ impl<S: BucketStore> Engine<S> {
         Ok(new)
     }
 
-    /// Whether a doubling to `new` shards would leave a shard's share smaller than the
-    /// claims the bucket carries (counted when it does). Shards never merge back: such a
-    /// doubling would refuse them on every shard for good. The shard stays hot instead,
-    /// and its slow passes refill `wcu`, as at the maximum. Judged by the usual claim,
-    /// not only this request's: a check-only request (0 hits) must not spread the bucket
-    /// until an ordinary one no longer fits.
+    /// Whether a doubling to `new` shards would leave a shard's share of any of the
+    /// bucket's limits smaller than [`MIN_CLAIMS_PER_SHARD`] of the claims it usually
+    /// carries (counted when it does). Shards never merge back: a share that small would
+    /// refuse ordinary requests on every shard for good, or leave each shard a few claims
+    /// that the random draw spreads unevenly. The shard stays hot instead, and its slow
+    /// passes refill `wcu`, as at the maximum. Judged on every limit the hot shard holds,
+    /// not only those this request names, and by the usual claim, not only this
+    /// request's: check-only (0 hits) or one-token traffic must not spread a bucket that
+    /// its ordinary requests, or its other limits, cannot be spread over.
     fn share_too_small(&self, b: &BucketClaim, hot: Option<&BucketItem>, new: u32) -> bool {
-        let small = b
+        let too_small = |usual: i64, params: LimitParams| {
+            MIN_CLAIMS_PER_SHARD * usual > params.share(new).ceiling
+        };
+        let claimed = b
             .limits
             .iter()
-            .any(|c| !c.forced && usual_claim(c, hot) > c.params.share(new).ceiling);
+            .any(|c| !c.forced && too_small(usual_claim(c.amount, &c.limit, hot), c.params));
+        // Limits the shard holds that this request does not name (another rule's).
+        let stored = hot.is_some_and(|hot| {
+            hot.limits.iter().any(|(name, st)| {
+                name != WCU_LIMIT
+                    && !b.limits.iter().any(|c| c.limit == name)
+                    && too_small(usual_claim(0, name, Some(hot)), st.params())
+            })
+        });
+        let small = claimed || stored;
         if small {
             EngineStats::bump(&self.stats.shard_doublings_declined_small_share);
         }
@@ -302,18 +317,24 @@ impl<S: BucketStore> Engine<S> {
     }
 }
 
-/// The claim a bucket's limit usually carries, judged from a hot shard's image (when
-/// there is one): this request's, at least one token (an ordinary request: Envoy's
-/// default `hits_addend`), and at least the average taken per fast-path write on that
-/// shard (`tc` over the writes `wcu` counted) — so check-only or small requests cannot
-/// spread a bucket until its ordinary requests no longer fit a shard's share.
-fn usual_claim(c: &LimitClaim, hot: Option<&BucketItem>) -> i64 {
+/// Usual claims a shard's share of each limit must hold for the bucket to double: with
+/// fewer, the random draw leaves some shards short while others hold tokens, and each
+/// such refusal costs retries on other shards. Four keeps a 100-token bucket of one-token
+/// requests at 16 shards (6.25 tokens each) where 32 would leave 3.125 each.
+pub(super) const MIN_CLAIMS_PER_SHARD: i64 = 4;
+
+/// The claim a bucket's limit `limit` usually carries, judged from a hot shard's image
+/// (when there is one): this request's `amount`, at least one token (an ordinary request:
+/// Envoy's default `hits_addend`), and at least the average taken per fast-path write on
+/// that shard (`tc` over the writes `wcu` counted) — so check-only or small requests
+/// cannot spread a bucket until its ordinary requests no longer fit a shard's share.
+fn usual_claim(amount: i64, limit: &str, hot: Option<&BucketItem>) -> i64 {
     let average = hot.map_or(0, |hot| {
         let writes = hot.limit(WCU_LIMIT).map_or(0, |w| w.tc / MILLI);
-        match hot.limit(&c.limit) {
+        match hot.limit(limit) {
             Some(st) if writes > 0 && st.tc > 0 => st.tc / writes,
             _ => 0,
         }
     });
-    c.amount.max(MILLI).max(average)
+    amount.max(MILLI).max(average)
 }

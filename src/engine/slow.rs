@@ -6,7 +6,7 @@
 use super::acquire::{wrap, Avoid, Draw, Progress, SlowTarget};
 use super::pass::{self, BucketPlan, PassContext};
 use super::{Acquire, BucketOutcome, Engine, EngineError, EngineStats};
-use crate::store::{BucketKey, BucketStore, CommitOutcome, DebitOutcome, Write};
+use crate::store::{BucketItem, BucketKey, BucketStore, CommitOutcome, DebitOutcome, Write};
 
 impl<S: BucketStore> Engine<S> {
     /// Waits for the slow passes in flight on the shards drawn for `req`'s fast path;
@@ -77,14 +77,16 @@ impl<S: BucketStore> Engine<S> {
             .collect();
         let first = &req.buckets[targets[0].bucket];
         let images = self.store.read(&keys).await.map_err(wrap(first))?;
+        let counts = self.creation_counts(req, targets, &images).await?;
         let ctx = self.pass_context(self.clock.now_ms());
         let now = ctx.now;
         let plans: Vec<BucketPlan> = targets
             .iter()
             .zip(&keys)
             .zip(&images)
-            .map(|((t, key), img)| {
-                let (b, count) = (&req.buckets[t.bucket], t.count);
+            .zip(&counts)
+            .map(|(((t, key), img), &count)| {
+                let b = &req.buckets[t.bucket];
                 if let Some(img) = img {
                     self.shards.learn(&b.entity, &b.resource, img.shard_count);
                 }
@@ -112,12 +114,8 @@ impl<S: BucketStore> Engine<S> {
                     }
                     EngineStats::bump(&self.stats.consumption_only_retries);
                     for (idx, current) in failed {
-                        let SlowTarget {
-                            bucket,
-                            shard,
-                            count,
-                        } = targets[idx];
-                        let b = &req.buckets[bucket];
+                        let SlowTarget { bucket, shard, .. } = targets[idx];
+                        let (b, count) = (&req.buckets[bucket], counts[idx]);
                         if let Write::Debit { .. } = writes[idx] {
                             // The balance no longer covers the request.
                             let mut outcomes: Vec<BucketOutcome> =
@@ -149,6 +147,46 @@ impl<S: BucketStore> Engine<S> {
         }
         // Persistent contention: refuse rather than spin.
         Ok((false, plans.into_iter().map(|p| p.refused).collect()))
+    }
+
+    /// The count each target's pass sizes its shard for: the target's own, except that a
+    /// shard about to be created (absent from `images`) other than shard 0 is sized for at
+    /// least the count shard 0 holds. Shard 0 holds the bucket's authoritative count (a
+    /// doubling raises it there first), and the target's count may be stale: this process
+    /// may not have seen the doubling, and a shard created for fewer shards would hold a
+    /// share too large, an over-admission no later pass takes back. Costs one more read,
+    /// only when a shard is created. (Existing shards need none: their own item carries a
+    /// count at least the one they were last written under, and the plan keeps the larger.)
+    async fn creation_counts(
+        &self,
+        req: &Acquire,
+        targets: &[SlowTarget],
+        images: &[Option<BucketItem>],
+    ) -> Result<Vec<u32>, EngineError> {
+        let mut counts: Vec<u32> = targets.iter().map(|t| t.count).collect();
+        let created: Vec<usize> = (0..targets.len())
+            .filter(|&i| images[i].is_none() && targets[i].shard > 0)
+            .collect();
+        let Some(&first) = created.first() else {
+            return Ok(counts);
+        };
+        let zeros: Vec<BucketKey> = created
+            .iter()
+            .map(|&i| {
+                let b = &req.buckets[targets[i].bucket];
+                BucketKey::new(&b.entity, &b.resource, 0)
+            })
+            .collect();
+        let b = &req.buckets[targets[first].bucket];
+        let zero_images = self.store.read(&zeros).await.map_err(wrap(b))?;
+        for (&i, zero) in created.iter().zip(&zero_images) {
+            if let Some(zero) = zero {
+                let b = &req.buckets[targets[i].bucket];
+                self.shards.learn(&b.entity, &b.resource, zero.shard_count);
+                counts[i] = counts[i].max(zero.shard_count);
+            }
+        }
+        Ok(counts)
     }
 
     /// What a slow pass knows at `now`.
