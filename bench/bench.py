@@ -30,6 +30,11 @@ Environment (all optional):
                              has compiled its hot code before anything is measured
     BENCH_LEASE_CONCURRENCY="16 64"  dynamodb: concurrency of the token-lease cases (hot
                              bucket with leases on and off, and on the memory store)
+    BENCH_DDB_CASES="hot leases zipf"  dynamodb: which groups run — hot (the admitted and
+                             refused cases next to the bare loop), leases (the token-lease
+                             cases), zipf (the realistic mix, leases on and off)
+    BENCH_ZIPF_CONCURRENCY="64"  dynamodb: concurrency of the zipf cases
+    BENCH_ZIPF_EXPONENT=1.1  dynamodb: the zipf cases' exponent over distinct.bin's 100k keys
     BENCH_ENVOY_SCENARIOS="hot distinct"  envoy: the hot key (tenant=hot) and the 100k keys
                              of `distinct` (client=c000000 …, rotated by wrk's Lua script)
     BENCH_ENVOY_CONCURRENCY=64  envoy: wrk connections (one request in flight on each)
@@ -89,6 +94,9 @@ DDB_JVM_WARMUP = float(os.environ.get("BENCH_DDB_JVM_WARMUP", "20"))
 PARTITION_WRITE_BUDGET = os.environ.get("BENCH_PARTITION_WRITE_BUDGET", "")
 RESULTS = os.environ.get("BENCH_RESULTS", os.path.join(ROOT, "bench/results"))
 LEASE_CONCURRENCY = [int(c) for c in os.environ.get("BENCH_LEASE_CONCURRENCY", "16 64").split()]
+DDB_CASES = os.environ.get("BENCH_DDB_CASES", "hot leases zipf").split()
+ZIPF_CONCURRENCY = [int(c) for c in os.environ.get("BENCH_ZIPF_CONCURRENCY", "64").split()]
+ZIPF_EXPONENT = float(os.environ.get("BENCH_ZIPF_EXPONENT", "1.1"))
 ENVOY_SCENARIOS = os.environ.get("BENCH_ENVOY_SCENARIOS", "hot distinct").split()
 ENVOY_CONCURRENCY = [int(c) for c in os.environ.get("BENCH_ENVOY_CONCURRENCY", "64").split()]
 ENVOY_RLS_TIMEOUT = os.environ.get("BENCH_ENVOY_RLS_TIMEOUT", "1s")
@@ -316,13 +324,16 @@ def h2load(port, body, c, duration, log_path=None):
     return r
 
 
-def rls_load(port, frames, c, duration, log_path=None, max_requests=MAX_REQUESTS, offset=0):
+def rls_load(port, frames, c, duration, log_path=None, max_requests=MAX_REQUESTS, offset=0,
+             zipf=None, seed=1):
     conns, _ = layout(c)
     argv = [
         RLS_LOAD, "--addr", f"127.0.0.1:{port}", "--frames", frames, "--concurrency", str(c),
         "--connections", str(conns), "--duration", str(duration), "--max-requests", str(max_requests),
         "--offset", str(offset),
     ]
+    if zipf is not None:
+        argv += ["--zipf", str(zipf), "--seed", str(seed)]
     if log_path:
         argv += ["--log-file", log_path]
     out, err, cpu = run_client(argv, duration + 60)
@@ -749,7 +760,7 @@ def bench_dynamodb(work, manifest):
         return loop
 
     cases = []
-    for c in CONCURRENCY:
+    for c in (CONCURRENCY if "hot" in DDB_CASES else []):
         for scenario, kind in (("hot", "admitted"), ("over", "refused")):
             info = manifest[scenario]
             tag = f"ddb-{kind}-c{c}"
@@ -786,9 +797,102 @@ def bench_dynamodb(work, manifest):
             if kind == "admitted":
                 cases.append({"kind": "ceiling", "concurrency": c,
                               "loop": bare_loop(c, hot_shards(after), "after")})
-    cases += lease_cases(work, manifest, endpoint, table, namespace, env, sg, grpc_port, http_port)
+    if "leases" in DDB_CASES:
+        cases += lease_cases(work, manifest, endpoint, table, namespace, env, sg, grpc_port, http_port)
+    if "zipf" in DDB_CASES:
+        cases += zipf_cases(work, manifest, endpoint, table, namespace, env, ddb.pid)
     stop_all()
     return cases
+
+
+def zipf_cases(work, manifest, endpoint, table, namespace, env, ddb_pid):
+    """The realistic mix (issue 27): each request's `client` drawn Zipf(ZIPF_EXPONENT) over
+    distinct.bin's 100k keys (rls_load --zipf), a few keys carrying most of the traffic and
+    most keys rare, on two fresh servers — leases on (the default) and `--leases off` —
+    each in its own namespace, so each starts from an empty table as a new fleet would;
+    the warm-up draws the same law from another seed. Reports store writes per decision,
+    the figure that prices a fleet."""
+    frames = manifest["distinct"]["file"]
+    cases = []
+    servers = [
+        ("leases on", serve_dynamodb(work, "shardgate-zipf-on", endpoint, table, f"{namespace}-zipf-on", env)),
+        ("leases off", serve_dynamodb(work, "shardgate-zipf-off", endpoint, table, f"{namespace}-zipf-off", env,
+                                      ["--leases", "off"])),
+    ]
+    for c in ZIPF_CONCURRENCY:
+        for label, (proc, gp, hp) in servers:
+            tag = f"zipf-{label.replace(' ', '-')}-c{c}"
+            log(f"  {tag}: Zipf({ZIPF_EXPONENT:g}) over {manifest['distinct']['frames']:,} keys, "
+                f"warm-up {DDB_WARMUP:g} s, then {DURATION:g} s")
+            if DDB_WARMUP > 0:
+                rls_load(gp, frames, c, DDB_WARMUP, zipf=ZIPF_EXPONENT, seed=c + 1000)
+            settle(hp)
+            before = scrape(hp)
+            cpu0, dcpu0 = cpu_seconds(proc.pid), cpu_seconds(ddb_pid)
+            log_path = os.path.join(work, f"{tag}.log")
+            r = rls_load(gp, frames, c, DURATION, log_path, zipf=ZIPF_EXPONENT, seed=c)
+            r["server_cpu_s"] = cpu_seconds(proc.pid) - cpu0
+            r["store_cpu_s"] = cpu_seconds(ddb_pid) - dcpu0
+            after = scrape(hp)
+            r["latency"] = percentiles(log_path)
+            os.unlink(log_path)
+            r["server"] = server_counts(before, after, 1)
+            r["leases"] = {k: delta(before, after, f"shardgate_{k}_total") for k in LEASE_COUNTERS}
+            r["lease_tokens_outstanding"] = total(after, "shardgate_lease_tokens_outstanding")
+            cases.append({"kind": "zipf", "setting": label, "concurrency": c, "exponent": ZIPF_EXPONENT,
+                          "shardgate": r})
+    return cases
+
+
+def zipf_report(cases):
+    L = ["\n## Realistic mix: 100k keys drawn Zipf\n"]
+    L.append(
+        "Each request's `client` (one bucket each, `client_rpm`: 60,000/min, far above any "
+        "key's share) drawn with the Zipf law over `distinct.bin`'s 100,000 keys "
+        "(`rls_load --zipf`, an exact inverse-CDF table): the top key carries ≈ 13.5 % of the "
+        "requests at exponent 1.1, the top ten ≈ 36 %, and most keys are touched once or "
+        "never. Two fresh servers on the same DynamoDB Local, each in its own namespace (every "
+        "key's first request creates its item), leases on (the default) and `--leases off`, "
+        "each after its own warm-up. Store writes per decision = write calls (debit, commit, "
+        "credit, shard-count raises) over decisions answered; write units are what DynamoDB "
+        "reported consuming. Target (issue 27): ≤ 0.25 with leases on, against 1.0 without.\n"
+    )
+    L.append("| setting | exponent | c | decisions/s | p50 ms | p99 ms | p99.9 ms | store writes per decision | "
+             "write units per decision | store calls per decision | from leases | leases taken | "
+             "slow paths | shardgate CPU µs/decision | DynamoDB Local CPU µs/decision |")
+    L.append("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+    for case in cases:
+        r, s, le = case["shardgate"], case["shardgate"]["server"], case["shardgate"]["leases"]
+        n = (s["descriptors_within"] + s["descriptors_over"]) or 1
+        writes = sum(v for k, v in s["store_calls"].items() if k.split("/")[0] in WRITES)
+        calls = sum(s["store_calls"].values())
+        cap = s["consumed_capacity"]
+        wu = sum(v for op, v in cap.items() if op != "BatchGetItem")
+        L.append(
+            f"| {case['setting']} | {case['exponent']:g} | {case['concurrency']} | {r['req_per_s']:,.0f} | "
+            f"{fmt_ms(r['latency']['p50'])} | {fmt_ms(r['latency']['p99'])} | {fmt_ms(r['latency']['p99.9'])} | "
+            f"{writes / n:.4f} | {wu / n:.4f} | {calls / n:.4f} | {le['lease_decisions'] / n:.1%} | "
+            f"{le['leases_taken']:,.0f} | {s['slow_paths']:,.0f} | {r['server_cpu_s'] * 1e6 / n:.1f} | "
+            f"{r['store_cpu_s'] * 1e6 / n:.0f} |"
+        )
+    L.append("\n| setting | c | answers (rls_load) | OK / OVER_LIMIT (/metrics) | store calls by operation/outcome |")
+    L.append("|---|--:|--:|---|---|")
+    for case in cases:
+        r, s = case["shardgate"], case["shardgate"]["server"]
+        calls = ", ".join(f"{k} {v:,.0f}" for k, v in sorted(s["store_calls"].items())) or "none"
+        L.append(
+            f"| {case['setting']} | {case['concurrency']} | {r['answers']:,} (stream errors {r['stream_errors']}, "
+            f"grpc {r['grpc_status']}) | {s['descriptors_within']:,.0f} / {s['descriptors_over']:,.0f} | {calls} |"
+        )
+    L.append("\n### Against the target (reported, not asserted)\n")
+    for case in cases:
+        s = case["shardgate"]["server"]
+        n = (s["descriptors_within"] + s["descriptors_over"]) or 1
+        w = sum(v for k, v in s["store_calls"].items() if k.split("/")[0] in WRITES) / n
+        goal = 0.25 if case["setting"] == "leases on" else 1.0
+        L.append(f"- {case['setting']}, c={case['concurrency']}: {w:.3f} store writes per decision "
+                 f"({'meets' if w <= goal else 'misses'} ≤ {goal:g})")
+    return "\n".join(L) + "\n"
 
 
 def serve_dynamodb(work, name, endpoint, table, namespace, env, extra=()):
@@ -1000,7 +1104,8 @@ def dynamodb_report(m, cases):
     )
     L.append("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
     lease = [c for c in cases if c["kind"].startswith("lease")]
-    cases = [c for c in cases if not c["kind"].startswith("lease")]
+    zipf = [c for c in cases if c["kind"] == "zipf"]
+    cases = [c for c in cases if not c["kind"].startswith("lease") and c["kind"] != "zipf"]
     loops = loop_means(cases)
     for case in cases:
         c = case["concurrency"]
@@ -1092,7 +1197,8 @@ def dynamodb_report(m, cases):
             "DynamoDB charges a failed conditional write one unit too); the bare loop's are what "
             "DynamoDB Local reported (`ReturnConsumedCapacity = TOTAL`)."
         )
-    return "\n".join(L) + "\n" + (lease_report(lease) if lease else "")
+    return ("\n".join(L) + "\n" + (lease_report(lease) if lease else "")
+            + (zipf_report(zipf) if zipf else ""))
 
 
 # --- behind a real Envoy ------------------------------------------------------------------
