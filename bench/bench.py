@@ -30,6 +30,9 @@ Environment (all optional):
                              has compiled its hot code before anything is measured
     BENCH_LEASE_CONCURRENCY="16 64"  dynamodb: concurrency of the token-lease cases (hot
                              bucket with leases on and off, and on the memory store)
+    BENCH_DDB_ENDPOINT       dynamodb: a DynamoDB Local already running (e.g.
+                             http://127.0.0.1:8125) instead of one started for the run, on
+                             a table of its own; its CPU is then not measured
     BENCH_DDB_CASES="hot leases zipf"  dynamodb: which groups run — hot (the admitted and
                              refused cases next to the bare loop), leases (the token-lease
                              cases), zipf (the realistic mix, leases on and off)
@@ -94,6 +97,7 @@ DDB_JVM_WARMUP = float(os.environ.get("BENCH_DDB_JVM_WARMUP", "20"))
 PARTITION_WRITE_BUDGET = os.environ.get("BENCH_PARTITION_WRITE_BUDGET", "")
 RESULTS = os.environ.get("BENCH_RESULTS", os.path.join(ROOT, "bench/results"))
 LEASE_CONCURRENCY = [int(c) for c in os.environ.get("BENCH_LEASE_CONCURRENCY", "16 64").split()]
+DDB_ENDPOINT = os.environ.get("BENCH_DDB_ENDPOINT", "")
 DDB_CASES = os.environ.get("BENCH_DDB_CASES", "hot leases zipf").split()
 ZIPF_CONCURRENCY = [int(c) for c in os.environ.get("BENCH_ZIPF_CONCURRENCY", "64").split()]
 ZIPF_EXPONENT = float(os.environ.get("BENCH_ZIPF_EXPONENT", "1.1"))
@@ -155,6 +159,11 @@ def start(name, argv, log_path, env=None):
     p = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
     STARTED.append((name, p))
     return p
+
+
+def store_cpu(pid):
+    """DynamoDB Local's CPU seconds, 0 when it is not ours to read (BENCH_DDB_ENDPOINT)."""
+    return cpu_seconds(pid) if pid else 0.0
 
 
 def cpu_seconds(pid):
@@ -701,15 +710,20 @@ def machine_lines(m):
 
 
 def bench_dynamodb(work, manifest):
-    port = free_port()
-    env = dict(os.environ, SHARDGATE_DDB_PORT=str(port))
-    ddb = start("dynamodb-local", [os.path.join(ROOT, "scripts/dynamodb-local")],
-                os.path.join(work, "dynamodb-local.log"), env=env)
-    wait_listening(port, ddb, "scripts/dynamodb-local", timeout=300)
-    # scripts/dynamodb-local execs java: this pid is DynamoDB Local's.
-    endpoint = f"http://127.0.0.1:{port}"
+    if DDB_ENDPOINT:
+        # A DynamoDB Local already running (its CPU is not measured: its pid is not ours).
+        endpoint, ddb_pid = DDB_ENDPOINT, None
+        table = f"shardgate-bench-{int(time.time())}"
+    else:
+        port = free_port()
+        env = dict(os.environ, SHARDGATE_DDB_PORT=str(port))
+        ddb = start("dynamodb-local", [os.path.join(ROOT, "scripts/dynamodb-local")],
+                    os.path.join(work, "dynamodb-local.log"), env=env)
+        wait_listening(port, ddb, "scripts/dynamodb-local", timeout=300)
+        # scripts/dynamodb-local execs java: this pid is DynamoDB Local's.
+        endpoint, ddb_pid = f"http://127.0.0.1:{port}", ddb.pid
+        table = "shardgate-bench"
     env = dict(os.environ, AWS_ACCESS_KEY_ID="local", AWS_SECRET_ACCESS_KEY="local", AWS_REGION="us-east-1")
-    table = "shardgate-bench"
     subprocess.run([SHARDGATE, "table", "create", "--table", table, "--dynamodb-endpoint", endpoint],
                    env=env, check=True, cwd=ROOT, timeout=120)
     grpc_port, http_port = free_port(), free_port()
@@ -742,7 +756,7 @@ def bench_dynamodb(work, manifest):
     def bare_loop(c, shards, when):
         """The store's own ceiling at concurrency `c` on `shards` items."""
         log(f"  ddb-ceiling-c{c} ({when}): bare conditional UpdateItem loop on {shards} item(s), {DURATION:g} s")
-        dcpu0, busy0, t0 = cpu_seconds(ddb.pid), busy_seconds(), time.time()
+        dcpu0, busy0, t0 = store_cpu(ddb_pid), busy_seconds(), time.time()
         out, _, loop_cpu = run_client(
             [DDB_LOOP, "--endpoint", endpoint, "--table", table, "--concurrency", str(c),
              "--duration", str(DURATION), "--items", str(shards), "--timeout-ms", str(timeout_ms),
@@ -751,7 +765,7 @@ def bench_dynamodb(work, manifest):
             env=env,
         )
         loop = json.loads(out.strip().splitlines()[-1])
-        loop["store_cpu_s"] = cpu_seconds(ddb.pid) - dcpu0
+        loop["store_cpu_s"] = store_cpu(ddb_pid) - dcpu0
         loop["client_cpu_s"] = loop_cpu
         loop["other_cores"] = max(
             0.0, (busy_seconds() - busy0) - loop["store_cpu_s"] - loop_cpu
@@ -776,10 +790,10 @@ def bench_dynamodb(work, manifest):
                               "loop": bare_loop(c, hot_shards(scrape(http_port)), "before")})
             settle(http_port)
             before = scrape(http_port)
-            cpu0, dcpu0, busy0, t0 = cpu_seconds(sg.pid), cpu_seconds(ddb.pid), busy_seconds(), time.time()
+            cpu0, dcpu0, busy0, t0 = cpu_seconds(sg.pid), store_cpu(ddb_pid), busy_seconds(), time.time()
             log_path = os.path.join(work, f"{tag}.log")
             r = h2load(grpc_port, info["file"], c, DURATION, log_path)
-            cpu1, dcpu1, busy1, t1 = cpu_seconds(sg.pid), cpu_seconds(ddb.pid), busy_seconds(), time.time()
+            cpu1, dcpu1, busy1, t1 = cpu_seconds(sg.pid), store_cpu(ddb_pid), busy_seconds(), time.time()
             r["other_cores"] = max(
                 0.0, (busy1 - busy0) - (cpu1 - cpu0) - (dcpu1 - dcpu0) - r["client_cpu_s"]
             ) / (t1 - t0)
@@ -800,7 +814,7 @@ def bench_dynamodb(work, manifest):
     if "leases" in DDB_CASES:
         cases += lease_cases(work, manifest, endpoint, table, namespace, env, sg, grpc_port, http_port)
     if "zipf" in DDB_CASES:
-        cases += zipf_cases(work, manifest, endpoint, table, namespace, env, ddb.pid)
+        cases += zipf_cases(work, manifest, endpoint, table, namespace, env, ddb_pid)
     stop_all()
     return cases
 
@@ -828,11 +842,11 @@ def zipf_cases(work, manifest, endpoint, table, namespace, env, ddb_pid):
                 rls_load(gp, frames, c, DDB_WARMUP, zipf=ZIPF_EXPONENT, seed=c + 1000)
             settle(hp)
             before = scrape(hp)
-            cpu0, dcpu0 = cpu_seconds(proc.pid), cpu_seconds(ddb_pid)
+            cpu0, dcpu0 = cpu_seconds(proc.pid), store_cpu(ddb_pid)
             log_path = os.path.join(work, f"{tag}.log")
             r = rls_load(gp, frames, c, DURATION, log_path, zipf=ZIPF_EXPONENT, seed=c)
             r["server_cpu_s"] = cpu_seconds(proc.pid) - cpu0
-            r["store_cpu_s"] = cpu_seconds(ddb_pid) - dcpu0
+            r["store_cpu_s"] = (store_cpu(ddb_pid) - dcpu0) if ddb_pid else None
             after = scrape(hp)
             r["latency"] = percentiles(log_path)
             os.unlink(log_path)
@@ -868,12 +882,13 @@ def zipf_report(cases):
         calls = sum(s["store_calls"].values())
         cap = s["consumed_capacity"]
         wu = sum(v for op, v in cap.items() if op != "BatchGetItem")
+        store = f"{r['store_cpu_s'] * 1e6 / n:.0f}" if r["store_cpu_s"] is not None else "–"
         L.append(
             f"| {case['setting']} | {case['exponent']:g} | {case['concurrency']} | {r['req_per_s']:,.0f} | "
             f"{fmt_ms(r['latency']['p50'])} | {fmt_ms(r['latency']['p99'])} | {fmt_ms(r['latency']['p99.9'])} | "
             f"{writes / n:.4f} | {wu / n:.4f} | {calls / n:.4f} | {le['lease_decisions'] / n:.1%} | "
             f"{le['leases_taken']:,.0f} | {s['slow_paths']:,.0f} | {r['server_cpu_s'] * 1e6 / n:.1f} | "
-            f"{r['store_cpu_s'] * 1e6 / n:.0f} |"
+            f"{store} |"
         )
     L.append("\n| setting | c | answers (rls_load) | OK / OVER_LIMIT (/metrics) | store calls by operation/outcome |")
     L.append("|---|--:|--:|---|---|")
@@ -1190,7 +1205,7 @@ def dynamodb_report(m, cases):
                 f"({sum(s['store_calls'].values()):,.0f} calls for {n:,.0f} refusals in {DURATION:g} s; "
                 f"target: 0 per repeat refusal within the cache second)"
             )
-    if not any(c["shardgate"]["server"]["consumed_capacity_metric"] for c in cases if "shardgate" in c):
+    if cases and not any(c["shardgate"]["server"]["consumed_capacity_metric"] for c in cases if "shardgate" in c):
         L.append(
             "\n`shardgate_store_consumed_capacity_units_total` is not exported by this build: write "
             "units are estimated as one per write call (every bucket item is well under 1 KB, and "
