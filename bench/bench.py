@@ -59,6 +59,7 @@ import json
 import os
 import platform
 import re
+import shutil
 import signal
 import socket
 import statistics
@@ -379,7 +380,9 @@ def machine():
         "kernel": platform.release(),
         "commit": git("rev-parse", "--short", "HEAD"),
         "src_dirty": bool(dirty),
-        "h2load": subprocess.run(["h2load", "--version"], capture_output=True, text=True).stdout.strip(),
+        # Absent when only rls_load ran (BENCH_DDB_CASES=zipf run straight through bench.py).
+        "h2load": (subprocess.run(["h2load", "--version"], capture_output=True, text=True).stdout.strip()
+                   if shutil.which("h2load") else "not installed"),
         "binary_built": datetime.datetime.fromtimestamp(os.path.getmtime(SHARDGATE)).astimezone().isoformat(timespec="seconds"),
     }
 
