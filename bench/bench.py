@@ -30,6 +30,14 @@ Environment (all optional):
                              has compiled its hot code before anything is measured
     BENCH_LEASE_CONCURRENCY="16 64"  dynamodb: concurrency of the token-lease cases (hot
                              bucket with leases on and off, and on the memory store)
+    BENCH_DDB_ENDPOINT       dynamodb: a DynamoDB Local already running (e.g.
+                             http://127.0.0.1:8125) instead of one started for the run, on
+                             a table of its own; its CPU is then not measured
+    BENCH_DDB_CASES="hot leases zipf"  dynamodb: which groups run — hot (the admitted and
+                             refused cases next to the bare loop), leases (the token-lease
+                             cases), zipf (the realistic mix, leases on and off)
+    BENCH_ZIPF_CONCURRENCY="64"  dynamodb: concurrency of the zipf cases
+    BENCH_ZIPF_EXPONENT=1.1  dynamodb: the zipf cases' exponent over distinct.bin's 100k keys
     BENCH_ENVOY_SCENARIOS="hot distinct"  envoy: the hot key (tenant=hot) and the 100k keys
                              of `distinct` (client=c000000 …, rotated by wrk's Lua script)
     BENCH_ENVOY_CONCURRENCY=64  envoy: wrk connections (one request in flight on each)
@@ -51,6 +59,7 @@ import json
 import os
 import platform
 import re
+import shutil
 import signal
 import socket
 import statistics
@@ -89,6 +98,10 @@ DDB_JVM_WARMUP = float(os.environ.get("BENCH_DDB_JVM_WARMUP", "20"))
 PARTITION_WRITE_BUDGET = os.environ.get("BENCH_PARTITION_WRITE_BUDGET", "")
 RESULTS = os.environ.get("BENCH_RESULTS", os.path.join(ROOT, "bench/results"))
 LEASE_CONCURRENCY = [int(c) for c in os.environ.get("BENCH_LEASE_CONCURRENCY", "16 64").split()]
+DDB_ENDPOINT = os.environ.get("BENCH_DDB_ENDPOINT", "")
+DDB_CASES = os.environ.get("BENCH_DDB_CASES", "hot leases zipf").split()
+ZIPF_CONCURRENCY = [int(c) for c in os.environ.get("BENCH_ZIPF_CONCURRENCY", "64").split()]
+ZIPF_EXPONENT = float(os.environ.get("BENCH_ZIPF_EXPONENT", "1.1"))
 ENVOY_SCENARIOS = os.environ.get("BENCH_ENVOY_SCENARIOS", "hot distinct").split()
 ENVOY_CONCURRENCY = [int(c) for c in os.environ.get("BENCH_ENVOY_CONCURRENCY", "64").split()]
 ENVOY_RLS_TIMEOUT = os.environ.get("BENCH_ENVOY_RLS_TIMEOUT", "1s")
@@ -147,6 +160,11 @@ def start(name, argv, log_path, env=None):
     p = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
     STARTED.append((name, p))
     return p
+
+
+def store_cpu(pid):
+    """DynamoDB Local's CPU seconds, 0 when it is not ours to read (BENCH_DDB_ENDPOINT)."""
+    return cpu_seconds(pid) if pid else 0.0
 
 
 def cpu_seconds(pid):
@@ -316,13 +334,16 @@ def h2load(port, body, c, duration, log_path=None):
     return r
 
 
-def rls_load(port, frames, c, duration, log_path=None, max_requests=MAX_REQUESTS, offset=0):
+def rls_load(port, frames, c, duration, log_path=None, max_requests=MAX_REQUESTS, offset=0,
+             zipf=None, seed=1):
     conns, _ = layout(c)
     argv = [
         RLS_LOAD, "--addr", f"127.0.0.1:{port}", "--frames", frames, "--concurrency", str(c),
         "--connections", str(conns), "--duration", str(duration), "--max-requests", str(max_requests),
         "--offset", str(offset),
     ]
+    if zipf is not None:
+        argv += ["--zipf", str(zipf), "--seed", str(seed)]
     if log_path:
         argv += ["--log-file", log_path]
     out, err, cpu = run_client(argv, duration + 60)
@@ -359,7 +380,9 @@ def machine():
         "kernel": platform.release(),
         "commit": git("rev-parse", "--short", "HEAD"),
         "src_dirty": bool(dirty),
-        "h2load": subprocess.run(["h2load", "--version"], capture_output=True, text=True).stdout.strip(),
+        # Absent when only rls_load ran (BENCH_DDB_CASES=zipf run straight through bench.py).
+        "h2load": (subprocess.run(["h2load", "--version"], capture_output=True, text=True).stdout.strip()
+                   if shutil.which("h2load") else "not installed"),
         "binary_built": datetime.datetime.fromtimestamp(os.path.getmtime(SHARDGATE)).astimezone().isoformat(timespec="seconds"),
     }
 
@@ -690,15 +713,20 @@ def machine_lines(m):
 
 
 def bench_dynamodb(work, manifest):
-    port = free_port()
-    env = dict(os.environ, SHARDGATE_DDB_PORT=str(port))
-    ddb = start("dynamodb-local", [os.path.join(ROOT, "scripts/dynamodb-local")],
-                os.path.join(work, "dynamodb-local.log"), env=env)
-    wait_listening(port, ddb, "scripts/dynamodb-local", timeout=300)
-    # scripts/dynamodb-local execs java: this pid is DynamoDB Local's.
-    endpoint = f"http://127.0.0.1:{port}"
+    if DDB_ENDPOINT:
+        # A DynamoDB Local already running (its CPU is not measured: its pid is not ours).
+        endpoint, ddb_pid = DDB_ENDPOINT, None
+        table = f"shardgate-bench-{int(time.time())}"
+    else:
+        port = free_port()
+        env = dict(os.environ, SHARDGATE_DDB_PORT=str(port))
+        ddb = start("dynamodb-local", [os.path.join(ROOT, "scripts/dynamodb-local")],
+                    os.path.join(work, "dynamodb-local.log"), env=env)
+        wait_listening(port, ddb, "scripts/dynamodb-local", timeout=300)
+        # scripts/dynamodb-local execs java: this pid is DynamoDB Local's.
+        endpoint, ddb_pid = f"http://127.0.0.1:{port}", ddb.pid
+        table = "shardgate-bench"
     env = dict(os.environ, AWS_ACCESS_KEY_ID="local", AWS_SECRET_ACCESS_KEY="local", AWS_REGION="us-east-1")
-    table = "shardgate-bench"
     subprocess.run([SHARDGATE, "table", "create", "--table", table, "--dynamodb-endpoint", endpoint],
                    env=env, check=True, cwd=ROOT, timeout=120)
     grpc_port, http_port = free_port(), free_port()
@@ -731,7 +759,7 @@ def bench_dynamodb(work, manifest):
     def bare_loop(c, shards, when):
         """The store's own ceiling at concurrency `c` on `shards` items."""
         log(f"  ddb-ceiling-c{c} ({when}): bare conditional UpdateItem loop on {shards} item(s), {DURATION:g} s")
-        dcpu0, busy0, t0 = cpu_seconds(ddb.pid), busy_seconds(), time.time()
+        dcpu0, busy0, t0 = store_cpu(ddb_pid), busy_seconds(), time.time()
         out, _, loop_cpu = run_client(
             [DDB_LOOP, "--endpoint", endpoint, "--table", table, "--concurrency", str(c),
              "--duration", str(DURATION), "--items", str(shards), "--timeout-ms", str(timeout_ms),
@@ -740,7 +768,7 @@ def bench_dynamodb(work, manifest):
             env=env,
         )
         loop = json.loads(out.strip().splitlines()[-1])
-        loop["store_cpu_s"] = cpu_seconds(ddb.pid) - dcpu0
+        loop["store_cpu_s"] = store_cpu(ddb_pid) - dcpu0
         loop["client_cpu_s"] = loop_cpu
         loop["other_cores"] = max(
             0.0, (busy_seconds() - busy0) - loop["store_cpu_s"] - loop_cpu
@@ -749,7 +777,7 @@ def bench_dynamodb(work, manifest):
         return loop
 
     cases = []
-    for c in CONCURRENCY:
+    for c in (CONCURRENCY if "hot" in DDB_CASES else []):
         for scenario, kind in (("hot", "admitted"), ("over", "refused")):
             info = manifest[scenario]
             tag = f"ddb-{kind}-c{c}"
@@ -765,10 +793,10 @@ def bench_dynamodb(work, manifest):
                               "loop": bare_loop(c, hot_shards(scrape(http_port)), "before")})
             settle(http_port)
             before = scrape(http_port)
-            cpu0, dcpu0, busy0, t0 = cpu_seconds(sg.pid), cpu_seconds(ddb.pid), busy_seconds(), time.time()
+            cpu0, dcpu0, busy0, t0 = cpu_seconds(sg.pid), store_cpu(ddb_pid), busy_seconds(), time.time()
             log_path = os.path.join(work, f"{tag}.log")
             r = h2load(grpc_port, info["file"], c, DURATION, log_path)
-            cpu1, dcpu1, busy1, t1 = cpu_seconds(sg.pid), cpu_seconds(ddb.pid), busy_seconds(), time.time()
+            cpu1, dcpu1, busy1, t1 = cpu_seconds(sg.pid), store_cpu(ddb_pid), busy_seconds(), time.time()
             r["other_cores"] = max(
                 0.0, (busy1 - busy0) - (cpu1 - cpu0) - (dcpu1 - dcpu0) - r["client_cpu_s"]
             ) / (t1 - t0)
@@ -786,9 +814,103 @@ def bench_dynamodb(work, manifest):
             if kind == "admitted":
                 cases.append({"kind": "ceiling", "concurrency": c,
                               "loop": bare_loop(c, hot_shards(after), "after")})
-    cases += lease_cases(work, manifest, endpoint, table, namespace, env, sg, grpc_port, http_port)
+    if "leases" in DDB_CASES:
+        cases += lease_cases(work, manifest, endpoint, table, namespace, env, sg, grpc_port, http_port)
+    if "zipf" in DDB_CASES:
+        cases += zipf_cases(work, manifest, endpoint, table, namespace, env, ddb_pid)
     stop_all()
     return cases
+
+
+def zipf_cases(work, manifest, endpoint, table, namespace, env, ddb_pid):
+    """The realistic mix (issue 27): each request's `client` drawn Zipf(ZIPF_EXPONENT) over
+    distinct.bin's 100k keys (rls_load --zipf), a few keys carrying most of the traffic and
+    most keys rare, on two fresh servers — leases on (the default) and `--leases off` —
+    each in its own namespace, so each starts from an empty table as a new fleet would;
+    the warm-up draws the same law from another seed. Reports store writes per decision,
+    the figure that prices a fleet."""
+    frames = manifest["distinct"]["file"]
+    cases = []
+    servers = [
+        ("leases on", serve_dynamodb(work, "shardgate-zipf-on", endpoint, table, f"{namespace}-zipf-on", env)),
+        ("leases off", serve_dynamodb(work, "shardgate-zipf-off", endpoint, table, f"{namespace}-zipf-off", env,
+                                      ["--leases", "off"])),
+    ]
+    for c in ZIPF_CONCURRENCY:
+        for label, (proc, gp, hp) in servers:
+            tag = f"zipf-{label.replace(' ', '-')}-c{c}"
+            log(f"  {tag}: Zipf({ZIPF_EXPONENT:g}) over {manifest['distinct']['frames']:,} keys, "
+                f"warm-up {DDB_WARMUP:g} s, then {DURATION:g} s")
+            if DDB_WARMUP > 0:
+                rls_load(gp, frames, c, DDB_WARMUP, zipf=ZIPF_EXPONENT, seed=c + 1000)
+            settle(hp)
+            before = scrape(hp)
+            cpu0, dcpu0 = cpu_seconds(proc.pid), store_cpu(ddb_pid)
+            log_path = os.path.join(work, f"{tag}.log")
+            r = rls_load(gp, frames, c, DURATION, log_path, zipf=ZIPF_EXPONENT, seed=c)
+            r["server_cpu_s"] = cpu_seconds(proc.pid) - cpu0
+            r["store_cpu_s"] = (store_cpu(ddb_pid) - dcpu0) if ddb_pid else None
+            after = scrape(hp)
+            r["latency"] = percentiles(log_path)
+            os.unlink(log_path)
+            r["server"] = server_counts(before, after, 1)
+            r["leases"] = {k: delta(before, after, f"shardgate_{k}_total") for k in LEASE_COUNTERS}
+            r["lease_tokens_outstanding"] = total(after, "shardgate_lease_tokens_outstanding")
+            cases.append({"kind": "zipf", "setting": label, "concurrency": c, "exponent": ZIPF_EXPONENT,
+                          "shardgate": r})
+    return cases
+
+
+def zipf_report(cases):
+    L = ["\n## Realistic mix: 100k keys drawn Zipf\n"]
+    L.append(
+        "Each request's `client` (one bucket each, `client_rpm`: 60,000/min, far above any "
+        "key's share) drawn with the Zipf law over `distinct.bin`'s 100,000 keys "
+        "(`rls_load --zipf`, an exact inverse-CDF table): the top key carries ≈ 13.5 % of the "
+        "requests at exponent 1.1, the top ten ≈ 36 %, and most keys are touched once or "
+        "never. Two fresh servers on the same DynamoDB Local, each in its own namespace (every "
+        "key's first request creates its item), leases on (the default) and `--leases off`, "
+        "each after its own warm-up. Store writes per decision = write calls (debit, commit, "
+        "credit, shard-count raises) over decisions answered; write units are what DynamoDB "
+        "reported consuming. Target (issue 27): ≤ 0.25 with leases on, against 1.0 without.\n"
+    )
+    L.append("| setting | exponent | c | decisions/s | p50 ms | p99 ms | p99.9 ms | store writes per decision | "
+             "write units per decision | store calls per decision | from leases | leases taken | "
+             "slow paths | shardgate CPU µs/decision | DynamoDB Local CPU µs/decision |")
+    L.append("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+    for case in cases:
+        r, s, le = case["shardgate"], case["shardgate"]["server"], case["shardgate"]["leases"]
+        n = (s["descriptors_within"] + s["descriptors_over"]) or 1
+        writes = sum(v for k, v in s["store_calls"].items() if k.split("/")[0] in WRITES)
+        calls = sum(s["store_calls"].values())
+        cap = s["consumed_capacity"]
+        wu = sum(v for op, v in cap.items() if op != "BatchGetItem")
+        store = f"{r['store_cpu_s'] * 1e6 / n:.0f}" if r["store_cpu_s"] is not None else "–"
+        L.append(
+            f"| {case['setting']} | {case['exponent']:g} | {case['concurrency']} | {r['req_per_s']:,.0f} | "
+            f"{fmt_ms(r['latency']['p50'])} | {fmt_ms(r['latency']['p99'])} | {fmt_ms(r['latency']['p99.9'])} | "
+            f"{writes / n:.4f} | {wu / n:.4f} | {calls / n:.4f} | {le['lease_decisions'] / n:.1%} | "
+            f"{le['leases_taken']:,.0f} | {s['slow_paths']:,.0f} | {r['server_cpu_s'] * 1e6 / n:.1f} | "
+            f"{store} |"
+        )
+    L.append("\n| setting | c | answers (rls_load) | OK / OVER_LIMIT (/metrics) | store calls by operation/outcome |")
+    L.append("|---|--:|--:|---|---|")
+    for case in cases:
+        r, s = case["shardgate"], case["shardgate"]["server"]
+        calls = ", ".join(f"{k} {v:,.0f}" for k, v in sorted(s["store_calls"].items())) or "none"
+        L.append(
+            f"| {case['setting']} | {case['concurrency']} | {r['answers']:,} (stream errors {r['stream_errors']}, "
+            f"grpc {r['grpc_status']}) | {s['descriptors_within']:,.0f} / {s['descriptors_over']:,.0f} | {calls} |"
+        )
+    L.append("\n### Against the target (reported, not asserted)\n")
+    for case in cases:
+        s = case["shardgate"]["server"]
+        n = (s["descriptors_within"] + s["descriptors_over"]) or 1
+        w = sum(v for k, v in s["store_calls"].items() if k.split("/")[0] in WRITES) / n
+        goal = 0.25 if case["setting"] == "leases on" else 1.0
+        L.append(f"- {case['setting']}, c={case['concurrency']}: {w:.3f} store writes per decision "
+                 f"({'meets' if w <= goal else 'misses'} ≤ {goal:g})")
+    return "\n".join(L) + "\n"
 
 
 def serve_dynamodb(work, name, endpoint, table, namespace, env, extra=()):
@@ -1000,7 +1122,8 @@ def dynamodb_report(m, cases):
     )
     L.append("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
     lease = [c for c in cases if c["kind"].startswith("lease")]
-    cases = [c for c in cases if not c["kind"].startswith("lease")]
+    zipf = [c for c in cases if c["kind"] == "zipf"]
+    cases = [c for c in cases if not c["kind"].startswith("lease") and c["kind"] != "zipf"]
     loops = loop_means(cases)
     for case in cases:
         c = case["concurrency"]
@@ -1085,14 +1208,15 @@ def dynamodb_report(m, cases):
                 f"({sum(s['store_calls'].values()):,.0f} calls for {n:,.0f} refusals in {DURATION:g} s; "
                 f"target: 0 per repeat refusal within the cache second)"
             )
-    if not any(c["shardgate"]["server"]["consumed_capacity_metric"] for c in cases if "shardgate" in c):
+    if cases and not any(c["shardgate"]["server"]["consumed_capacity_metric"] for c in cases if "shardgate" in c):
         L.append(
             "\n`shardgate_store_consumed_capacity_units_total` is not exported by this build: write "
             "units are estimated as one per write call (every bucket item is well under 1 KB, and "
             "DynamoDB charges a failed conditional write one unit too); the bare loop's are what "
             "DynamoDB Local reported (`ReturnConsumedCapacity = TOTAL`)."
         )
-    return "\n".join(L) + "\n" + (lease_report(lease) if lease else "")
+    return ("\n".join(L) + "\n" + (lease_report(lease) if lease else "")
+            + (zipf_report(zipf) if zipf else ""))
 
 
 # --- behind a real Envoy ------------------------------------------------------------------

@@ -12,7 +12,15 @@
 //!
 //!     rls_load --addr 127.0.0.1:8081 --frames distinct.bin --concurrency 64 \
 //!              [--connections 2] [--duration 10] [--max-requests 5000000] \
-//!              [--log-file PATH] [--offset N]
+//!              [--log-file PATH] [--offset N] [--zipf S [--seed N]]
+//!
+//! Frames are sent in turn, or with `--zipf S` drawn at random with the Zipf law of
+//! exponent `S` over the file's frames (frame `k`, counted from 0, has weight
+//! `1/(k+1)^S`): over `distinct.bin`'s 100,000 descriptors, `--zipf 1.1` is a realistic
+//! tenant mix in which a few keys carry most of the traffic and most keys are rare. The
+//! draw is an exact inverse of the cumulative distribution (a table of one `f64` per
+//! frame, a binary search per request), from a generator seeded by `--seed`, so two runs
+//! send the same sequence.
 //!
 //! Output: one JSON object on stdout (counts, req/s, latency percentiles in µs from
 //! per-stream HDR histograms, `latency.rs`); with `--log-file`, one line per request in
@@ -37,6 +45,7 @@ use clap::Parser;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use hdrhistogram::Histogram;
 use prost::Message;
+use rand::{Rng, SeedableRng};
 
 const PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
 /// How long to wait for the streams in flight once no new request is started.
@@ -71,9 +80,88 @@ struct Args {
     /// Writes one line per answer there, in h2load's --log-file format plus two columns.
     #[arg(long)]
     log_file: Option<String>,
-    /// Index of the first frame sent (modulo their number).
+    /// Index of the first frame sent (modulo their number); frames in turn only.
     #[arg(long, default_value_t = 0)]
     offset: usize,
+    /// Draws each request's frame with the Zipf law of this exponent (> 0) over the
+    /// frames instead of sending them in turn.
+    #[arg(long, value_parser = zipf_exponent)]
+    zipf: Option<f64>,
+    /// Seed of the `--zipf` draws.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+}
+
+/// A Zipf exponent: a finite number above 0.
+fn zipf_exponent(text: &str) -> Result<f64, String> {
+    let s: f64 = text.parse().map_err(|e| format!("{text}: {e}"))?;
+    if s.is_finite() && s > 0.0 {
+        Ok(s)
+    } else {
+        Err(format!(
+            "{text}: a Zipf exponent is a finite number above 0"
+        ))
+    }
+}
+
+/// The Zipf law over `n` ranks as its cumulative distribution: rank `k` (from 0) has
+/// weight `1/(k+1)^s`; a uniform draw in [0, 1) maps to the first rank whose cumulative
+/// share exceeds it.
+struct ZipfTable {
+    cumulative: Vec<f64>,
+}
+
+impl ZipfTable {
+    fn new(n: usize, s: f64) -> ZipfTable {
+        let mut cumulative = Vec::with_capacity(n);
+        let mut sum = 0.0;
+        for k in 1..=n {
+            sum += (k as f64).powf(-s);
+            cumulative.push(sum);
+        }
+        for c in &mut cumulative {
+            *c /= sum;
+        }
+        ZipfTable { cumulative }
+    }
+
+    /// The rank of uniform draw `u` in [0, 1).
+    fn rank(&self, u: f64) -> usize {
+        self.cumulative
+            .partition_point(|&c| c <= u)
+            .min(self.cumulative.len() - 1)
+    }
+}
+
+/// Which frame each request sends.
+enum Order {
+    /// In turn from `--offset`.
+    InTurn(AtomicUsize),
+    /// Drawn by the Zipf law (the generator is locked per draw: one thread, no contention;
+    /// boxed, as the generator's state is large).
+    Zipf {
+        table: ZipfTable,
+        rng: Box<std::sync::Mutex<rand::rngs::StdRng>>,
+    },
+}
+
+impl Order {
+    fn next(&self, n: usize) -> usize {
+        match self {
+            Order::InTurn(next) => next.fetch_add(1, Ordering::Relaxed) % n,
+            Order::Zipf { table, rng } => {
+                let u: f64 = rng.lock().expect("never poisoned").random();
+                table.rank(u)
+            }
+        }
+    }
+
+    fn describe(&self, exponent: Option<f64>) -> String {
+        match (self, exponent) {
+            (Order::Zipf { .. }, Some(s)) => format!("zipf({s})"),
+            _ => "in turn".into(),
+        }
+    }
 }
 
 impl Args {
@@ -224,7 +312,7 @@ impl Tally {
 
 struct Shared {
     bodies: Vec<Bytes>,
-    next: AtomicUsize,
+    order: Order,
     issued: AtomicU64,
     max_requests: u64,
     deadline: Instant,
@@ -243,7 +331,7 @@ impl Shared {
         if self.issued.fetch_add(1, Ordering::Relaxed) >= self.max_requests {
             return None;
         }
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.bodies.len();
+        let i = self.order.next(self.bodies.len());
         Some(self.bodies[i].clone())
     }
 }
@@ -363,7 +451,15 @@ async fn run(args: Args) -> Result<serde_json::Value, String> {
 
     let started = Instant::now();
     let shared = Arc::new(Shared {
-        next: AtomicUsize::new(args.offset % bodies.len()),
+        order: match args.zipf {
+            Some(s) => Order::Zipf {
+                table: ZipfTable::new(bodies.len(), s),
+                rng: Box::new(std::sync::Mutex::new(rand::rngs::StdRng::seed_from_u64(
+                    args.seed,
+                ))),
+            },
+            None => Order::InTurn(AtomicUsize::new(args.offset % bodies.len())),
+        },
         bodies,
         issued: AtomicU64::new(0),
         max_requests: args.max_requests,
@@ -431,6 +527,7 @@ async fn run(args: Args) -> Result<serde_json::Value, String> {
         "addr": args.addr,
         "frames": args.frames,
         "distinct_bodies": shared.bodies.len(),
+        "order": shared.order.describe(args.zipf),
         "connections": args.connections,
         "concurrency": args.concurrency,
         "duration_s": args.duration.as_secs_f64(),
@@ -469,5 +566,23 @@ fn main() -> ExitCode {
             eprintln!("rls_load: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zipf_draws_follow_the_law() {
+        let table = ZipfTable::new(100_000, 1.1);
+        assert_eq!(table.rank(0.0), 0);
+        assert_eq!(table.rank(1.0 - f64::EPSILON), 99_999);
+        // Rank 0's share is 1 / H(100000, 1.1), H ≈ 7.41; the first ten carry ≈ 36 %.
+        let top = table.cumulative[0];
+        assert!((0.13..0.14).contains(&top), "{top}");
+        assert!((0.35..0.37).contains(&table.cumulative[9]));
+        assert_eq!(table.rank(top - 1e-9), 0);
+        assert_eq!(table.rank(top), 1);
     }
 }

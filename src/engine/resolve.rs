@@ -206,8 +206,8 @@ impl<S: BucketStore> Engine<S> {
 
     /// Doubles the bucket's shard count on shard 0, passes the new count to the existing
     /// shards (each clamped to its new share as it learns it), and returns the count now
-    /// in force. Declines at 32 shards, and when a doubled share could no longer hold the
-    /// claims the bucket carries.
+    /// in force. Declines at 32 shards, and when a doubled share of any of the bucket's
+    /// limits could no longer hold [`MIN_CLAIMS_PER_SHARD`] of the claims it usually carries.
     async fn double(&self, b: &BucketClaim, hot: Hot<'_>, count: u32) -> Result<u32, EngineError> {
         if count >= MAX_SHARD_COUNT {
             EngineStats::bump(&self.stats.shard_doublings_declined_at_max);

@@ -53,7 +53,7 @@ engine_stats! {
     /// Doublings a hot shard called for but not made: the bucket had 32 shards.
     shard_doublings_declined_at_max,
     /// Doublings a hot shard called for but not made: a doubled shard's share could no
-    /// longer hold the request.
+    /// longer hold four usual requests, on one of the bucket's limits.
     shard_doublings_declined_small_share,
     /// Refusals of a request larger than one shard's share of its limit.
     per_shard_ceiling_rejections,
