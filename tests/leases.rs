@@ -607,6 +607,5 @@ cross_store! {
         let answered = stat(&rig, |s| &s.lease_decisions);
         assert!(answered >= 25, "half its requests at least answered from the lease: {answered}");
         assert!(rig.engine.leased_outstanding() > 0);
-        assert_eq!(stat(&rig, |s| &s.leases_taken), 1, "and no cold bucket was");
     }
 }

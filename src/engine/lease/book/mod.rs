@@ -29,9 +29,9 @@ use super::size::Demand;
 use super::LeaseOptions;
 use crate::engine::{BucketClaim, BucketOutcome};
 use crate::store::{BucketKey, LimitParams, Name};
-use entry::{note_available, return_of, take, HeldLimit, ShardLease};
 #[cfg(test)]
 use entry::Entry;
+use entry::{note_available, return_of, take, HeldLimit, ShardLease};
 use part::Part;
 
 type Hasher = foldhash::quality::RandomState;
@@ -103,7 +103,6 @@ pub(super) struct Landing {
     pub tight: bool,
 }
 
-
 /// Where a bucket is filed: its hash (computed once a request) and its partition.
 #[derive(Debug, Clone, Copy)]
 struct Spot {
@@ -160,7 +159,8 @@ impl<'a> Locked<'a> {
 
     /// The entry of `b` filed at `spot`, when tracked.
     fn entry(&mut self, b: &BucketClaim, spot: Spot) -> Option<&mut entry::Entry> {
-        self.part(spot.part).get_mut(&b.entity, &b.resource, spot.hash)
+        self.part(spot.part)
+            .get_mut(&b.entity, &b.resource, spot.hash)
     }
 }
 
@@ -168,7 +168,9 @@ impl LeaseBook {
     pub(crate) fn new(options: LeaseOptions) -> LeaseBook {
         LeaseBook {
             options,
-            parts: (0..PARTS).map(|_| CachePadded::new(Mutex::default())).collect(),
+            parts: (0..PARTS)
+                .map(|_| CachePadded::new(Mutex::default()))
+                .collect(),
             hasher: Hasher::default(),
             wants: Mutex::default(),
             closed: AtomicBool::new(false),
@@ -464,10 +466,9 @@ impl LeaseBook {
         let mut returns = Vec::new();
         for part in self.parts.iter() {
             part.lock().retain(|e| {
-                let (expired, live): (SmallVec<[ShardLease; 1]>, _) =
-                    std::mem::take(&mut e.leases)
-                        .into_iter()
-                        .partition(|l| now >= l.expires_ms);
+                let (expired, live): (SmallVec<[ShardLease; 1]>, _) = std::mem::take(&mut e.leases)
+                    .into_iter()
+                    .partition(|l| now >= l.expires_ms);
                 e.leases = live;
                 for l in expired {
                     if let Some(r) = return_of(&e.entity, &e.resource, l) {
@@ -540,7 +541,12 @@ impl LeaseBook {
 
     /// Runs `f` on the entry of `(entity, resource)`, if tracked (tests).
     #[cfg(test)]
-    fn with_entry<R>(&self, entity: &str, resource: &str, f: impl FnOnce(&Entry) -> R) -> Option<R> {
+    fn with_entry<R>(
+        &self,
+        entity: &str,
+        resource: &str,
+        f: impl FnOnce(&Entry) -> R,
+    ) -> Option<R> {
         let spot = self.spot(entity, resource);
         self.part(spot).get(entity, resource, spot.hash).map(f)
     }
@@ -549,6 +555,8 @@ impl LeaseBook {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::LimitOutcome;
+    use crate::store::Stamp;
 
     const T0: i64 = 1_800_000_000_000;
 
@@ -760,20 +768,65 @@ mod tests {
         assert!(book.take_wants().is_empty(), "closed");
     }
 
-    #[test]
-    fn the_book_is_bounded() {
-        let book = book();
-        for i in 0..(MAX_TRACKED + 10) {
-            let mut b = claim(1_000);
-            b.entity = format!("e{i}").into();
-            book.serve(&one(b), T0, true);
+    /// `b` renamed to the `i`th of a family of distinct buckets.
+    fn nth(b: &BucketClaim, i: usize) -> BucketClaim {
+        BucketClaim {
+            entity: format!("e{i}").into(),
+            ..b.clone()
         }
-        assert_eq!(book.state.lock().entries.len(), MAX_TRACKED);
-        assert_eq!(book.expire(T0 + 10_000).len(), 0);
-        assert_eq!(
-            book.state.lock().entries.len(),
-            0,
-            "idle buckets are forgotten"
+    }
+
+    #[test]
+    fn a_churn_of_cold_buckets_stays_out_of_the_book_and_a_hot_one_gets_in() {
+        let book = book();
+        let b = claim(1_000);
+        // 5,000 distinct buckets a second, each asked for once, for 4 s; one bucket at
+        // 100/s among them from the second second.
+        for i in 0..20_000usize {
+            let now = T0 + i as i64 / 5;
+            drive(&book, &nth(&b, i), now, 1, 1);
+            if i >= 5_000 && i % 50 == 0 {
+                drive(&book, &b, now, 1, 1);
+            }
+        }
+        let tracked = book.tracked();
+        assert!(
+            tracked <= 40,
+            "cold buckets are counted, not tracked: {tracked}"
         );
+        assert!(book
+            .with_entry("e", "r", |e| e.hot(book.options()))
+            .unwrap());
+        assert_eq!(book.take_wants().len(), 1, "the hot bucket wants a lease");
+    }
+
+    #[test]
+    fn a_full_partition_makes_room_for_a_bucket_in_demand() {
+        let book = book();
+        let b = claim(1_000);
+        // 12,000 buckets asked for 5 times each at once: each counts as in demand, and
+        // the partitions fill to their bound.
+        for i in 0..12_000usize {
+            drive(&book, &nth(&b, i), T0, 1, 5);
+        }
+        assert!(book.tracked() <= PARTS * PER_PART, "{}", book.tracked());
+        let spot = book.spot("e", "r");
+        assert_eq!(book.part(spot).len(), PER_PART, "its partition is full");
+        // Two windows later they are quiet: the hot bucket enters in place of one.
+        drive(&book, &b, T0 + 600, 300, 30);
+        assert!(book.with_entry("e", "r", |_| ()).is_some());
+        assert_eq!(book.part(spot).len(), PER_PART, "still bounded");
+        assert_eq!(book.take_wants().len(), 1);
+    }
+
+    #[test]
+    fn idle_buckets_are_forgotten() {
+        let book = book();
+        drive(&book, &claim(1_000), T0, 300, 30);
+        assert_eq!(book.tracked(), 1);
+        let wants = book.take_wants();
+        book.declined(&wants[0].bucket, T0 + 300);
+        assert!(book.expire(T0 + 10_000).is_empty());
+        assert_eq!(book.tracked(), 0);
     }
 }

@@ -24,7 +24,12 @@ impl Part {
         })
     }
 
-    pub(super) fn get_mut(&mut self, entity: &str, resource: &str, hash: u64) -> Option<&mut Entry> {
+    pub(super) fn get_mut(
+        &mut self,
+        entity: &str,
+        resource: &str,
+        hash: u64,
+    ) -> Option<&mut Entry> {
         self.entries.find_mut(hash, |e| {
             e.hash == hash && e.entity.as_str() == entity && e.resource.as_str() == resource
         })
