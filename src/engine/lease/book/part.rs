@@ -82,19 +82,17 @@ impl Part {
     /// recently seen); whether there was one. A scan of one partition, made only when a
     /// bucket in demand finds it full.
     fn evict_coldest(&mut self, options: &LeaseOptions, now: i64) -> bool {
+        // Named by its address, which stays put until the table changes: no names cloned.
         let victim = self
             .entries
             .iter()
             .filter(|e| e.cold(options, now))
             .min_by_key(|e| (e.rate, e.last_seen))
-            .map(|e| (e.hash, e.entity.clone(), e.resource.clone()));
-        let Some((hash, entity, resource)) = victim else {
+            .map(|e| (e.hash, std::ptr::from_ref(e)));
+        let Some((hash, at)) = victim else {
             return false;
         };
-        match self
-            .entries
-            .find_entry(hash, |e| e.entity == entity && e.resource == resource)
-        {
+        match self.entries.find_entry(hash, |e| std::ptr::eq(e, at)) {
             Ok(found) => {
                 found.remove();
                 true
