@@ -8,6 +8,10 @@
 //! - one full decision through the service layer (no network), assembled as the server
 //!   assembles it (store-call and request metrics), for one descriptor, a cascade pair and
 //!   three descriptors, and for one descriptor without metrics;
+//! - the lease book (leases on, the lease task running, through the engine): one
+//!   descriptor on a different key each time out of 100,000 (cold buckets: what the book
+//!   costs a request it does not lease), on one hot key (answered from its lease), and a
+//!   churn of cold keys with one hot key among them (one request in 20);
 //! - what one answered request records in metrics (its latency, requests in flight up
 //!   and down, two rule counters, one engine counter) on 1 and 2 threads at once, as
 //!   prometheus-client's shared types record it and as the striped ones do: with two
@@ -24,7 +28,10 @@ mod support;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use shardgate::config::Config;
 use shardgate::engine::bucket::{refill, LimitParams};
-use shardgate::engine::{Engine, EngineOptions, UNLIMITED_PARTITION_WRITE_BUDGET};
+use shardgate::engine::{
+    Acquire, BucketClaim, Engine, EngineOptions, LeaseOptions, LimitClaim,
+    UNLIMITED_PARTITION_WRITE_BUDGET,
+};
 use shardgate::service::metrics::Metrics;
 use shardgate::service::wire::RequestView;
 use shardgate::service::RateLimiter;
@@ -331,8 +338,74 @@ fn metrics_recording(c: &mut Criterion) {
     g.finish();
 }
 
+/// A claim of one token on `entity`'s bucket of 1,000,000 tokens.
+fn lease_claim(entity: &str) -> Acquire {
+    Acquire {
+        buckets: smallvec::smallvec![BucketClaim {
+            entity: entity.into(),
+            resource: "api".into(),
+            limits: smallvec::smallvec![LimitClaim {
+                limit: "rps".into(),
+                params: LimitParams::new(1_000_000, 1_000_000, 1_000),
+                amount: 1_000,
+                forced: false,
+            }],
+            cascades: false,
+            strict: false,
+        }],
+    }
+}
+
+/// Decisions through an engine with leases on and its lease task running (on the same
+/// current-thread runtime, which runs it while a request waits for a fetch).
+fn lease_book(c: &mut Criterion) {
+    const KEYS: usize = 100_000;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let engine = Arc::new(Engine::new(
+        Arc::new(MemoryStore::new()),
+        EngineOptions {
+            partition_write_budget: UNLIMITED_PARTITION_WRITE_BUDGET,
+            leases: Some(LeaseOptions::default()),
+            ..EngineOptions::default()
+        },
+    ));
+    let task = engine.clone();
+    rt.spawn(async move { task.run_leases(std::future::pending()).await });
+    let cold: Vec<Acquire> = (0..KEYS).map(|i| lease_claim(&format!("k{i}"))).collect();
+    let hot = lease_claim("hot");
+    let mut g = c.benchmark_group("lease_book");
+    let mut at = 0;
+    g.bench_function("many_keys", |b| {
+        b.iter(|| {
+            at = (at + 1) % KEYS;
+            rt.block_on(engine.acquire(black_box(&cold[at]))).unwrap()
+        })
+    });
+    g.bench_function("hot_leased", |b| {
+        b.iter(|| rt.block_on(engine.acquire(black_box(&hot))).unwrap())
+    });
+    let mut i = 0usize;
+    g.bench_function("churn_and_hot", |b| {
+        b.iter(|| {
+            i += 1;
+            let req = if i % 20 == 0 {
+                &hot
+            } else {
+                at = (at + 1) % KEYS;
+                &cold[at]
+            };
+            rt.block_on(engine.acquire(black_box(req))).unwrap()
+        })
+    });
+    g.finish();
+}
+
 criterion_group!(
     benches,
+    lease_book,
     matcher,
     bucket_math,
     store_debit,

@@ -1,0 +1,832 @@
+//! The lease book: what this process holds and sees of the buckets it serves in demand —
+//! the demand of the last window, the leases held (per shard), whether a fetch is in
+//! flight. It answers a request from the leases when every bucket of it is covered, all
+//! or nothing; otherwise it says which leases to give back first and which buckets want
+//! one. No store and no clock: the caller brings `now` and does the I/O.
+//!
+//! It scales with the requests and the buckets: it is split into [`PARTS`] partitions by
+//! the bucket's hash, each under its own lock (a request locks only its buckets'
+//! partitions, in order), and looks a bucket up by reference to the request's names. A
+//! bucket enters the book only when its demand, counted in its partition's sketch
+//! (`demand.rs`), could make it hot; until then it costs a count and no allocation, so a
+//! churn of cold buckets cannot crowd a hot one out (`part.rs` makes room by forgetting
+//! the coldest). Strict buckets never touch it.
+
+mod demand;
+mod entry;
+mod part;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use crossbeam_utils::CachePadded;
+use parking_lot::{Mutex, MutexGuard};
+use smallvec::SmallVec;
+use tokio::sync::{watch, Notify};
+
+use super::super::{Acquire, Decision, LimitClaim};
+use super::size::Demand;
+use super::LeaseOptions;
+use crate::engine::{BucketClaim, BucketOutcome};
+use crate::store::{BucketKey, LimitParams, Name};
+#[cfg(test)]
+use entry::Entry;
+use entry::{note_available, return_of, take, HeldLimit, ShardLease};
+use part::Part;
+
+type Hasher = foldhash::quality::RandomState;
+
+/// The demand window: rates are measured over at least this long.
+pub(super) const WINDOW_MS: i64 = 250;
+
+/// Most buckets tracked at once (a [`PARTS`]th of it per partition): beyond it a bucket
+/// in demand enters only in place of a cold one.
+pub(super) const MAX_TRACKED: usize = 10_000;
+
+/// Independently locked partitions (a power of two).
+const PARTS: usize = 32;
+
+/// Buckets tracked per partition, at most.
+const PER_PART: usize = MAX_TRACKED.div_ceil(PARTS);
+
+/// One limit a lease is wanted for.
+#[derive(Debug, Clone)]
+pub(super) struct WantedLimit {
+    /// The limit, its parameters and the amount of the last request.
+    pub claim: LimitClaim,
+    pub demand: Demand,
+    /// What the store last said the shard holds (`None`: not known yet).
+    pub available: Option<i64>,
+}
+
+/// A bucket that wants a lease: what a fetch sizes and asks for.
+#[derive(Debug, Clone)]
+pub(super) struct Want {
+    /// The bucket (shard 0 stands for all of them).
+    pub bucket: BucketKey,
+    pub limits: SmallVec<[WantedLimit; 2]>,
+}
+
+/// The unused rest of a lease, to be credited back to its shard.
+#[derive(Debug, Clone)]
+pub(super) struct Return {
+    pub key: BucketKey,
+    pub shard_count: u32,
+    /// Per limit: name, parameters, millitokens.
+    pub rest: SmallVec<[(Name, LimitParams, i64); 2]>,
+}
+
+/// What the book answers a request.
+// The decision is returned by value, as the engine returns it: boxing it would allocate
+// on every request served from a lease.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+pub(super) enum Served {
+    /// Every bucket was covered: answered, nothing to do on the store.
+    Answered(Decision),
+    /// Not covered: these leases were short for the request and must go back to their
+    /// shards before the store decides it (their tokens would otherwise be refused).
+    Missed(Vec<Return>),
+    /// Not covered while a lease of one of its buckets is in flight: ask again once it
+    /// has landed.
+    Wait(Landing),
+}
+
+/// A move of a bucket's tokens under way, which a request may wait for.
+#[derive(Debug)]
+pub(super) struct Landing {
+    /// Changes when the move lands.
+    pub landed: watch::Receiver<u64>,
+    /// The store might refuse the request only because of the tokens on the move (see
+    /// [`Entry::tight_for`]); otherwise waiting only makes the `remaining` it reports
+    /// exact.
+    pub tight: bool,
+}
+
+/// Where a bucket is filed: its hash (computed once a request) and its partition.
+#[derive(Debug, Clone, Copy)]
+struct Spot {
+    hash: u64,
+    part: usize,
+}
+
+/// The fetches wanted and not yet taken by the lease task.
+#[derive(Debug, Default)]
+struct Wants {
+    list: Vec<Want>,
+    /// Set at shutdown: no fetch is wanted any more.
+    closed: bool,
+}
+
+#[derive(Debug)]
+pub(crate) struct LeaseBook {
+    options: LeaseOptions,
+    parts: Box<[CachePadded<Mutex<Part>>]>,
+    /// Hashes a bucket's names to its [`Spot`].
+    hasher: Hasher,
+    /// Taken only when a bucket wants a lease, and by the lease task.
+    wants: Mutex<Wants>,
+    /// [`Wants::closed`], read without its lock on the request path.
+    closed: AtomicBool,
+    /// Wakes the lease task when a bucket wants a lease (a permit is kept when it is busy).
+    wanted: Notify,
+}
+
+/// The partitions a request's buckets are filed in, locked in ascending order (so two
+/// requests on the same partitions never wait for each other crosswise).
+struct Locked<'a> {
+    guards: SmallVec<[(usize, MutexGuard<'a, Part>); 2]>,
+}
+
+impl<'a> Locked<'a> {
+    fn new(parts: &'a [CachePadded<Mutex<Part>>], spots: &[Option<Spot>]) -> Locked<'a> {
+        let mut at: SmallVec<[usize; 4]> = spots.iter().flatten().map(|s| s.part).collect();
+        at.sort_unstable();
+        at.dedup();
+        Locked {
+            guards: at.into_iter().map(|i| (i, parts[i].lock())).collect(),
+        }
+    }
+
+    fn part(&mut self, i: usize) -> &mut Part {
+        let (_, guard) = self
+            .guards
+            .iter_mut()
+            .find(|(j, _)| *j == i)
+            .expect("every spot's partition is locked");
+        guard
+    }
+
+    /// The entry of `b` filed at `spot`, when tracked.
+    fn entry(&mut self, b: &BucketClaim, spot: Spot) -> Option<&mut entry::Entry> {
+        self.part(spot.part)
+            .get_mut(&b.entity, &b.resource, spot.hash)
+    }
+}
+
+impl LeaseBook {
+    pub(crate) fn new(options: LeaseOptions) -> LeaseBook {
+        LeaseBook {
+            options,
+            parts: (0..PARTS)
+                .map(|_| CachePadded::new(Mutex::default()))
+                .collect(),
+            hasher: Hasher::default(),
+            wants: Mutex::default(),
+            closed: AtomicBool::new(false),
+            wanted: Notify::new(),
+        }
+    }
+
+    pub(super) fn options(&self) -> &LeaseOptions {
+        &self.options
+    }
+
+    pub(super) fn wanted(&self) -> &Notify {
+        &self.wanted
+    }
+
+    fn spot(&self, entity: &str, resource: &str) -> Spot {
+        let hash = std::hash::BuildHasher::hash_one(&self.hasher, (entity, resource));
+        // Bits neither the partition's table (the lowest, the top seven) nor its sketch
+        // index by, so each partition's buckets spread over both.
+        Spot {
+            hash,
+            part: (hash >> 32) as usize % PARTS,
+        }
+    }
+
+    /// The partition of `spot`, locked alone.
+    fn part(&self, spot: Spot) -> MutexGuard<'_, Part> {
+        self.parts[spot.part].lock()
+    }
+
+    /// Counts `req` (when `count`: not when asked again after a wait) and answers it from
+    /// the leases if they cover every bucket of it.
+    pub(super) fn serve(&self, req: &Acquire, now: i64, count: bool) -> Served {
+        let spots: SmallVec<[Option<Spot>; 4]> = req
+            .buckets
+            .iter()
+            .map(|b| (!b.strict).then(|| self.spot(&b.entity, &b.resource)))
+            .collect();
+        if spots.iter().all(Option::is_none) {
+            // Strict or empty: nothing a lease could answer, nothing to count.
+            return Served::Missed(Vec::new());
+        }
+        let mut locked = Locked::new(&self.parts, &spots);
+        let tracked = || req.buckets.iter().zip(spots.iter().copied());
+        if count {
+            for (b, spot) in tracked() {
+                if let Some(s) = spot {
+                    locked
+                        .part(s.part)
+                        .observe(b, s.hash, now, &self.options, PER_PART);
+                }
+            }
+        }
+        let covering: Option<SmallVec<[usize; 2]>> = tracked()
+            .map(|(b, spot)| {
+                let e = locked.entry(b, spot?)?;
+                e.leases.iter().position(|l| l.covers(b, now))
+            })
+            .collect();
+        let served = match covering {
+            Some(at) => {
+                let buckets = tracked()
+                    .zip(at)
+                    .map(|((b, spot), i)| {
+                        let e = locked
+                            .entry(b, spot.expect("covered"))
+                            .expect("covered above");
+                        take(&mut e.leases[i], b)
+                    })
+                    .collect();
+                Served::Answered(Decision {
+                    admitted: true,
+                    buckets,
+                })
+            }
+            None => {
+                if count {
+                    for (b, spot) in tracked() {
+                        let Some(e) = spot.and_then(|s| locked.entry(b, s)) else {
+                            continue;
+                        };
+                        if e.in_flight > 0 {
+                            return Served::Wait(Landing {
+                                landed: e.landed.subscribe(),
+                                tight: e.tight_for(b),
+                            });
+                        }
+                    }
+                }
+                let mut returns = Vec::new();
+                for (b, spot) in tracked() {
+                    let Some(e) = spot.and_then(|s| locked.entry(b, s)) else {
+                        continue;
+                    };
+                    if e.leases.iter().any(|l| l.covers(b, now)) {
+                        continue;
+                    }
+                    // Short or expired for this request: the store decides it, with
+                    // these tokens back where every server can see them.
+                    for l in std::mem::take(&mut e.leases) {
+                        returns.extend(return_of(&b.entity, &b.resource, l));
+                    }
+                }
+                Served::Missed(returns)
+            }
+        };
+        let mut wanted = false;
+        let mut waiting = None;
+        if !self.closed.load(Ordering::Acquire) {
+            for (b, spot) in tracked() {
+                let Some(e) = spot.and_then(|s| locked.entry(b, s)) else {
+                    continue;
+                };
+                if !e.wants(&self.options, now) {
+                    continue;
+                }
+                {
+                    let mut wants = self.wants.lock();
+                    if wants.closed {
+                        // Closed meanwhile: the fetch will never be made.
+                        e.fetching = false;
+                        e.land();
+                        continue;
+                    }
+                    wants.list.push(e.want());
+                }
+                wanted = true;
+                // This request waits for the fetch it asked for rather than race it to
+                // the store (unless it has leases to give back first).
+                if count && matches!(&served, Served::Missed(r) if r.is_empty()) {
+                    waiting = Some(Landing {
+                        landed: e.landed.subscribe(),
+                        tight: e.tight_for(b),
+                    });
+                }
+            }
+        }
+        drop(locked);
+        if wanted {
+            self.wanted.notify_one();
+        }
+        match waiting {
+            Some(landing) => Served::Wait(landing),
+            None => served,
+        }
+    }
+
+    /// Notes what the store said of each bucket of a decision it made (not one answered
+    /// from a lease): the balance each shard was left with. Then adds to what the
+    /// decision reports the tokens this process still holds in leases of the bucket, so
+    /// a request decided by the store reports what a request answered from a lease does.
+    pub(super) fn saw(&self, req: &Acquire, decision: &mut Decision, now: i64) {
+        let admitted = decision.admitted;
+        for (b, o) in req.buckets.iter().zip(decision.buckets.iter_mut()) {
+            if b.strict || o.from_lease {
+                continue;
+            }
+            let spot = self.spot(&b.entity, &b.resource);
+            let mut part = self.part(spot);
+            let Some(e) = part.get_mut(&b.entity, &b.resource, spot.hash) else {
+                continue;
+            };
+            note_available(&mut e.available, b.limits.iter().zip(&o.limits));
+            for (c, l) in b.limits.iter().zip(o.limits.iter_mut()) {
+                let held: i64 = e
+                    .leases
+                    .iter()
+                    .filter(|lease| now < lease.expires_ms)
+                    .flat_map(|lease| lease.limits.iter())
+                    .filter(|h| h.limit == c.limit && h.params == c.params)
+                    .map(|h| h.rest.max(0))
+                    .sum();
+                if held > 0 {
+                    let most = if admitted {
+                        l.share.ceiling.saturating_sub(c.amount)
+                    } else {
+                        l.share.ceiling
+                    };
+                    l.remaining = l.remaining.saturating_add(held).min(most.max(l.remaining));
+                }
+            }
+        }
+    }
+
+    /// The buckets that want a lease now (each is marked as fetching until
+    /// [`LeaseBook::granted`] or [`LeaseBook::declined`]).
+    pub(super) fn take_wants(&self) -> Vec<Want> {
+        std::mem::take(&mut self.wants.lock().list)
+    }
+
+    /// Records a grant: `outcome` is the shard's answer to the lease's debit of `sizes`
+    /// (per limit, in the order of `limits`).
+    pub(super) fn granted(
+        &self,
+        bucket: &BucketKey,
+        limits: &[LimitClaim],
+        outcome: &BucketOutcome,
+        now: i64,
+    ) {
+        let spot = self.spot(&bucket.entity, &bucket.resource);
+        let mut part = self.part(spot);
+        let e = part.entry_for_grant(&bucket.entity, &bucket.resource, spot.hash, now);
+        e.fetching = false;
+        e.land();
+        note_available(&mut e.available, limits.iter().zip(&outcome.limits));
+        let expires_ms = now + self.options.lifetime_ms;
+        let held = |c: &LimitClaim, o: &crate::engine::LimitOutcome| HeldLimit {
+            limit: c.limit.clone(),
+            params: c.params,
+            share: o.share,
+            granted: c.amount,
+            rest: c.amount,
+            shard_left: o.remaining,
+        };
+        match e
+            .leases
+            .iter_mut()
+            .find(|l| l.shard == outcome.shard && l.shard_count == outcome.shard_count)
+        {
+            Some(l) => {
+                for (c, o) in limits.iter().zip(&outcome.limits) {
+                    match l.limits.iter_mut().find(|h| h.limit == c.limit) {
+                        Some(h) if h.params == c.params => {
+                            h.rest = h.rest.saturating_add(c.amount);
+                            h.granted = c.amount;
+                            h.shard_left = o.remaining;
+                            h.share = o.share;
+                        }
+                        Some(h) => *h = held(c, o),
+                        None => l.limits.push(held(c, o)),
+                    }
+                }
+                l.expires_ms = expires_ms;
+                l.stamp = outcome.stamp;
+            }
+            None => e.leases.push(ShardLease {
+                shard: outcome.shard,
+                shard_count: outcome.shard_count,
+                stamp: outcome.stamp,
+                expires_ms,
+                limits: limits
+                    .iter()
+                    .zip(&outcome.limits)
+                    .map(|(c, o)| held(c, o))
+                    .collect(),
+            }),
+        }
+    }
+
+    /// Puts `b`'s claims back into the lease of `shard` (sized for `shard_count`) that
+    /// answered them (a refund of a decision served from it); `false` when that lease is
+    /// gone (returned since), and the tokens must go to the shard itself.
+    pub(super) fn restore(&self, b: &BucketClaim, shard: u32, shard_count: u32) -> bool {
+        let spot = self.spot(&b.entity, &b.resource);
+        let mut part = self.part(spot);
+        let Some(e) = part.get_mut(&b.entity, &b.resource, spot.hash) else {
+            return false;
+        };
+        let Some(l) = e
+            .leases
+            .iter_mut()
+            .find(|l| l.shard == shard && l.shard_count == shard_count)
+        else {
+            return false;
+        };
+        let held: Option<SmallVec<[usize; 2]>> = b
+            .limits
+            .iter()
+            .map(|c| l.limits.iter().position(|h| h.limit == c.limit))
+            .collect();
+        let Some(held) = held else { return false };
+        for (c, i) in b.limits.iter().zip(held) {
+            l.limits[i].rest = l.limits[i].rest.saturating_add(c.amount);
+        }
+        true
+    }
+
+    /// Records a fetch that got no lease: no other fetch for a while.
+    pub(super) fn declined(&self, bucket: &BucketKey, now: i64) {
+        let spot = self.spot(&bucket.entity, &bucket.resource);
+        let mut part = self.part(spot);
+        if let Some(e) = part.get_mut(&bucket.entity, &bucket.resource, spot.hash) {
+            e.fetching = false;
+            e.land();
+            e.quiet_until = now + self.options.lifetime_ms / 4;
+        }
+    }
+
+    /// Takes out every lease expired at `now`, and forgets buckets idle for a while: one
+    /// partition locked at a time, each holding at most a [`PARTS`]th of the book.
+    pub(super) fn expire(&self, now: i64) -> Vec<Return> {
+        let idle_ms = 4 * self.options.lifetime_ms.max(WINDOW_MS);
+        let mut returns = Vec::new();
+        for part in self.parts.iter() {
+            part.lock().retain(|e| {
+                let (expired, live): (SmallVec<[ShardLease; 1]>, _) = std::mem::take(&mut e.leases)
+                    .into_iter()
+                    .partition(|l| now >= l.expires_ms);
+                e.leases = live;
+                for l in expired {
+                    if let Some(r) = return_of(&e.entity, &e.resource, l) {
+                        e.in_flight += 1;
+                        returns.push(r);
+                    }
+                }
+                e.fetching || e.in_flight > 0 || !e.leases.is_empty() || now - e.last_seen < idle_ms
+            });
+        }
+        returns
+    }
+
+    /// Records that the returns [`LeaseBook::expire`] handed out have landed.
+    pub(super) fn returned(&self, returns: &[Return]) {
+        for r in returns {
+            let spot = self.spot(&r.key.entity, &r.key.resource);
+            if let Some(e) = self
+                .part(spot)
+                .get_mut(&r.key.entity, &r.key.resource, spot.hash)
+            {
+                e.land();
+            }
+        }
+    }
+
+    /// Takes out every lease and wants no more (shutdown).
+    pub(super) fn close(&self) -> Vec<Return> {
+        {
+            let mut wants = self.wants.lock();
+            wants.closed = true;
+            wants.list.clear();
+        }
+        self.closed.store(true, Ordering::Release);
+        let mut returns = Vec::new();
+        for part in self.parts.iter() {
+            for e in part.lock().entries_mut() {
+                for l in std::mem::take(&mut e.leases) {
+                    returns.extend(return_of(&e.entity, &e.resource, l));
+                }
+            }
+        }
+        returns
+    }
+
+    /// Millitokens held in leases now, over all buckets and limits.
+    pub(crate) fn outstanding(&self) -> i64 {
+        self.parts
+            .iter()
+            .map(|part| {
+                part.lock()
+                    .entries()
+                    .flat_map(|e| e.leases.iter())
+                    .map(ShardLease::outstanding)
+                    .sum::<i64>()
+            })
+            .sum()
+    }
+
+    /// How often the lease task looks for expired leases.
+    pub(super) fn tick(&self) -> Duration {
+        Duration::from_millis((self.options.lifetime_ms / 10).clamp(10, 250) as u64)
+    }
+
+    /// Buckets tracked now (tests).
+    #[cfg(test)]
+    fn tracked(&self) -> usize {
+        self.parts.iter().map(|p| p.lock().len()).sum()
+    }
+
+    /// Runs `f` on the entry of `(entity, resource)`, if tracked (tests).
+    #[cfg(test)]
+    fn with_entry<R>(
+        &self,
+        entity: &str,
+        resource: &str,
+        f: impl FnOnce(&Entry) -> R,
+    ) -> Option<R> {
+        let spot = self.spot(entity, resource);
+        self.part(spot).get(entity, resource, spot.hash).map(f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::LimitOutcome;
+    use crate::store::Stamp;
+
+    const T0: i64 = 1_800_000_000_000;
+
+    fn claim(amount: i64) -> BucketClaim {
+        BucketClaim {
+            entity: "e".into(),
+            resource: "r".into(),
+            limits: smallvec::smallvec![LimitClaim {
+                limit: "l".into(),
+                params: LimitParams::new(1_000_000, 1_000_000, 1_000),
+                amount,
+                forced: false,
+            }],
+            cascades: false,
+            strict: false,
+        }
+    }
+
+    fn one(b: BucketClaim) -> Acquire {
+        Acquire {
+            buckets: smallvec::smallvec![b],
+        }
+    }
+
+    fn book() -> LeaseBook {
+        LeaseBook::new(LeaseOptions::default())
+    }
+
+    /// `n` requests of one token spread evenly over `ms` from `start`; those not
+    /// answered from a lease are decided by the store (admitted, the shard left at
+    /// 900,000 tokens) and the book sees it.
+    fn drive(book: &LeaseBook, b: &BucketClaim, start: i64, ms: i64, n: i64) -> Vec<Served> {
+        (0..n)
+            .map(|i| {
+                let now = start + i * ms / n;
+                let req = one(b.clone());
+                let served = book.serve(&req, now, true);
+                if !matches!(served, Served::Answered(_)) {
+                    book.saw(&req, &mut stored(b, 900_000_000), now);
+                }
+                served
+            })
+            .collect()
+    }
+
+    /// The store's decision of `b`, admitted, the shard left with `remaining`.
+    fn stored(b: &BucketClaim, remaining: i64) -> Decision {
+        let share = b.limits[0].params.share(1);
+        Decision {
+            admitted: true,
+            buckets: smallvec::smallvec![BucketOutcome {
+                shard: 0,
+                shard_count: 1,
+                stamp: Stamp::default(),
+                limits: b
+                    .limits
+                    .iter()
+                    .map(|_| LimitOutcome {
+                        fits: true,
+                        remaining,
+                        share,
+                        ra: share.ra,
+                        wait_ms: Some(0),
+                    })
+                    .collect(),
+                from_lease: false,
+            }],
+        }
+    }
+
+    fn grant(book: &LeaseBook, want: &Want, now: i64) {
+        let limits: Vec<LimitClaim> = want
+            .limits
+            .iter()
+            .map(|w| LimitClaim {
+                amount: 100_000,
+                ..w.claim.clone()
+            })
+            .collect();
+        let share = limits[0].params.share(1);
+        let outcome = BucketOutcome {
+            shard: 0,
+            shard_count: 1,
+            stamp: Stamp::default(),
+            limits: limits
+                .iter()
+                .map(|_| LimitOutcome {
+                    fits: true,
+                    remaining: 500_000,
+                    share,
+                    ra: share.ra,
+                    wait_ms: Some(0),
+                })
+                .collect(),
+            from_lease: false,
+        };
+        book.granted(&want.bucket, &limits, &outcome, now);
+    }
+
+    #[test]
+    fn a_bucket_the_store_has_not_decided_wants_no_lease() {
+        let book = book();
+        let req = one(claim(1_000));
+        // Hot, but every store call failed (or missed its deadline): nothing was seen.
+        for i in 0..60 {
+            book.serve(&req, T0 + i * 10, true);
+        }
+        assert!(book.take_wants().is_empty());
+        book.saw(&req, &mut stored(&claim(1_000), 900_000_000), T0 + 600);
+        book.serve(&req, T0 + 610, true);
+        assert_eq!(
+            book.take_wants().len(),
+            1,
+            "wanted once the shard's balance is known"
+        );
+    }
+
+    #[test]
+    fn a_cold_bucket_wants_no_lease() {
+        let book = book();
+        // 4 requests in a second: below the threshold.
+        drive(&book, &claim(1_000), T0, 1_000, 4);
+        assert!(book.take_wants().is_empty());
+    }
+
+    #[test]
+    fn a_hot_bucket_wants_one_lease_at_a_time_and_is_served_from_it() {
+        let book = book();
+        let b = claim(1_000);
+        drive(&book, &b, T0, 300, 30); // 100/s over the first window
+        let wants = book.take_wants();
+        assert_eq!(wants.len(), 1, "{wants:?}");
+        assert_eq!(wants[0].limits[0].demand.per_s, 100_000, "{wants:?}");
+        drive(&book, &b, T0 + 300, 100, 10);
+        assert!(
+            book.take_wants().is_empty(),
+            "one fetch in flight per bucket"
+        );
+
+        grant(&book, &wants[0], T0 + 400);
+        let Served::Answered(d) = book.serve(&one(b.clone()), T0 + 401, true) else {
+            panic!("covered");
+        };
+        assert!(d.admitted);
+        // The shard's 500 after the grant, and 99 of the lease's 100 left.
+        assert_eq!(d.buckets[0].limits[0].remaining, 599_000);
+        assert_eq!(book.outstanding(), 99_000);
+    }
+
+    #[test]
+    fn a_request_larger_than_the_rest_sends_the_lease_back_first() {
+        let book = book();
+        let b = claim(1_000);
+        drive(&book, &b, T0, 300, 30);
+        let wants = book.take_wants();
+        grant(&book, &wants[0], T0 + 300);
+        let Served::Missed(returns) = book.serve(&one(claim(150_000)), T0 + 301, true) else {
+            panic!("150 tokens do not fit in a lease of 100");
+        };
+        assert_eq!(returns.len(), 1);
+        assert_eq!(returns[0].rest[0].2, 100_000);
+        assert_eq!(book.outstanding(), 0);
+    }
+
+    #[test]
+    fn a_strict_bucket_is_never_served_from_a_lease() {
+        let book = book();
+        let mut b = claim(1_000);
+        b.strict = true;
+        drive(&book, &b, T0, 600, 60);
+        assert!(book.take_wants().is_empty());
+        assert!(matches!(book.serve(&one(b), T0 + 700, true), Served::Missed(r) if r.is_empty()));
+    }
+
+    #[test]
+    fn leases_expire_and_everything_goes_back_at_close() {
+        let book = book();
+        let b = claim(1_000);
+        drive(&book, &b, T0, 300, 30);
+        let wants = book.take_wants();
+        grant(&book, &wants[0], T0 + 300);
+        assert!(book.expire(T0 + 1_299).is_empty(), "still live");
+        let returned = book.expire(T0 + 1_300);
+        assert_eq!(returned.len(), 1);
+        assert_eq!(book.outstanding(), 0);
+        // The shard held 500 tokens after the grant.
+        assert!(
+            matches!(
+                book.serve(&one(claim(300_000)), T0 + 1_300, true),
+                Served::Wait(Landing { tight: true, .. })
+            ),
+            "a request for more than half of it waits for the return in flight"
+        );
+        assert!(
+            matches!(
+                book.serve(&one(claim(250_000)), T0 + 1_300, true),
+                Served::Wait(Landing { tight: false, .. })
+            ),
+            "one the store holds enough for need not"
+        );
+        book.returned(&returned);
+
+        drive(&book, &b, T0 + 1_300, 300, 30);
+        let wants = book.take_wants();
+        assert_eq!(wants.len(), 1);
+        grant(&book, &wants[0], T0 + 1_600);
+        assert_eq!(book.close().len(), 1);
+        drive(&book, &b, T0 + 1_600, 600, 60);
+        assert!(book.take_wants().is_empty(), "closed");
+    }
+
+    /// `b` renamed to the `i`th of a family of distinct buckets.
+    fn nth(b: &BucketClaim, i: usize) -> BucketClaim {
+        BucketClaim {
+            entity: format!("e{i}").into(),
+            ..b.clone()
+        }
+    }
+
+    #[test]
+    fn a_churn_of_cold_buckets_stays_out_of_the_book_and_a_hot_one_gets_in() {
+        let book = book();
+        let b = claim(1_000);
+        // 5,000 distinct buckets a second, each asked for once, for 4 s; one bucket at
+        // 100/s among them from the second second.
+        for i in 0..20_000usize {
+            let now = T0 + i as i64 / 5;
+            drive(&book, &nth(&b, i), now, 1, 1);
+            if i >= 5_000 && i % 50 == 0 {
+                drive(&book, &b, now, 1, 1);
+            }
+        }
+        let tracked = book.tracked();
+        assert!(
+            tracked <= 40,
+            "cold buckets are counted, not tracked: {tracked}"
+        );
+        assert!(book
+            .with_entry("e", "r", |e| e.hot(book.options()))
+            .unwrap());
+        assert_eq!(book.take_wants().len(), 1, "the hot bucket wants a lease");
+    }
+
+    #[test]
+    fn a_full_partition_makes_room_for_a_bucket_in_demand() {
+        let book = book();
+        let b = claim(1_000);
+        // 12,000 buckets asked for 5 times each at once: each counts as in demand, and
+        // the partitions fill to their bound.
+        for i in 0..12_000usize {
+            drive(&book, &nth(&b, i), T0, 1, 5);
+        }
+        assert!(book.tracked() <= PARTS * PER_PART, "{}", book.tracked());
+        let spot = book.spot("e", "r");
+        assert_eq!(book.part(spot).len(), PER_PART, "its partition is full");
+        // Two windows later they are quiet: the hot bucket enters in place of one.
+        drive(&book, &b, T0 + 600, 300, 30);
+        assert!(book.with_entry("e", "r", |_| ()).is_some());
+        assert_eq!(book.part(spot).len(), PER_PART, "still bounded");
+        assert_eq!(book.take_wants().len(), 1);
+    }
+
+    #[test]
+    fn idle_buckets_are_forgotten() {
+        let book = book();
+        drive(&book, &claim(1_000), T0, 300, 30);
+        assert_eq!(book.tracked(), 1);
+        let wants = book.take_wants();
+        book.declined(&wants[0].bucket, T0 + 300);
+        assert!(book.expire(T0 + 10_000).is_empty());
+        assert_eq!(book.tracked(), 0);
+    }
+}
