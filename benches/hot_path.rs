@@ -391,7 +391,7 @@ fn lease_book(c: &mut Criterion) {
     g.bench_function("churn_and_hot", |b| {
         b.iter(|| {
             i += 1;
-            let req = if i % 20 == 0 {
+            let req = if i.is_multiple_of(20) {
                 &hot
             } else {
                 at = (at + 1) % KEYS;
