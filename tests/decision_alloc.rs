@@ -12,7 +12,7 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescript
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use shardgate::config::Config;
-use shardgate::engine::{Engine, EngineOptions, UNLIMITED_PARTITION_WRITE_BUDGET};
+use shardgate::engine::{Engine, EngineOptions, LeaseOptions, UNLIMITED_PARTITION_WRITE_BUDGET};
 use shardgate::service::wire::RequestView;
 use shardgate::service::RateLimiter;
 use shardgate::store::memory::MemoryStore;
@@ -117,11 +117,17 @@ fn an_idle_bucket_heap_cost_is_bounded() {
 /// The hot path's rules on a fresh memory store, with no write budget to double under, so
 /// that repeated calls keep taking the fast path on one shard.
 fn hot_path_limiter() -> RateLimiter<MemoryStore> {
+    limiter_with(None)
+}
+
+/// [`hot_path_limiter`] with leases as given.
+fn limiter_with(leases: Option<LeaseOptions>) -> RateLimiter<MemoryStore> {
     let config = Config::from_yaml("a.yaml", HOT_PATH_YAML).unwrap();
     let engine = Arc::new(Engine::new(
         Arc::new(MemoryStore::new()),
         EngineOptions {
             partition_write_budget: UNLIMITED_PARTITION_WRITE_BUDGET,
+            leases,
             ..EngineOptions::default()
         },
     ));
@@ -174,6 +180,50 @@ fn allocation_counts() {
     assert!(one <= 1, "one descriptor: {one} allocations");
     assert!(cascade <= 1, "cascade pair: {cascade} allocations");
     assert!(three <= 5, "three descriptors: {three} allocations");
+}
+
+/// Allocations of `calls` calls each on a bucket never seen before (one descriptor, a
+/// distinct `user`), after as many to warm the store's maps up.
+fn new_bucket_allocations(limiter: &RateLimiter<MemoryStore>, calls: usize) -> usize {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let requests: Vec<RateLimitRequest> = (0..2 * calls)
+        .map(|i| RateLimitRequest {
+            domain: "d".into(),
+            descriptors: vec![desc(&[("user", &format!("u{i}"))])],
+            hits_addend: 0,
+        })
+        .collect();
+    let views: Vec<RequestView<'_>> = requests.iter().map(RequestView::from).collect();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut call = |view: &RequestView<'_>| {
+        let reply = rt
+            .block_on(limiter.should_rate_limit_by(view, deadline))
+            .unwrap();
+        assert_eq!(reply.overall(), Code::Ok);
+    };
+    views[..calls].iter().for_each(&mut call);
+    let before = allocations();
+    views[calls..].iter().for_each(&mut call);
+    allocations() - before
+}
+
+/// With leases on, a churn of buckets seen once costs the lease book no allocation: each
+/// is only counted in its partition's demand sketch. Over 1,000 calls the leases-on engine
+/// may allocate one more per call than the leases-off one (the engine's boxed lease
+/// future, `acquire.rs`), no more. The book used to file an entry for every bucket it
+/// saw, up to 10,000 (its wake-up channel an allocation each).
+#[test]
+fn a_churn_of_buckets_costs_the_lease_book_no_allocation() {
+    const CALLS: usize = 1_000;
+    let without = new_bucket_allocations(&limiter_with(None), CALLS);
+    let with = new_bucket_allocations(&limiter_with(Some(LeaseOptions::default())), CALLS);
+    eprintln!("allocations over {CALLS} new buckets: leases on {with}, off {without}");
+    assert!(
+        with <= without + CALLS + CALLS / 20,
+        "leases on: {with}, off: {without}"
+    );
 }
 
 /// Allocations of the 10th identical whole gRPC call through the rate-limit service, as

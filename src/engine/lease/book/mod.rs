@@ -98,7 +98,7 @@ pub(super) struct Landing {
     /// Changes when the move lands.
     pub landed: watch::Receiver<u64>,
     /// The store might refuse the request only because of the tokens on the move (see
-    /// [`Entry::tight_for`]); otherwise waiting only makes the `remaining` it reports
+    /// [`entry::Entry::tight_for`]); otherwise waiting only makes the `remaining` it reports
     /// exact.
     pub tight: bool,
 }
