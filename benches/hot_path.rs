@@ -22,7 +22,7 @@
 use std::hint::black_box;
 use std::sync::Arc;
 
-#[path = "../tests/support/mod.rs"]
+#[path = "../tests/common/server.rs"]
 mod support;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};

@@ -7,11 +7,11 @@
 //! A binary of its own: it lowers this process's descriptor limit, which every test in
 //! the process would share.
 
-mod support;
+mod common;
 
 use std::time::Duration;
 
-use support::{one, TestServer};
+use common::server::{one, TestServer};
 
 const RULES: &str = "
 domain: fd

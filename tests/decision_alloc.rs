@@ -2,7 +2,7 @@
 //! service layer: counted per thread on a current-thread runtime, so the count is exact
 //! and repeatable (unlike timings). Bounds here are regression guards for the hot path.
 
-mod support;
+mod common;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -16,7 +16,7 @@ use shardgate::engine::{Engine, EngineOptions, LeaseOptions, UNLIMITED_PARTITION
 use shardgate::service::wire::RequestView;
 use shardgate::service::RateLimiter;
 use shardgate::store::memory::MemoryStore;
-use support::{desc, HOT_PATH_YAML};
+use common::server::{desc, HOT_PATH_YAML};
 
 struct CountingAlloc;
 

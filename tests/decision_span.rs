@@ -1,7 +1,7 @@
 //! The `decision` span: each call's domain, matched rules, outcome and store calls, as a
 //! subscriber that enables it sees them when the span closes.
 
-mod support;
+mod common;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
@@ -13,7 +13,7 @@ use shardgate::engine::{Engine, EngineOptions};
 use shardgate::service::RateLimiter;
 use shardgate::store::memory::MemoryStore;
 use shardgate::store::metered::{CallObserver, Metered};
-use support::{desc, one, request, LogBuffer};
+use common::server::{desc, one, request, LogBuffer};
 use tracing_subscriber::fmt::format::FmtSpan;
 
 const YAML: &str = "domain: d

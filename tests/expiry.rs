@@ -6,7 +6,6 @@
 
 #[macro_use]
 mod common;
-mod support;
 
 use std::sync::Arc;
 
@@ -93,10 +92,10 @@ fn rig<S: Sweep>(store: S) -> Rig<S> {
 
 fn request(entries: &[(&str, &str)], hits: Option<u64>) -> RateLimitRequest {
     let d = match hits {
-        Some(h) => support::desc_hits(entries, h),
-        None => support::desc(entries),
+        Some(h) => common::server::desc_hits(entries, h),
+        None => common::server::desc(entries),
     };
-    support::request("ttl", vec![d])
+    common::server::request("ttl", vec![d])
 }
 
 impl<S: Sweep> Rig<S> {

@@ -2,13 +2,13 @@
 //! admit more than the bucket's capacity plus what it refilled during the run, and must
 //! keep admitting as tokens come back (not just refuse everything once contended).
 
-mod support;
+mod common;
 
 use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use shardgate::engine::{EngineOptions, EngineStats, SystemClock};
-use support::*;
+use common::server::*;
 
 const CLIENTS: usize = 64;
 /// How long the clients hammer.

@@ -7,7 +7,7 @@
 //! request waits for its deficit plus 1 ms), and once more on the system clock with the
 //! ranges that the elapsed milliseconds allow.
 
-mod support;
+mod common;
 
 use std::time::Instant;
 
@@ -17,7 +17,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, 
 use prost::Message;
 use shardgate::engine::EngineStats;
 use shardgate::store::BucketKey;
-use support::*;
+use common::server::*;
 use tokio_stream::StreamExt;
 
 const USER_10_PER_MINUTE: &str = "

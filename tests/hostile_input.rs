@@ -4,7 +4,6 @@
 
 #[macro_use]
 mod common;
-mod support;
 
 use std::sync::Arc;
 
@@ -12,7 +11,7 @@ use shardgate::config::{Config, MAX_TOKENS};
 use shardgate::engine::Engine;
 use shardgate::service::RateLimiter;
 use shardgate::store::BucketStore;
-use support::{desc, desc_hits, one, request, TestServer};
+use common::server::{desc, desc_hits, one, request, TestServer};
 use tonic::Code as Status;
 
 const RULES: &str = "
@@ -151,7 +150,7 @@ cross_store! {
     /// through the service layer on `store`.
     async fn forged_values_never_share_a_bucket<S: BucketStore>(store: S) {
         let config = Config::from_yaml("hostile.yaml", RULES).unwrap();
-        let engine = Arc::new(Engine::new(Arc::new(store), support::serve_defaults()));
+        let engine = Arc::new(Engine::new(Arc::new(store), common::server::serve_defaults()));
         let limiter = RateLimiter::new(Arc::new(config), engine);
         for (first, second) in forged_pairs() {
             for _ in 0..3 {

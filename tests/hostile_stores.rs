@@ -8,7 +8,6 @@
 
 #[macro_use]
 mod common;
-mod support;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,7 +15,7 @@ use std::time::Duration;
 use shardgate::engine::EngineOptions;
 use shardgate::store::breaker::{Breaker, CircuitState};
 use shardgate::store::BucketStore;
-use support::{code, one, StoreServer};
+use common::server::{code, one, StoreServer};
 use tonic::Code as Status;
 
 const RULES: &str = "

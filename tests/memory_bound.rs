@@ -14,7 +14,7 @@
 //! `three_million_keys_under_the_default_bound` (ignored) is the case at full
 //! size, under the default bound: `cargo test --release --test memory_bound -- --ignored`.
 
-mod support;
+mod common;
 
 use std::sync::Arc;
 
@@ -216,7 +216,7 @@ fn rig(store: MemoryStore) -> Rig {
         EngineOptions {
             // Every answer from the store: a cached image would hide an evicted item.
             rejection_cache_ms: 0,
-            ..support::serve_defaults()
+            ..common::server::serve_defaults()
         },
         clock.clone(),
         Arc::new(RandomDraw),
@@ -230,9 +230,9 @@ fn rig(store: MemoryStore) -> Rig {
 }
 
 fn request(address: &str, hits: u64) -> RateLimitRequest {
-    support::request(
+    common::server::request(
         "edge",
-        vec![support::desc_hits(&[("remote_address", address)], hits)],
+        vec![common::server::desc_hits(&[("remote_address", address)], hits)],
     )
 }
 

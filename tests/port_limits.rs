@@ -5,13 +5,13 @@
 //! connection answered inside its deadline throughout. Then the connection's lifetime: a
 //! peer that stops answering pings dropped, an old connection sent GOAWAY.
 
-mod support;
+mod common;
 
 use std::time::Duration;
 
 use shardgate::service::port_limits::PortLimits;
-use support::raw_h2::{self, RawConnection};
-use support::{one, TestServer};
+use common::raw_h2::{self, RawConnection};
+use common::server::{one, TestServer};
 
 const RULES: &str = "
 domain: port

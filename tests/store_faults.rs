@@ -2,7 +2,7 @@
 //! store and probes it again, `failure_mode` decides the answer, and recovery needs no
 //! restart.
 
-mod support;
+mod common;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -279,7 +279,7 @@ async fn every_dynamodb_call_has_a_deadline() {
 /// A gRPC call on `client` on `key` with the caller's deadline `timeout` (sent as
 /// `grpc-timeout`, as Envoy sends its filter's `timeout`).
 async fn call_within(
-    client: &mut support::Rls,
+    client: &mut common::server::Rls,
     key: &str,
     timeout: Option<Duration>,
 ) -> Result<envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse, tonic::Status> {
@@ -295,7 +295,7 @@ async fn call_within(
 
 /// A client of `server` whose connection is up and has carried a call (as Envoy's
 /// long-lived connection has): a request for a domain no rule knows, no store call.
-async fn connected<S: BucketStore>(server: &support::StoreServer<S>) -> support::Rls {
+async fn connected<S: BucketStore>(server: &common::server::StoreServer<S>) -> common::server::Rls {
     let mut client = server.client().await;
     let mut warm = request("x");
     warm.domain = "no-such-domain".into();
@@ -313,7 +313,7 @@ async fn a_caller_allowing_50ms_gets_its_failure_mode_answer_when_the_store_hang
         5,
         Duration::from_millis(500),
     ));
-    let server = support::StoreServer::start(RULES, store.clone(), EngineOptions::default()).await;
+    let server = common::server::StoreServer::start(RULES, store.clone(), EngineOptions::default()).await;
     let mut client = connected(&server).await;
     store.inner().hang.store(true, Ordering::SeqCst);
     for _ in 0..3 {
@@ -338,7 +338,7 @@ async fn a_patient_caller_waits_for_a_slow_store() {
         Duration::from_millis(500),
     ));
     store.inner().delay_ms.store(300, Ordering::SeqCst);
-    let server = support::StoreServer::start(RULES, store.clone(), EngineOptions::default()).await;
+    let server = common::server::StoreServer::start(RULES, store.clone(), EngineOptions::default()).await;
     let mut client = connected(&server).await;
     for timeout in [Some(Duration::from_secs(2)), None] {
         let r = call_within(&mut client, "closed", timeout)
@@ -363,7 +363,7 @@ async fn a_caller_with_no_time_left_costs_the_store_nothing() {
         1,
         Duration::from_secs(60),
     ));
-    let server = support::StoreServer::start(RULES, store.clone(), EngineOptions::default()).await;
+    let server = common::server::StoreServer::start(RULES, store.clone(), EngineOptions::default()).await;
     let mut client = connected(&server).await;
     for _ in 0..5 {
         let r = call_within(&mut client, "closed", Some(Duration::from_micros(500))).await;

@@ -2,13 +2,13 @@
 //! configured CA and answers those with one; certificates are re-read when they change.
 //! (Refused handshakes' counters and log lines: `tls_handshake_failures.rs`.)
 
-mod tls_support;
+mod common;
 
 use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use shardgate::service::tls::TlsFiles;
-use tls_support::{call, request, start, write, Pki};
+use common::tls::{call, request, start, write, Pki};
 
 #[tokio::test]
 async fn mutual_tls_refuses_clients_without_a_valid_certificate() {

@@ -2,15 +2,14 @@
 //! under its reason, and logged at warn with the peer's address, one line per reason per
 //! 10 s.
 
-mod support;
-mod tls_support;
+mod common;
 
 use std::time::{Duration, Instant};
 
 use shardgate::service::metrics::Metrics;
 use shardgate::service::tls::TlsFiles;
-use support::LogBuffer;
-use tls_support::{call, start, write, Pki};
+use common::server::LogBuffer;
+use common::tls::{call, start, write, Pki};
 
 /// `shardgate_tls_handshake_failures_total` by reason, as /metrics shows it.
 fn handshake_failures(metrics: &Metrics) -> std::collections::BTreeMap<String, u64> {

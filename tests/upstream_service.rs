@@ -5,7 +5,7 @@
 //! here the statuses come from real buckets on a frozen clock, driven to the state the
 //! upstream case starts from.
 
-mod support;
+mod common;
 
 use std::sync::Arc;
 
@@ -19,7 +19,7 @@ use shardgate::config::Config;
 use shardgate::engine::{Engine, ManualClock, RandomDraw};
 use shardgate::service::{AnswerOptions, CallError, RateLimitHeaders, RateLimiter};
 use shardgate::store::memory::MemoryStore;
-use support::*;
+use common::server::*;
 
 const RULES: &str = r#"
 domain: different-domain

@@ -1,11 +1,20 @@
-//! Shared test fixtures: a store wrapper that records every call (operation, shard and
-//! outcome) and can inject a concurrent writer's action at a chosen moment, for any
-//! store; and the DynamoDB Local connection.
+//! The integration tests' one helper folder.
+//!
+//! - here: `cross_store!` (one case, one test per store) and a store wrapper that records
+//!   every call (operation, shard and outcome) and can inject a concurrent writer's action
+//!   at a chosen moment, for any store;
+//! - [`dynamo`]: the DynamoDB Local connection;
+//! - [`server`]: in-process shardgate servers on loopback and request builders;
+//! - [`raw_h2`]: a raw HTTP/2 client that may flood, stall and lie;
+//! - [`tls`]: a TLS server and the certificates for it.
 
 #![allow(dead_code)]
 
 #[cfg(feature = "dynamodb")]
 pub mod dynamo;
+pub mod raw_h2;
+pub mod server;
+pub mod tls;
 
 /// Defines a case written once against any store, and one test of it per store:
 /// `<case>::memory` and, built with the `dynamodb` feature, `<case>::dynamodb` (ignored

@@ -8,8 +8,6 @@
 // Each test binary uses its own subset of these helpers.
 #![allow(dead_code)]
 
-pub mod raw_h2;
-
 use std::net::SocketAddr;
 use std::sync::Arc;
 
