@@ -8,6 +8,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::sync::Arc;
 
+use common::server::{desc, HOT_PATH_YAML};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
@@ -16,7 +17,6 @@ use shardgate::engine::{Engine, EngineOptions, LeaseOptions, UNLIMITED_PARTITION
 use shardgate::service::wire::RequestView;
 use shardgate::service::RateLimiter;
 use shardgate::store::memory::MemoryStore;
-use common::server::{desc, HOT_PATH_YAML};
 
 struct CountingAlloc;
 

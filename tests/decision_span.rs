@@ -7,13 +7,13 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::server::{desc, one, request, LogBuffer};
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use shardgate::config::Config;
 use shardgate::engine::{Engine, EngineOptions};
 use shardgate::service::RateLimiter;
 use shardgate::store::memory::MemoryStore;
 use shardgate::store::metered::{CallObserver, Metered};
-use common::server::{desc, one, request, LogBuffer};
 use tracing_subscriber::fmt::format::FmtSpan;
 
 const YAML: &str = "domain: d

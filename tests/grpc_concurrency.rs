@@ -6,9 +6,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use common::server::*;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use shardgate::engine::{EngineOptions, EngineStats, SystemClock};
-use common::server::*;
 
 const CLIENTS: usize = 64;
 /// How long the clients hammer.

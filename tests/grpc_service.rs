@@ -11,13 +11,13 @@ mod common;
 
 use std::time::Instant;
 
+use common::server::*;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit as ProtoUnit;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus};
 use prost::Message;
 use shardgate::engine::EngineStats;
 use shardgate::store::BucketKey;
-use common::server::*;
 use tokio_stream::StreamExt;
 
 const USER_10_PER_MINUTE: &str = "

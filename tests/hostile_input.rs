@@ -7,11 +7,13 @@ mod common;
 
 use std::sync::Arc;
 
+use common::h2_call::{h2_call, H2Answer, SHOULD_RATE_LIMIT};
+use common::server::{desc, desc_hits, one, request, TestServer};
 use shardgate::config::{Config, MAX_TOKENS};
 use shardgate::engine::Engine;
 use shardgate::service::RateLimiter;
 use shardgate::store::BucketStore;
-use common::server::{desc, desc_hits, one, request, TestServer};
+use std::time::Duration;
 use tonic::Code as Status;
 
 const RULES: &str = "
@@ -202,71 +204,27 @@ async fn raw_call(server: &TestServer, body: &'static [u8]) -> (String, String) 
     (answer.status, answer.message)
 }
 
-const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
-
-/// What a raw call was answered, from the headers of a trailers-only answer or the
-/// trailers.
-struct RawAnswer {
-    status: String,
-    /// Percent-decoded.
-    message: String,
-    accept_encoding: String,
-}
-
 /// [`raw_call`] to any path, with more request headers, the body sent as one DATA frame
-/// per chunk.
+/// per chunk and the stream ended with the last.
 async fn raw_call_with(
     server: &TestServer,
     path: &str,
     headers: &[(&str, &str)],
     chunks: &[&'static [u8]],
-) -> RawAnswer {
-    let tcp = tokio::net::TcpStream::connect(server.addr).await.unwrap();
-    let (send, connection) = h2::client::handshake(tcp).await.unwrap();
-    tokio::spawn(connection);
-    let request = http::Request::builder()
-        .method(http::Method::POST)
-        .uri(format!("http://{}{path}", server.addr))
-        .header("content-type", "application/grpc")
-        .header("te", "trailers");
-    let request = headers
+) -> H2Answer {
+    let chunks = chunks
         .iter()
-        .fold(request, |r, (name, value)| r.header(*name, *value))
-        .body(())
-        .unwrap();
-    let mut send = send.ready().await.unwrap();
-    let (response, mut stream) = send.send_request(request, chunks.is_empty()).unwrap();
-    for (i, chunk) in chunks.iter().enumerate() {
-        stream
-            .send_data(bytes::Bytes::from_static(chunk), i + 1 == chunks.len())
-            .unwrap();
-    }
-    let response = tokio::time::timeout(std::time::Duration::from_secs(10), response)
-        .await
-        .expect("answered")
-        .unwrap();
-    let (parts, mut recv) = response.into_parts();
-    while let Some(chunk) = recv.data().await {
-        chunk.unwrap();
-    }
-    let trailers = recv.trailers().await.unwrap().unwrap_or_default();
-    let field = |name: &str| {
-        parts
-            .headers
-            .get(name)
-            .or_else(|| trailers.get(name))
-            .map(|v| {
-                percent_encoding::percent_decode(v.as_bytes())
-                    .decode_utf8_lossy()
-                    .into_owned()
-            })
-            .unwrap_or_default()
-    };
-    RawAnswer {
-        status: field("grpc-status"),
-        message: field("grpc-message"),
-        accept_encoding: field("grpc-accept-encoding"),
-    }
+        .map(|c| bytes::Bytes::from_static(c))
+        .collect();
+    h2_call(
+        server.addr,
+        path,
+        headers,
+        chunks,
+        true,
+        Duration::from_secs(10),
+    )
+    .await
 }
 
 /// Bodies that hold no whole message are the client's error, answered with the status

@@ -12,10 +12,10 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::server::{code, one, StoreServer};
 use shardgate::engine::EngineOptions;
 use shardgate::store::breaker::{Breaker, CircuitState};
 use shardgate::store::BucketStore;
-use common::server::{code, one, StoreServer};
 use tonic::Code as Status;
 
 const RULES: &str = "

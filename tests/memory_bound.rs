@@ -232,7 +232,10 @@ fn rig(store: MemoryStore) -> Rig {
 fn request(address: &str, hits: u64) -> RateLimitRequest {
     common::server::request(
         "edge",
-        vec![common::server::desc_hits(&[("remote_address", address)], hits)],
+        vec![common::server::desc_hits(
+            &[("remote_address", address)],
+            hits,
+        )],
     )
 }
 

@@ -9,9 +9,10 @@ mod common;
 
 use std::time::Duration;
 
-use shardgate::service::port_limits::PortLimits;
+use common::h2_call::{h2_call, H2Answer, SHOULD_RATE_LIMIT};
 use common::raw_h2::{self, RawConnection};
 use common::server::{one, TestServer};
+use shardgate::service::port_limits::PortLimits;
 
 const RULES: &str = "
 domain: port
@@ -20,7 +21,6 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 1000000}
 ";
 
-const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
 const HEALTH_CHECK: &str = "/grpc.health.v1.Health/Check";
 
 /// The default bounds (`PortLimits::default()`, as `serve` uses them).
@@ -151,53 +151,11 @@ async fn a_flood_of_locally_reset_streams_ends_in_goaway() {
     answered_within_a_second(&server).await;
 }
 
-/// What a call sent on its own connection was answered: grpc-status and grpc-message of
-/// the trailers-only answer or its trailers, and the request stream, kept open by the
-/// test, to watch the server reset it.
-struct OpenCall {
-    status: String,
-    message: String,
-    stream: h2::SendStream<bytes::Bytes>,
-}
-
 /// Sends the headers of a call to `path` and `body`, ending the stream only if `end`, and
-/// waits for the answer.
-async fn call_with_body(server: &TestServer, path: &str, body: Vec<u8>, end: bool) -> OpenCall {
-    let tcp = tokio::net::TcpStream::connect(server.addr).await.unwrap();
-    let (send, connection) = h2::client::handshake(tcp).await.unwrap();
-    tokio::spawn(connection);
-    let request = http::Request::builder()
-        .method(http::Method::POST)
-        .uri(format!("http://{}{path}", server.addr))
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .body(())
-        .unwrap();
-    let mut send = send.ready().await.unwrap();
-    let (response, mut stream) = send.send_request(request, false).unwrap();
-    stream.send_data(body.into(), end).unwrap();
-    let response = tokio::time::timeout(PATIENCE, response)
-        .await
-        .expect("answered")
-        .unwrap();
-    let (parts, mut recv) = response.into_parts();
-    while let Some(chunk) = recv.data().await {
-        chunk.unwrap();
-    }
-    let trailers = recv.trailers().await.unwrap().unwrap_or_default();
-    let field = |name: &str| {
-        let value = parts.headers.get(name).or_else(|| trailers.get(name));
-        value.map_or_else(String::new, |v| {
-            percent_encoding::percent_decode(v.as_bytes())
-                .decode_utf8_lossy()
-                .into_owned()
-        })
-    };
-    OpenCall {
-        status: field("grpc-status"),
-        message: field("grpc-message"),
-        stream,
-    }
+/// waits for the answer; the request stream stays open unless ended, to watch the server
+/// reset it.
+async fn call_with_body(server: &TestServer, path: &str, body: Vec<u8>, end: bool) -> H2Answer {
+    h2_call(server.addr, path, &[], vec![body.into()], end, PATIENCE).await
 }
 
 /// A gRPC message prefix announcing `len` bytes.

@@ -313,7 +313,8 @@ async fn a_caller_allowing_50ms_gets_its_failure_mode_answer_when_the_store_hang
         5,
         Duration::from_millis(500),
     ));
-    let server = common::server::StoreServer::start(RULES, store.clone(), EngineOptions::default()).await;
+    let server =
+        common::server::StoreServer::start(RULES, store.clone(), EngineOptions::default()).await;
     let mut client = connected(&server).await;
     store.inner().hang.store(true, Ordering::SeqCst);
     for _ in 0..3 {
@@ -338,7 +339,8 @@ async fn a_patient_caller_waits_for_a_slow_store() {
         Duration::from_millis(500),
     ));
     store.inner().delay_ms.store(300, Ordering::SeqCst);
-    let server = common::server::StoreServer::start(RULES, store.clone(), EngineOptions::default()).await;
+    let server =
+        common::server::StoreServer::start(RULES, store.clone(), EngineOptions::default()).await;
     let mut client = connected(&server).await;
     for timeout in [Some(Duration::from_secs(2)), None] {
         let r = call_within(&mut client, "closed", timeout)
@@ -363,7 +365,8 @@ async fn a_caller_with_no_time_left_costs_the_store_nothing() {
         1,
         Duration::from_secs(60),
     ));
-    let server = common::server::StoreServer::start(RULES, store.clone(), EngineOptions::default()).await;
+    let server =
+        common::server::StoreServer::start(RULES, store.clone(), EngineOptions::default()).await;
     let mut client = connected(&server).await;
     for _ in 0..5 {
         let r = call_within(&mut client, "closed", Some(Duration::from_micros(500))).await;

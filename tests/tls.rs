@@ -6,22 +6,18 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use common::tls::{call, request, start, start_mutual, write, MutualTls, Pki};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use shardgate::service::tls::TlsFiles;
-use common::tls::{call, request, start, write, Pki};
 
 #[tokio::test]
 async fn mutual_tls_refuses_clients_without_a_valid_certificate() {
-    let dir = tempfile::tempdir().unwrap();
-    let server_pki = Pki::new("server");
-    let client_pki = Pki::new("client");
-    let (cert, key) = server_pki.leaf(&["localhost", "127.0.0.1"]);
-    let files = TlsFiles {
-        cert: write(dir.path(), "tls.crt", &cert),
-        key: write(dir.path(), "tls.key", &key),
-        client_ca: Some(write(dir.path(), "client-ca.crt", &client_pki.ca_pem)),
-    };
-    let server = start(files).await;
+    let MutualTls {
+        server,
+        server_pki,
+        client_pki,
+        ..
+    } = &start_mutual().await;
 
     let (ccert, ckey) = client_pki.leaf(&["client-1"]);
     call(server.port, &server_pki.ca_pem, Some((&ccert, &ckey)))

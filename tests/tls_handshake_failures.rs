@@ -6,10 +6,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use shardgate::service::metrics::Metrics;
-use shardgate::service::tls::TlsFiles;
 use common::server::LogBuffer;
-use common::tls::{call, start, write, Pki};
+use common::tls::{call, start_mutual, MutualTls, Pki};
+use shardgate::service::metrics::Metrics;
 
 /// `shardgate_tls_handshake_failures_total` by reason, as /metrics shows it.
 fn handshake_failures(metrics: &Metrics) -> std::collections::BTreeMap<String, u64> {
@@ -75,16 +74,12 @@ async fn refused_handshakes_are_counted_by_reason_and_logged() {
         .finish();
     let _guard = tracing::subscriber::set_default(subscriber);
 
-    let dir = tempfile::tempdir().unwrap();
-    let server_pki = Pki::new("server");
-    let client_pki = Pki::new("client");
-    let (cert, key) = server_pki.leaf(&["localhost", "127.0.0.1"]);
-    let files = TlsFiles {
-        cert: write(dir.path(), "tls.crt", &cert),
-        key: write(dir.path(), "tls.key", &key),
-        client_ca: Some(write(dir.path(), "client-ca.crt", &client_pki.ca_pem)),
-    };
-    let server = start(files).await;
+    let MutualTls {
+        server,
+        server_pki,
+        client_pki,
+        ..
+    } = &start_mutual().await;
     let reason =
         |m: &std::collections::BTreeMap<String, u64>, r: &str| m.get(r).copied().unwrap_or(0);
 

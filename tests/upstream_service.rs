@@ -9,6 +9,7 @@ mod common;
 
 use std::sync::Arc;
 
+use common::server::*;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit as ProtoUnit;
@@ -19,7 +20,6 @@ use shardgate::config::Config;
 use shardgate::engine::{Engine, ManualClock, RandomDraw};
 use shardgate::service::{AnswerOptions, CallError, RateLimitHeaders, RateLimiter};
 use shardgate::store::memory::MemoryStore;
-use common::server::*;
 
 const RULES: &str = r#"
 domain: different-domain

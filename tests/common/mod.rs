@@ -5,6 +5,8 @@
 //!   at a chosen moment, for any store;
 //! - [`dynamo`]: the DynamoDB Local connection;
 //! - [`server`]: in-process shardgate servers on loopback and request builders;
+//! - [`h2_call`]: one gRPC call over the `h2` crate, its bytes and stream under the test's
+//!   control;
 //! - [`raw_h2`]: a raw HTTP/2 client that may flood, stall and lie;
 //! - [`tls`]: a TLS server and the certificates for it.
 
@@ -12,6 +14,7 @@
 
 #[cfg(feature = "dynamodb")]
 pub mod dynamo;
+pub mod h2_call;
 pub mod raw_h2;
 pub mod server;
 pub mod tls;

@@ -136,3 +136,33 @@ pub async fn call(port: u16, ca_pem: &str, identity: Option<(&str, &str)>) -> Re
         .map(|_| ())
         .map_err(|e| format!("call: {e:?}"))
 }
+
+/// A server over mutual TLS and the two CAs around it; the certificate files live as long
+/// as this does (the server re-reads them).
+pub struct MutualTls {
+    pub server: Running,
+    /// Signed the server's certificate (for `localhost` and `127.0.0.1`): clients trust it.
+    pub server_pki: Pki,
+    /// The CA the server requires client certificates from.
+    pub client_pki: Pki,
+    _dir: tempfile::TempDir,
+}
+
+/// A memory-store server that requires a client certificate from [`MutualTls::client_pki`].
+pub async fn start_mutual() -> MutualTls {
+    let dir = tempfile::tempdir().unwrap();
+    let server_pki = Pki::new("server");
+    let client_pki = Pki::new("client");
+    let (cert, key) = server_pki.leaf(&["localhost", "127.0.0.1"]);
+    let files = TlsFiles {
+        cert: write(dir.path(), "tls.crt", &cert),
+        key: write(dir.path(), "tls.key", &key),
+        client_ca: Some(write(dir.path(), "client-ca.crt", &client_pki.ca_pem)),
+    };
+    MutualTls {
+        server: start(files).await,
+        server_pki,
+        client_pki,
+        _dir: dir,
+    }
+}
