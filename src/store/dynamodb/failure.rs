@@ -11,8 +11,9 @@ use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::ThrottlingReason;
 
-use super::DynamoStore;
-use crate::store::{BucketKey, StoreError};
+use super::codec::Item;
+use super::{DynamoStore, CONFLICT};
+use crate::store::{BucketItem, BucketKey, StoreError};
 use crate::text::elide;
 
 /// Most bytes of a DynamoDB error text carried into a [`StoreError`].
@@ -155,6 +156,32 @@ impl DynamoStore {
         };
         self.ledger.record(operation, outcome, 0.0);
         failure
+    }
+
+    /// A failed single-item conditional write (`UpdateItem`, `PutItem`), read the same way
+    /// for both: `Ok(Some(old))` when its condition failed (`old`: the item as it was,
+    /// which the caller took from the operation's own ConditionalCheckFailed error),
+    /// `Ok(None)` when a transaction held the item (try again), an error otherwise.
+    pub(super) fn refused<E, R>(
+        &self,
+        operation: &'static str,
+        key: &BucketKey,
+        err: &SdkError<E, R>,
+        condition_failed: Option<Option<&Item>>,
+    ) -> Result<Option<Option<BucketItem>>, StoreError>
+    where
+        E: ProvideErrorMetadata + ThrottlingReasons + std::fmt::Debug,
+        R: std::fmt::Debug,
+    {
+        if let Some(old) = condition_failed {
+            self.ledger.record(operation, "condition_failed", 1.0);
+            return Ok(Some(self.decode_opt(key, old)?));
+        }
+        if err.code() == Some(CONFLICT) {
+            self.ledger.record(operation, "conflict", 0.0);
+            return Ok(None);
+        }
+        Err(self.failed(operation, key, err))
     }
 }
 

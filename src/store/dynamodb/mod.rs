@@ -25,7 +25,6 @@ use std::future::Future;
 use std::time::Duration;
 
 use aws_credential_types::provider::SharedCredentialsProvider;
-use aws_sdk_dynamodb::error::ProvideErrorMetadata;
 use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
@@ -219,17 +218,13 @@ impl DynamoStore {
                 Ok(Some(Ok(image)))
             }
             Err(err) => {
-                if let Some(UpdateItemError::ConditionalCheckFailedException(ccf)) =
-                    err.as_service_error()
-                {
-                    self.ledger.record("UpdateItem", "condition_failed", 1.0);
-                    return Ok(Some(Err(self.decode_opt(key, ccf.item())?)));
-                }
-                if err.code() == Some(CONFLICT) {
-                    self.ledger.record("UpdateItem", "conflict", 0.0);
-                    return Ok(None);
-                }
-                Err(self.failed("UpdateItem", key, &err))
+                let condition_failed = match err.as_service_error() {
+                    Some(UpdateItemError::ConditionalCheckFailedException(ccf)) => Some(ccf.item()),
+                    _ => None,
+                };
+                Ok(self
+                    .refused("UpdateItem", key, &err, condition_failed)?
+                    .map(Err))
             }
         }
     }
@@ -270,17 +265,13 @@ impl DynamoStore {
                 Ok(Some(None))
             }
             Err(err) => {
-                if let Some(PutItemError::ConditionalCheckFailedException(ccf)) =
-                    err.as_service_error()
-                {
-                    self.ledger.record("PutItem", "condition_failed", 1.0);
-                    return Ok(Some(Some(self.decode_opt(key, ccf.item())?)));
-                }
-                if err.code() == Some(CONFLICT) {
-                    self.ledger.record("PutItem", "conflict", 0.0);
-                    return Ok(None);
-                }
-                Err(self.failed("PutItem", key, &err))
+                let condition_failed = match err.as_service_error() {
+                    Some(PutItemError::ConditionalCheckFailedException(ccf)) => Some(ccf.item()),
+                    _ => None,
+                };
+                Ok(self
+                    .refused("PutItem", key, &err, condition_failed)?
+                    .map(Some))
             }
         }
     }
