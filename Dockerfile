@@ -34,6 +34,10 @@ RUN apt-get update \
     && groupadd --system --gid 10001 shardgate \
     && useradd --system --uid 10001 --gid shardgate --no-create-home --shell /usr/sbin/nologin shardgate
 COPY --from=build /usr/local/bin/shardgate /usr/local/bin/shardgate
+# envoyproxy/ratelimit's entrypoint name: a Deployment made for upstream's image (Envoy
+# Gateway's sets `command: ["/bin/ratelimit"]`) starts shardgate's server, configured by
+# upstream's variables. (/bin is /usr/bin on this release.)
+RUN ln -s /usr/local/bin/shardgate /usr/bin/ratelimit
 # A default config so the image runs as is; mount a file or a directory (a Kubernetes
 # ConfigMap) over /etc/shardgate/limits to replace it.
 COPY config/example.yaml /etc/shardgate/limits/example.yaml

@@ -459,7 +459,7 @@ fn main() -> ExitCode {
     for alias in &upstream.set {
         std::env::set_var(alias.ours, &alias.value);
     }
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(invocation(std::env::args_os().collect()));
     match cli.command {
         Command::CheckConfig {
             path,
@@ -600,10 +600,55 @@ fn main() -> ExitCode {
     }
 }
 
+/// The name envoyproxy/ratelimit's image runs its server by, with no arguments (Envoy
+/// Gateway's generated Deployment sets `command: ["/bin/ratelimit"]`).
+const UPSTREAM_COMMAND: &str = "ratelimit";
+
+/// The arguments to parse: the process's own, except that invoked as [`UPSTREAM_COMMAND`]
+/// with none, shardgate serves, so an image that links the name to shardgate starts it
+/// as upstream's did, configured by upstream's environment. Any argument given under that
+/// name is read as ours (`ratelimit check-config …` works).
+fn invocation(mut args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    let called = args
+        .first()
+        .and_then(|arg0| std::path::Path::new(arg0).file_name())
+        .is_some_and(|name| name == UPSTREAM_COMMAND);
+    if called && args.len() == 1 {
+        args.push("serve".into());
+    }
+    args
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{parse_bytes, parse_duration, Cli, Command, Parser, PortLimits};
+    use super::{invocation, parse_bytes, parse_duration, Cli, Command, Parser, PortLimits};
     use std::time::Duration;
+
+    #[test]
+    fn invoked_as_upstreams_ratelimit_with_no_arguments_it_serves() {
+        let args = |a: &[&str]| {
+            a.iter()
+                .map(Into::into)
+                .collect::<Vec<std::ffi::OsString>>()
+        };
+        assert_eq!(
+            invocation(args(&["/bin/ratelimit"])),
+            args(&["/bin/ratelimit", "serve"])
+        );
+        assert_eq!(
+            invocation(args(&["ratelimit"])),
+            args(&["ratelimit", "serve"])
+        );
+        // Arguments are ours under either name; other names are left alone.
+        for kept in [
+            &["/bin/ratelimit", "check-config", "c.yaml"][..],
+            &["/usr/local/bin/shardgate"],
+            &["/opt/ratelimit-tools/shardgate"],
+            &["/bin/ratelimiter"],
+        ] {
+            assert_eq!(invocation(args(kept)), args(kept));
+        }
+    }
 
     #[test]
     fn the_port_flags_default_to_the_port_limits_defaults() {

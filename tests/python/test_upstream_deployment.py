@@ -3,11 +3,15 @@
 Deployment's rule directory layout with a domain over two files, ports, log settings,
 Redis and statsd settings),
 serves the same rules on the same ports, logs in the format asked for, and names the
-variables it ignores once. A setting it cannot follow stops it with a message naming it.
+variables it ignores once — started as `shardgate serve`, or as upstream's image starts
+its server, `/bin/ratelimit` with no arguments (a link to shardgate under that name). A
+setting it cannot follow stops it with a message naming it.
 """
 import json
 import os
 import subprocess
+
+import pytest
 
 from envoy.service.ratelimit.v3 import rls_pb2
 
@@ -31,7 +35,18 @@ def base_env():
             if not k.startswith("SHARDGATE_") and k not in ("RUST_LOG", "HOST", "PORT")}
 
 
-def test_an_upstream_deployment_environment_serves_its_rules(tmp_path):
+def command(invocation, tmp_path):
+    """The argv that starts the server: ours, or upstream's entrypoint name with none."""
+    if invocation == "shardgate serve":
+        return [binary(), "serve"]
+    link = tmp_path / "bin" / "ratelimit"
+    link.parent.mkdir()
+    link.symlink_to(binary())
+    return [str(link)]
+
+
+@pytest.mark.parametrize("invocation", ["shardgate serve", "/bin/ratelimit"])
+def test_an_upstream_deployment_environment_serves_its_rules(tmp_path, invocation):
     # upstream's layout: RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/config/*.yaml
     rules = tmp_path / "data" / "ratelimit" / "config"
     rules.mkdir(parents=True)
@@ -63,7 +78,7 @@ def test_an_upstream_deployment_environment_serves_its_rules(tmp_path):
     }
     log_path = tmp_path / "shardgate.log"
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen([binary(), "serve"], stdin=subprocess.DEVNULL,
+        proc = subprocess.Popen(command(invocation, tmp_path), stdin=subprocess.DEVNULL,
                                 stdout=log, stderr=subprocess.STDOUT, env=env)
     server = Server(proc, grpc_port, log_path, http_port=http_port)
     try:
