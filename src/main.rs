@@ -17,6 +17,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use shardgate::config::{Config, LoadOptions};
+use shardgate::service::metrics::statsd::{self, StatsdOptions, StatsdProtocol, StatsdTag};
 use shardgate::service::port_limits::{self, PortLimits};
 use shardgate::service::server::{self, ServeOptions, StoreKind};
 use shardgate::service::tls::TlsFiles;
@@ -218,6 +219,19 @@ struct Serve {
     /// spans with OpenTelemetry").
     #[arg(long, env = "SHARDGATE_OTLP_ENDPOINT")]
     otlp_endpoint: Option<String>,
+    /// Also send the stats to statsd at this host:port, in envoyproxy/ratelimit's stat
+    /// names (for a statsd_exporter and the dashboards built on it); /metrics stays.
+    #[arg(long, env = "SHARDGATE_STATSD_ADDR")]
+    statsd_addr: Option<String>,
+    /// The transport to statsd.
+    #[arg(long, env = "SHARDGATE_STATSD_PROTOCOL", value_enum, default_value_t = StatsdTransport::Udp, requires = "statsd_addr")]
+    statsd_protocol: StatsdTransport,
+    /// How often the stats are sent to statsd (e.g. 10s).
+    #[arg(long, env = "SHARDGATE_STATSD_FLUSH_INTERVAL", value_parser = parse_duration, requires = "statsd_addr")]
+    statsd_flush_interval: Option<Duration>,
+    /// Tags added to the `ratelimit.` stats sent to statsd, as name:value,name:value.
+    #[arg(long, env = "SHARDGATE_STATSD_TAGS", value_parser = parse_statsd_tags, requires = "statsd_addr")]
+    statsd_tags: Option<StatsdTags>,
     /// Threads answering requests (default: one per CPU core). Fewer threads hop fewer
     /// tasks between cores: on a 2-core machine sharing its cores with DynamoDB Local,
     /// one thread cut shardgate's CPU per DynamoDB decision by a fifth (README,
@@ -235,6 +249,21 @@ struct Serve {
     tls_client_ca: Option<PathBuf>,
     #[command(flatten)]
     grpc: GrpcPort,
+}
+
+/// `--statsd-protocol`.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum StatsdTransport {
+    Udp,
+    Tcp,
+}
+
+/// `--statsd-tags`' list, one value to clap (a `Vec` would be read as many values).
+#[derive(Clone, Debug)]
+struct StatsdTags(Vec<StatsdTag>);
+
+fn parse_statsd_tags(text: &str) -> Result<StatsdTags, String> {
+    statsd::parse_tags(text).map(StatsdTags)
 }
 
 /// The gRPC port's limits (docs/configuration.md, "The gRPC port's limits").
@@ -536,6 +565,21 @@ fn main() -> ExitCode {
                     args.dynamo.namespace.len()
                 ));
             }
+            let statsd = args.statsd_addr.clone().map(|addr| StatsdOptions {
+                addr,
+                protocol: match args.statsd_protocol {
+                    StatsdTransport::Udp => StatsdProtocol::Udp,
+                    StatsdTransport::Tcp => StatsdProtocol::Tcp,
+                },
+                flush_interval: args
+                    .statsd_flush_interval
+                    .unwrap_or(statsd::DEFAULT_FLUSH_INTERVAL),
+                tags: args
+                    .statsd_tags
+                    .clone()
+                    .map(|StatsdTags(tags)| tags)
+                    .unwrap_or_default(),
+            });
             let options = ServeOptions {
                 config: args.config,
                 store_timeout,
@@ -584,6 +628,7 @@ fn main() -> ExitCode {
                 },
                 trace_context: export.is_some(),
                 port_limits: args.grpc.limits(),
+                statsd,
             };
             let served = rt.block_on(server::run(options));
             // The calls have drained: the spans of the last ones are flushed now, from
@@ -657,6 +702,53 @@ mod tests {
             panic!("serve")
         };
         assert_eq!(serve.grpc.limits(), PortLimits::default());
+    }
+
+    #[test]
+    fn the_statsd_flags_parse_and_need_an_address() {
+        let cli = Cli::try_parse_from([
+            "shardgate",
+            "serve",
+            "--config",
+            "c.yaml",
+            "--statsd-addr",
+            "127.0.0.1:9125",
+            "--statsd-protocol",
+            "tcp",
+            "--statsd-flush-interval",
+            "2s",
+            "--statsd-tags",
+            "zone:eu,app:rl",
+        ])
+        .unwrap();
+        let Command::Serve(serve) = cli.command else {
+            panic!("serve")
+        };
+        assert_eq!(serve.statsd_tags.map(|t| t.0.len()), Some(2));
+        assert_eq!(serve.statsd_flush_interval, Some(Duration::from_secs(2)));
+        let alone = [
+            "shardgate",
+            "serve",
+            "--config",
+            "c.yaml",
+            "--statsd-tags",
+            "a:b",
+        ];
+        assert!(
+            Cli::try_parse_from(alone).is_err(),
+            "tags without an address"
+        );
+        let bad = Cli::try_parse_from([
+            "shardgate",
+            "serve",
+            "--config",
+            "c.yaml",
+            "--statsd-addr",
+            "x:1",
+            "--statsd-tags",
+            "novalue",
+        ]);
+        assert!(bad.err().unwrap().to_string().contains("'novalue'"));
     }
 
     #[test]

@@ -217,6 +217,8 @@ pub fn translate(env: &BTreeMap<String, String>) -> Translation {
         }
     }
 
+    let consumed = statsd(env, &mut t);
+
     match get("CONFIG_TYPE").map(str::to_ascii_uppercase).as_deref() {
         None | Some("FILE") => {}
         Some(other) => t.refused.push(format!(
@@ -230,13 +232,107 @@ pub fn translate(env: &BTreeMap<String, String>) -> Translation {
     }
 
     for name in env.keys() {
-        let ignored = IGNORED.contains(&name.as_str())
-            || IGNORED_PREFIXES.iter().any(|p| name.starts_with(p));
+        let ignored = (IGNORED.contains(&name.as_str())
+            || IGNORED_PREFIXES.iter().any(|p| name.starts_with(p)))
+            && !consumed.contains(&name.as_str());
         if ignored {
             t.ignored.push(name.clone());
         }
     }
     t
+}
+
+/// statsd as upstream sends it: with `USE_STATSD=true` (and stats not disabled), to
+/// `STATSD_HOST:STATSD_PORT` (`localhost:8125`) over `STATSD_PROTOCOL` (its stats
+/// library's default, TCP), every `STATS_FLUSH_INTERVAL`, `EXTRA_TAGS` on its names.
+/// Returns the upstream names read, which are then not reported as ignored.
+fn statsd(env: &BTreeMap<String, String>, t: &mut Translation) -> Vec<&'static str> {
+    let get = |k: &str| env.get(k).map(String::as_str);
+    let alias = |t: &mut Translation, ours: &'static str, from: &'static str, value: String| {
+        if !env.contains_key(ours) {
+            t.set.push(Alias { ours, value, from });
+        }
+    };
+    if get("USE_DOG_STATSD").and_then(go_bool) == Some(true) {
+        t.refused.push(
+            "USE_DOG_STATSD=true: shardgate sends plain statsd (USE_STATSD), not DogStatsD".into(),
+        );
+    }
+    let on = match get("USE_STATSD").map(go_bool) {
+        Some(Some(on)) => on,
+        Some(None) => {
+            t.refused.push("USE_STATSD: not a boolean".into());
+            return Vec::new();
+        }
+        None => false,
+    };
+    if !on || get("DISABLE_STATS").and_then(go_bool) == Some(true) {
+        return Vec::new();
+    }
+    let host = get("STATSD_HOST").unwrap_or("localhost");
+    let port = get("STATSD_PORT").unwrap_or("8125");
+    match port.parse::<u16>() {
+        Ok(port) if host.contains(':') && !host.starts_with('[') => alias(
+            t,
+            "SHARDGATE_STATSD_ADDR",
+            "USE_STATSD",
+            format!("[{host}]:{port}"),
+        ),
+        Ok(port) => alias(
+            t,
+            "SHARDGATE_STATSD_ADDR",
+            "USE_STATSD",
+            format!("{host}:{port}"),
+        ),
+        Err(_) => t.refused.push(format!(
+            "STATSD_PORT={}: not a port",
+            crate::text::elide(port, 32)
+        )),
+    }
+    match get("STATSD_PROTOCOL")
+        .map(str::to_ascii_lowercase)
+        .as_deref()
+    {
+        None => alias(t, "SHARDGATE_STATSD_PROTOCOL", "USE_STATSD", "tcp".into()),
+        Some(p @ ("tcp" | "udp")) => {
+            alias(t, "SHARDGATE_STATSD_PROTOCOL", "STATSD_PROTOCOL", p.into())
+        }
+        Some(other) => t.refused.push(format!(
+            "STATSD_PROTOCOL={}: not tcp or udp",
+            crate::text::elide(other, 32)
+        )),
+    }
+    if let Some(interval) = get("STATS_FLUSH_INTERVAL") {
+        match go_duration(interval).filter(|d| !d.is_zero()) {
+            Some(d) => alias(
+                t,
+                "SHARDGATE_STATSD_FLUSH_INTERVAL",
+                "STATS_FLUSH_INTERVAL",
+                humantime::format_duration(d).to_string(),
+            ),
+            None => t.refused.push(format!(
+                "STATS_FLUSH_INTERVAL={}: not a positive duration (e.g. 10s)",
+                crate::text::elide(interval, 64)
+            )),
+        }
+    }
+    if let Some(tags) = get("EXTRA_TAGS") {
+        match crate::service::metrics::statsd::parse_tags(tags) {
+            Ok(_) => alias(t, "SHARDGATE_STATSD_TAGS", "EXTRA_TAGS", tags.into()),
+            Err(e) => t
+                .refused
+                .push(format!("EXTRA_TAGS: {}", crate::text::elide(&e, 96))),
+        }
+    }
+    vec![
+        "USE_STATSD",
+        "STATSD_HOST",
+        "STATSD_PORT",
+        "STATSD_PROTOCOL",
+        "STATS_FLUSH_INTERVAL",
+        "EXTRA_TAGS",
+        "DISABLE_STATS",
+    ]
 }
 
 /// `host:port` as a socket address; a name is resolved (its first address), as
@@ -328,6 +424,62 @@ mod tests {
 
     fn set(t: &Translation) -> Vec<(&str, &str)> {
         t.set.iter().map(|a| (a.ours, a.value.as_str())).collect()
+    }
+
+    #[test]
+    fn statsd_is_sent_where_and_how_upstream_would_send_it() {
+        // Envoy Gateway's generated Deployment: statsd_exporter beside it on 9125.
+        let t = translate(&env(&[("USE_STATSD", "true"), ("STATSD_PORT", "9125")]));
+        assert_eq!(
+            set(&t),
+            vec![
+                ("SHARDGATE_STATSD_ADDR", "localhost:9125"),
+                ("SHARDGATE_STATSD_PROTOCOL", "tcp"),
+            ]
+        );
+        assert!(t.ignored.is_empty() && t.refused.is_empty(), "{t:?}");
+
+        let t = translate(&env(&[
+            ("USE_STATSD", "true"),
+            ("STATSD_HOST", "::1"),
+            ("STATSD_PROTOCOL", "UDP"),
+            ("STATS_FLUSH_INTERVAL", "1m30s"),
+            ("EXTRA_TAGS", "zone:eu,app:rl"),
+        ]));
+        assert_eq!(
+            set(&t),
+            vec![
+                ("SHARDGATE_STATSD_ADDR", "[::1]:8125"),
+                ("SHARDGATE_STATSD_PROTOCOL", "udp"),
+                ("SHARDGATE_STATSD_FLUSH_INTERVAL", "1m 30s"),
+                ("SHARDGATE_STATSD_TAGS", "zone:eu,app:rl"),
+            ]
+        );
+        assert!(t.ignored.is_empty() && t.refused.is_empty(), "{t:?}");
+
+        // Off, or stats disabled: nothing is sent, and the settings are named as ignored.
+        for off in [
+            &[("USE_STATSD", "false"), ("STATSD_PORT", "9125")][..],
+            &[("USE_STATSD", "true"), ("DISABLE_STATS", "true")],
+        ] {
+            let t = translate(&env(off));
+            assert!(t.set.is_empty(), "{t:?}");
+            assert_eq!(t.ignored.len(), off.len(), "{t:?}");
+        }
+
+        for (bad, named) in [
+            (("STATSD_PORT", "eighty"), "STATSD_PORT=eighty"),
+            (("STATSD_PROTOCOL", "quic"), "STATSD_PROTOCOL=quic"),
+            (("STATS_FLUSH_INTERVAL", "0"), "STATS_FLUSH_INTERVAL=0"),
+            (("EXTRA_TAGS", "novalue"), "'novalue'"),
+            (("USE_DOG_STATSD", "true"), "USE_DOG_STATSD"),
+        ] {
+            let t = translate(&env(&[("USE_STATSD", "true"), bad]));
+            assert_eq!(t.refused.len(), 1, "{t:?}");
+            assert!(t.refused[0].contains(named), "{named}: {:?}", t.refused);
+        }
+        let t = translate(&env(&[("USE_STATSD", "maybe")]));
+        assert_eq!(t.refused, vec!["USE_STATSD: not a boolean".to_string()]);
     }
 
     #[test]

@@ -13,6 +13,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use super::grpc::{HealthWatch, PortOptions};
+use super::metrics::statsd::{self, StatsdOptions};
 use super::metrics::Metrics;
 use super::port_limits::PortLimits;
 use super::tls::{TlsError, TlsFiles, TlsState};
@@ -76,6 +77,8 @@ pub struct ServeOptions {
     /// Each call's `decision` span joins the trace its caller sends (`traceparent`): set
     /// when spans are exported (feature `otel`).
     pub trace_context: bool,
+    /// Also send the stats to statsd, if set.
+    pub statsd: Option<StatsdOptions>,
 }
 
 /// Why the server could not start or stopped with an error.
@@ -270,6 +273,9 @@ fn engine_options(partition_write_budget: u64, leases: bool) -> EngineOptions {
     }
 }
 
+/// How long the shutdown waits for the last statsd flush.
+const STATSD_LAST_FLUSH_PATIENCE: Duration = Duration::from_secs(3);
+
 /// How long the shutdown waits for the leases to go back after the calls finished.
 const LEASE_RETURN_PATIENCE: Duration = Duration::from_secs(5);
 
@@ -422,6 +428,12 @@ async fn serve_on<S: BucketStore>(
         stopped(),
     ));
     let http_task = tokio::spawn(http::serve(limiter, http_listener, stopped()));
+    // statsd gets a last flush once the calls have finished.
+    let (statsd_stop_tx, statsd_stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let statsd_task = options
+        .statsd
+        .clone()
+        .map(|statsd| tokio::spawn(statsd::run(metrics.clone(), statsd, statsd_stop_rx)));
 
     shutdown_signal().await;
     health_task.abort();
@@ -448,6 +460,10 @@ async fn serve_on<S: BucketStore>(
             ?grace,
             "calls still in flight at the end of the grace period"
         ),
+    }
+    let _ = statsd_stop_tx.send(());
+    if let Some(task) = statsd_task {
+        let _ = tokio::time::timeout(STATSD_LAST_FLUSH_PATIENCE, task).await;
     }
     let _ = lease_stop_tx.send(());
     if tokio::time::timeout(LEASE_RETURN_PATIENCE, lease_task)

@@ -3,7 +3,8 @@
 //! reported, store calls left running or shed, the memory store's size and evictions, the
 //! engine's counters (named and described in `engine/stats.rs`), the most sharded buckets,
 //! answers given by `failure_mode`, request latency and requests in flight, refused TLS
-//! handshakes, and connections the gRPC port failed to accept.
+//! handshakes, and connections the gRPC port failed to accept; and, when asked, the same
+//! totals sent to statsd in envoyproxy/ratelimit's names (`statsd.rs`).
 //!
 //! Recording is cheap and lock-free on the hot path except for the first sighting of a
 //! label set: what every request moves is striped per thread (`striped.rs`), the rules'
@@ -13,6 +14,7 @@
 
 mod collectors;
 mod rule_hits;
+pub mod statsd;
 mod striped;
 
 pub use rule_hits::{HitOutcome, RuleCounters, MAX_RULE_KEYS};
@@ -186,6 +188,26 @@ impl Metrics {
             registry: Mutex::new(registry),
             ..m
         }
+    }
+
+    /// What statsd is sent at a flush (`statsd.rs`): the totals under upstream's names.
+    fn statsd_reading(&self) -> statsd::Reading {
+        let mut counters = Vec::new();
+        self.rule_hits.statsd_totals(&mut counters);
+        counters.push((
+            "ratelimit.service.config_load_success".to_string(),
+            self.config_load_success.get(),
+        ));
+        counters.push((
+            "ratelimit.service.config_load_error".to_string(),
+            self.config_load_error.get(),
+        ));
+        let (_, requests, latency) = self.request_latency.totals();
+        counters.push((
+            "ratelimit_server.ShouldRateLimit.total_requests".to_string(),
+            requests,
+        ));
+        statsd::Reading { counters, latency }
     }
 
     /// Adds the engine's counters and shard counts (read at each scrape).

@@ -195,6 +195,31 @@ impl RuleHits {
     }
 }
 
+/// The statsd names of the five counters (upstream's), indexed as the cells.
+const STATSD_SUFFIXES: [&str; 5] = [
+    "total_hits",
+    "over_limit",
+    "near_limit",
+    "within_limit",
+    "shadow_mode",
+];
+
+impl RuleHits {
+    /// Every key's counters under upstream's statsd names,
+    /// `ratelimit.service.rate_limit.<key>.<counter>`, with their totals.
+    pub(super) fn statsd_totals(&self, into: &mut Vec<(String, u64)>) {
+        let keys = self.keys.read();
+        for (labels, cells) in &keys.cells {
+            for (cell, suffix) in STATSD_SUFFIXES.iter().enumerate() {
+                into.push((
+                    format!("ratelimit.service.rate_limit.{}.{suffix}", labels.key),
+                    cells.get(cell),
+                ));
+            }
+        }
+    }
+}
+
 impl Collector for RuleHits {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let keys = self.keys.read();
