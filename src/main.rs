@@ -219,6 +219,11 @@ struct Serve {
     /// spans with OpenTelemetry").
     #[arg(long, env = "SHARDGATE_OTLP_ENDPOINT")]
     otlp_endpoint: Option<String>,
+    /// How spans are sent: OTLP over gRPC (to a collector's port 4317) or over HTTP (port
+    /// 4318; a URL without a path gets /v1/traces). Default: OTEL_EXPORTER_OTLP_PROTOCOL
+    /// (`grpc` or `http/protobuf`) if set, else grpc.
+    #[arg(long, env = "SHARDGATE_OTLP_PROTOCOL", value_enum)]
+    otlp_protocol: Option<OtlpTransport>,
     /// Also send the stats to statsd at this host:port, in envoyproxy/ratelimit's stat
     /// names (for a statsd_exporter and the dashboards built on it); /metrics stays.
     #[arg(long, env = "SHARDGATE_STATSD_ADDR")]
@@ -363,22 +368,47 @@ fn init_logging(
 
 /// The export of the `decision` spans, if it is wanted (`shardgate::telemetry::wanted`).
 /// Must run inside the runtime (see `SpanExport::start`).
+/// The transport is `--otlp-protocol`, else the SDK's protocol variables, else gRPC.
 #[cfg(feature = "otel")]
-fn span_export(endpoint: Option<&str>) -> Result<Option<SpanExport>, ExitCode> {
-    if !shardgate::telemetry::wanted(endpoint, |name| std::env::var(name).ok()) {
+fn span_export(
+    endpoint: Option<&str>,
+    protocol: Option<OtlpTransport>,
+) -> Result<Option<SpanExport>, ExitCode> {
+    use shardgate::telemetry::OtlpProtocol;
+    let env = |name: &str| std::env::var(name).ok();
+    if !shardgate::telemetry::wanted(endpoint, env) {
         return Ok(None);
     }
-    SpanExport::start(endpoint).map(Some).map_err(fail)
+    let protocol = match protocol {
+        Some(OtlpTransport::Grpc) => OtlpProtocol::Grpc,
+        Some(OtlpTransport::Http) => OtlpProtocol::Http,
+        None => OtlpProtocol::from_env(env)
+            .map_err(fail)?
+            .unwrap_or(OtlpProtocol::Grpc),
+    };
+    SpanExport::start(endpoint, protocol)
+        .map(Some)
+        .map_err(fail)
 }
 
 #[cfg(not(feature = "otel"))]
-fn span_export(endpoint: Option<&str>) -> Result<Option<std::convert::Infallible>, ExitCode> {
+fn span_export(
+    endpoint: Option<&str>,
+    _protocol: Option<OtlpTransport>,
+) -> Result<Option<std::convert::Infallible>, ExitCode> {
     match endpoint {
         Some(_) => Err(fail(
             "--otlp-endpoint: this shardgate was built without the `otel` feature",
         )),
         None => Ok(None),
     }
+}
+
+/// `--otlp-protocol`.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum OtlpTransport {
+    Grpc,
+    Http,
 }
 
 /// A duration as humantime writes it (`10s`, `500ms`, `1m30s`), or a bare number of
@@ -528,7 +558,7 @@ fn main() -> ExitCode {
             };
             let export = {
                 let _in_runtime = rt.enter();
-                match span_export(args.otlp_endpoint.as_deref()) {
+                match span_export(args.otlp_endpoint.as_deref(), args.otlp_protocol) {
                     Ok(export) => export,
                     Err(code) => return code,
                 }

@@ -1,6 +1,6 @@
 //! OpenTelemetry export of the `decision` spans (`serve --otlp-endpoint`, feature `otel`):
-//! the OTLP/gRPC exporter (on the tonic the server already runs), the batch span
-//! processor, the resource (`service.name`), and the `tracing` layer that hands the
+//! the OTLP exporter — over gRPC (on the tonic the server already runs) or over HTTP
+//! (protobuf bodies, envoyproxy/ratelimit's default) — the batch span processor, the resource (`service.name`), and the `tracing` layer that hands the
 //! exporter the `decision` spans and nothing else.
 //!
 //! It owns the tracer provider from start to the final flush. It does not decide what a
@@ -11,13 +11,14 @@
 //! The variables the OpenTelemetry SDK reads itself keep their meaning:
 //! `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` / `OTEL_EXPORTER_OTLP_ENDPOINT` (when no
 //! `--otlp-endpoint` is given), `OTEL_EXPORTER_OTLP_TIMEOUT`, `_HEADERS`, `_COMPRESSION`,
-//! `OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`, `OTEL_TRACES_SAMPLER`, `OTEL_BSP_*`.
+//! `OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`, `OTEL_TRACES_SAMPLER`, `OTEL_BSP_*`,
+//! and `OTEL_EXPORTER_OTLP_PROTOCOL` (read here: the SDK leaves the transport to the code).
 
 use std::time::Duration;
 
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry::Key;
-use opentelemetry_otlp::{ExporterBuildError, SpanExporter, WithExportConfig};
+use opentelemetry_otlp::{ExporterBuildError, Protocol, SpanExporter, WithExportConfig};
 use opentelemetry_sdk::resource::{EnvResourceDetector, ResourceDetector};
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use opentelemetry_sdk::Resource;
@@ -43,6 +44,55 @@ const ENDPOINT_VARIABLES: [&str; 2] = [
     "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
     "OTEL_EXPORTER_OTLP_ENDPOINT",
 ];
+
+/// The SDK's protocol variables, the traces' own first.
+const PROTOCOL_VARIABLES: [&str; 2] = [
+    "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+    "OTEL_EXPORTER_OTLP_PROTOCOL",
+];
+
+/// How spans travel to the collector.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OtlpProtocol {
+    /// OTLP/gRPC, to a receiver's gRPC port (4317 by default).
+    Grpc,
+    /// OTLP/HTTP with protobuf bodies, `POST <endpoint>/v1/traces` (port 4318 by default).
+    Http,
+}
+
+impl OtlpProtocol {
+    /// The protocol the standard variables name (`grpc`, `http/protobuf`), the traces' own
+    /// first; `None` when neither is set. `env` reads a variable.
+    pub fn from_env(env: impl Fn(&str) -> Option<String>) -> Result<Option<OtlpProtocol>, String> {
+        for name in PROTOCOL_VARIABLES {
+            match env(name).as_deref().map(str::trim) {
+                None | Some("") => continue,
+                Some("grpc") => return Ok(Some(OtlpProtocol::Grpc)),
+                Some("http/protobuf") => return Ok(Some(OtlpProtocol::Http)),
+                Some(other) => {
+                    return Err(format!(
+                        "{name}={}: shardgate sends grpc or http/protobuf",
+                        crate::text::elide(other, 32)
+                    ))
+                }
+            }
+        }
+        Ok(None)
+    }
+}
+
+/// The URL spans are posted to over HTTP for an endpoint given as a flag: a collector's
+/// base URL (`http://collector:4318`) gets OTLP's `/v1/traces`, as the SDK's
+/// `OTEL_EXPORTER_OTLP_ENDPOINT` does; a URL with a path of its own is used as it is.
+pub fn http_traces_url(endpoint: &str) -> String {
+    let after_scheme = endpoint
+        .split_once("://")
+        .map_or(endpoint, |(_, rest)| rest);
+    match after_scheme.find('/') {
+        Some(i) if after_scheme[i..] != *"/" => endpoint.to_string(),
+        _ => format!("{}/v1/traces", endpoint.trim_end_matches('/')),
+    }
+}
 
 #[derive(Debug, Error)]
 pub enum ExportError {
@@ -72,13 +122,31 @@ impl SpanExport {
     /// its connection task there when it is built, and that runtime must outlive the
     /// export. Nothing is sent until the first batch: an unreachable collector is not an
     /// error here, only a warning in the log each time a batch fails.
-    pub fn start(endpoint: Option<&str>) -> Result<SpanExport, ExportError> {
-        let mut exporter = SpanExporter::builder().with_tonic();
-        if let Some(endpoint) = endpoint.filter(|e| !e.is_empty()) {
-            exporter = exporter.with_endpoint(endpoint);
-        }
+    pub fn start(
+        endpoint: Option<&str>,
+        protocol: OtlpProtocol,
+    ) -> Result<SpanExport, ExportError> {
+        let endpoint = endpoint.filter(|e| !e.is_empty());
+        let exporter = match protocol {
+            OtlpProtocol::Grpc => {
+                let mut exporter = SpanExporter::builder().with_tonic();
+                if let Some(endpoint) = endpoint {
+                    exporter = exporter.with_endpoint(endpoint);
+                }
+                exporter.build()?
+            }
+            OtlpProtocol::Http => {
+                let mut exporter = SpanExporter::builder()
+                    .with_http()
+                    .with_protocol(Protocol::HttpBinary);
+                if let Some(endpoint) = endpoint {
+                    exporter = exporter.with_endpoint(http_traces_url(endpoint));
+                }
+                exporter.build()?
+            }
+        };
         let provider = SdkTracerProvider::builder()
-            .with_batch_exporter(exporter.build()?)
+            .with_batch_exporter(exporter)
             .with_resource(resource())
             .build();
         Ok(SpanExport { provider })
@@ -134,7 +202,39 @@ fn resource() -> Resource {
 
 #[cfg(test)]
 mod tests {
-    use super::wanted;
+    use super::{http_traces_url, wanted, OtlpProtocol};
+
+    #[test]
+    fn the_protocol_comes_from_the_sdk_variables_traces_first() {
+        assert_eq!(OtlpProtocol::from_env(env(&[])), Ok(None));
+        let http = [("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")];
+        assert_eq!(
+            OtlpProtocol::from_env(env(&http)),
+            Ok(Some(OtlpProtocol::Http))
+        );
+        let both = [
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+            ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "grpc"),
+        ];
+        assert_eq!(
+            OtlpProtocol::from_env(env(&both)),
+            Ok(Some(OtlpProtocol::Grpc))
+        );
+        let json = [("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")];
+        let e = OtlpProtocol::from_env(env(&json)).unwrap_err();
+        assert!(e.contains("OTEL_EXPORTER_OTLP_PROTOCOL=http/json"), "{e}");
+    }
+
+    #[test]
+    fn an_http_endpoint_without_a_path_gets_otlps_traces_path() {
+        for (given, used) in [
+            ("http://collector:4318", "http://collector:4318/v1/traces"),
+            ("http://collector:4318/", "http://collector:4318/v1/traces"),
+            ("http://gw/otlp/v1/traces", "http://gw/otlp/v1/traces"),
+        ] {
+            assert_eq!(http_traces_url(given), used);
+        }
+    }
 
     fn env<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
         move |name| {

@@ -6,7 +6,9 @@ Each call's span must carry its domain, rules, outcome and store calls; the reso
 `service.name`; a call with W3C `traceparent` metadata must be a child of that span in
 that trace; the spans of calls answered just before SIGTERM must still arrive (flushed at
 shutdown); a caller's unsampled trace keeps its decision out; and a server not told to
-export sends nothing and starts nothing of OpenTelemetry.
+export sends nothing and starts nothing of OpenTelemetry. Over OTLP/HTTP too: by flag, and
+by envoyproxy/ratelimit's `TRACING_*` variables as Envoy Gateway sets them (upstream's
+default transport is HTTP).
 
 The store calls expected are the memory store's: a new bucket takes a debit that finds it
 missing, a read and a create (3); an existing one a debit (1); a refusal repeated within
@@ -19,7 +21,7 @@ import signal
 from envoy.service.ratelimit.v3 import rls_pb2
 
 from conftest import EXIT_TIMEOUT_S, RPC_TIMEOUT_S
-from otlp_receiver import Receiver
+from otlp_receiver import HttpReceiver, Receiver
 from test_independent_client import desc, request
 
 OK = rls_pb2.RateLimitResponse.OK
@@ -193,5 +195,52 @@ def test_otel_sdk_disabled_turns_the_export_off(shardgate):
         assert call(server, "a") == OK
         assert stop(server) == 0, server.log()
         assert receiver.spans() == []
+    finally:
+        receiver.stop()
+
+
+def test_the_http_protocol_posts_protobuf_to_v1_traces(shardgate):
+    receiver = HttpReceiver()
+    try:
+        env = {**OTEL_ENV_CLEARED, "OTEL_BSP_SCHEDULE_DELAY": "100"}
+        server = shardgate(RULES, args=["--otlp-endpoint", receiver.url,
+                                        "--otlp-protocol", "http"], env=env)
+        assert call(server, "a") == OK
+        [(resource, attrs, span)] = receiver.wait_for(1, "span over OTLP/HTTP")
+        assert span.name == "decision", span
+        assert resource["service.name"] == "shardgate", resource
+        assert attrs["domain"] == "otel" and attrs["outcome"] == "OK", attrs
+        assert stop(server) == 0, server.log()
+        assert receiver.refused == [], receiver.refused
+    finally:
+        receiver.stop()
+
+
+def test_upstreams_tracing_variables_export_over_http_with_its_names(shardgate):
+    """Envoy Gateway's `enable-tracing` Deployment: TRACING_ENABLED with the service's
+    name, namespace and instance, and the collector's OTLP/HTTP base URL."""
+    receiver = HttpReceiver()
+    try:
+        # The SDK's naming and sampling variables left unset (an empty one would win
+        # over upstream's, as every variable of ours does).
+        kept = ("OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES", "OTEL_TRACES_SAMPLER")
+        env = {
+            **{k: v for k, v in OTEL_ENV_CLEARED.items() if k not in kept},
+            "OTEL_BSP_SCHEDULE_DELAY": "100",
+            "TRACING_ENABLED": "true",
+            "TRACING_SERVICE_NAME": "envoy-ratelimit",
+            "TRACING_SERVICE_NAMESPACE": "envoy-gateway-system",
+            "TRACING_SERVICE_INSTANCE_ID": "envoy-ratelimit-7d9f",
+            "TRACING_SAMPLING_RATE": "1.0",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url,
+        }
+        server = shardgate(RULES, env=env)
+        assert call(server, "a") == OK
+        [(resource, attrs, _)] = receiver.wait_for(1, "span sent by upstream's variables")
+        assert resource["service.name"] == "envoy-ratelimit", resource
+        assert resource["service.namespace"] == "envoy-gateway-system", resource
+        assert resource["service.instance.id"] == "envoy-ratelimit-7d9f", resource
+        assert attrs["outcome"] == "OK", attrs
+        assert stop(server) == 0, server.log()
     finally:
         receiver.stop()
