@@ -23,6 +23,10 @@ pub struct Translation {
     pub ignored: Vec<String>,
     /// Upstream settings present that shardgate cannot follow; the server must not start.
     pub refused: Vec<String>,
+    /// Upstream variables present that were read: honoured (as aliases or by what they
+    /// say), or refused. Every upstream variable of a Deployment is here or in `ignored`:
+    /// none passes unnoticed.
+    pub read: Vec<String>,
 }
 
 /// One of our variables, set from upstream's.
@@ -45,6 +49,10 @@ const IGNORED: &[&str] = &[
     "EXPIRATION_JITTER_MAX_SECONDS",
     "EXTRA_TAGS",
     "FORCE_START_WITHOUT_INITIAL_CONFIG",
+    // Envoy Gateway sets it beside GRPC_SERVER_TLS_CERT/_KEY, but upstream reads no such
+    // variable (its client CA is GRPC_CLIENT_TLS_CACERT): clients are not asked for a
+    // certificate, here as there.
+    "GRPC_SERVER_TLS_CA_CERT",
     "GRPC_MAX_CONNECTION_AGE_GRACE",
     "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
     "LOCAL_CACHE_SIZE_IN_BYTES",
@@ -76,7 +84,14 @@ const DEFAULT_APP_DIRECTORY: &str = "config";
 /// Translates `env` (the process environment).
 pub fn translate(env: &BTreeMap<String, String>) -> Translation {
     let mut t = Translation::default();
-    let get = |k: &str| env.get(k).map(String::as_str);
+    let looked = std::cell::RefCell::new(std::collections::BTreeSet::new());
+    let get = |k: &str| {
+        let v = env.get(k).map(String::as_str);
+        if v.is_some() {
+            looked.borrow_mut().insert(k.to_string());
+        }
+        v
+    };
     let alias = |t: &mut Translation, ours: &'static str, from: &'static str, value: String| {
         if !env.contains_key(ours) {
             t.set.push(Alias { ours, value, from });
@@ -219,6 +234,11 @@ pub fn translate(env: &BTreeMap<String, String>) -> Translation {
 
     let mut consumed = statsd(env, &mut t);
     consumed.extend(tracing(env, &mut t));
+    // The OpenTelemetry SDK's own endpoint variables, which upstream's SDK reads too:
+    // honoured as they are (the export reads them itself).
+    for sdk in ["OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] {
+        get(sdk);
+    }
 
     match get("CONFIG_TYPE").map(str::to_ascii_uppercase).as_deref() {
         None | Some("FILE") => {}
@@ -240,6 +260,21 @@ pub fn translate(env: &BTreeMap<String, String>) -> Translation {
             t.ignored.push(name.clone());
         }
     }
+    let mut read = looked.into_inner();
+    read.extend(
+        consumed
+            .iter()
+            .filter(|name| env.contains_key(**name))
+            .map(|name| name.to_string()),
+    );
+    t.read = read
+        .into_iter()
+        .filter(|name| {
+            !t.ignored
+                .iter()
+                .any(|i| i == name || i.starts_with(&format!("{name} ")))
+        })
+        .collect();
     t
 }
 

@@ -1,0 +1,172 @@
+//! Envoy Gateway's generated rate-limit Deployment, variable by variable (issue 30, item 5):
+//! every variant of its environment (`tests/fixtures/envoy-gateway/deployment-env.yaml`,
+//! taken from Envoy Gateway's own expected output) goes through the translation `main`
+//! applies, and no upstream variable in it passes unnoticed — each is read (honoured or
+//! refused with a message) or named as ignored. For the default Deployment each
+//! variable's fate is spelled out, so that a change of one is a change of this table.
+
+use std::collections::BTreeMap;
+
+use shardgate::upstream_env::{translate, Translation};
+
+#[derive(serde::Deserialize)]
+struct Variant {
+    command: Vec<String>,
+    env: BTreeMap<String, String>,
+}
+
+fn variants() -> BTreeMap<String, Variant> {
+    let text = include_str!("fixtures/envoy-gateway/deployment-env.yaml");
+    serde_saphyr::from_str(text).expect("the fixture parses")
+}
+
+/// What became of one variable.
+#[derive(Debug, PartialEq, Eq)]
+enum Fate {
+    /// Read and followed.
+    Honoured,
+    /// Read; the server does not start, with a message naming it.
+    Refused,
+    /// Named in the start-up warning as having no effect here.
+    Ignored,
+    /// Nowhere: the case this test exists to rule out.
+    Unnoticed,
+}
+
+fn fate(t: &Translation, name: &str) -> Fate {
+    let ignored = t
+        .ignored
+        .iter()
+        .any(|i| i == name || i.starts_with(&format!("{name} ")));
+    if t.refused.iter().any(|r| r.contains(name)) {
+        Fate::Refused
+    } else if t.read.iter().any(|r| r == name) {
+        Fate::Honoured
+    } else if ignored {
+        Fate::Ignored
+    } else {
+        Fate::Unnoticed
+    }
+}
+
+/// Upstream's variables are upper case; a user's own extra variables (`env_a` in the
+/// `extension-env` variant) are none of its business.
+fn upstreams(env: &BTreeMap<String, String>) -> impl Iterator<Item = &String> {
+    env.keys().filter(|k| {
+        k.chars()
+            .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
+    })
+}
+
+#[test]
+fn no_variable_of_any_variant_passes_unnoticed() {
+    let variants = variants();
+    assert!(variants.len() >= 8, "{} variants", variants.len());
+    for (name, variant) in &variants {
+        assert_eq!(variant.command, ["/bin/ratelimit"], "{name}");
+        let t = translate(&variant.env);
+        for var in upstreams(&variant.env) {
+            assert_ne!(fate(&t, var), Fate::Unnoticed, "{name}: {var} in {t:#?}");
+        }
+    }
+}
+
+#[test]
+fn the_default_deployment_variable_by_variable() {
+    let variants = variants();
+    let t = translate(&variants["default"].env);
+    let expected = [
+        ("RUNTIME_ROOT", Fate::Honoured),
+        ("RUNTIME_SUBDIRECTORY", Fate::Honoured),
+        // Dot files are always skipped, the rule directory always watched.
+        ("RUNTIME_IGNOREDOTFILES", Fate::Ignored),
+        ("RUNTIME_WATCH_ROOT", Fate::Ignored),
+        ("LOG_LEVEL", Fate::Honoured),
+        ("USE_STATSD", Fate::Ignored),
+        // Rules over xDS are not read yet: the server says so rather than serving none.
+        ("CONFIG_TYPE", Fate::Refused),
+        ("CONFIG_GRPC_XDS_SERVER_URL", Fate::Ignored),
+        ("CONFIG_GRPC_XDS_NODE_ID", Fate::Ignored),
+        ("CONFIG_GRPC_XDS_SERVER_USE_TLS", Fate::Ignored),
+        ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", Fate::Ignored),
+        ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", Fate::Ignored),
+        ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", Fate::Ignored),
+        ("FORCE_START_WITHOUT_INITIAL_CONFIG", Fate::Ignored),
+        ("GRPC_SERVER_USE_TLS", Fate::Honoured),
+        ("GRPC_SERVER_TLS_CERT", Fate::Honoured),
+        ("GRPC_SERVER_TLS_KEY", Fate::Honoured),
+        // Not a variable upstream reads (its client CA is GRPC_CLIENT_TLS_CACERT).
+        ("GRPC_SERVER_TLS_CA_CERT", Fate::Ignored),
+        ("REDIS_SOCKET_TYPE", Fate::Ignored),
+        ("REDIS_URL", Fate::Ignored),
+        ("USE_PROMETHEUS", Fate::Ignored),
+        ("PROMETHEUS_ADDR", Fate::Ignored),
+        ("PROMETHEUS_MAPPER_YAML", Fate::Ignored),
+    ];
+    let env = &variants["default"].env;
+    let listed: Vec<&str> = expected.iter().map(|(n, _)| *n).collect();
+    for var in upstreams(env) {
+        assert!(listed.contains(&var.as_str()), "{var} has no expected fate");
+    }
+    for (var, want) in expected {
+        assert!(
+            env.contains_key(var),
+            "{var} is not in the default Deployment"
+        );
+        assert_eq!(fate(&t, var), want, "{var} in {t:#?}");
+    }
+}
+
+#[test]
+fn the_statsd_sidecar_deployment_sends_statsd_over_tcp_to_the_sidecar() {
+    let variants = variants();
+    let t = translate(&variants["statsd-sidecar"].env);
+    let set: BTreeMap<&str, &str> = t.set.iter().map(|a| (a.ours, a.value.as_str())).collect();
+    assert_eq!(
+        set.get("SHARDGATE_STATSD_ADDR"),
+        Some(&"localhost:9125"),
+        "{t:#?}"
+    );
+    assert_eq!(set.get("SHARDGATE_STATSD_PROTOCOL"), Some(&"tcp"), "{t:#?}");
+    assert_eq!(fate(&t, "STATSD_PORT"), Fate::Honoured);
+}
+
+#[test]
+fn the_tracing_deployments_export_over_their_collectors_protocol() {
+    let variants = variants();
+    for name in ["enable-tracing", "enable-tracing-custom"] {
+        let t = translate(&variants[name].env);
+        let set: BTreeMap<&str, &str> = t.set.iter().map(|a| (a.ours, a.value.as_str())).collect();
+        // Upstream's default transport; the endpoint is the SDK's variable, read as is.
+        assert_eq!(set.get("SHARDGATE_OTLP_PROTOCOL"), Some(&"http"), "{name}");
+        assert_eq!(
+            set.get("OTEL_SERVICE_NAME"),
+            Some(&"envoy-ratelimit"),
+            "{name}"
+        );
+        let attributes = set
+            .get("OTEL_RESOURCE_ATTRIBUTES")
+            .copied()
+            .unwrap_or_default();
+        assert!(
+            attributes.contains("service.namespace=envoy-gateway-system")
+                && attributes.contains("service.instance.id=envoy-ratelimit-"),
+            "{name}: {attributes}"
+        );
+        for var in [
+            "TRACING_ENABLED",
+            "TRACING_SERVICE_NAME",
+            "TRACING_SAMPLING_RATE",
+        ] {
+            assert_eq!(fate(&t, var), Fate::Honoured, "{name}: {var}");
+        }
+    }
+    // A rate below 1 samples by trace id, following the caller's decision.
+    let custom = translate(&variants["enable-tracing-custom"].env);
+    let sampler = custom
+        .set
+        .iter()
+        .find(|a| a.ours == "OTEL_TRACES_SAMPLER_ARG")
+        .map(|a| a.value.as_str());
+    assert_eq!(sampler, Some("0.6"));
+}
