@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes src/service/rls_descriptor.bin: the FileDescriptorSet of Envoy's rate-limit API
+"""Writes src/server/rls_descriptor.bin: the FileDescriptorSet of Envoy's rate-limit API
 (envoy/service/ratelimit/v3/rls.proto and every file it imports), served by gRPC
 reflection. Built from the generated Python modules of the PyPI package xds-protos, so
 it needs nothing but `pip install xds-protos`."""
@@ -30,4 +30,4 @@ def main(out):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "src/service/rls_descriptor.bin")
+    main(sys.argv[1] if len(sys.argv) > 1 else "src/server/rls_descriptor.bin")

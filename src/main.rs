@@ -17,10 +17,10 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use shardgate::config::{Config, LoadOptions};
+use shardgate::server::port_limits::{self, PortLimits};
+use shardgate::server::serve::{self, ServeOptions, StoreKind};
+use shardgate::server::tls::TlsFiles;
 use shardgate::service::metrics::statsd::{self, StatsdOptions, StatsdProtocol, StatsdTag};
-use shardgate::service::port_limits::{self, PortLimits};
-use shardgate::service::server::{self, ServeOptions, StoreKind};
-use shardgate::service::tls::TlsFiles;
 use shardgate::service::{AnswerOptions, RateLimitHeaders, RequestLimits};
 #[cfg(feature = "dynamodb")]
 use shardgate::store::dynamodb::{self, DynamoOptions, DynamoStore, TableCreated};
@@ -660,7 +660,7 @@ fn main() -> ExitCode {
                 port_limits: args.grpc.limits(),
                 statsd,
             };
-            let served = rt.block_on(server::run(options));
+            let served = rt.block_on(serve::run(options));
             // The calls have drained: the spans of the last ones are flushed now, from
             // this thread, while the runtime's workers still drive the connection.
             #[cfg(feature = "otel")]

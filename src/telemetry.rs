@@ -5,7 +5,7 @@
 //!
 //! It owns the tracer provider from start to the final flush. It does not decide what a
 //! span carries (`service/decision.rs`), does not read the caller's trace context
-//! (`service/trace_context.rs`), and sets up no logging: the command line composes the
+//! (`server/trace_context.rs`), and sets up no logging: the command line composes the
 //! layer with its own.
 //!
 //! The variables the OpenTelemetry SDK reads itself keep their meaning:

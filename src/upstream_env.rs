@@ -236,7 +236,10 @@ pub fn translate(env: &BTreeMap<String, String>) -> Translation {
     consumed.extend(tracing(env, &mut t));
     // The OpenTelemetry SDK's own endpoint variables, which upstream's SDK reads too:
     // honoured as they are (the export reads them itself).
-    for sdk in ["OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] {
+    for sdk in [
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    ] {
         get(sdk);
     }
 

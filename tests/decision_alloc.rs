@@ -241,7 +241,7 @@ fn whole_call_allocations(descriptors: Vec<RateLimitDescriptor>) -> usize {
         .build()
         .unwrap();
     let limiter = Arc::new(hot_path_limiter());
-    let mut service = shardgate::service::rls::Rls::new(limiter);
+    let mut service = shardgate::server::rls::Rls::new(limiter);
     let message = RateLimitRequest {
         domain: "d".into(),
         descriptors,

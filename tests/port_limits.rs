@@ -12,7 +12,7 @@ use std::time::Duration;
 use common::h2_call::{h2_call, H2Answer, SHOULD_RATE_LIMIT};
 use common::raw_h2::{self, RawConnection};
 use common::server::{one, TestServer};
-use shardgate::service::port_limits::PortLimits;
+use shardgate::server::port_limits::PortLimits;
 
 const RULES: &str = "
 domain: port

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use common::tls::{call, request, start, start_mutual, write, MutualTls, Pki};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use shardgate::service::tls::TlsFiles;
+use shardgate::server::tls::TlsFiles;
 
 #[tokio::test]
 async fn mutual_tls_refuses_clients_without_a_valid_certificate() {

@@ -10,7 +10,7 @@
 //! `OK` status per descriptor and nothing else (no matching, no store, no metrics).
 //!
 //! shardgate's port now sends the rate-limit call past tonic's router and runs it without
-//! tonic's unary machinery (`src/service/grpc.rs`, `rls.rs`); the ceiling stays the plain
+//! tonic's unary machinery (`src/server/grpc.rs`, `rls.rs`); the ceiling stays the plain
 //! tonic server, the stack the targets are set against, so a shardgate call can cost less
 //! than it.
 //!

@@ -20,7 +20,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use http_body_util::{BodyExt, Full};
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
-use shardgate::service::rls::Rls;
+use shardgate::server::rls::Rls;
 use tonic::codegen::http;
 use tower::ServiceExt;
 

@@ -22,7 +22,7 @@ use tower::ServiceExt;
 fuzz_target!(|data: &[u8]| {
     let w = common::world();
     let l = common::limiter(w.config.clone(), common::serve_options());
-    let router = shardgate::service::http::router(Arc::new(l.limiter));
+    let router = shardgate::server::http::router(Arc::new(l.limiter));
     let request = Request::builder()
         .method("POST")
         .uri("/json")

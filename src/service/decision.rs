@@ -1,6 +1,6 @@
 //! One `ShouldRateLimit` call, end to end: validate the request (`request.rs`), decide
 //! how each descriptor is handled (`treatment.rs`), hand each group's plan to the engine
-//! under the call's deadline, count the hits, and build the answer (`status.rs`). Store
+//! under the call's deadline, count the hits, and build the answer (`descriptor_status.rs`). Store
 //! failures are answered here, by the rules' `failure_mode`.
 //!
 //! This is the envoyproxy/ratelimit contract; it holds no bucket logic (that is the
@@ -16,12 +16,12 @@ use thiserror::Error;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use super::answer::AnswerOptions;
+use super::answer_options::AnswerOptions;
 use super::deadline::Bounded;
+use super::descriptor_status::{self, record, Placed, Placements, Verdict};
 use super::metrics::{HitOutcome, Metrics, RuleCounters};
-use super::reply::Reply;
 use super::request::{validate, RequestLimits};
-use super::status::{self, record, Placed, Placements, Verdict};
+use super::response_encoding::Reply;
 use super::treatment::{any_in, treatments, Group, PerDescriptor, Treatment};
 use super::wire::RequestView;
 use crate::config::{Config, FailureMode};
@@ -344,7 +344,7 @@ impl<S: BucketStore> RateLimiter<S> {
         let Some(domain) = snapshot.config.domain(req.domain) else {
             progress.unknown_domain.store(true, Ordering::Relaxed);
             self.metrics.domain_not_found();
-            let statuses = status::unknown_domain(req.len());
+            let statuses = descriptor_status::unknown_domain(req.len());
             let mut overall = Code::Ok;
             let applied = self.answer.apply(req, &[], &statuses, &mut overall);
             return Ok(Reply::new(overall, &statuses, &applied.extras));
@@ -358,7 +358,7 @@ impl<S: BucketStore> RateLimiter<S> {
             .decide_groups(req, &treatments, &mut verdicts, progress)
             .await?;
         self.count_hits(&snapshot, req, &treatments, &verdicts);
-        let statuses = status::statuses(&treatments, &verdicts);
+        let statuses = descriptor_status::statuses(&treatments, &verdicts);
         let mut overall = if over { Code::OverLimit } else { Code::Ok };
         let applied = self.answer.apply(req, &treatments, &statuses, &mut overall);
         if applied.shadowed {

@@ -1,31 +1,24 @@
-//! The surfaces shardgate serves: Envoy's gRPC rate-limit API (with health and
-//! reflection), and the answer-building rules of the envoyproxy/ratelimit contract.
+//! The rate-limit policy: what one `ShouldRateLimit` call means and what it is answered,
+//! as envoyproxy/ratelimit's contract has it — the request read in place
+//! ([`wire`]) and checked ([`request`]), each descriptor's treatment ([`treatment`]),
+//! the call's deadline ([`deadline`]), the decision through the engine ([`decision`]),
+//! each descriptor's status ([`descriptor_status`]), what a deployment switches on around
+//! it ([`answer_options`]), and the answer's protobuf bytes ([`response_encoding`]); and
+//! the metrics a call records ([`metrics`]).
 //!
+//! It owns no socket and no byte of HTTP/2: `server/` carries calls in and answers out.
 //! Nothing here holds bucket logic: decisions come from the engine.
 
-mod accept;
-mod answer;
-mod deadline;
-mod decision;
-mod framing;
-pub mod grpc;
-pub mod http;
-mod json;
+mod answer_options;
+pub(crate) mod deadline;
+pub(crate) mod decision;
+mod descriptor_status;
 pub mod metrics;
-pub mod port_limits;
-pub mod reply;
 mod request;
-pub mod rls;
-pub mod server;
-mod socket;
-mod status;
-pub mod tls;
-#[cfg(feature = "otel")]
-mod trace_context;
+pub mod response_encoding;
 mod treatment;
-pub mod unary;
 pub mod wire;
 
-pub use answer::{AnswerOptions, RateLimitHeaders};
+pub use answer_options::{AnswerOptions, RateLimitHeaders};
 pub use decision::{CallError, RateLimiter};
 pub use request::RequestLimits;

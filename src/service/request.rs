@@ -39,7 +39,7 @@ impl Default for RequestLimits {
 impl RequestLimits {
     /// What the wire reader keeps of a request: anything past these counts is refused
     /// by its count alone.
-    pub(super) fn keep(&self) -> Keep {
+    pub(crate) fn keep(&self) -> Keep {
         Keep {
             descriptors: self.max_descriptors,
             entries: self.max_entries,

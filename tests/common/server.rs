@@ -22,8 +22,8 @@ use shardgate::engine::{
     Clock, Engine, EngineOptions, ManualClock, RandomDraw, SystemClock,
     UNLIMITED_PARTITION_WRITE_BUDGET,
 };
-use shardgate::service::grpc;
-use shardgate::service::port_limits::PortLimits;
+use shardgate::server::grpc;
+use shardgate::server::port_limits::PortLimits;
 use shardgate::service::RateLimiter;
 use shardgate::store::memory::MemoryStore;
 use tokio::net::TcpListener;

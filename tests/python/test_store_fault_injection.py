@@ -55,7 +55,7 @@ from conftest import REPO, Server, add_summary, binary, free_port
 from dynamodb_local import AWS_LOCAL_ENV, DynamoLocal, listening
 from fault_proxy import FaultProxy
 
-# What shardgate is built with (src/service/server.rs, src/store/dynamodb.rs,
+# What shardgate is built with (src/server/serve.rs, src/store/dynamodb.rs,
 # src/service/decision.rs); the bounds below are derived from them.
 BREAKER_THRESHOLD = 5
 BREAKER_COOL_OFF_S = 0.5

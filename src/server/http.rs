@@ -16,9 +16,9 @@ use axum::routing::{get, post};
 use axum::Router;
 use tokio::net::TcpListener;
 
-use super::decision::{CallError, RateLimiter};
 use super::json;
 use crate::config::{RuleLimit, Unit};
+use crate::service::decision::{CallError, RateLimiter};
 use crate::store::BucketStore;
 use crate::text::{elide, MESSAGE_BYTES};
 

@@ -1,11 +1,11 @@
 //! Each descriptor's status in the answer to a request (code, the limit that speaks for
-//! it, what is left, how long until reset), from the engine's verdicts; `reply.rs` writes
+//! it, what is left, how long until reset), from the engine's verdicts; `response_encoding.rs` writes
 //! them out.
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use smallvec::SmallVec;
 
-use super::reply::StatusLine;
+use super::response_encoding::StatusLine;
 use super::treatment::{Group, PerDescriptor, Treatment};
 use crate::config::Rule;
 use crate::engine::bucket::{self, whole_tokens};
@@ -54,7 +54,7 @@ pub(super) fn unknown_domain(descriptors: usize) -> PerDescriptor<StatusLine<'st
 
 /// Each descriptor's status from its treatment and verdict. A shadow-mode rule's
 /// descriptor is reported OK; the overall code and the deployment's switches (global
-/// shadow mode, metadata, headers) are the caller's and `answer.rs`'s.
+/// shadow mode, metadata, headers) are the caller's and `answer_options.rs`'s.
 pub(super) fn statuses<'a>(
     treatments: &'a [Treatment<'_>],
     verdicts: &[Option<Verdict>],

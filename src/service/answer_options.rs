@@ -3,8 +3,8 @@
 //! shape (`RESPONSE_DYNAMIC_METADATA`), and `RateLimit-*` response headers
 //! (`LIMIT_RESPONSE_HEADERS_ENABLED`).
 //!
-//! Applied to the statuses already built from the engine's verdicts (`status.rs`), before
-//! `reply.rs` writes the answer; it never changes a descriptor's status or what was
+//! Applied to the statuses already built from the engine's verdicts (`descriptor_status.rs`), before
+//! `response_encoding.rs` writes the answer; it never changes a descriptor's status or what was
 //! counted.
 
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
@@ -12,7 +12,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_li
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::google::protobuf::{value::Kind, ListValue, Struct, Value};
 
-use super::reply::{Extras, StatusLine};
+use super::response_encoding::{Extras, StatusLine};
 use super::treatment::{Group, Treatment};
 use super::wire::{Descriptor, RequestView};
 

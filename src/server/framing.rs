@@ -17,7 +17,7 @@ use tokio::time::Instant;
 use tonic::codegen::http;
 use tonic::Status;
 
-use super::deadline::Bounded;
+use crate::service::deadline::Bounded;
 use crate::text::elide;
 
 /// The most of a client's `grpc-encoding` value quoted back to it.

@@ -5,8 +5,8 @@
 //!
 //! It owns the wire layout of the answer (field numbers and proto3's omission of default
 //! values, as prost writes them, so the bytes are the ones prost would write for the same
-//! message). It decides nothing: the statuses come from `status.rs`, the deployment's
-//! extras (headers, metadata) from `answer.rs`.
+//! message). It decides nothing: the statuses come from `descriptor_status.rs`, the deployment's
+//! extras (headers, metadata) from `answer_options.rs`.
 
 use bytes::BufMut;
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
@@ -53,7 +53,7 @@ impl StatusLine<'_> {
     }
 }
 
-/// What a deployment adds to every answer (`answer.rs`): `RateLimit-*` headers and
+/// What a deployment adds to every answer (`answer_options.rs`): `RateLimit-*` headers and
 /// dynamic metadata. Both off by default.
 #[derive(Debug, Default)]
 pub(super) struct Extras {
@@ -269,7 +269,7 @@ descriptors:
         config.domain("d").unwrap().rules().cloned().collect()
     }
 
-    /// The same answer built as prost's message, the way it was built before `reply.rs`.
+    /// The same answer built as prost's message, the way it was built before `response_encoding.rs`.
     fn as_prost(overall: Code, statuses: &[StatusLine<'_>], extras: &Extras) -> RateLimitResponse {
         RateLimitResponse {
             overall_code: overall as i32,

@@ -3,7 +3,7 @@
 //! status alone in the headers (gRPC's trailers-only response). The body is two frames
 //! handed over as they are, with no encoder stream or boxed body around them.
 //!
-//! It frames bytes; what the message says is `reply.rs`' concern.
+//! It frames bytes; what the message says is `response_encoding.rs`' concern.
 
 use std::convert::Infallible;
 use std::pin::Pin;

@@ -13,11 +13,9 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use super::grpc::{HealthWatch, PortOptions};
-use super::metrics::statsd::{self, StatsdOptions};
-use super::metrics::Metrics;
 use super::port_limits::PortLimits;
 use super::tls::{TlsError, TlsFiles, TlsState};
-use super::{grpc, http, AnswerOptions, RateLimiter, RequestLimits};
+use super::{grpc, http};
 use crate::config::reload::{self, ReloadTiming};
 use crate::config::{Config, ConfigErrors, LoadOptions};
 #[cfg(feature = "dynamodb")]
@@ -25,6 +23,9 @@ use crate::engine::DEFAULT_PARTITION_WRITE_BUDGET;
 use crate::engine::{
     Clock, Engine, EngineOptions, LeaseOptions, SystemClock, UNLIMITED_PARTITION_WRITE_BUDGET,
 };
+use crate::service::metrics::statsd::{self, StatsdOptions};
+use crate::service::metrics::Metrics;
+use crate::service::{AnswerOptions, RateLimiter, RequestLimits};
 #[cfg(feature = "dynamodb")]
 use crate::store::breaker::Breaker;
 #[cfg(feature = "dynamodb")]

@@ -1,5 +1,5 @@
 //! The `envoy.service.ratelimit.v3.RateLimitService` route: one unary gRPC call over
-//! HTTP/2, read (`framing.rs`), decided, and answered (`unary.rs`) by shardgate itself.
+//! HTTP/2, read (`framing.rs`), decided, and answered (`unary_response.rs`) by shardgate itself.
 //! Every way a call can fail carries its gRPC code by construction — a typed error mapped
 //! to a status, never a message text recognised afterwards.
 //!
@@ -20,12 +20,12 @@ use tonic::body::Body;
 use tonic::codegen::http;
 use tonic::Status;
 
-use super::deadline;
-use super::decision::{CallError, RateLimiter};
 use super::framing::{check_encoding, first_message, BodyBounds};
 use super::port_limits::DEFAULT_MAX_MESSAGE_BYTES;
-use super::unary::{self, AnswerBody};
-use super::wire::RequestView;
+use super::unary_response::{self, AnswerBody};
+use crate::service::deadline;
+use crate::service::decision::{CallError, RateLimiter};
+use crate::service::wire::RequestView;
 use crate::store::BucketStore;
 use crate::text::{elide, MESSAGE_BYTES};
 
@@ -86,7 +86,7 @@ async fn should_rate_limit<S: BucketStore>(
         .and_then(deadline::parse_grpc_timeout);
     let by = deadline::deadline(received, caller, limiter.store_timeout());
     if let Err(status) = check_encoding(&parts.headers) {
-        return Ok(unary::failure(status));
+        return Ok(unary_response::failure(status));
     }
     drop(parts);
     // The body gets `--store-timeout` from the headers' arrival, whatever the caller's
@@ -100,22 +100,24 @@ async fn should_rate_limit<S: BucketStore>(
     };
     let message = match first_message(body, bounds).await {
         Ok(message) => message,
-        Err(status) => return Ok(unary::failure(status)),
+        Err(status) => return Ok(unary_response::failure(status)),
     };
     let view = match RequestView::decode(&message, limiter.request_limits().keep()) {
         Ok(view) => view,
         Err(e) => {
-            return Ok(unary::failure(Status::invalid_argument(message_text(
-                &format_args!("the request is not a RateLimitRequest: {e}"),
-            ))))
+            return Ok(unary_response::failure(Status::invalid_argument(
+                message_text(&format_args!("the request is not a RateLimitRequest: {e}")),
+            )))
         }
     };
     Ok(match limiter.should_rate_limit_by(&view, by).await {
-        Ok(reply) => unary::answer(reply.bytes()),
+        Ok(reply) => unary_response::answer(reply.bytes()),
         Err(e @ CallError::InvalidArgument(_)) => {
-            unary::failure(Status::invalid_argument(message_text(&e)))
+            unary_response::failure(Status::invalid_argument(message_text(&e)))
         }
-        Err(e @ CallError::Unavailable(_)) => unary::failure(Status::unavailable(message_text(&e))),
+        Err(e @ CallError::Unavailable(_)) => {
+            unary_response::failure(Status::unavailable(message_text(&e)))
+        }
     })
 }
 
@@ -143,7 +145,7 @@ impl<S: BucketStore> tower::Service<http::Request<Body>> for Rls<S> {
         if request.uri().path() != SHOULD_RATE_LIMIT {
             let status =
                 Status::unimplemented(format!("{SERVICE_NAME} has one method, ShouldRateLimit"));
-            return Box::pin(std::future::ready(Ok(unary::failure(status))));
+            return Box::pin(std::future::ready(Ok(unary_response::failure(status))));
         }
         Box::pin(should_rate_limit(
             self.limiter.clone(),

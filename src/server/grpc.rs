@@ -23,13 +23,13 @@ use tonic_health::ServingStatus;
 use tower::Service;
 
 use super::accept::Accepting;
-use super::decision::RateLimiter;
 use super::port_limits::PortLimits;
 use super::rls::{self, Rls, SERVICE_NAME};
 use super::tls::TlsState;
 #[cfg(feature = "otel")]
 use super::trace_context::TraceContextLayer;
-use super::unary::AnswerBody;
+use super::unary_response::AnswerBody;
+use crate::service::decision::RateLimiter;
 use crate::store::BucketStore;
 
 /// Service names the health service reports readiness on (besides the server's own, ""):

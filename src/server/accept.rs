@@ -21,8 +21,8 @@ use futures::Stream;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Sleep;
 
-use super::metrics::Metrics;
 use super::socket::no_delay;
+use crate::service::metrics::Metrics;
 use crate::throttle::LogThrottle;
 
 /// The first pause after a failed accept.

@@ -31,7 +31,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt;
 
 use super::accept::Accepting;
-use super::metrics::Metrics;
+use crate::service::metrics::Metrics;
 use crate::throttle::LogThrottle;
 
 /// How long a client may take to complete its handshake.
