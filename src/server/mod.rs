@@ -1,9 +1,9 @@
 //! The transport: the listeners and the bytes on them. Envoy's gRPC rate-limit API over
-//! HTTP/2 ([`rls`], read by [`framing`], answered in [`unary_response`]) with health and
-//! reflection ([`grpc`]), TLS ([`tls`]), accepting connections ([`accept`], [`socket`]),
-//! the port's HTTP/2 limits ([`port_limits`]), the caller's trace context
-//! ([`trace_context`]), the HTTP port ([`http`], with `/json` in [`json`]), and putting a
-//! server together ([`serve`]).
+//! HTTP/2 (`rls`, read by `framing`, answered in `unary_response`) with health and
+//! reflection (`grpc`), TLS (`tls`), accepting connections (`accept`, `socket`),
+//! the port's HTTP/2 limits (`port_limits`), the caller's trace context
+//! (`trace_context`), the HTTP port (`http`, with `/json` in `json`), and putting a
+//! server together (`serve`).
 //!
 //! It decides nothing: every call is handed to the policy (`service/`), whose answer it
 //! writes back.

@@ -1,10 +1,10 @@
 //! The rate-limit policy: what one `ShouldRateLimit` call means and what it is answered,
 //! as envoyproxy/ratelimit's contract has it — the request read in place
-//! ([`wire`]) and checked ([`request`]), each descriptor's treatment ([`treatment`]),
-//! the call's deadline ([`deadline`]), the decision through the engine ([`decision`]),
-//! each descriptor's status ([`descriptor_status`]), what a deployment switches on around
-//! it ([`answer_options`]), and the answer's protobuf bytes ([`response_encoding`]); and
-//! the metrics a call records ([`metrics`]).
+//! (`wire`) and checked (`request`), each descriptor's treatment (`treatment`),
+//! the call's deadline (`deadline`), the decision through the engine (`decision`),
+//! each descriptor's status (`descriptor_status`), what a deployment switches on around
+//! it (`answer_options`), and the answer's protobuf bytes (`response_encoding`); and
+//! the metrics a call records (`metrics`).
 //!
 //! It owns no socket and no byte of HTTP/2: `server/` carries calls in and answers out.
 //! Nothing here holds bucket logic: decisions come from the engine.
