@@ -1,0 +1,137 @@
+//! A compiled rule: the limit a node of the descriptor tree declares ([`RateLimit`],
+//! [`RuleLimit`]), the path that leads to it ([`Level`]), how a store failure is answered
+//! ([`FailureMode`]), and everything the engine and the policy need to decide for a
+//! descriptor that matches it ([`Rule`]). Built by the matcher at load; read-only after.
+
+use std::sync::Arc;
+
+use super::{entity, DescriptorEntry, EntityTemplate, Unit};
+
+/// How a store failure is answered for a domain or rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FailureMode {
+    /// Answer OK (fail open).
+    Allow,
+    /// Answer gRPC UNAVAILABLE (fail closed); Envoy's `failure_mode_deny` then decides.
+    #[default]
+    Deny,
+}
+
+/// Most tokens a limit's `burst` may be, and one descriptor's hits (`hits_addend`): with
+/// millitokens in an `i64`, a bucket's balance, its debt and every sum of them stay far
+/// inside range on every store. (`requests_per_unit` is a `u32`, well below it.)
+pub const MAX_TOKENS: u64 = 1_000_000_000_000;
+
+/// Most limits one bucket item may hold (rules sharing an `entity:` template and a
+/// resource): each adds terms to the store's conditional writes, which DynamoDB bounds.
+pub const MAX_LIMITS_PER_BUCKET: usize = 16;
+
+/// The limit a rule declares: a token bucket of `burst` (default `requests_per_unit`)
+/// tokens refilled continuously at `requests_per_unit` per `unit`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RateLimit {
+    pub unit: Unit,
+    pub requests_per_unit: u32,
+    pub burst: Option<u64>,
+    /// Debit even when the balance is short (post-hoc usage); see docs/configuration.md, "Overdraft".
+    pub overdraft: bool,
+    /// May be answered from a token lease (`lease: false` opts out); see
+    /// docs/configuration.md, "Token leases".
+    pub lease: bool,
+}
+
+impl RateLimit {
+    /// Bucket capacity in tokens.
+    pub fn capacity(&self) -> u64 {
+        self.burst.unwrap_or(self.requests_per_unit as u64)
+    }
+}
+
+/// What a matched rule does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RuleLimit {
+    /// Never limited, never touches the store.
+    Unlimited,
+    Limited(RateLimit),
+}
+
+/// One level of the descriptor path that leads to a rule, as written in the YAML.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Level {
+    pub key: String,
+    /// The `value` of that node (`None` for a key-only node); may contain `*`.
+    pub value: Option<String>,
+    /// `share_threshold` on that node: the pattern stands in for the value in the entity
+    /// (and in the stats key).
+    pub share_threshold: bool,
+    /// `value_to_metric` on that node: the stats key carries the request's value at this
+    /// level (envoyproxy/ratelimit decides it node by node, not from the leaf).
+    pub value_to_metric: bool,
+}
+
+/// A node of the descriptor tree that carries a `rate_limit`, with everything the engine
+/// and the service need to decide and answer for a descriptor that matches it.
+#[derive(Debug, Clone)]
+pub struct Rule {
+    /// Position of the rule among every rule of its config (`0..Config::rule_count()`),
+    /// for per-rule state kept outside the config; `None` for a rule a request carried.
+    pub index: Option<usize>,
+    pub domain: Arc<str>,
+    /// The path from the domain root to this node; `levels.len()` is the number of
+    /// request entries a descriptor has when it matches this rule.
+    pub levels: Vec<Level>,
+    pub limit: RuleLimit,
+    /// `rate_limit.name`, reported in `current_limit.name` and the target of `replaces`.
+    pub name: Option<String>,
+    /// Names of rules this rule replaces.
+    pub replaces: Vec<String>,
+    pub shadow_mode: bool,
+    pub quota_mode: bool,
+    /// `detailed_metric` on this (the leaf) node: the stats key carries every request value.
+    pub detailed_metric: bool,
+    /// `metadata` of the node, as JSON (returned for passing descriptors).
+    pub metadata: Option<serde_json::Value>,
+    /// `entity:` template, or `None` for the default canonical encoding of the path.
+    pub entity: Option<EntityTemplate>,
+    /// Bucket resource: the node's `resource`, inherited from ancestors, default the domain.
+    pub resource: String,
+    /// With `cascade: true`, the nearest ancestor rule that has a `rate_limit`.
+    pub cascade_parent: Option<Arc<Rule>>,
+    /// The node's `failure_mode`, else the domain's.
+    pub failure_mode: FailureMode,
+    /// envoyproxy/ratelimit's stats key for this rule: `domain.key_value.key...`.
+    pub stats_key: String,
+    /// File and line of the node, for messages.
+    pub source: Arc<str>,
+}
+
+impl Rule {
+    /// The name of this rule's limit inside its bucket item: `rate_limit.name`, else `rl`
+    /// (`override` for a limit a request carried, which is answered without a name as
+    /// envoyproxy/ratelimit does, yet must not share a config rule's `rl` limit).
+    pub fn limit_name(&self) -> &str {
+        match (&self.name, self.index) {
+            (Some(name), _) => name,
+            (None, Some(_)) => "rl",
+            (None, None) => "override",
+        }
+    }
+
+    /// Whether the stats key a hit is counted under depends on the request's values
+    /// (`detailed_metric` here, or `value_to_metric` on any level of the path).
+    pub fn stats_key_varies(&self) -> bool {
+        self.detailed_metric || self.levels.iter().any(|l| l.value_to_metric)
+    }
+
+    /// Number of request entries this rule matches.
+    pub fn depth(&self) -> usize {
+        self.levels.len()
+    }
+
+    /// The bucket entity of a request descriptor that matched this rule (or, for a cascade
+    /// parent, whose leading entries lead to it). `entries` must have at least
+    /// `self.depth()` entries; only the first `depth()` are used.
+    pub fn entity_for<E: DescriptorEntry>(&self, entries: &[E]) -> compact_str::CompactString {
+        entity::entity_for(self, entries)
+    }
+}
