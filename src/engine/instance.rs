@@ -1,6 +1,6 @@
 //! The [`Engine`] itself: its parts (store, clock, shard draw, caches, leases, counters),
 //! its construction, and the accessors the server and the tests use. The acquire
-//! algorithm that runs on it is `acquire.rs` and the steps it names; the lease work is
+//! algorithm that runs on it is `acquire/` (the driver and its steps); the lease work is
 //! `lease/`.
 
 use std::sync::Arc;

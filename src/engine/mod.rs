@@ -11,7 +11,8 @@
 //!   `error.rs` ([`EngineError`]); the plan that builds claims from rules, `plan.rs`;
 //! - the engine and its tunables: `instance.rs` ([`Engine`]), `options.rs`
 //!   ([`EngineOptions`]), `view.rs` ([`EngineView`], for metrics);
-//! - the acquire algorithm: `acquire.rs` drives it; its steps are `cached.rs` (the
+//! - the acquire algorithm, one folder read top to bottom: `acquire/mod.rs` drives it
+//!   and holds its per-request state; its steps are its children — `cached.rs` (the
 //!   rejection cache's answer), `resolve.rs` (a refused fast debit classified: doubled,
 //!   retried), `slow.rs` and `pass.rs` (read and commit), `refund.rs`, `outcome.rs`;
 //! - what it keeps between requests: `shard.rs` (shard counts and draws),
@@ -21,7 +22,6 @@
 
 mod acquire;
 pub mod bucket;
-mod cached;
 mod claim;
 mod clock;
 mod decision;
@@ -30,15 +30,10 @@ mod inflight;
 mod instance;
 mod lease;
 mod options;
-mod outcome;
 mod partitioned;
-mod pass;
 pub mod plan;
-mod refund;
 mod rejection;
-mod resolve;
 mod shard;
-mod slow;
 mod stats;
 mod view;
 

@@ -1,5 +1,6 @@
 //! The acquire algorithm: one all-or-nothing decision over several buckets. This file
-//! drives it (and holds its per-request state) and makes the fast path's debits;
+//! drives it (and holds its per-request state) and makes the fast path's debits; its
+//! steps are its children, which use its state and never each other's driver:
 //! `cached.rs` answers from the rejection cache, `resolve.rs` takes a refused debit on
 //! (classification, doubling, retries), `slow.rs` runs the slow path and `pass.rs` plans
 //! it, `refund.rs` gives back what a refused decision took, `outcome.rs` builds what a
@@ -27,7 +28,13 @@ pub(super) type Avoid = SmallVec<[u32; 4]>;
 /// does not allocate for it either.
 pub(super) type PerBucket<T> = SmallVec<[T; 4]>;
 
-use super::pass;
+mod cached;
+mod outcome;
+mod pass;
+mod refund;
+mod resolve;
+mod slow;
+
 use super::{Acquire, BucketClaim, BucketOutcome, Decision, Engine, EngineError, EngineStats};
 use crate::store::{
     BucketItem, BucketKey, BucketStore, Debit, DebitMode, DebitOutcome, StoreError,

@@ -8,10 +8,10 @@
 use futures::future::join_all;
 use smallvec::SmallVec;
 
-use super::acquire::{now_s, wrap, Draw, Progress};
-use super::bucket::{refill, LimitParams, MILLI};
 use super::pass;
-use super::{BucketClaim, Engine, EngineError, EngineStats, MAX_SHARD_COUNT};
+use super::{now_s, wrap, Draw, Progress};
+use crate::engine::bucket::{refill, LimitParams, MILLI};
+use crate::engine::{BucketClaim, Engine, EngineError, EngineStats, MAX_SHARD_COUNT};
 use crate::store::{
     BucketItem, BucketKey, BucketStore, CommitOutcome, DebitOutcome, StoreError, WCU_LIMIT,
 };

@@ -3,9 +3,9 @@
 //! plan (`pass.rs`), one commit under the `rf` lock, and the consumption-only retries
 //! when a lock or a create race is lost.
 
-use super::acquire::{wrap, Avoid, Draw, Progress, SlowTarget};
 use super::pass::{self, BucketPlan, PassContext};
-use super::{Acquire, BucketOutcome, Engine, EngineError, EngineStats};
+use super::{wrap, Avoid, Draw, Progress, SlowTarget};
+use crate::engine::{Acquire, BucketOutcome, Engine, EngineError, EngineStats};
 use crate::store::{BucketItem, BucketKey, BucketStore, CommitOutcome, DebitOutcome, Write};
 
 impl<S: BucketStore> Engine<S> {

@@ -3,8 +3,8 @@
 //! refill (the other buckets are reported from the last image seen of them). The cache
 //! itself, what it keeps and for how long, is `rejection.rs`.
 
-use super::acquire::Avoid;
-use super::{Acquire, Decision, Engine};
+use super::Avoid;
+use crate::engine::{Acquire, Decision, Engine};
 use crate::store::{BucketItem, BucketKey, BucketStore};
 
 impl<S: BucketStore> Engine<S> {

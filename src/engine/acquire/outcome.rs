@@ -3,9 +3,9 @@
 //! is known of, after a consumption-only retry, for a refused or contended request; and
 //! the count and log line of a refusal no shard could ever admit.
 
-use super::acquire::Progress;
-use super::bucket::{self, refill};
-use super::{
+use super::Progress;
+use crate::engine::bucket::{self, refill};
+use crate::engine::{
     Acquire, BucketClaim, BucketOutcome, Decision, Engine, EngineStats, LimitOutcome,
     CONTENTION_RETRY_MS,
 };

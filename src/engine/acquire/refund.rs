@@ -4,8 +4,8 @@
 
 use futures::future::join_all;
 
-use super::acquire::Progress;
-use super::{Acquire, BucketClaim, Decision, Engine, EngineStats};
+use super::Progress;
+use crate::engine::{Acquire, BucketClaim, Decision, Engine, EngineStats};
 use crate::store::{BucketKey, BucketStore, Credit, Stamp};
 
 impl<S: BucketStore> Engine<S> {

@@ -5,7 +5,7 @@
 //! not. Also the consumption-only retry that follows a lost lock.
 //!
 //! Pure: no clock, no store, no I/O, so every rule here is tested on its own. The acquire
-//! algorithm (`acquire.rs`) decides when a pass runs and what to do with its plan.
+//! algorithm (`acquire/mod.rs`) decides when a pass runs and what to do with its plan.
 //!
 //! Expiry. Every write stamps `ttl = now + multiplier × (time until the shard would be
 //! full again from the balance written)` ([`LimitParams::full_again_ms`]: debt included,
@@ -20,8 +20,8 @@
 
 use smallvec::SmallVec;
 
-use super::bucket::{refill, wait_for, LimitParams, ShardShare};
-use super::{BucketClaim, BucketOutcome, LimitClaim, LimitOutcome};
+use crate::engine::bucket::{refill, wait_for, LimitParams, ShardShare};
+use crate::engine::{BucketClaim, BucketOutcome, LimitClaim, LimitOutcome};
 use crate::store::{
     BucketItem, BucketKey, CountChange, Debit, LimitState, LimitWrite, Name, Stamp, Write,
     MIN_BALANCE, WCU_LIMIT,
