@@ -89,6 +89,7 @@ fn key_only_child_is_the_default_for_any_value() {
     assert_eq!(
         r.limit,
         RuleLimit::Limited(shardgate::config::RateLimit {
+            unit_multiplier: 1,
             unit: Unit::Second,
             requests_per_unit: 5,
             burst: None,
@@ -382,6 +383,7 @@ fn ten_thousand_rules() {
         assert_eq!(
             r.limit,
             RuleLimit::Limited(shardgate::config::RateLimit {
+                unit_multiplier: 1,
                 unit: Unit::Minute,
                 requests_per_unit: i,
                 burst: None,

@@ -517,3 +517,48 @@ fn broken_value_is_not_a_duplicate_key_only_node() {
     assert_eq!(e.len(), 1, "{e}");
     assert!(e.to_string().contains("'value' must be a string"));
 }
+
+#[test]
+fn unit_multiplier_zero_is_out_of_range() {
+    let y = with_descriptor(
+        "    rate_limit:\n      unit: minute\n      unit_multiplier: 0\n      requests_per_unit: 1\n",
+    );
+    assert_error(
+        &y,
+        6,
+        &["'unit_multiplier'", "must be an integer in 1..=", "'0'"],
+    );
+}
+
+#[test]
+fn unit_multiplier_past_a_year_is_refused() {
+    let y = with_descriptor(
+        "    rate_limit:\n      unit: day\n      unit_multiplier: 400\n      requests_per_unit: 1\n",
+    );
+    assert_error(
+        &y,
+        6,
+        &[
+            "'unit_multiplier: 400' makes a period of 400 days",
+            "the longest period is a year",
+        ],
+    );
+}
+
+#[test]
+fn unit_multiplier_must_be_an_integer() {
+    let y = with_descriptor(
+        "    rate_limit:\n      unit: minute\n      unit_multiplier: five\n      requests_per_unit: 1\n",
+    );
+    assert_error(&y, 6, &["'unit_multiplier' must be an integer"]);
+}
+
+#[test]
+fn unlimited_with_unit_multiplier() {
+    let y = with_descriptor("    rate_limit:\n      unlimited: true\n      unit_multiplier: 5\n");
+    assert_error(
+        &y,
+        6,
+        &["'unlimited: true' must not be combined with 'unit_multiplier'"],
+    );
+}

@@ -47,6 +47,8 @@ pub enum ConfigErrorKind {
     },
     #[error("invalid unit '{0}' (expected second, minute, hour, day, week, month or year)")]
     InvalidUnit(String),
+    #[error("'unit_multiplier: {multiplier}' makes a period of {multiplier} {unit}s; the longest period is a year")]
+    PeriodTooLong { multiplier: u64, unit: &'static str },
     #[error("invalid failure_mode '{0}' (expected allow or deny)")]
     InvalidFailureMode(String),
     #[error("'unlimited: true' must not be combined with '{0}'")]

@@ -27,7 +27,10 @@ mod validate;
 pub use entity::{encode_component, EntityTemplate, TemplateError};
 pub use error::{ConfigError, ConfigErrorKind, ConfigErrors};
 pub use matcher::DescriptorEntry;
-pub use rule::{FailureMode, Level, RateLimit, Rule, RuleLimit, MAX_LIMITS_PER_BUCKET, MAX_TOKENS};
+pub use rule::{
+    FailureMode, Level, RateLimit, Rule, RuleLimit, MAX_LIMITS_PER_BUCKET, MAX_PERIOD_SECONDS,
+    MAX_TOKENS,
+};
 pub use snapshot::{Config, Domain, LoadOptions};
 pub use stats_key::{entries_key, hit_key};
 pub use unit::Unit;

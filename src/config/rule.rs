@@ -31,6 +31,9 @@ pub const MAX_LIMITS_PER_BUCKET: usize = 16;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RateLimit {
     pub unit: Unit,
+    /// The period is this many units (`unit_multiplier`, an extension: "100 per 5
+    /// minutes"); 1 in upstream's format.
+    pub unit_multiplier: u32,
     pub requests_per_unit: u32,
     pub burst: Option<u64>,
     /// Debit even when the balance is short (post-hoc usage); see docs/configuration.md, "Overdraft".
@@ -40,10 +43,47 @@ pub struct RateLimit {
     pub lease: bool,
 }
 
+/// The longest period a limit may have (`unit` × `unit_multiplier`): a year, the
+/// longest unit, so that every limit can be quoted per some unit (see
+/// [`RateLimit::quoted`]).
+pub const MAX_PERIOD_SECONDS: u64 = Unit::Year.seconds();
+
 impl RateLimit {
     /// Bucket capacity in tokens.
     pub fn capacity(&self) -> u64 {
         self.burst.unwrap_or(self.requests_per_unit as u64)
+    }
+
+    /// The period `requests_per_unit` refill over, in seconds.
+    pub fn period_seconds(&self) -> u64 {
+        self.unit.seconds() * u64::from(self.unit_multiplier.max(1))
+    }
+
+    /// The rate as Envoy's answer can say it (`current_limit` names one unit): with no
+    /// multiplier, as written. With one, the same rate in the smallest unit, from the
+    /// rule's own up, in which it is a whole number ("100 per 5 minutes" is 20 per
+    /// minute; "1000 per 7 days" is 1000 per week; "7 per 5 minutes" is 84 per hour);
+    /// when none is, per year, rounded down, so the quote never promises more than the
+    /// limit gives.
+    pub fn quoted(&self) -> (u32, Unit) {
+        if self.unit_multiplier <= 1 {
+            return (self.requests_per_unit, self.unit);
+        }
+        let period = self.period_seconds();
+        let rpu = u64::from(self.requests_per_unit);
+        let exact = Unit::ALL
+            .into_iter()
+            .filter(|u| u.seconds() >= self.unit.seconds())
+            .find_map(|u| {
+                let scaled = rpu * u.seconds();
+                let whole = scaled % period == 0;
+                let rate = u32::try_from(scaled / period).ok()?;
+                whole.then_some((rate, u))
+            });
+        exact.unwrap_or_else(|| {
+            let per_year = rpu * Unit::Year.seconds() / period;
+            (u32::try_from(per_year).unwrap_or(u32::MAX), Unit::Year)
+        })
     }
 }
 
@@ -133,5 +173,44 @@ impl Rule {
     /// `self.depth()` entries; only the first `depth()` are used.
     pub fn entity_for<E: DescriptorEntry>(&self, entries: &[E]) -> compact_str::CompactString {
         entity::entity_for(self, entries)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limit(rpu: u32, unit: Unit, multiplier: u32) -> RateLimit {
+        RateLimit {
+            unit,
+            unit_multiplier: multiplier,
+            requests_per_unit: rpu,
+            burst: None,
+            overdraft: false,
+            lease: true,
+        }
+    }
+
+    #[test]
+    fn a_multiplied_period_is_quoted_as_a_whole_rate_of_one_unit() {
+        for (rpu, unit, m, quoted) in [
+            // Upstream's format: as written.
+            (7, Unit::Minute, 1, (7, Unit::Minute)),
+            (100, Unit::Minute, 5, (20, Unit::Minute)),
+            (1000, Unit::Day, 7, (1000, Unit::Week)),
+            (7, Unit::Minute, 5, (84, Unit::Hour)),
+            (3, Unit::Hour, 2, (36, Unit::Day)),
+            // 10 per 90 days is a whole rate per no unit: per year, rounded down (40.5).
+            (10, Unit::Day, 90, (40, Unit::Year)),
+            (0, Unit::Second, 10, (0, Unit::Second)),
+        ] {
+            assert_eq!(
+                limit(rpu, unit, m).quoted(),
+                quoted,
+                "{rpu} per {m} {unit:?}"
+            );
+        }
+        assert_eq!(limit(1, Unit::Day, 7).period_seconds(), 604_800);
+        assert_eq!(limit(1, Unit::Day, 1).period_seconds(), 86_400);
     }
 }

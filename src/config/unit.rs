@@ -14,6 +14,17 @@ pub enum Unit {
 }
 
 impl Unit {
+    /// Every unit, shortest first.
+    pub const ALL: [Unit; 7] = [
+        Unit::Second,
+        Unit::Minute,
+        Unit::Hour,
+        Unit::Day,
+        Unit::Week,
+        Unit::Month,
+        Unit::Year,
+    ];
+
     /// Length of the unit in seconds (month = 30 days, year = 365 days).
     pub const fn seconds(self) -> u64 {
         match self {
@@ -28,6 +39,19 @@ impl Unit {
     }
 
     /// Parses a unit name case-insensitively (`minute`, `MINUTE`, ...).
+    /// The unit as the YAML names it.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Unit::Second => "second",
+            Unit::Minute => "minute",
+            Unit::Hour => "hour",
+            Unit::Day => "day",
+            Unit::Week => "week",
+            Unit::Month => "month",
+            Unit::Year => "year",
+        }
+    }
+
     pub fn parse(s: &str) -> Option<Unit> {
         Some(match s.to_ascii_lowercase().as_str() {
             "second" => Unit::Second,

@@ -42,7 +42,7 @@ pub fn params_of(limit: &RateLimit) -> LimitParams {
     LimitParams::new(
         limit.capacity(),
         u64::from(limit.requests_per_unit),
-        limit.unit.seconds() * 1_000,
+        limit.period_seconds() * 1_000,
     )
 }
 

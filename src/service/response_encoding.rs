@@ -181,7 +181,10 @@ fn duration_len(ms: i64) -> usize {
 fn quoted(rule: Option<&Rule>) -> Option<(&Rule, u32, i32)> {
     let rule = rule?;
     match &rule.limit {
-        RuleLimit::Limited(l) => Some((rule, l.requests_per_unit, l.unit.proto_value())),
+        RuleLimit::Limited(l) => {
+            let (rate, unit) = l.quoted();
+            Some((rule, rate, unit.proto_value()))
+        }
         RuleLimit::Unlimited => None,
     }
 }

@@ -146,6 +146,7 @@ fn override_rule(domain: &Arc<str>, d: &Descriptor<'_>, rpu: u32, unit: i32) -> 
         levels,
         limit: RuleLimit::Limited(RateLimit {
             unit: Unit::from_proto(unit).unwrap_or(Unit::Second),
+            unit_multiplier: 1,
             requests_per_unit: rpu,
             burst: None,
             overdraft: false,

@@ -13,7 +13,8 @@ use super::error::{ConfigError, ConfigErrorKind as K};
 use super::model::{DescriptorModel, DocumentModel, Node, NodeKind, Pos, RateLimitModel};
 use super::stats_key::child_key;
 use super::{
-    EntityTemplate, FailureMode, RateLimit, RuleLimit, Unit, MAX_LIMITS_PER_BUCKET, MAX_TOKENS,
+    EntityTemplate, FailureMode, RateLimit, RuleLimit, Unit, MAX_LIMITS_PER_BUCKET,
+    MAX_PERIOD_SECONDS, MAX_TOKENS,
 };
 use crate::store::key::MAX_RESOURCE_BYTES;
 use fields::{to_json, Field};
@@ -39,6 +40,7 @@ const DESCRIPTOR_KEYS: &[&str] = &[
 ];
 const RATE_LIMIT_KEYS: &[&str] = &[
     "unit",
+    "unit_multiplier",
     "requests_per_unit",
     "unlimited",
     "name",
@@ -356,6 +358,21 @@ impl Validator<'_> {
             }
             unit
         });
+        let multiplier = fields.get("unit_multiplier").and_then(|m| {
+            let n = self.integer(m, 1, MAX_PERIOD_SECONDS)?;
+            let period = unit.map(|u| u.seconds().saturating_mul(n));
+            if period.is_some_and(|p| p > MAX_PERIOD_SECONDS) {
+                self.error(
+                    m.value.pos,
+                    K::PeriodTooLong {
+                        multiplier: n,
+                        unit: unit.map_or("", Unit::name),
+                    },
+                );
+                return None;
+            }
+            u32::try_from(n).ok()
+        });
         let rpu = fields
             .get("requests_per_unit")
             .and_then(|n| self.integer(n, 0, u64::from(u32::MAX)));
@@ -381,6 +398,7 @@ impl Validator<'_> {
             // `overdraft: false` is harmless; the others would give an unlimited rule a bucket.
             for (key, set) in [
                 ("unit", true),
+                ("unit_multiplier", true),
                 ("burst", true),
                 ("overdraft", overdraft),
                 ("lease", !lease),
@@ -397,8 +415,12 @@ impl Validator<'_> {
             if fields.get("requests_per_unit").is_none() {
                 self.error(f.pos, K::MissingLimitField("requests_per_unit"));
             }
+            if fields.get("unit_multiplier").is_some() && multiplier.is_none() {
+                return None;
+            }
             RuleLimit::Limited(RateLimit {
                 unit: unit?,
+                unit_multiplier: multiplier.unwrap_or(1),
                 requests_per_unit: u32::try_from(rpu?).ok()?,
                 burst,
                 overdraft,
