@@ -57,6 +57,12 @@ impl LimitParams {
     }
 }
 
+/// Epoch seconds of a time in epoch milliseconds (floored, also before 1970), as item
+/// expiry (`ttl`) is kept.
+pub fn now_s(now_ms: i64) -> i64 {
+    now_ms.div_euclid(1_000)
+}
+
 fn to_milli(tokens: u64) -> i64 {
     (i128::from(tokens) * i128::from(MILLI)).min(i128::from(i64::MAX)) as i64
 }

@@ -9,6 +9,7 @@
 //! `rf` lock makes safe. This module holds no bucket state and decides nothing; it only
 //! tells a request when to look again.
 
+use super::partitioned::Hasher;
 use parking_lot::{Mutex, MutexGuard};
 use std::collections::HashMap;
 use std::future::Future;
@@ -18,8 +19,6 @@ use smallvec::SmallVec;
 use tokio::sync::watch;
 
 use crate::store::BucketKey;
-
-type Hasher = foldhash::quality::RandomState;
 
 /// The shards whose slow pass some request of this process is running.
 #[derive(Debug, Default)]

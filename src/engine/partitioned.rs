@@ -12,7 +12,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use hashbrown::{Equivalent, HashMap};
 use parking_lot::{Mutex, MutexGuard};
 
-type Hasher = foldhash::quality::RandomState;
+/// The hash of every map the engine keeps keyed by request values (buckets, shards):
+/// foldhash's quality variant, seeded per process, so values a client picks cannot be
+/// chosen to collide.
+pub(super) type Hasher = foldhash::quality::RandomState;
 
 /// Independently locked parts.
 pub(crate) const PARTS: usize = 16;

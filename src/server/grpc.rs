@@ -124,8 +124,8 @@ pub async fn serve_with<S: BucketStore>(
 /// the path, and every other call through tonic's router. Through the router, every call
 /// paid its routing: axum's path match, its URL-parameter and matched-path request
 /// extensions (a map allocated per call), a clone of the route's boxed service and the
-/// request's body boxed once more — about 1.4 µs of the 31 µs a hot-key call cost
-/// (bench/README.md, "Where a request's CPU goes").
+/// request's body boxed once more (measured in bench/README.md, "Where a request's CPU
+/// goes").
 struct Port<S: BucketStore> {
     rls: Rls<S>,
     /// Health, reflection, and UNIMPLEMENTED for any other service.

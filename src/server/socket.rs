@@ -3,8 +3,8 @@
 /// Sends each answer as soon as it is written. tonic configures accepted sockets only
 /// when it binds the listener itself; left to the OS, Nagle's algorithm holds a small
 /// answer back until the client acknowledges the previous one, which with delayed ACKs
-/// costs up to ~40 ms whenever two answers on one connection are written close together
-/// (measured: p99 ≈ 45 ms at 16 or more concurrent calls over 2 connections).
+/// costs tens of milliseconds whenever two answers on one connection are written close
+/// together (bench/README.md has the measured tail).
 pub(crate) fn no_delay(tcp: &tokio::net::TcpStream) {
     if let Err(e) = tcp.set_nodelay(true) {
         tracing::debug!(error = %e, "could not set TCP_NODELAY");

@@ -36,6 +36,7 @@ mod resolve;
 mod slow;
 
 use super::{Acquire, BucketClaim, BucketOutcome, Decision, Engine, EngineError, EngineStats};
+use crate::engine::bucket::now_s;
 use crate::store::{
     BucketItem, BucketKey, BucketStore, Debit, DebitMode, DebitOutcome, StoreError,
 };
@@ -77,10 +78,6 @@ pub(super) struct SlowTarget {
     pub bucket: usize,
     pub shard: u32,
     pub count: u32,
-}
-
-pub(super) fn now_s(now_ms: i64) -> i64 {
-    now_ms.div_euclid(1_000)
 }
 
 pub(super) fn wrap(b: &BucketClaim) -> impl Fn(StoreError) -> EngineError + '_ {
@@ -300,17 +297,7 @@ impl<S: BucketStore> Engine<S> {
             })
             .collect();
         if slow.is_empty() {
-            let buckets = req
-                .buckets
-                .iter()
-                .zip(&progress)
-                .map(|(b, p)| match p {
-                    Progress::Applied { shard, image } => {
-                        self.outcome_from_image(b, *shard, image, now, true)
-                    }
-                    _ => unreachable!("only applied buckets remain"),
-                })
-                .collect();
+            let buckets = self.merged_outcomes(req, &progress, now, true, std::iter::empty());
             return Ok(Decision {
                 admitted: true,
                 buckets,
@@ -328,18 +315,7 @@ impl<S: BucketStore> Engine<S> {
                 if !admitted {
                     Box::pin(self.refund_applied(req, &progress, now)).await;
                 }
-                let mut outcomes = outcomes.into_iter();
-                let buckets = req
-                    .buckets
-                    .iter()
-                    .zip(&progress)
-                    .map(|(b, p)| match p {
-                        Progress::Applied { shard, image } => {
-                            self.outcome_from_image(b, *shard, image, now, admitted)
-                        }
-                        _ => outcomes.next().expect("one outcome per slow bucket"),
-                    })
-                    .collect();
+                let buckets = self.merged_outcomes(req, &progress, now, admitted, outcomes);
                 Ok(Decision { admitted, buckets })
             }
             Err(e) => {
@@ -465,5 +441,31 @@ impl<S: BucketStore> Engine<S> {
             DebitOutcome::Refused(None) => {}
         }
         Ok(out)
+    }
+}
+
+impl<S: BucketStore> Engine<S> {
+    /// Every bucket's outcome in request order: the fast path's applied buckets from the
+    /// images their debits returned, the others from `slow` (one per slow bucket, in
+    /// order).
+    fn merged_outcomes(
+        &self,
+        req: &Acquire,
+        progress: &[Progress],
+        now: i64,
+        admitted: bool,
+        slow: impl IntoIterator<Item = BucketOutcome>,
+    ) -> SmallVec<[BucketOutcome; 2]> {
+        let mut slow = slow.into_iter();
+        req.buckets
+            .iter()
+            .zip(progress)
+            .map(|(b, p)| match p {
+                Progress::Applied { shard, image } => {
+                    self.outcome_from_image(b, *shard, image, now, admitted)
+                }
+                _ => slow.next().expect("one outcome per slow bucket"),
+            })
+            .collect()
     }
 }

@@ -20,6 +20,7 @@
 
 use smallvec::SmallVec;
 
+use crate::engine::bucket::now_s;
 use crate::engine::bucket::{refill, wait_for, LimitParams, ShardShare};
 use crate::engine::{BucketClaim, BucketOutcome, LimitClaim, LimitOutcome};
 use crate::store::{
@@ -53,10 +54,6 @@ pub(crate) struct BucketPlan {
     pub admitted: BucketOutcome,
     /// What to report if the request is refused (nothing written).
     pub refused: BucketOutcome,
-}
-
-fn now_s(now_ms: i64) -> i64 {
-    now_ms.div_euclid(1_000)
 }
 
 /// `ttl` (epoch s) of an item whose limits are full again after these many ms (`None`

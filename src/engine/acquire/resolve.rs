@@ -9,7 +9,8 @@ use futures::future::join_all;
 use smallvec::SmallVec;
 
 use super::pass;
-use super::{now_s, wrap, Draw, Progress};
+use super::{wrap, Draw, Progress};
+use crate::engine::bucket::now_s;
 use crate::engine::bucket::{refill, LimitParams, MILLI};
 use crate::engine::{BucketClaim, Engine, EngineError, EngineStats, MAX_SHARD_COUNT};
 use crate::store::{

@@ -16,6 +16,7 @@ mod demand;
 mod entry;
 mod part;
 
+use crate::engine::partitioned::Hasher;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
@@ -33,8 +34,6 @@ use crate::store::{BucketKey, LimitParams, Name};
 use entry::Entry;
 use entry::{note_available, return_of, take, HeldLimit, ShardLease};
 use part::Part;
-
-type Hasher = foldhash::quality::RandomState;
 
 /// The demand window: rates are measured over at least this long.
 pub(super) const WINDOW_MS: i64 = 250;
