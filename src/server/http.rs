@@ -76,18 +76,6 @@ async fn store_check<S: BucketStore>(State(limiter): State<Arc<RateLimiter<S>>>)
     }
 }
 
-fn unit_word(u: Unit) -> &'static str {
-    match u {
-        Unit::Second => "second",
-        Unit::Minute => "minute",
-        Unit::Hour => "hour",
-        Unit::Day => "day",
-        Unit::Week => "week",
-        Unit::Month => "month",
-        Unit::Year => "year",
-    }
-}
-
 async fn rlconfig<S: BucketStore>(State(limiter): State<Arc<RateLimiter<S>>>) -> Response {
     let config = limiter.config();
     let mut out = format!("config hash: {}\n", config.hash());
@@ -99,7 +87,10 @@ async fn rlconfig<S: BucketStore>(State(limiter): State<Arc<RateLimiter<S>>>) ->
             let limit = match &r.limit {
                 RuleLimit::Unlimited => "unlimited".to_string(),
                 RuleLimit::Limited(l) => {
-                    let mut s = format!("{}/{}", l.requests_per_unit, unit_word(l.unit));
+                    let mut s = match l.unit_multiplier {
+                        0 | 1 => format!("{}/{}", l.requests_per_unit, Unit::name(l.unit)),
+                        m => format!("{}/{m} {}s", l.requests_per_unit, Unit::name(l.unit)),
+                    };
                     if let Some(b) = l.burst {
                         let _ = write!(s, " burst {b}");
                     }
