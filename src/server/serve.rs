@@ -184,13 +184,20 @@ pub async fn run(options: ServeOptions) -> Result<(), ServeError> {
                     }
                 })
             };
-            let listeners = (grpc_listener, http_listener);
-            let leases = options.leases.unwrap_or(false);
-            let engine = engine_options(budget, leases);
-            let result = serve_on(
-                store, engine, config, listeners, &options, metrics, "memory", None,
-            )
-            .await;
+            let setup = StoreSetup {
+                store,
+                engine: engine_options(budget, options.leases.unwrap_or(false)),
+                name: "memory",
+                warm_up: None,
+            };
+            let serving = Serving {
+                config,
+                grpc: grpc_listener,
+                http: http_listener,
+                options: &options,
+                metrics,
+            };
+            let result = serve_on(setup, serving).await;
             sweeper.abort();
             result?;
         }
@@ -215,19 +222,20 @@ pub async fn run(options: ServeOptions) -> Result<(), ServeError> {
             let budget = options
                 .partition_write_budget
                 .unwrap_or(DEFAULT_PARTITION_WRITE_BUDGET);
-            let listeners = (grpc_listener, http_listener);
-            let engine = engine_options(budget, options.leases.unwrap_or(true));
-            serve_on(
+            let setup = StoreSetup {
                 store,
-                engine,
+                engine: engine_options(budget, options.leases.unwrap_or(true)),
+                name: "dynamodb",
+                warm_up: Some(warm_up),
+            };
+            let serving = Serving {
                 config,
-                listeners,
-                &options,
+                grpc: grpc_listener,
+                http: http_listener,
+                options: &options,
                 metrics,
-                "dynamodb",
-                Some(warm_up),
-            )
-            .await?;
+            };
+            serve_on(setup, serving).await?;
         }
     }
     tracing::info!("stopped");
@@ -280,21 +288,43 @@ const STATSD_LAST_FLUSH_PATIENCE: Duration = Duration::from_secs(3);
 /// How long the shutdown waits for the leases to go back after the calls finished.
 const LEASE_RETURN_PATIENCE: Duration = Duration::from_secs(5);
 
-#[allow(clippy::too_many_arguments)]
-async fn serve_on<S: BucketStore>(
-    store: Arc<S>,
-    engine_options: EngineOptions,
+/// What every store's server shares: the config, the two listeners, the options, the
+/// metrics.
+struct Serving<'a> {
     config: Arc<Config>,
-    (grpc_listener, http_listener): (TcpListener, TcpListener),
-    options: &ServeOptions,
+    grpc: TcpListener,
+    http: TcpListener,
+    options: &'a ServeOptions,
     metrics: Arc<Metrics>,
-    store_name: &str,
+}
+
+/// What differs by store: the store, the engine's options for it, its name in the log,
+/// and the warm-up the server waits for before it reports ready (`None`: ready at once).
+struct StoreSetup<S> {
+    store: Arc<S>,
+    engine: EngineOptions,
+    name: &'static str,
     warm_up: Option<WarmUp>,
+}
+
+/// Serves on `setup`'s store until a shutdown signal, then drains the calls, sends the
+/// last stats and gives the leases back.
+async fn serve_on<S: BucketStore>(
+    setup: StoreSetup<S>,
+    serving: Serving<'_>,
 ) -> Result<(), ServeError> {
-    let partition_write_budget = engine_options.partition_write_budget;
-    let leases = engine_options.leases.is_some();
-    let store = Arc::new(Metered::new(store, metrics.clone()));
-    let engine = Arc::new(Engine::new(store, engine_options));
+    let Serving {
+        config,
+        grpc: grpc_listener,
+        http: http_listener,
+        options,
+        metrics,
+    } = serving;
+    let partition_write_budget = setup.engine.partition_write_budget;
+    let leases = setup.engine.leases.is_some();
+    let warm_up = setup.warm_up;
+    let store = Arc::new(Metered::new(setup.store, metrics.clone()));
+    let engine = Arc::new(Engine::new(store, setup.engine));
     metrics.attach_engine(engine.view());
     let limiter = Arc::new(
         RateLimiter::new(config.clone(), engine)
@@ -305,41 +335,7 @@ async fn serve_on<S: BucketStore>(
             .with_metrics(metrics.clone()),
     );
     limiter.set_ready(warm_up.is_none());
-
-    let _watch = {
-        let limiter = limiter.clone();
-        let path = options.config.display().to_string();
-        reload::watch(
-            options.config.clone(),
-            options.load.clone(),
-            config.hash().to_string(),
-            ReloadTiming::default(),
-            move |result| match result {
-                Ok(config) => {
-                    tracing::info!(
-                        path = %path,
-                        domains = config.domains().count(),
-                        hash = config.hash(),
-                        "config reloaded"
-                    );
-                    limiter.metrics().config_loaded(config.hash());
-                    limiter.replace_config(config);
-                }
-                Err(errors) => {
-                    limiter.metrics().config_rejected();
-                    tracing::error!(
-                        path = %path,
-                        errors = %errors,
-                        "config reload rejected; the previous config stays in force"
-                    );
-                }
-            },
-        )
-        .map_err(|source| ServeError::Watch {
-            path: options.config.display().to_string(),
-            source,
-        })?
-    };
+    let _watch = watch_config(&limiter, options, config.hash())?;
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = move || {
@@ -351,7 +347,7 @@ async fn serve_on<S: BucketStore>(
     tracing::info!(
         grpc = %grpc_listener.local_addr().unwrap_or(options.grpc_addr),
         http = %http_listener.local_addr().unwrap_or(options.http_addr),
-        store = store_name,
+        store = setup.name,
         partition_write_budget,
         leases,
         tls = options.tls.is_some(),
@@ -363,62 +359,12 @@ async fn serve_on<S: BucketStore>(
         Some(files) => Some(Arc::new(TlsState::start(files.clone(), TLS_RELOAD_POLL)?)),
         None => None,
     };
-    // Readiness (gRPC health of the server and the rate-limit service, `/healthcheck`):
-    // NOT_SERVING until the store has answered a first call, then SERVING for good: a
-    // store outage is answered by each rule's failure_mode. The `store` health service
-    // follows the store itself.
-    let (ready_tx, ready_rx) = watch::channel(warm_up.is_none());
-    let (store_tx, store_rx) = watch::channel(warm_up.is_none());
-    let health_task = {
-        let limiter = limiter.clone();
-        tokio::spawn(async move {
-            if let Some(warm_up) = warm_up {
-                warm_up.await;
-                limiter.set_ready(true);
-                ready_tx.send_replace(true);
-                store_tx.send_replace(true);
-            }
-            let mut tick = tokio::time::interval(STORE_HEALTH_INTERVAL);
-            tick.tick().await;
-            loop {
-                tick.tick().await;
-                let ok = limiter.check_store().await;
-                if let Err(e) = &ok {
-                    tracing::warn!(error = %e, "store health check failed");
-                }
-                store_tx.send_if_modified(|h| std::mem::replace(h, ok.is_ok()) != ok.is_ok());
-            }
-        })
-    };
-    let prune_task = {
-        let engine = limiter.engine().clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(REJECTION_PRUNE_INTERVAL);
-            loop {
-                tick.tick().await;
-                engine.prune_rejections();
-            }
-        })
-    };
-    // Leases are fetched and given back in a task of their own; at shutdown, once the
-    // calls have finished, it gives back everything it holds.
-    let (lease_stop_tx, lease_stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let lease_task = {
-        let engine = limiter.engine().clone();
-        tokio::spawn(async move {
-            engine
-                .run_leases(async move {
-                    let _ = lease_stop_rx.await;
-                })
-                .await;
-        })
-    };
+    let (health, health_task) = spawn_health(&limiter, warm_up);
+    let prune_task = spawn_prune(limiter.engine().clone());
+    let (lease_stop_tx, lease_task) = spawn_leases(limiter.engine().clone());
     let port = PortOptions {
         tls,
-        health: Some(HealthWatch {
-            ready: ready_rx,
-            store: store_rx,
-        }),
+        health: Some(health),
         trace_context: options.trace_context,
         limits: options.port_limits.clone(),
     };
@@ -440,13 +386,135 @@ async fn serve_on<S: BucketStore>(
     health_task.abort();
     prune_task.abort();
     let _ = stop_tx.send(true);
-    let grace = options.shutdown_grace;
-    let drained = tokio::time::timeout(grace, async {
-        let grpc = grpc_task.await;
-        let http = http_task.await;
-        (grpc, http)
+    let drained = drain(grpc_task, http_task, options.shutdown_grace).await;
+    let _ = statsd_stop_tx.send(());
+    if let Some(task) = statsd_task {
+        let _ = tokio::time::timeout(STATSD_LAST_FLUSH_PATIENCE, task).await;
+    }
+    let _ = lease_stop_tx.send(());
+    if tokio::time::timeout(LEASE_RETURN_PATIENCE, lease_task)
+        .await
+        .is_err()
+    {
+        tracing::warn!(patience = ?LEASE_RETURN_PATIENCE, "leases not all given back before exit");
+    }
+    drained
+}
+
+/// Watches the config for changes: each good load is put in force and counted, each bad
+/// one counted and logged while the previous config stays.
+fn watch_config<S: BucketStore>(
+    limiter: &Arc<RateLimiter<S>>,
+    options: &ServeOptions,
+    hash: &str,
+) -> Result<reload::ConfigWatch, ServeError> {
+    let limiter = limiter.clone();
+    let path = options.config.display().to_string();
+    reload::watch(
+        options.config.clone(),
+        options.load.clone(),
+        hash.to_string(),
+        ReloadTiming::default(),
+        move |result| match result {
+            Ok(config) => {
+                tracing::info!(
+                    path = %path,
+                    domains = config.domains().count(),
+                    hash = config.hash(),
+                    "config reloaded"
+                );
+                limiter.metrics().config_loaded(config.hash());
+                limiter.replace_config(config);
+            }
+            Err(errors) => {
+                limiter.metrics().config_rejected();
+                tracing::error!(
+                    path = %path,
+                    errors = %errors,
+                    "config reload rejected; the previous config stays in force"
+                );
+            }
+        },
+    )
+    .map_err(|source| ServeError::Watch {
+        path: options.config.display().to_string(),
+        source,
     })
-    .await;
+}
+
+/// Readiness (gRPC health of the server and the rate-limit service, `/healthcheck`):
+/// NOT_SERVING until the store has answered a first call (`warm_up`), then SERVING for
+/// good: a store outage is answered by each rule's failure_mode. The `store` health
+/// service follows the store itself, checked every [`STORE_HEALTH_INTERVAL`].
+fn spawn_health<S: BucketStore>(
+    limiter: &Arc<RateLimiter<S>>,
+    warm_up: Option<WarmUp>,
+) -> (HealthWatch, tokio::task::JoinHandle<()>) {
+    let (ready_tx, ready_rx) = watch::channel(warm_up.is_none());
+    let (store_tx, store_rx) = watch::channel(warm_up.is_none());
+    let limiter = limiter.clone();
+    let task = tokio::spawn(async move {
+        if let Some(warm_up) = warm_up {
+            warm_up.await;
+            limiter.set_ready(true);
+            ready_tx.send_replace(true);
+            store_tx.send_replace(true);
+        }
+        let mut tick = tokio::time::interval(STORE_HEALTH_INTERVAL);
+        tick.tick().await;
+        loop {
+            tick.tick().await;
+            let ok = limiter.check_store().await;
+            if let Err(e) = &ok {
+                tracing::warn!(error = %e, "store health check failed");
+            }
+            store_tx.send_if_modified(|h| std::mem::replace(h, ok.is_ok()) != ok.is_ok());
+        }
+    });
+    let watch = HealthWatch {
+        ready: ready_rx,
+        store: store_rx,
+    };
+    (watch, task)
+}
+
+/// Drops the rejection cache's dead entries every [`REJECTION_PRUNE_INTERVAL`].
+fn spawn_prune<S: BucketStore>(engine: Arc<Engine<S>>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(REJECTION_PRUNE_INTERVAL);
+        loop {
+            tick.tick().await;
+            engine.prune_rejections();
+        }
+    })
+}
+
+/// Leases are fetched and given back in a task of their own; at shutdown (the sender
+/// sends, once the calls have finished) it gives back everything it holds.
+fn spawn_leases<S: BucketStore>(
+    engine: Arc<Engine<S>>,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<()>,
+) {
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        engine
+            .run_leases(async move {
+                let _ = stop_rx.await;
+            })
+            .await;
+    });
+    (stop_tx, task)
+}
+
+/// Waits for both ports to finish their calls, at most `grace`.
+async fn drain(
+    grpc_task: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+    http_task: tokio::task::JoinHandle<Result<(), std::io::Error>>,
+    grace: Duration,
+) -> Result<(), ServeError> {
+    let drained = tokio::time::timeout(grace, async { (grpc_task.await, http_task.await) }).await;
     match drained {
         Ok((grpc, http)) => {
             if let Ok(Err(e)) = grpc {
@@ -461,17 +529,6 @@ async fn serve_on<S: BucketStore>(
             ?grace,
             "calls still in flight at the end of the grace period"
         ),
-    }
-    let _ = statsd_stop_tx.send(());
-    if let Some(task) = statsd_task {
-        let _ = tokio::time::timeout(STATSD_LAST_FLUSH_PATIENCE, task).await;
-    }
-    let _ = lease_stop_tx.send(());
-    if tokio::time::timeout(LEASE_RETURN_PATIENCE, lease_task)
-        .await
-        .is_err()
-    {
-        tracing::warn!(patience = ?LEASE_RETURN_PATIENCE, "leases not all given back before exit");
     }
     Ok(())
 }
