@@ -545,134 +545,148 @@ fn main() -> ExitCode {
             entity,
             resource,
         } => inspect_bucket(dynamo, &entity, &resource),
-        Command::Serve(args) => {
-            // The runtime comes first, then the span export inside it, then logging: the
-            // OTLP exporter's tonic channel spawns its connection task on the runtime when
-            // it is built, and the exporting layer must be in the subscriber from the
-            // start. (A `reload` layer filled in later, or an exporter built lazily, would
-            // keep a handle or a check on every span for the life of the process; building
-            // the runtime logs nothing, so nothing is lost by starting it first.)
-            let rt = match runtime_with(args.worker_threads) {
-                Ok(rt) => rt,
-                Err(code) => return code,
-            };
-            let export = {
-                let _in_runtime = rt.enter();
-                match span_export(args.otlp_endpoint.as_deref(), args.otlp_protocol) {
-                    Ok(export) => export,
-                    Err(code) => return code,
-                }
-            };
-            init_logging(
-                args.log_format,
-                args.log_spans,
-                #[cfg(feature = "otel")]
-                export.as_ref(),
-            );
-            if !upstream.refused.is_empty() {
-                return fail(format!(
-                    "envoyproxy/ratelimit settings shardgate cannot follow:\n  {}",
-                    upstream.refused.join("\n  ")
-                ));
-            }
-            for alias in &upstream.set {
-                tracing::info!(
-                    from = alias.from,
-                    to = alias.ours,
-                    "envoyproxy/ratelimit variable honoured"
-                );
-            }
-            if !upstream.ignored.is_empty() {
-                tracing::warn!(
-                    ignored = %upstream.ignored.join(", "),
-                    "envoyproxy/ratelimit variables with no meaning in shardgate (docs/configuration.md, \"Environment\")"
-                );
-            }
-            let store_timeout = args.dynamo.store_timeout;
-            if args.dynamo.namespace.len() > MAX_NAMESPACE_BYTES {
-                return fail(format!(
-                    "--namespace is {} bytes long, at most {MAX_NAMESPACE_BYTES} (it is part of every store key)",
-                    args.dynamo.namespace.len()
-                ));
-            }
-            let statsd = args.statsd_addr.clone().map(|addr| StatsdOptions {
-                addr,
-                protocol: match args.statsd_protocol {
-                    StatsdTransport::Udp => StatsdProtocol::Udp,
-                    StatsdTransport::Tcp => StatsdProtocol::Tcp,
-                },
-                flush_interval: args
-                    .statsd_flush_interval
-                    .unwrap_or(statsd::DEFAULT_FLUSH_INTERVAL),
-                tags: args
-                    .statsd_tags
-                    .clone()
-                    .map(|StatsdTags(tags)| tags)
-                    .unwrap_or_default(),
-            });
-            let options = ServeOptions {
-                config: args.config,
-                store_timeout,
-                grpc_addr: args.grpc_addr,
-                http_addr: args.http_addr,
-                shutdown_grace: args.shutdown_grace,
-                tls: match (args.tls_cert, args.tls_key) {
-                    (Some(cert), Some(key)) => Some(TlsFiles {
-                        cert,
-                        key,
-                        client_ca: args.tls_client_ca,
-                    }),
-                    _ => None,
-                },
-                store: match args.store {
-                    Store::Memory => StoreKind::Memory {
-                        max_bytes: args.memory_max_bytes,
-                    },
-                    #[cfg(feature = "dynamodb")]
-                    Store::Dynamodb => StoreKind::DynamoDb(args.dynamo.options()),
-                    #[cfg(not(feature = "dynamodb"))]
-                    Store::Dynamodb => return fail(
-                        "--store dynamodb: this shardgate was built without the `dynamodb` feature",
-                    ),
-                },
-                partition_write_budget: args.partition_write_budget,
-                leases: args.leases.map(|s| matches!(s, Switch::On)),
-                global_quota_mode: args.global_quota_mode,
-                load: LoadOptions {
-                    merge_domains: args.merge_domain_config,
-                },
-                answer: AnswerOptions {
-                    global_shadow: args.global_shadow_mode,
-                    dynamic_metadata: args.response_dynamic_metadata,
-                    headers: args.rate_limit_headers.then(|| RateLimitHeaders {
-                        limit: args.limit_header.clone(),
-                        remaining: args.remaining_header.clone(),
-                        reset: args.reset_header.clone(),
-                    }),
-                },
-                request_limits: RequestLimits {
-                    max_descriptors: args.max_descriptors,
-                    max_entries: args.max_entries,
-                    max_key_bytes: args.max_key_bytes,
-                    max_value_bytes: args.max_value_bytes,
-                },
-                trace_context: export.is_some(),
-                port_limits: args.grpc.limits(),
-                statsd,
-            };
-            let served = rt.block_on(serve::run(options));
-            // The calls have drained: the spans of the last ones are flushed now, from
-            // this thread, while the runtime's workers still drive the connection.
-            #[cfg(feature = "otel")]
-            if let Some(export) = export {
-                export.shutdown();
-            }
-            match served {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => fail(e),
-            }
-        }
+        Command::Serve(args) => serve(args, &upstream),
     }
+}
+
+/// `shardgate serve`: the runtime, the span export and logging, the report of
+/// envoyproxy/ratelimit's variables, then the server until a shutdown signal.
+fn serve(args: Box<Serve>, upstream: &shardgate::upstream_env::Translation) -> ExitCode {
+    // The runtime comes first, then the span export inside it, then logging: the
+    // OTLP exporter's tonic channel spawns its connection task on the runtime when
+    // it is built, and the exporting layer must be in the subscriber from the
+    // start. (A `reload` layer filled in later, or an exporter built lazily, would
+    // keep a handle or a check on every span for the life of the process; building
+    // the runtime logs nothing, so nothing is lost by starting it first.)
+    let rt = match runtime_with(args.worker_threads) {
+        Ok(rt) => rt,
+        Err(code) => return code,
+    };
+    let export = {
+        let _in_runtime = rt.enter();
+        match span_export(args.otlp_endpoint.as_deref(), args.otlp_protocol) {
+            Ok(export) => export,
+            Err(code) => return code,
+        }
+    };
+    init_logging(
+        args.log_format,
+        args.log_spans,
+        #[cfg(feature = "otel")]
+        export.as_ref(),
+    );
+    if !upstream.refused.is_empty() {
+        return fail(format!(
+            "envoyproxy/ratelimit settings shardgate cannot follow:\n  {}",
+            upstream.refused.join("\n  ")
+        ));
+    }
+    for alias in &upstream.set {
+        tracing::info!(
+            from = alias.from,
+            to = alias.ours,
+            "envoyproxy/ratelimit variable honoured"
+        );
+    }
+    if !upstream.ignored.is_empty() {
+        tracing::warn!(
+            ignored = %upstream.ignored.join(", "),
+            "envoyproxy/ratelimit variables with no meaning in shardgate (docs/configuration.md, \"Environment\")"
+        );
+    }
+    let options = match serve_options(*args, export.is_some()) {
+        Ok(options) => options,
+        Err(code) => return code,
+    };
+    let served = rt.block_on(serve::run(options));
+    // The calls have drained: the spans of the last ones are flushed now, from
+    // this thread, while the runtime's workers still drive the connection.
+    #[cfg(feature = "otel")]
+    if let Some(export) = export {
+        export.shutdown();
+    }
+    match served {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(e),
+    }
+}
+
+/// The server's options from the command line (`trace_context`: spans are exported).
+fn serve_options(args: Serve, trace_context: bool) -> Result<ServeOptions, ExitCode> {
+    let store_timeout = args.dynamo.store_timeout;
+    if args.dynamo.namespace.len() > MAX_NAMESPACE_BYTES {
+        return Err(fail(format!(
+                "--namespace is {} bytes long, at most {MAX_NAMESPACE_BYTES} (it is part of every store key)",
+                args.dynamo.namespace.len()
+            )));
+    }
+    let statsd = args.statsd_addr.clone().map(|addr| StatsdOptions {
+        addr,
+        protocol: match args.statsd_protocol {
+            StatsdTransport::Udp => StatsdProtocol::Udp,
+            StatsdTransport::Tcp => StatsdProtocol::Tcp,
+        },
+        flush_interval: args
+            .statsd_flush_interval
+            .unwrap_or(statsd::DEFAULT_FLUSH_INTERVAL),
+        tags: args
+            .statsd_tags
+            .clone()
+            .map(|StatsdTags(tags)| tags)
+            .unwrap_or_default(),
+    });
+    Ok(ServeOptions {
+        config: args.config,
+        store_timeout,
+        grpc_addr: args.grpc_addr,
+        http_addr: args.http_addr,
+        shutdown_grace: args.shutdown_grace,
+        tls: match (args.tls_cert, args.tls_key) {
+            (Some(cert), Some(key)) => Some(TlsFiles {
+                cert,
+                key,
+                client_ca: args.tls_client_ca,
+            }),
+            _ => None,
+        },
+        store: match args.store {
+            Store::Memory => StoreKind::Memory {
+                max_bytes: args.memory_max_bytes,
+            },
+            #[cfg(feature = "dynamodb")]
+            Store::Dynamodb => StoreKind::DynamoDb(args.dynamo.options()),
+            #[cfg(not(feature = "dynamodb"))]
+            Store::Dynamodb => {
+                return Err(fail(
+                    "--store dynamodb: this shardgate was built without the `dynamodb` feature",
+                ))
+            }
+        },
+        partition_write_budget: args.partition_write_budget,
+        leases: args.leases.map(|s| matches!(s, Switch::On)),
+        global_quota_mode: args.global_quota_mode,
+        load: LoadOptions {
+            merge_domains: args.merge_domain_config,
+        },
+        answer: AnswerOptions {
+            global_shadow: args.global_shadow_mode,
+            dynamic_metadata: args.response_dynamic_metadata,
+            headers: args.rate_limit_headers.then(|| RateLimitHeaders {
+                limit: args.limit_header.clone(),
+                remaining: args.remaining_header.clone(),
+                reset: args.reset_header.clone(),
+            }),
+        },
+        request_limits: RequestLimits {
+            max_descriptors: args.max_descriptors,
+            max_entries: args.max_entries,
+            max_key_bytes: args.max_key_bytes,
+            max_value_bytes: args.max_value_bytes,
+        },
+        trace_context,
+        port_limits: args.grpc.limits(),
+        statsd,
+    })
 }
 
 /// The name envoyproxy/ratelimit's image runs its server by, with no arguments (Envoy
