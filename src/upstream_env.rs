@@ -9,7 +9,7 @@
 //! `main` applies the result before parsing its arguments and logs the ignored names
 //! once. The table of what is honoured is in docs/configuration.md.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::ToSocketAddrs;
 use std::time::Duration;
 
@@ -83,67 +83,154 @@ const DEFAULT_APP_DIRECTORY: &str = "config";
 
 /// Translates `env` (the process environment).
 pub fn translate(env: &BTreeMap<String, String>) -> Translation {
-    let mut t = Translation::default();
-    let looked = std::cell::RefCell::new(std::collections::BTreeSet::new());
-    let get = |k: &str| {
-        let v = env.get(k).map(String::as_str);
-        if v.is_some() {
-            looked.borrow_mut().insert(k.to_string());
-        }
-        v
+    let mut r = Reader {
+        env,
+        looked: BTreeSet::new(),
+        t: Translation::default(),
     };
-    let alias = |t: &mut Translation, ours: &'static str, from: &'static str, value: String| {
-        if !env.contains_key(ours) {
-            t.set.push(Alias { ours, value, from });
-        }
-    };
+    rule_directory(&mut r);
+    listen_addrs(&mut r);
+    logging(&mut r);
+    switches(&mut r);
+    connection_age(&mut r);
+    grpc_tls(&mut r);
+    let mut consumed = statsd(env, &mut r.t);
+    consumed.extend(tracing(env, &mut r.t));
+    // The OpenTelemetry SDK's own endpoint variables, which upstream's SDK reads too:
+    // honoured as they are (the export reads them itself).
+    for sdk in [
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    ] {
+        r.get(sdk);
+    }
+    rule_source(&mut r);
+    r.finish(&consumed)
+}
 
-    // The rule directory: RUNTIME_ROOT / RUNTIME_SUBDIRECTORY / RUNTIME_APPDIRECTORY.
-    if get("RUNTIME_ROOT").is_some() || get("RUNTIME_SUBDIRECTORY").is_some() {
-        let mut path =
-            std::path::PathBuf::from(get("RUNTIME_ROOT").unwrap_or(DEFAULT_RUNTIME_ROOT));
-        if let Some(sub) = get("RUNTIME_SUBDIRECTORY") {
-            path.push(sub);
+/// The environment being read: what was looked up (each variable found is `read`
+/// unless it ends up ignored), and the translation so far.
+struct Reader<'a> {
+    env: &'a BTreeMap<String, String>,
+    looked: BTreeSet<String>,
+    t: Translation,
+}
+
+impl<'a> Reader<'a> {
+    fn get(&mut self, name: &str) -> Option<&'a str> {
+        let value = self.env.get(name).map(String::as_str);
+        if value.is_some() {
+            self.looked.insert(name.to_string());
         }
-        path.push(get("RUNTIME_APPDIRECTORY").unwrap_or(DEFAULT_APP_DIRECTORY));
-        let value = path.display().to_string();
-        alias(&mut t, "SHARDGATE_CONFIG", "RUNTIME_ROOT", value);
+        value
     }
 
+    /// Sets `ours` from upstream's `from`, unless `ours` is set already (ours win).
+    fn alias(&mut self, ours: &'static str, from: &'static str, value: String) {
+        if !self.env.contains_key(ours) {
+            self.t.set.push(Alias { ours, value, from });
+        }
+    }
+
+    fn refuse(&mut self, why: String) {
+        self.t.refused.push(why);
+    }
+
+    /// The variables no rule read that upstream has, named as ignored; `read` completed
+    /// with what `consumed` names.
+    fn finish(mut self, consumed: &[&str]) -> Translation {
+        for name in self.env.keys() {
+            let ignored = (IGNORED.contains(&name.as_str())
+                || IGNORED_PREFIXES.iter().any(|p| name.starts_with(p)))
+                && !consumed.contains(&name.as_str());
+            if ignored {
+                self.t.ignored.push(name.clone());
+            }
+        }
+        let env = self.env;
+        self.looked.extend(
+            consumed
+                .iter()
+                .filter(|name| env.contains_key(**name))
+                .map(|name| name.to_string()),
+        );
+        let ignored = &self.t.ignored;
+        let read = self
+            .looked
+            .into_iter()
+            .filter(|name| {
+                !ignored
+                    .iter()
+                    .any(|i| i == name || i.starts_with(&format!("{name} ")))
+            })
+            .collect();
+        self.t.read = read;
+        self.t
+    }
+}
+
+/// The rule directory: `RUNTIME_ROOT` / `RUNTIME_SUBDIRECTORY` / `RUNTIME_APPDIRECTORY`.
+fn rule_directory(r: &mut Reader) {
+    if r.get("RUNTIME_ROOT").is_none() && r.get("RUNTIME_SUBDIRECTORY").is_none() {
+        return;
+    }
+    let mut path = std::path::PathBuf::from(r.get("RUNTIME_ROOT").unwrap_or(DEFAULT_RUNTIME_ROOT));
+    if let Some(sub) = r.get("RUNTIME_SUBDIRECTORY") {
+        path.push(sub);
+    }
+    path.push(
+        r.get("RUNTIME_APPDIRECTORY")
+            .unwrap_or(DEFAULT_APP_DIRECTORY),
+    );
+    r.alias(
+        "SHARDGATE_CONFIG",
+        "RUNTIME_ROOT",
+        path.display().to_string(),
+    );
+}
+
+/// The two ports: `GRPC_HOST`/`GRPC_PORT` and `HOST`/`PORT`.
+fn listen_addrs(r: &mut Reader) {
     for (host, port, ours, default_port) in [
         ("GRPC_HOST", "GRPC_PORT", "SHARDGATE_GRPC_ADDR", "8081"),
         ("HOST", "PORT", "SHARDGATE_HTTP_ADDR", "8080"),
     ] {
-        if get(host).is_none() && get(port).is_none() {
+        if r.get(host).is_none() && r.get(port).is_none() {
             continue;
         }
-        let h = get(host).unwrap_or("0.0.0.0");
-        let p = get(port).unwrap_or(default_port);
+        let h = r.get(host).unwrap_or("0.0.0.0");
+        let p = r.get(port).unwrap_or(default_port);
         match listen_addr(h, p) {
-            Ok(addr) => alias(&mut t, ours, port, addr),
-            Err(e) => t.refused.push(format!("{host}/{port}: {e}")),
+            Ok(addr) => r.alias(ours, port, addr),
+            Err(e) => r.refuse(format!("{host}/{port}: {e}")),
         }
     }
+}
 
-    if let Some(level) = get("LOG_LEVEL") {
+/// `LOG_LEVEL` (logrus' names) and `LOG_FORMAT`.
+fn logging(r: &mut Reader) {
+    if let Some(level) = r.get("LOG_LEVEL") {
         match log_filter(level) {
-            Some(f) => alias(&mut t, "RUST_LOG", "LOG_LEVEL", f.to_string()),
-            None => t.refused.push(format!(
+            Some(f) => r.alias("RUST_LOG", "LOG_LEVEL", f.to_string()),
+            None => r.refuse(format!(
                 "LOG_LEVEL={}: not a level (trace, debug, info, warn, error)",
                 crate::text::elide(level, 64)
             )),
         }
     }
-    if let Some(format) = get("LOG_FORMAT") {
+    if let Some(format) = r.get("LOG_FORMAT") {
         match format.to_ascii_lowercase().as_str() {
-            f @ ("text" | "json") => alias(&mut t, "SHARDGATE_LOG_FORMAT", "LOG_FORMAT", f.into()),
-            _ => t.refused.push(format!(
+            f @ ("text" | "json") => r.alias("SHARDGATE_LOG_FORMAT", "LOG_FORMAT", f.into()),
+            _ => r.refuse(format!(
                 "LOG_FORMAT={}: not text or json",
                 crate::text::elide(format, 64)
             )),
         }
     }
+}
 
+/// The boolean switches upstream's answers follow, and its header names.
+fn switches(r: &mut Reader) {
     for (upstream, ours) in [
         ("SHADOW_MODE", "SHARDGATE_GLOBAL_SHADOW_MODE"),
         ("QUOTA_MODE", "SHARDGATE_GLOBAL_QUOTA_MODE"),
@@ -157,10 +244,10 @@ pub fn translate(env: &BTreeMap<String, String>) -> Translation {
             "SHARDGATE_RATE_LIMIT_HEADERS",
         ),
     ] {
-        if let Some(v) = get(upstream) {
+        if let Some(v) = r.get(upstream) {
             match go_bool(v) {
-                Some(b) => alias(&mut t, ours, upstream, b.to_string()),
-                None => t.refused.push(format!(
+                Some(b) => r.alias(ours, upstream, b.to_string()),
+                None => r.refuse(format!(
                     "{upstream}={}: not a boolean",
                     crate::text::elide(v, 64)
                 )),
@@ -172,113 +259,83 @@ pub fn translate(env: &BTreeMap<String, String>) -> Translation {
         ("LIMIT_REMAINING_HEADER", "SHARDGATE_REMAINING_HEADER"),
         ("LIMIT_RESET_HEADER", "SHARDGATE_RESET_HEADER"),
     ] {
-        if let Some(v) = get(upstream) {
-            alias(&mut t, ours, upstream, v.to_string());
+        if let Some(v) = r.get(upstream) {
+            r.alias(ours, upstream, v.to_string());
         }
     }
+}
 
-    if let Some(age) = get("GRPC_MAX_CONNECTION_AGE") {
-        match go_duration(age) {
-            Some(d) => alias(
-                &mut t,
-                "SHARDGATE_GRPC_MAX_CONNECTION_AGE",
-                "GRPC_MAX_CONNECTION_AGE",
-                humantime::format_duration(d).to_string(),
-            ),
-            None => t.refused.push(format!(
-                "GRPC_MAX_CONNECTION_AGE={}: not a duration (e.g. 24h, 90m, 1h30m)",
-                crate::text::elide(age, 64)
-            )),
-        }
+/// `GRPC_MAX_CONNECTION_AGE`, a Go duration.
+fn connection_age(r: &mut Reader) {
+    let Some(age) = r.get("GRPC_MAX_CONNECTION_AGE") else {
+        return;
+    };
+    match go_duration(age) {
+        Some(d) => r.alias(
+            "SHARDGATE_GRPC_MAX_CONNECTION_AGE",
+            "GRPC_MAX_CONNECTION_AGE",
+            humantime::format_duration(d).to_string(),
+        ),
+        None => r.refuse(format!(
+            "GRPC_MAX_CONNECTION_AGE={}: not a duration (e.g. 24h, 90m, 1h30m)",
+            crate::text::elide(age, 64)
+        )),
     }
+}
 
-    // TLS on the gRPC port, only when upstream would use it.
+/// TLS on the gRPC port, only when upstream would use it (`GRPC_SERVER_USE_TLS=true`).
+fn grpc_tls(r: &mut Reader) {
     let tls_files = [
         "GRPC_SERVER_TLS_CERT",
         "GRPC_SERVER_TLS_KEY",
         "GRPC_CLIENT_TLS_CACERT",
     ];
-    match get("GRPC_SERVER_USE_TLS").map(go_bool) {
+    match r.get("GRPC_SERVER_USE_TLS").map(go_bool) {
         Some(Some(true)) => {
             for (upstream, ours) in tls_files.into_iter().zip([
                 "SHARDGATE_TLS_CERT",
                 "SHARDGATE_TLS_KEY",
                 "SHARDGATE_TLS_CLIENT_CA",
             ]) {
-                match get(upstream) {
-                    Some(path) if !path.is_empty() => alias(&mut t, ours, upstream, path.into()),
+                match r.get(upstream) {
+                    Some(path) if !path.is_empty() => r.alias(ours, upstream, path.into()),
                     _ if upstream == "GRPC_CLIENT_TLS_CACERT" => {}
-                    _ => t
-                        .refused
-                        .push(format!("GRPC_SERVER_USE_TLS=true needs {upstream}")),
+                    _ => r.refuse(format!("GRPC_SERVER_USE_TLS=true needs {upstream}")),
                 }
             }
-            if get("GRPC_CLIENT_TLS_SAN").is_some_and(|s| !s.is_empty()) {
-                t.refused.push(
+            if r.get("GRPC_CLIENT_TLS_SAN").is_some_and(|s| !s.is_empty()) {
+                r.refuse(
                     "GRPC_CLIENT_TLS_SAN: client certificates are checked against \
                      GRPC_CLIENT_TLS_CACERT only; pinning a SAN is not supported"
                         .into(),
                 );
             }
         }
-        Some(None) => t.refused.push("GRPC_SERVER_USE_TLS: not a boolean".into()),
+        Some(None) => r.refuse("GRPC_SERVER_USE_TLS: not a boolean".into()),
         _ => {
             for name in tls_files.into_iter().chain(["GRPC_CLIENT_TLS_SAN"]) {
-                if env.contains_key(name) {
-                    t.ignored
+                if r.env.contains_key(name) {
+                    r.t.ignored
                         .push(format!("{name} (GRPC_SERVER_USE_TLS is not true)"));
                 }
             }
         }
     }
+}
 
-    let mut consumed = statsd(env, &mut t);
-    consumed.extend(tracing(env, &mut t));
-    // The OpenTelemetry SDK's own endpoint variables, which upstream's SDK reads too:
-    // honoured as they are (the export reads them itself).
-    for sdk in [
-        "OTEL_EXPORTER_OTLP_ENDPOINT",
-        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-    ] {
-        get(sdk);
-    }
-
-    match get("CONFIG_TYPE").map(str::to_ascii_uppercase).as_deref() {
+/// Where rules come from (`CONFIG_TYPE`: files only) and the gRPC socket's kind
+/// (`GRPC_UDS`: TCP only).
+fn rule_source(r: &mut Reader) {
+    match r.get("CONFIG_TYPE").map(str::to_ascii_uppercase).as_deref() {
         None | Some("FILE") => {}
-        Some(other) => t.refused.push(format!(
+        Some(other) => r.refuse(format!(
             "CONFIG_TYPE={}: shardgate reads rules from files only",
             crate::text::elide(other, 64)
         )),
     }
-    if get("GRPC_UDS").is_some_and(|s| !s.is_empty()) {
-        t.refused
-            .push("GRPC_UDS: shardgate listens on TCP only (GRPC_HOST/GRPC_PORT)".into());
+    if r.get("GRPC_UDS").is_some_and(|s| !s.is_empty()) {
+        r.refuse("GRPC_UDS: shardgate listens on TCP only (GRPC_HOST/GRPC_PORT)".into());
     }
-
-    for name in env.keys() {
-        let ignored = (IGNORED.contains(&name.as_str())
-            || IGNORED_PREFIXES.iter().any(|p| name.starts_with(p)))
-            && !consumed.contains(&name.as_str());
-        if ignored {
-            t.ignored.push(name.clone());
-        }
-    }
-    let mut read = looked.into_inner();
-    read.extend(
-        consumed
-            .iter()
-            .filter(|name| env.contains_key(**name))
-            .map(|name| name.to_string()),
-    );
-    t.read = read
-        .into_iter()
-        .filter(|name| {
-            !t.ignored
-                .iter()
-                .any(|i| i == name || i.starts_with(&format!("{name} ")))
-        })
-        .collect();
-    t
 }
 
 /// statsd as upstream sends it: with `USE_STATSD=true` (and stats not disabled), to
