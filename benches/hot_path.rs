@@ -292,7 +292,9 @@ fn metrics_recording(c: &mut Criterion) {
     use prometheus_client::metrics::counter::Counter;
     use prometheus_client::metrics::gauge::Gauge;
     use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
-    use shardgate::striped::{StripedCells, StripedCounter, StripedGauge, StripedHistogram};
+    use shardgate::support::striped::{
+        StripedCells, StripedCounter, StripedGauge, StripedHistogram,
+    };
     use std::time::Duration;
 
     let latency = Duration::from_micros(30);

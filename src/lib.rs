@@ -16,9 +16,7 @@ pub mod engine;
 pub mod server;
 pub mod service;
 pub mod store;
-pub mod striped;
+pub mod support;
 #[cfg(feature = "otel")]
 pub mod telemetry;
-pub mod text;
-mod throttle;
 pub mod upstream_env;

@@ -333,7 +333,7 @@ fn header_name(s: &str) -> Result<String, String> {
     if s.is_empty() || s.len() > 128 || !s.chars().all(token) {
         return Err(format!(
             "{:?} is not an HTTP header name (letters, digits and !#$%&'*+-.^_`|~, at most 128 bytes)",
-            shardgate::text::elide(s, 64)
+            shardgate::support::text::elide(s, 64)
         ));
     }
     Ok(s.to_string())

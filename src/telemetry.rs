@@ -72,7 +72,7 @@ impl OtlpProtocol {
                 Some(other) => {
                     return Err(format!(
                         "{name}={}: shardgate sends grpc or http/protobuf",
-                        crate::text::elide(other, 32)
+                        crate::support::text::elide(other, 32)
                     ))
                 }
             }

@@ -214,7 +214,7 @@ fn logging(r: &mut Reader) {
             Some(f) => r.alias("RUST_LOG", "LOG_LEVEL", f.to_string()),
             None => r.refuse(format!(
                 "LOG_LEVEL={}: not a level (trace, debug, info, warn, error)",
-                crate::text::elide(level, 64)
+                crate::support::text::elide(level, 64)
             )),
         }
     }
@@ -223,7 +223,7 @@ fn logging(r: &mut Reader) {
             f @ ("text" | "json") => r.alias("SHARDGATE_LOG_FORMAT", "LOG_FORMAT", f.into()),
             _ => r.refuse(format!(
                 "LOG_FORMAT={}: not text or json",
-                crate::text::elide(format, 64)
+                crate::support::text::elide(format, 64)
             )),
         }
     }
@@ -249,7 +249,7 @@ fn switches(r: &mut Reader) {
                 Some(b) => r.alias(ours, upstream, b.to_string()),
                 None => r.refuse(format!(
                     "{upstream}={}: not a boolean",
-                    crate::text::elide(v, 64)
+                    crate::support::text::elide(v, 64)
                 )),
             }
         }
@@ -278,7 +278,7 @@ fn connection_age(r: &mut Reader) {
         ),
         None => r.refuse(format!(
             "GRPC_MAX_CONNECTION_AGE={}: not a duration (e.g. 24h, 90m, 1h30m)",
-            crate::text::elide(age, 64)
+            crate::support::text::elide(age, 64)
         )),
     }
 }
@@ -330,7 +330,7 @@ fn rule_source(r: &mut Reader) {
         None | Some("FILE") => {}
         Some(other) => r.refuse(format!(
             "CONFIG_TYPE={}: shardgate reads rules from files only",
-            crate::text::elide(other, 64)
+            crate::support::text::elide(other, 64)
         )),
     }
     if r.get("GRPC_UDS").is_some_and(|s| !s.is_empty()) {
@@ -382,7 +382,7 @@ fn statsd(env: &BTreeMap<String, String>, t: &mut Translation) -> Vec<&'static s
         ),
         Err(_) => t.refused.push(format!(
             "STATSD_PORT={}: not a port",
-            crate::text::elide(port, 32)
+            crate::support::text::elide(port, 32)
         )),
     }
     match get("STATSD_PROTOCOL")
@@ -395,7 +395,7 @@ fn statsd(env: &BTreeMap<String, String>, t: &mut Translation) -> Vec<&'static s
         }
         Some(other) => t.refused.push(format!(
             "STATSD_PROTOCOL={}: not tcp or udp",
-            crate::text::elide(other, 32)
+            crate::support::text::elide(other, 32)
         )),
     }
     if let Some(interval) = get("STATS_FLUSH_INTERVAL") {
@@ -408,16 +408,17 @@ fn statsd(env: &BTreeMap<String, String>, t: &mut Translation) -> Vec<&'static s
             ),
             None => t.refused.push(format!(
                 "STATS_FLUSH_INTERVAL={}: not a positive duration (e.g. 10s)",
-                crate::text::elide(interval, 64)
+                crate::support::text::elide(interval, 64)
             )),
         }
     }
     if let Some(tags) = get("EXTRA_TAGS") {
         match crate::service::metrics::statsd::parse_tags(tags) {
             Ok(_) => alias(t, "SHARDGATE_STATSD_TAGS", "EXTRA_TAGS", tags.into()),
-            Err(e) => t
-                .refused
-                .push(format!("EXTRA_TAGS: {}", crate::text::elide(&e, 96))),
+            Err(e) => t.refused.push(format!(
+                "EXTRA_TAGS: {}",
+                crate::support::text::elide(&e, 96)
+            )),
         }
     }
     vec![
@@ -463,7 +464,7 @@ fn tracing(env: &BTreeMap<String, String>, t: &mut Translation) -> Vec<&'static 
             _ => {
                 t.refused.push(format!(
                     "TRACING_EXPORTER_PROTOCOL={}: not http or grpc",
-                    crate::text::elide(p, 32)
+                    crate::support::text::elide(p, 32)
                 ));
                 return Vec::new();
             }
@@ -526,7 +527,7 @@ fn tracing(env: &BTreeMap<String, String>, t: &mut Translation) -> Vec<&'static 
             Ok(1.0) => {}
             _ => t.refused.push(format!(
                 "TRACING_SAMPLING_RATE={}: not a number from 0 to 1",
-                crate::text::elide(rate, 32)
+                crate::support::text::elide(rate, 32)
             )),
         }
     }
@@ -556,14 +557,14 @@ fn percent_encode(v: &str) -> String {
 fn listen_addr(host: &str, port: &str) -> Result<String, String> {
     let port: u16 = port
         .parse()
-        .map_err(|_| format!("{}: not a port", crate::text::elide(port, 32)))?;
+        .map_err(|_| format!("{}: not a port", crate::support::text::elide(port, 32)))?;
     let mut addrs = (host, port)
         .to_socket_addrs()
-        .map_err(|e| format!("{}: {e}", crate::text::elide(host, 64)))?;
+        .map_err(|e| format!("{}: {e}", crate::support::text::elide(host, 64)))?;
     addrs
         .next()
         .map(|a| a.to_string())
-        .ok_or_else(|| format!("{}: no address", crate::text::elide(host, 64)))
+        .ok_or_else(|| format!("{}: no address", crate::support::text::elide(host, 64)))
 }
 
 /// upstream's (logrus) level names as a tracing filter.

@@ -102,7 +102,7 @@ async fn tc<S: BucketStore>(rig: &Rig<S>, entity: &str) -> i64 {
 
 fn stat(
     rig: &Rig<impl BucketStore>,
-    f: impl Fn(&EngineStats) -> &shardgate::striped::StripedCounter,
+    f: impl Fn(&EngineStats) -> &shardgate::support::striped::StripedCounter,
 ) -> u64 {
     EngineStats::get(f(rig.engine.stats()))
 }

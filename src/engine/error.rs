@@ -4,7 +4,7 @@
 use thiserror::Error;
 
 use crate::store::StoreError;
-use crate::text::quote;
+use crate::support::text::quote;
 
 /// Engine failures: the store failed, with the bucket it concerned (its entity shown
 /// elided: it holds request values).

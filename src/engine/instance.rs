@@ -26,7 +26,7 @@ pub struct Engine<S: BucketStore> {
     /// any more, every one goes to the store (see `lease/mod.rs`).
     pub(super) leasing_failed: std::sync::atomic::AtomicBool,
     pub(super) stats: Arc<EngineStats>,
-    pub(super) ceiling_log: crate::throttle::LogThrottle,
+    pub(super) ceiling_log: crate::support::throttle::LogThrottle,
 }
 
 impl<S: BucketStore> std::fmt::Debug for Engine<S> {
@@ -68,7 +68,9 @@ impl<S: BucketStore> Engine<S> {
             leasing_failed: std::sync::atomic::AtomicBool::new(false),
             options,
             stats: Arc::default(),
-            ceiling_log: crate::throttle::LogThrottle::new(std::time::Duration::from_secs(10)),
+            ceiling_log: crate::support::throttle::LogThrottle::new(
+                std::time::Duration::from_secs(10),
+            ),
         }
     }
 

@@ -1,10 +1,10 @@
 //! The engine's counters: what it did, counted per process. One declaration gives each
 //! counter its field, its metric name (the same word) and its help text, so every counter
 //! the engine keeps is exported and none is renamed on the way. No I/O: the metrics
-//! module reads them at scrape time. Striped per thread (`crate::striped`): the fast
+//! module reads them at scrape time. Striped per thread (`crate::support::striped`): the fast
 //! path bumps one on every request, and the workers must not share its cache line.
 
-use crate::striped::StripedCounter;
+use crate::support::striped::StripedCounter;
 
 /// One counter as exported: its name (`shardgate_<name>_total`), help text and value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

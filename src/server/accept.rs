@@ -23,7 +23,7 @@ use tokio::time::Sleep;
 
 use super::socket::no_delay;
 use crate::service::metrics::Metrics;
-use crate::throttle::LogThrottle;
+use crate::support::throttle::LogThrottle;
 
 /// The first pause after a failed accept.
 const FIRST_PAUSE: Duration = Duration::from_millis(5);

@@ -18,7 +18,7 @@ use tonic::codegen::http;
 use tonic::Status;
 
 use crate::service::deadline::Bounded;
-use crate::text::elide;
+use crate::support::text::elide;
 
 /// The most of a client's `grpc-encoding` value quoted back to it.
 const NAME_BYTES: usize = 64;

@@ -20,7 +20,7 @@ use super::json;
 use crate::config::{RuleLimit, Unit};
 use crate::service::decision::{CallError, RateLimiter};
 use crate::store::BucketStore;
-use crate::text::{elide, MESSAGE_BYTES};
+use crate::support::text::{elide, MESSAGE_BYTES};
 
 /// The HTTP routes over one rate limiter.
 pub fn router<S: BucketStore>(limiter: Arc<RateLimiter<S>>) -> Router {

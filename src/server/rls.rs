@@ -27,7 +27,7 @@ use crate::service::deadline;
 use crate::service::decision::{CallError, RateLimiter};
 use crate::service::wire::RequestView;
 use crate::store::BucketStore;
-use crate::text::{elide, MESSAGE_BYTES};
+use crate::support::text::{elide, MESSAGE_BYTES};
 
 /// The gRPC service name, as Envoy's `grpc_service` and health checks name it.
 pub const SERVICE_NAME: &str = "envoy.service.ratelimit.v3.RateLimitService";

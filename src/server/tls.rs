@@ -32,7 +32,7 @@ use tokio_stream::StreamExt;
 
 use super::accept::Accepting;
 use crate::service::metrics::Metrics;
-use crate::throttle::LogThrottle;
+use crate::support::throttle::LogThrottle;
 
 /// How long a client may take to complete its handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);

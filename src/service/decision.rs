@@ -28,7 +28,7 @@ use crate::config::{Config, FailureMode};
 use crate::engine::plan::Plan;
 use crate::engine::{Acquire, Decision, Engine, EngineError, LimitOutcome};
 use crate::store::{calls, BucketKey, BucketStore, StoreError, DEFAULT_STORE_TIMEOUT};
-use crate::throttle::LogThrottle;
+use crate::support::throttle::LogThrottle;
 
 /// Why a call was not answered with statuses.
 #[derive(Debug, Error)]

@@ -26,7 +26,7 @@ pub use item::{
     MILLI, MIN_BALANCE, WCU_LIMIT,
 };
 
-use crate::text::quote;
+use crate::support::text::quote;
 
 /// One limit's part of a debit.
 #[derive(Debug, Clone, PartialEq, Eq)]

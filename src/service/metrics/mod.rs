@@ -7,7 +7,7 @@
 //! totals sent to statsd in envoyproxy/ratelimit's names (`statsd.rs`).
 //!
 //! Recording is cheap and lock-free on the hot path except for the first sighting of a
-//! label set: what every request moves is striped per thread (`striped.rs`), the rules'
+//! label set: what every request moves is striped per thread (`support/striped.rs`), the rules'
 //! counters are looked up once per config load (`rule_hits.rs`, which also caps the
 //! distinct keys hostile descriptor values could create), and what is read only at
 //! scrape time is collected then (`collectors.rs`).
@@ -38,7 +38,7 @@ use crate::engine::EngineView;
 use crate::store::memory::MemoryStats;
 use crate::store::metered::CallObserver;
 use crate::store::metered::{CallKind, CallTotals};
-use crate::striped::{StripedCounter, StripedGauge, StripedHistogram};
+use crate::support::striped::{StripedCounter, StripedGauge, StripedHistogram};
 use rule_hits::RuleHits;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -4,7 +4,7 @@
 //! values, and their encoding at scrape time.
 //!
 //! A config rule's counters are looked up once per config load and striped per thread
-//! (`striped.rs`), so counting its hits is two or three atomic adds on one line this
+//! (`support/striped.rs`), so counting its hits is two or three atomic adds on one line this
 //! thread owns. Keys built from request values are looked up per request and kept
 //! unstriped: there can be `MAX_RULE_KEYS` of them.
 
@@ -18,7 +18,7 @@ use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, NoLabelSet}
 use prometheus_client::metrics::MetricType;
 
 use crate::config::{hit_key, DescriptorEntry, Rule};
-use crate::striped::StripedCells;
+use crate::support::striped::StripedCells;
 
 /// Most distinct rule keys carrying request values; further keys are counted under
 /// `_overflow_`.

@@ -1,10 +1,10 @@
-//! The striped counters (`crate::striped`) as Prometheus metrics: a scrape sums the
+//! The striped counters (`crate::support::striped`) as Prometheus metrics: a scrape sums the
 //! stripes and encodes them as prometheus-client's own types would.
 
 use prometheus_client::encoding::{EncodeMetric, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::{MetricType, TypedMetric};
 
-use crate::striped::{StripedCounter, StripedGauge, StripedHistogram};
+use crate::support::striped::{StripedCounter, StripedGauge, StripedHistogram};
 
 impl TypedMetric for StripedCounter {
     const TYPE: MetricType = MetricType::Counter;

@@ -14,7 +14,7 @@ use aws_sdk_dynamodb::types::ThrottlingReason;
 use super::codec::Item;
 use super::{DynamoStore, CONFLICT};
 use crate::store::{BucketItem, BucketKey, StoreError};
-use crate::text::elide;
+use crate::support::text::elide;
 
 /// Most bytes of a DynamoDB error text carried into a [`StoreError`].
 pub(super) const REASON_BYTES: usize = 256;

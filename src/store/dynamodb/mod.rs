@@ -50,7 +50,7 @@ use super::{
     BucketItem, BucketKey, BucketStore, CommitOutcome, Credit, CreditGuard, Debit, DebitMode,
     DebitOutcome, StoreError, Write, MAX_COMMIT_ITEMS,
 };
-use crate::text::elide;
+use crate::support::text::elide;
 
 /// Where the table is and how to reach it.
 #[derive(Debug, Clone)]

@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use super::slot::Slot;
 use crate::store::WCU_LIMIT;
-use crate::throttle::LogThrottle;
+use crate::support::throttle::LogThrottle;
 
 /// Ages are bucketed one per second below this many seconds.
 const EXACT_AGES: u32 = 16;
