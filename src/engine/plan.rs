@@ -15,7 +15,7 @@ use crate::store::Name;
 
 /// Where one descriptor's limit sits in the plan.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Slot {
+pub struct LimitPosition {
     pub bucket: usize,
     pub limit: usize,
     /// The cascade parent's limit, if the rule cascades.
@@ -61,7 +61,7 @@ impl Plan {
         rule: &Rule,
         entries: &[E],
         hits: u64,
-    ) -> Result<Slot, AmountOverflow> {
+    ) -> Result<LimitPosition, AmountOverflow> {
         let RuleLimit::Limited(limit) = &rule.limit else {
             unreachable!("unlimited rules never reach a plan");
         };
@@ -99,7 +99,7 @@ impl Plan {
             },
             None => None,
         };
-        Ok(Slot {
+        Ok(LimitPosition {
             bucket,
             limit: idx,
             parent,

@@ -70,7 +70,7 @@ impl StoreFailure {
 }
 
 /// One call as it goes: its deadline, and what its span reports at the end.
-struct Progress {
+struct CallState {
     deadline: Instant,
     /// The cause of the first store failure (`StoreFailure::cause`), answered by
     /// `failure_mode`.
@@ -78,9 +78,9 @@ struct Progress {
     unknown_domain: AtomicBool,
 }
 
-impl Progress {
-    fn new(deadline: Instant) -> Progress {
-        Progress {
+impl CallState {
+    fn new(deadline: Instant) -> CallState {
+        CallState {
             deadline,
             failure: OnceLock::new(),
             unknown_domain: AtomicBool::new(false),
@@ -309,7 +309,7 @@ impl<S: BucketStore> RateLimiter<S> {
             store_calls = tracing::field::Empty,
             failure_mode = tracing::field::Empty,
         );
-        let progress = Progress::new(deadline);
+        let progress = CallState::new(deadline);
         if span.is_disabled() {
             // The usual case: the decision awaited as it is, with no wrapper to move it
             // through (each would copy its few KB once more on every request).
@@ -335,7 +335,7 @@ impl<S: BucketStore> RateLimiter<S> {
     async fn decide(
         &self,
         req: &RequestView<'_>,
-        progress: &Progress,
+        progress: &CallState,
         span: &tracing::Span,
     ) -> Result<Reply, CallError> {
         let _timer = self.metrics.request();
@@ -374,7 +374,7 @@ impl<S: BucketStore> RateLimiter<S> {
         req: &RequestView<'_>,
         treatments: &[Treatment<'_>],
         verdicts: &mut [Option<Verdict>],
-        progress: &Progress,
+        progress: &CallState,
     ) -> Result<bool, CallError> {
         let mut over = false;
         // The groups other than the enforced one are rare; each is stepped through in its
@@ -510,7 +510,7 @@ impl<S: BucketStore> RateLimiter<S> {
         req: &RequestView<'_>,
         treatments: &[Treatment<'_>],
         verdicts: &mut [Option<Verdict>],
-        progress: &Progress,
+        progress: &CallState,
     ) -> Result<bool, CallError> {
         let planned = self.plan(req, treatments, |g| g == Group::Forced)?;
         self.acquire_or_peek(&planned, treatments, true, verdicts, progress)
@@ -527,7 +527,7 @@ impl<S: BucketStore> RateLimiter<S> {
         verdicts: &mut [Option<Verdict>],
         mut over: bool,
         enforced: Option<(&Acquire, &Decision)>,
-        progress: &Progress,
+        progress: &CallState,
     ) -> Result<bool, CallError> {
         // 3. Quota descriptors: over only if all of them are.
         let mut quota_seen = 0;
@@ -587,7 +587,7 @@ impl<S: BucketStore> RateLimiter<S> {
         planned: &Planned,
         treatments: &[Treatment<'_>],
         verdicts: &mut [Option<Verdict>],
-        progress: &Progress,
+        progress: &CallState,
     ) -> Result<Decision, CallError> {
         let answer = Bounded::new(
             self.engine
@@ -610,7 +610,7 @@ impl<S: BucketStore> RateLimiter<S> {
         treatments: &[Treatment<'_>],
         write: bool,
         verdicts: &mut [Option<Verdict>],
-        progress: &Progress,
+        progress: &CallState,
     ) -> Result<bool, CallError> {
         let acquire = &planned.plan.acquire;
         let result = if write {
@@ -659,7 +659,7 @@ impl<S: BucketStore> RateLimiter<S> {
         e: StoreFailure,
         placed: &[Placed],
         treatments: &[Treatment<'_>],
-        progress: &Progress,
+        progress: &CallState,
     ) -> Result<Decision, CallError> {
         if let StoreFailure::Engine(e) = &e {
             if e.is_request_error() {

@@ -9,7 +9,7 @@ use super::response_encoding::StatusLine;
 use super::treatment::{Group, PerDescriptor, Treatment};
 use crate::config::Rule;
 use crate::engine::bucket::{self, whole_tokens};
-use crate::engine::plan::Slot;
+use crate::engine::plan::LimitPosition;
 use crate::engine::{Decision, LimitOutcome};
 
 /// Outcome of one descriptor: its own limit and its cascade parent's.
@@ -29,7 +29,7 @@ impl Verdict {
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Placed {
     pub descriptor: usize,
-    pub slot: Slot,
+    pub slot: LimitPosition,
 }
 
 /// The planned descriptors of one engine call, inline for the usual few.

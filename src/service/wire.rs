@@ -60,7 +60,7 @@ pub struct Descriptor<'v> {
 
 /// Where one descriptor's entries sit in the request's entry list, and its other fields.
 #[derive(Debug, Clone, Copy)]
-struct Slot {
+struct DescriptorSpan {
     first: u32,
     kept: u32,
     seen: u32,
@@ -91,7 +91,7 @@ pub struct RequestView<'a> {
     pub domain: &'a str,
     /// The request's `hits_addend` (0: not set).
     pub hits_addend: u32,
-    slots: SmallVec<[Slot; 4]>,
+    slots: SmallVec<[DescriptorSpan; 4]>,
     entries: SmallVec<[EntryView<'a>; 8]>,
     descriptors_seen: usize,
 }
@@ -246,7 +246,7 @@ impl<'a> RequestView<'a> {
         let i = self.descriptors_seen;
         self.descriptors_seen += 1;
         let kept = i < keep.descriptors;
-        let mut slot = Slot {
+        let mut slot = DescriptorSpan {
             first: self.entries.len() as u32,
             kept: 0,
             seen: 0,
@@ -331,7 +331,7 @@ impl<'a> RequestView<'a> {
         self.descriptors_seen
     }
 
-    fn at(&self, s: &Slot) -> Descriptor<'_> {
+    fn at(&self, s: &DescriptorSpan) -> Descriptor<'_> {
         let first = s.first as usize;
         Descriptor {
             entries: &self.entries[first..first + s.kept as usize],
@@ -385,7 +385,7 @@ impl<'a> From<&'a RateLimitRequest> for RequestView<'a> {
                 key: &e.key,
                 value: &e.value,
             }));
-            view.slots.push(Slot {
+            view.slots.push(DescriptorSpan {
                 first,
                 kept: d.entries.len() as u32,
                 seen: d.entries.len() as u32,

@@ -29,7 +29,7 @@
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
-use super::slot::Slot;
+use super::slot::CompactItem;
 use crate::store::WCU_LIMIT;
 use crate::support::throttle::LogThrottle;
 
@@ -98,7 +98,7 @@ pub(super) struct Moment {
 
 impl Moment {
     /// Whether `slot` (shard `shard` of its bucket) is the same as no item now.
-    pub(super) fn class(&self, shard: u32, slot: &Slot) -> Class {
+    pub(super) fn class(&self, shard: u32, slot: &CompactItem) -> Class {
         if shard == 0 && slot.shard_count > 1 {
             return Class::Active;
         }
@@ -128,7 +128,7 @@ impl Moment {
     }
 
     /// Where `slot` stands in the eviction order.
-    pub(super) fn rank(&self, shard: u32, slot: &Slot) -> Rank {
+    pub(super) fn rank(&self, shard: u32, slot: &CompactItem) -> Rank {
         let age = mark_of(self.now_s).saturating_sub(slot.touched);
         // Older first within a class.
         let by_age = AGE_BUCKETS - 1 - age_bucket(age);

@@ -8,7 +8,7 @@ use futures::executor::block_on;
 use smallvec::smallvec;
 
 use super::partition::Partition;
-use super::slot::{Balance, Shape, Slot};
+use super::slot::{Balance, CompactItem, Shape};
 use super::*;
 use crate::store::{LimitParams, LimitState};
 
@@ -34,8 +34,8 @@ const T0_S: i64 = 1_800_000_000;
 
 /// A slot of the day rule holding `tk`, refilled last at `rf_s`, last used at
 /// `touched_s`, of a bucket of `shard_count` shards.
-fn slot(tk: i64, rf_s: i64, touched_s: i64, shard_count: u32) -> Slot {
-    Slot {
+fn slot(tk: i64, rf_s: i64, touched_s: i64, shard_count: u32) -> CompactItem {
+    CompactItem {
         rf: rf_s * 1_000,
         ttl: NO_TTL,
         shard_count,
@@ -54,7 +54,7 @@ fn slot(tk: i64, rf_s: i64, touched_s: i64, shard_count: u32) -> Slot {
 }
 
 /// A slot in use: emptied when last used, a day from full.
-fn in_use(touched_s: i64) -> Slot {
+fn in_use(touched_s: i64) -> CompactItem {
     slot(0, touched_s, touched_s, 1)
 }
 

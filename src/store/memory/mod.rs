@@ -54,7 +54,7 @@ mod table;
 
 use bound::{Clock, Evicted, Evictions};
 use partition::Partition;
-use slot::{Balance, Shape, ShapeOf, Slot, NO_TTL};
+use slot::{Balance, CompactItem, Shape, ShapeOf, NO_TTL};
 
 const PARTITIONS: usize = 64;
 
@@ -149,12 +149,12 @@ impl MemoryStore {
 
     /// The compact form of `item`, marked as used now; `like` is a shape to reuse when
     /// it fits (an update seldom changes names or parameters), sparing the interner's lock.
-    fn slot(&self, item: &BucketItem, like: Option<&Arc<Shape>>) -> Slot {
+    fn slot(&self, item: &BucketItem, like: Option<&Arc<Shape>>) -> CompactItem {
         let shape = match like {
             Some(s) if s.describes(&item.limits) => s.clone(),
             _ => self.intern(&item.limits),
         };
-        Slot {
+        CompactItem {
             rf: item.rf,
             ttl: item.ttl.unwrap_or(NO_TTL),
             shard_count: item.shard_count,
@@ -188,7 +188,7 @@ impl MemoryStore {
 
     /// The current image of one item (for tests and `inspect`).
     pub fn get(&self, key: &BucketKey) -> Option<BucketItem> {
-        self.part(key).get(key).map(Slot::image)
+        self.part(key).get(key).map(CompactItem::image)
     }
 
     /// Puts an item as-is (tests use it to set up scenarios), within the bound.
@@ -246,7 +246,7 @@ impl MemoryStore {
 }
 
 /// Whether `debits` may be applied to `slot` under the mode's conditions.
-fn debit_allowed(slot: &Slot, debits: &[Debit], mode: DebitMode) -> bool {
+fn debit_allowed(slot: &CompactItem, debits: &[Debit], mode: DebitMode) -> bool {
     let fast = match mode {
         DebitMode::Fast { now_s, shard_count } => {
             if slot.ttl <= now_s || slot.shard_count != shard_count {
@@ -273,7 +273,7 @@ fn debit_allowed(slot: &Slot, debits: &[Debit], mode: DebitMode) -> bool {
 }
 
 /// Applies allowed `debits` in place (see [`debit_allowed`]).
-fn apply_debit(slot: &mut Slot, debits: &[Debit], mode: DebitMode) {
+fn apply_debit(slot: &mut CompactItem, debits: &[Debit], mode: DebitMode) {
     for d in debits {
         if let Some(b) = slot.balance_mut(&d.limit) {
             b.tk -= d.amount;
@@ -352,7 +352,11 @@ fn apply_update(
 impl MemoryStore {
     /// What `w` makes of the item `current`: `Ok(None)` when its condition fails, an
     /// error when the item it would write is larger than a store may hold.
-    fn stage(&self, current: Option<&Slot>, w: &Write) -> Result<Option<Slot>, StoreError> {
+    fn stage(
+        &self,
+        current: Option<&CompactItem>,
+        w: &Write,
+    ) -> Result<Option<CompactItem>, StoreError> {
         Ok(match w {
             Write::Create { key, item } => {
                 check_item(key, item)?;
@@ -462,7 +466,7 @@ impl BucketStore for MemoryStore {
             let current = guards[&partition_of(w.key())].get(w.key());
             match self.stage(current, w)? {
                 Some(next) => staged.push(next),
-                None => failed.push((i, current.map(Slot::image))),
+                None => failed.push((i, current.map(CompactItem::image))),
             }
         }
         if !failed.is_empty() {
@@ -489,7 +493,7 @@ impl BucketStore for MemoryStore {
     ) -> Result<Vec<Credit>, StoreError> {
         check_key(key)?;
         let mut g = self.part(key);
-        let bears = |slot: &&mut Slot| guard.admits(slot.rf, slot.shard_count);
+        let bears = |slot: &&mut CompactItem| guard.admits(slot.rf, slot.shard_count);
         let Some(slot) = g.get_mut(key).filter(bears) else {
             return Ok(Vec::new());
         };
@@ -527,7 +531,7 @@ mod tests {
     #[test]
     fn a_stored_item_stays_compact() {
         assert_eq!(
-            std::mem::size_of::<Address>() + std::mem::size_of::<Slot>(),
+            std::mem::size_of::<Address>() + std::mem::size_of::<CompactItem>(),
             104
         );
     }

@@ -16,14 +16,14 @@ use std::mem::size_of;
 use hashbrown::HashMap;
 
 use super::bound::{is_full_rank, Evicted, Histogram, Moment, Rank};
-use super::slot::{Balance, Slot};
+use super::slot::{Balance, CompactItem};
 use super::table::{Address, Table};
 use super::Hasher;
 use crate::store::{BucketKey, Name};
 
 /// What one item takes in its table at worst: key, slot and control byte, at the load
 /// of a table that has just doubled (7/16).
-const TABLE_BYTES: usize = (size_of::<Address>() + size_of::<Slot>() + 1) * 16 / 7 + 1;
+const TABLE_BYTES: usize = (size_of::<Address>() + size_of::<CompactItem>() + 1) * 16 / 7 + 1;
 
 /// What a heap block of `bytes` may take: a size-class allocator rounds a request up by
 /// at most a quarter (and to 16 bytes).
@@ -32,7 +32,7 @@ fn heap_block(bytes: usize) -> usize {
 }
 
 /// Bytes `slot` at `address` is charged (see the module comment).
-fn charge(address: &Address, slot: &Slot) -> usize {
+fn charge(address: &Address, slot: &CompactItem) -> usize {
     let entity = if address.entity.is_heap_allocated() {
         heap_block(address.entity.capacity())
     } else {
@@ -66,17 +66,17 @@ impl Partition {
         }
     }
 
-    pub(super) fn get(&self, key: &BucketKey) -> Option<&Slot> {
+    pub(super) fn get(&self, key: &BucketKey) -> Option<&CompactItem> {
         self.resources.get(key.resource.as_str())?.get(key)
     }
 
-    pub(super) fn get_mut(&mut self, key: &BucketKey) -> Option<&mut Slot> {
+    pub(super) fn get_mut(&mut self, key: &BucketKey) -> Option<&mut CompactItem> {
         self.resources.get_mut(key.resource.as_str())?.get_mut(key)
     }
 
     /// Writes `slot` at `key`, first evicting (as ranked at `now_s`) what it takes to
     /// keep the partition within its budget once it is written; returns what went.
-    pub(super) fn insert(&mut self, key: &BucketKey, slot: Slot, now_s: i64) -> Evicted {
+    pub(super) fn insert(&mut self, key: &BucketKey, slot: CompactItem, now_s: i64) -> Evicted {
         let address = Address::of(key);
         let incoming = charge(&address, &slot);
         let mut held = self.get(key).map_or(0, |cur| charge(&address, cur));
@@ -142,7 +142,7 @@ impl Partition {
 
     /// Removes every item `gone` picks (called once per item, in the tables' order);
     /// returns how many.
-    fn remove_where(&mut self, mut gone: impl FnMut(&Address, &Slot) -> bool) -> usize {
+    fn remove_where(&mut self, mut gone: impl FnMut(&Address, &CompactItem) -> bool) -> usize {
         let mut removed = 0;
         let mut freed = 0;
         self.resources.retain(|_, table| {

@@ -1,4 +1,4 @@
-//! The compact form of a stored item ([`Slot`]): an idle bucket's footprint bounds how
+//! The compact form of a stored item ([`CompactItem`]): an idle bucket's footprint bounds how
 //! many keys one process holds, so the limit names and parameters an item carries (which
 //! config decides) are one shared, interned [`Shape`], leaving only balances, `rf`, `ttl`
 //! and the shard count per item (and when it was last used, for the store's bound). It
@@ -96,7 +96,7 @@ pub(super) struct Balance {
 
 /// One stored item in compact form.
 #[derive(Debug, Clone)]
-pub(super) struct Slot {
+pub(super) struct CompactItem {
     pub(super) rf: i64,
     /// Epoch seconds; [`NO_TTL`] when the item does not expire.
     pub(super) ttl: i64,
@@ -108,7 +108,7 @@ pub(super) struct Slot {
     pub(super) balances: SmallVec<[Balance; 2]>,
 }
 
-impl Slot {
+impl CompactItem {
     /// The item this slot holds, as the contract's type.
     pub(super) fn image(&self) -> BucketItem {
         BucketItem {

@@ -14,7 +14,7 @@ use std::hash::Hash;
 
 use hashbrown::{Equivalent, HashMap};
 
-use super::slot::Slot;
+use super::slot::CompactItem;
 use super::Hasher;
 use crate::store::{BucketKey, Name};
 
@@ -67,7 +67,7 @@ impl Equivalent<Address> for AddressOf<'_> {
     }
 }
 
-type Items = HashMap<Address, Slot, Hasher>;
+type Items = HashMap<Address, CompactItem, Hasher>;
 
 /// One resource's items.
 #[derive(Debug, Default)]
@@ -79,16 +79,16 @@ pub(super) struct Table {
 }
 
 impl Table {
-    pub(super) fn get(&self, key: &BucketKey) -> Option<&Slot> {
+    pub(super) fn get(&self, key: &BucketKey) -> Option<&CompactItem> {
         self.items.get(&AddressOf::of(key))
     }
 
-    pub(super) fn get_mut(&mut self, key: &BucketKey) -> Option<&mut Slot> {
+    pub(super) fn get_mut(&mut self, key: &BucketKey) -> Option<&mut CompactItem> {
         self.items.get_mut(&AddressOf::of(key))
     }
 
     /// Writes `slot` at `address`; returns the slot it replaces.
-    pub(super) fn insert(&mut self, address: Address, slot: Slot) -> Option<Slot> {
+    pub(super) fn insert(&mut self, address: Address, slot: CompactItem) -> Option<CompactItem> {
         let len = self.items.len();
         if len == self.items.capacity() && len < self.capacity {
             // No free slot but tombstones: this insert would double the table.
@@ -110,7 +110,7 @@ impl Table {
 
     /// Keeps the items `keep` admits (called once per item, in the order of `iter`); a
     /// table left mostly empty gives its memory back.
-    pub(super) fn retain(&mut self, keep: impl FnMut(&Address, &mut Slot) -> bool) {
+    pub(super) fn retain(&mut self, keep: impl FnMut(&Address, &mut CompactItem) -> bool) {
         self.items.retain(keep);
         if self.items.len() < self.capacity / 4 {
             self.items.shrink_to(self.items.len() * 2);
@@ -118,7 +118,7 @@ impl Table {
         }
     }
 
-    pub(super) fn iter(&self) -> impl Iterator<Item = (&Address, &Slot)> {
+    pub(super) fn iter(&self) -> impl Iterator<Item = (&Address, &CompactItem)> {
         self.items.iter()
     }
 
