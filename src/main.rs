@@ -19,8 +19,9 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use shardgate::config::{Config, LoadOptions};
 use shardgate::server::port_limits::{self, PortLimits};
 use shardgate::server::serve::{self, ServeOptions, StoreKind};
+use shardgate::server::statsd::{self, StatsdOptions, StatsdProtocol};
 use shardgate::server::tls::TlsFiles;
-use shardgate::service::metrics::statsd::{self, StatsdOptions, StatsdProtocol, StatsdTag};
+use shardgate::service::metrics::statsd::{parse_tags, StatsdTag};
 use shardgate::service::{AnswerOptions, RateLimitHeaders, RequestLimits};
 #[cfg(feature = "dynamodb")]
 use shardgate::store::dynamodb::{self, DynamoOptions, DynamoStore, TableCreated};
@@ -268,7 +269,7 @@ enum StatsdTransport {
 struct StatsdTags(Vec<StatsdTag>);
 
 fn parse_statsd_tags(text: &str) -> Result<StatsdTags, String> {
-    statsd::parse_tags(text).map(StatsdTags)
+    parse_tags(text).map(StatsdTags)
 }
 
 /// The gRPC port's limits (docs/configuration.md, "The gRPC port's limits").

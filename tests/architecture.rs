@@ -247,3 +247,30 @@ fn the_checker_sees_uses() {
         "main uses the library by its name"
     );
 }
+
+#[test]
+fn only_the_transport_and_the_stores_open_sockets() {
+    // The policy, the engine and the config own no socket: calls come in and answers go
+    // out through `server/`; a store's connections are its own.
+    let sockets = [
+        "tokio::net",
+        "std::net::Tcp",
+        "std::net::Udp",
+        "TcpStream",
+        "UdpSocket",
+    ];
+    let mut wrong = Vec::new();
+    for (m, code) in modules() {
+        if matches!(layer(&m), "service" | "engine" | "config" | "support") {
+            for s in sockets.iter().filter(|s| code.contains(**s)) {
+                wrong.push(format!("{m} mentions {s}"));
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "sockets outside the transport: {wrong:#?}"
+    );
+    // The check sees what it looks for.
+    assert!(modules()["server::statsd"].contains("UdpSocket"));
+}

@@ -3,7 +3,7 @@
 //! reflection (`grpc`), TLS (`tls`), accepting connections (`accept`, `socket`),
 //! the port's HTTP/2 limits (`port_limits`), the caller's trace context
 //! (`trace_context`), the HTTP port (`http`, with `/json` in `json`), and putting a
-//! server together (`serve`).
+//! server together (`serve`); the statsd socket and its flush timer (`statsd`).
 //!
 //! It decides nothing: every call is handed to the policy (`service/`), whose answer it
 //! writes back.
@@ -17,6 +17,7 @@ pub mod port_limits;
 pub mod rls;
 pub mod serve;
 mod socket;
+pub mod statsd;
 pub mod tls;
 #[cfg(feature = "otel")]
 mod trace_context;

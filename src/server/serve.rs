@@ -14,6 +14,7 @@ use tokio::sync::watch;
 
 use super::grpc::{HealthWatch, PortOptions};
 use super::port_limits::PortLimits;
+use super::statsd::{self, StatsdOptions};
 use super::tls::{TlsError, TlsFiles, TlsState};
 use super::{grpc, http};
 use crate::config::reload::{self, ReloadTiming};
@@ -23,7 +24,6 @@ use crate::engine::DEFAULT_PARTITION_WRITE_BUDGET;
 use crate::engine::{
     Clock, Engine, EngineOptions, LeaseOptions, SystemClock, UNLIMITED_PARTITION_WRITE_BUDGET,
 };
-use crate::service::metrics::statsd::{self, StatsdOptions};
 use crate::service::metrics::Metrics;
 use crate::service::{AnswerOptions, RateLimiter, RequestLimits};
 #[cfg(feature = "dynamodb")]
@@ -163,7 +163,13 @@ pub async fn run(options: ServeOptions) -> Result<(), ServeError> {
     metrics.config_loaded(config.hash());
     let grpc_listener = bind(options.grpc_addr).await?;
     let http_listener = bind(options.http_addr).await?;
-    let config = Arc::new(config);
+    let serving = Serving {
+        config: Arc::new(config),
+        grpc: grpc_listener,
+        http: http_listener,
+        options: &options,
+        metrics: metrics.clone(),
+    };
     match &options.store {
         StoreKind::Memory { max_bytes } => {
             let store = Arc::new(MemoryStore::with_max_bytes(*max_bytes)?);
@@ -189,13 +195,6 @@ pub async fn run(options: ServeOptions) -> Result<(), ServeError> {
                 engine: engine_options(budget, options.leases.unwrap_or(false)),
                 name: "memory",
                 warm_up: None,
-            };
-            let serving = Serving {
-                config,
-                grpc: grpc_listener,
-                http: http_listener,
-                options: &options,
-                metrics,
             };
             let result = serve_on(setup, serving).await;
             sweeper.abort();
@@ -227,13 +226,6 @@ pub async fn run(options: ServeOptions) -> Result<(), ServeError> {
                 engine: engine_options(budget, options.leases.unwrap_or(true)),
                 name: "dynamodb",
                 warm_up: Some(warm_up),
-            };
-            let serving = Serving {
-                config,
-                grpc: grpc_listener,
-                http: http_listener,
-                options: &options,
-                metrics,
             };
             serve_on(setup, serving).await?;
         }

@@ -4,7 +4,8 @@
 //! engine's counters (named and described in `engine/stats.rs`), the most sharded buckets,
 //! answers given by `failure_mode`, request latency and requests in flight, refused TLS
 //! handshakes, and connections the gRPC port failed to accept; and, when asked, the same
-//! totals sent to statsd in envoyproxy/ratelimit's names (`statsd.rs`).
+//! totals as statsd lines in envoyproxy/ratelimit's names (`statsd.rs`; the socket is
+//! `server/statsd.rs`).
 //!
 //! Recording is cheap and lock-free on the hot path except for the first sighting of a
 //! label set: what every request moves is striped per thread (`support/striped.rs`), the rules'
@@ -191,7 +192,7 @@ impl Metrics {
     }
 
     /// What statsd is sent at a flush (`statsd.rs`): the totals under upstream's names.
-    fn statsd_reading(&self) -> statsd::Reading {
+    pub(crate) fn statsd_reading(&self) -> statsd::Reading {
         let mut counters = Vec::new();
         self.rule_hits.statsd_totals(&mut counters);
         counters.push((

@@ -1,11 +1,9 @@
-//! statsd export in envoyproxy/ratelimit's stat names, for deployments whose dashboards
-//! read a statsd_exporter (Envoy Gateway runs one beside the rate-limit server).
-//!
-//! Owns the names, the deltas between two flushes, the line format, the packing of lines
-//! into datagrams and the socket. It reads the same totals `/metrics` serves, once per
-//! flush interval, in a task of its own: nothing here runs on a request's path, and a
-//! statsd that is down or slow costs the requests nothing (a send that fails is logged,
-//! at most once a minute, and its deltas are dropped, as a UDP loss would drop them).
+//! What statsd is sent, in envoyproxy/ratelimit's stat names, for deployments whose
+//! dashboards read a statsd_exporter (Envoy Gateway's earlier releases ran one beside the
+//! rate-limit server): the names, the deltas between two flushes, the line format. Pure:
+//! the socket and the flush timer are the transport's (`server/statsd.rs`), which asks
+//! [`StatsdLines::next`] for the lines of each flush. It reads the same totals `/metrics`
+//! serves; nothing here runs on a request's path.
 //!
 //! What is sent, every flush (upstream's names; the counters as deltas):
 //! - `ratelimit.service.rate_limit.<stats key>.{total_hits,over_limit,near_limit,
@@ -22,46 +20,8 @@
 //! library writes tags into a statsd name: `.__<tag>=<value>`, sorted by tag.
 
 use std::collections::HashMap;
-use std::future::Future;
-use std::time::{Duration, Instant};
-
-use tokio::io::AsyncWriteExt;
-use tokio::net::{TcpStream, UdpSocket};
 
 use super::Metrics;
-
-/// How often upstream flushes its stats (`STATS_FLUSH_INTERVAL`'s default).
-pub const DEFAULT_FLUSH_INTERVAL: Duration = Duration::from_secs(10);
-
-/// The largest datagram sent: fits an Ethernet MTU after IP and UDP headers, so no
-/// statsd line is lost to fragmentation.
-const MAX_DATAGRAM_BYTES: usize = 1432;
-
-/// The longest a TCP connect or write may take before the flush gives up on it.
-const TCP_PATIENCE: Duration = Duration::from_secs(2);
-
-/// How often a failing statsd is logged.
-const WARN_EVERY: Duration = Duration::from_secs(60);
-
-/// Where and how stats are sent.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StatsdOptions {
-    /// `host:port`, resolved again at every flush (a statsd behind a Service may move).
-    pub addr: String,
-    pub protocol: StatsdProtocol,
-    pub flush_interval: Duration,
-    /// Tags for the `ratelimit.` names, in the order given (sorted when written).
-    pub tags: Vec<StatsdTag>,
-}
-
-/// The transport to statsd.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StatsdProtocol {
-    /// Datagrams of whole lines, at most [`MAX_DATAGRAM_BYTES`] each.
-    Udp,
-    /// One connection, kept; lines separated by newlines (upstream's default).
-    Tcp,
-}
 
 /// One extra tag.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -85,13 +45,35 @@ pub fn parse_tags(text: &str) -> Result<Vec<StatsdTag>, String> {
         .collect()
 }
 
+/// The lines of each flush: what moved since the previous one.
+#[derive(Debug)]
+pub struct StatsdLines {
+    deltas: Deltas,
+    /// [`tag_suffix`] of the extra tags, written once.
+    tags: String,
+}
+
+impl StatsdLines {
+    pub fn new(tags: &[StatsdTag]) -> StatsdLines {
+        StatsdLines {
+            deltas: Deltas::default(),
+            tags: tag_suffix(tags),
+        }
+    }
+
+    /// The lines for what moved in `metrics` since the last call (none for what did not).
+    pub fn next(&mut self, metrics: &Metrics) -> Vec<String> {
+        self.deltas.lines(&metrics.statsd_reading(), &self.tags)
+    }
+}
+
 /// Cumulative totals read at one flush.
 #[derive(Debug, Default, Clone, PartialEq)]
-pub(super) struct Reading {
+pub(crate) struct Reading {
     /// Counter name (upstream's, without tags) and its total since the start.
-    pub(super) counters: Vec<(String, u64)>,
+    pub(crate) counters: Vec<(String, u64)>,
     /// The call latency histogram: (upper bound in seconds, count in that bucket).
-    pub(super) latency: Vec<(f64, u64)>,
+    pub(crate) latency: Vec<(f64, u64)>,
 }
 
 /// The previous flush's totals, to send deltas.
@@ -165,117 +147,6 @@ fn clean(text: &str) -> String {
         .collect()
 }
 
-/// Whole lines packed into payloads of at most `max` bytes, newline-separated. A line
-/// longer than `max` goes alone (the receiver may drop it; splitting it would corrupt it).
-fn pack(lines: &[String], max: usize) -> Vec<Vec<u8>> {
-    let mut payloads = Vec::new();
-    let mut current: Vec<u8> = Vec::new();
-    for line in lines {
-        if !current.is_empty() && current.len() + 1 + line.len() > max {
-            payloads.push(std::mem::take(&mut current));
-        }
-        if !current.is_empty() {
-            current.push(b'\n');
-        }
-        current.extend_from_slice(line.as_bytes());
-    }
-    if !current.is_empty() {
-        payloads.push(current);
-    }
-    payloads
-}
-
-/// The open transport.
-enum Link {
-    Udp(UdpSocket),
-    Tcp(Option<TcpStream>),
-}
-
-impl Link {
-    async fn send(&mut self, addr: &str, lines: &[String]) -> std::io::Result<()> {
-        match self {
-            Link::Udp(socket) => {
-                let to = tokio::net::lookup_host(addr).await?.next().ok_or_else(|| {
-                    std::io::Error::new(std::io::ErrorKind::NotFound, "no address")
-                })?;
-                for payload in pack(lines, MAX_DATAGRAM_BYTES) {
-                    socket.send_to(&payload, to).await?;
-                }
-                Ok(())
-            }
-            Link::Tcp(stream) => {
-                let mut text = lines.join("\n").into_bytes();
-                text.push(b'\n');
-                if stream.is_none() {
-                    let connect = TcpStream::connect(addr);
-                    *stream = Some(timeout(connect).await??);
-                }
-                let result = match stream.as_mut() {
-                    Some(s) => timeout(s.write_all(&text)).await.and_then(|r| r),
-                    None => Ok(()),
-                };
-                if result.is_err() {
-                    // Reconnect at the next flush.
-                    *stream = None;
-                }
-                result
-            }
-        }
-    }
-}
-
-async fn timeout<T>(f: impl Future<Output = T>) -> std::io::Result<T> {
-    tokio::time::timeout(TCP_PATIENCE, f)
-        .await
-        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "statsd timed out"))
-}
-
-/// Sends the stats every flush interval until `stopped` resolves, then once more.
-pub async fn run(metrics: std::sync::Arc<Metrics>, options: StatsdOptions, stopped: impl Future) {
-    let mut link = match options.protocol {
-        StatsdProtocol::Tcp => Link::Tcp(None),
-        StatsdProtocol::Udp => {
-            let bind = if options.addr.starts_with('[') {
-                "[::]:0"
-            } else {
-                "0.0.0.0:0"
-            };
-            match UdpSocket::bind(bind).await {
-                Ok(socket) => Link::Udp(socket),
-                Err(e) => {
-                    tracing::error!(error = %e, "statsd: cannot open a UDP socket; no stats are sent");
-                    return;
-                }
-            }
-        }
-    };
-    let tags = tag_suffix(&options.tags);
-    let mut deltas = Deltas::default();
-    let mut warned: Option<Instant> = None;
-    let mut tick = tokio::time::interval(options.flush_interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    tick.tick().await;
-    tokio::pin!(stopped);
-    loop {
-        let last = tokio::select! {
-            _ = tick.tick() => false,
-            _ = &mut stopped => true,
-        };
-        let lines = deltas.lines(&metrics.statsd_reading(), &tags);
-        if !lines.is_empty() {
-            if let Err(e) = link.send(&options.addr, &lines).await {
-                if warned.is_none_or(|at| at.elapsed() >= WARN_EVERY) {
-                    tracing::warn!(addr = %options.addr, error = %e, "statsd: send failed; these stats are dropped");
-                    warned = Some(Instant::now());
-                }
-            }
-        }
-        if last {
-            return;
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -345,25 +216,5 @@ mod tests {
             d.lines(&reading(&[], &moved), ""),
             vec![format!("{RESPONSE_TIME}:2|ms|@0.5")]
         );
-    }
-
-    #[test]
-    fn lines_are_packed_whole_into_datagrams() {
-        let lines: Vec<String> = (0..100).map(|i| format!("name.{i:03}:1|c")).collect();
-        let payloads = pack(&lines, 64);
-        assert!(payloads.iter().all(|p| p.len() <= 64), "{payloads:?}");
-        let rejoined: Vec<String> = payloads
-            .iter()
-            .flat_map(|p| {
-                std::str::from_utf8(p)
-                    .unwrap()
-                    .lines()
-                    .map(str::to_string)
-                    .collect::<Vec<_>>()
-            })
-            .collect();
-        assert_eq!(rejoined, lines);
-        let long = vec!["x".repeat(100)];
-        assert_eq!(pack(&long, 64), vec![long[0].clone().into_bytes()]);
     }
 }
