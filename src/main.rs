@@ -28,6 +28,8 @@ use shardgate::store::dynamodb::{self, DynamoOptions, DynamoStore, TableCreated}
 #[cfg(feature = "dynamodb")]
 use shardgate::store::key::stored_entity;
 use shardgate::store::key::MAX_NAMESPACE_BYTES;
+#[cfg(feature = "redis")]
+use shardgate::store::redis::{RedisMode, RedisOptions, RedisTls};
 #[cfg(feature = "dynamodb")]
 use shardgate::store::{inspect, InspectedShard, Name};
 #[cfg(feature = "otel")]
@@ -129,6 +131,66 @@ impl Dynamo {
     }
 }
 
+/// Where Redis is (`--store redis`).
+#[derive(Args)]
+struct Redis {
+    /// Redis URL: redis://[user:password@]host:port[/db], rediss://… (TLS) or
+    /// unix:///path; for a Cluster, its seed nodes, comma-separated.
+    #[arg(
+        long,
+        env = "SHARDGATE_REDIS_URL",
+        default_value = "redis://127.0.0.1:6379",
+        value_delimiter = ','
+    )]
+    redis_url: Vec<String>,
+    /// `single` or `cluster` (default: cluster when several URLs are given).
+    #[arg(long, env = "SHARDGATE_REDIS_MODE", value_enum)]
+    redis_mode: Option<RedisModeArg>,
+    /// Connections to a single Redis (each pipelines every call sent on it).
+    #[arg(long, env = "SHARDGATE_REDIS_POOL_SIZE", default_value_t = 4)]
+    redis_pool_size: usize,
+    /// PEM CA bundle that signed the Redis server's certificate (default: system roots).
+    #[arg(long, env = "SHARDGATE_REDIS_TLS_CA")]
+    redis_tls_ca: Option<PathBuf>,
+    /// PEM client certificate, for a Redis that requires one (with --redis-tls-client-key).
+    #[arg(long, env = "SHARDGATE_REDIS_TLS_CLIENT_CERT")]
+    redis_tls_client_cert: Option<PathBuf>,
+    /// PEM key of --redis-tls-client-cert.
+    #[arg(long, env = "SHARDGATE_REDIS_TLS_CLIENT_KEY")]
+    redis_tls_client_key: Option<PathBuf>,
+    /// Accept a Redis certificate that does not name the host (the chain is still checked).
+    #[arg(long, env = "SHARDGATE_REDIS_TLS_SKIP_HOSTNAME_VERIFICATION")]
+    redis_tls_skip_hostname_verification: bool,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum RedisModeArg {
+    Single,
+    Cluster,
+}
+
+#[cfg(feature = "redis")]
+impl Redis {
+    fn options(self, namespace: String, timeout: Duration) -> RedisOptions {
+        RedisOptions {
+            urls: self.redis_url,
+            mode: self.redis_mode.map(|m| match m {
+                RedisModeArg::Single => RedisMode::Single,
+                RedisModeArg::Cluster => RedisMode::Cluster,
+            }),
+            namespace,
+            timeout,
+            pool_size: self.redis_pool_size,
+            tls: RedisTls {
+                ca_file: self.redis_tls_ca,
+                client_cert: self.redis_tls_client_cert,
+                client_key: self.redis_tls_client_key,
+                skip_hostname_verification: self.redis_tls_skip_hostname_verification,
+            },
+        }
+    }
+}
+
 #[derive(Parser)]
 struct Serve {
     /// Rate-limit rules: a YAML file or a directory of YAML files.
@@ -148,9 +210,11 @@ struct Serve {
     store: Store,
     #[command(flatten)]
     dynamo: Dynamo,
+    #[command(flatten)]
+    redis: Redis,
     /// Writes per second one shard item absorbs before its bucket is spread over more
-    /// shards: the `wcu` capacity written on new items (default: 1000 on DynamoDB,
-    /// unlimited on the memory store).
+    /// shards: the `wcu` capacity written on new items (default: 1000 on DynamoDB, 5000
+    /// on Redis, unlimited on the memory store).
     #[arg(long, env = "SHARDGATE_PARTITION_WRITE_BUDGET")]
     partition_write_budget: Option<u64>,
     /// Most bytes of bucket items the memory store holds (e.g. 256MiB, 1GiB; at least
@@ -160,8 +224,8 @@ struct Serve {
     #[arg(long, env = "SHARDGATE_MEMORY_MAX_BYTES", default_value = "256MiB", value_parser = parse_bytes)]
     memory_max_bytes: u64,
     /// Token leases: a bucket hot in this process is answered from a block of tokens
-    /// taken from its shard in advance (default: on for DynamoDB, off for the memory
-    /// store). A rule opts out with `lease: false`.
+    /// taken from its shard in advance (default: on for DynamoDB and Redis, off for the
+    /// memory store). A rule opts out with `lease: false`.
     #[arg(long, env = "SHARDGATE_LEASES", value_enum)]
     leases: Option<Switch>,
     /// Most descriptors one request may carry.
@@ -314,6 +378,8 @@ enum Store {
     Memory,
     /// A DynamoDB table shared by a fleet of servers.
     Dynamodb,
+    /// A Redis or Valkey (one server or a Cluster) shared by a fleet of servers.
+    Redis,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -660,6 +726,22 @@ fn serve_options(args: Serve, trace_context: bool) -> Result<ServeOptions, ExitC
             Store::Dynamodb => {
                 return Err(fail(
                     "--store dynamodb: this shardgate was built without the `dynamodb` feature",
+                ))
+            }
+            #[cfg(feature = "redis")]
+            Store::Redis => {
+                let redis = args
+                    .redis
+                    .options(args.dynamo.namespace.clone(), store_timeout);
+                if let Err(e) = redis.validate() {
+                    return Err(fail(format!("--store redis: {e}")));
+                }
+                StoreKind::Redis(redis)
+            }
+            #[cfg(not(feature = "redis"))]
+            Store::Redis => {
+                return Err(fail(
+                    "--store redis: this shardgate was built without the `redis` feature",
                 ))
             }
         },

@@ -97,8 +97,9 @@ fn the_default_deployment_variable_by_variable() {
         ("GRPC_SERVER_TLS_KEY", Fate::Honoured),
         // Not a variable upstream reads (its client CA is GRPC_CLIENT_TLS_CACERT).
         ("GRPC_SERVER_TLS_CA_CERT", Fate::Ignored),
-        ("REDIS_SOCKET_TYPE", Fate::Ignored),
-        ("REDIS_URL", Fate::Ignored),
+        // Redis, as upstream: the Redis store on the same Redis.
+        ("REDIS_SOCKET_TYPE", Fate::Honoured),
+        ("REDIS_URL", Fate::Honoured),
         ("USE_PROMETHEUS", Fate::Ignored),
         ("PROMETHEUS_ADDR", Fate::Ignored),
         ("PROMETHEUS_MAPPER_YAML", Fate::Ignored),

@@ -62,6 +62,13 @@ impl Sweep for DynamoStore {
     }
 }
 
+#[cfg(feature = "redis")]
+impl Sweep for shardgate::store::redis::RedisStore {
+    async fn sweep(&self, now_s: i64) -> usize {
+        common::redis::sweep(self, now_s).await
+    }
+}
+
 struct Rig<S: Sweep> {
     store: Arc<S>,
     clock: Arc<ManualClock>,

@@ -232,6 +232,7 @@ cross_store! {
                 tc_delta: 2_000,
                 floor: Some(2_000),
                 cap: None,
+                claimed: 2_000,
             }],
         };
         assert!(matches!(
@@ -268,6 +269,7 @@ cross_store! {
                 tc_delta: 0,
                 floor,
                 cap,
+                claimed: 0,
             }],
         };
         assert!(matches!(
@@ -299,6 +301,7 @@ cross_store! {
                 limit: "tpm".into(),
                 state: tpm,
                 read_tc: None,
+                claimed: 10_000,
             }],
         };
         assert!(matches!(
@@ -329,6 +332,7 @@ cross_store! {
                 limit: limit.into(),
                 state: rewritten,
                 read_tc,
+                claimed: 1_000,
             }],
         };
         // Read at tc = 0; a fast-path debit of 1 token lands before the rewrite.

@@ -26,14 +26,16 @@ use crate::engine::{
 };
 use crate::service::metrics::Metrics;
 use crate::service::{AnswerOptions, RateLimiter, RequestLimits};
-#[cfg(feature = "dynamodb")]
+#[cfg(any(feature = "dynamodb", feature = "redis"))]
 use crate::store::breaker::Breaker;
-#[cfg(feature = "dynamodb")]
+#[cfg(any(feature = "dynamodb", feature = "redis"))]
 use crate::store::detached::Detached;
 #[cfg(feature = "dynamodb")]
 use crate::store::dynamodb::{DynamoOptions, DynamoStore};
 use crate::store::memory::{BoundTooSmall, MemoryStore};
 use crate::store::metered::Metered;
+#[cfg(feature = "redis")]
+use crate::store::redis::{RedisOptions, RedisStore, DEFAULT_KEY_WRITE_BUDGET};
 use crate::store::BucketStore;
 
 /// Which store backs the buckets.
@@ -45,6 +47,9 @@ pub enum StoreKind {
     /// A DynamoDB table shared by every server of a fleet.
     #[cfg(feature = "dynamodb")]
     DynamoDb(DynamoOptions),
+    /// A Redis (or Valkey) server or Cluster shared by every server of a fleet.
+    #[cfg(feature = "redis")]
+    Redis(RedisOptions),
 }
 
 /// Everything `shardgate serve` is told.
@@ -114,9 +119,9 @@ pub enum ServeError {
 const EVICTION_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Consecutive store failures that open the circuit, and how long it stays open.
-#[cfg(feature = "dynamodb")]
+#[cfg(any(feature = "dynamodb", feature = "redis"))]
 const BREAKER_THRESHOLD: u32 = 5;
-#[cfg(feature = "dynamodb")]
+#[cfg(any(feature = "dynamodb", feature = "redis"))]
 const BREAKER_COOL_OFF: Duration = Duration::from_millis(500);
 
 /// How often the `store` health service re-checks that the store answers.
@@ -229,6 +234,32 @@ pub async fn run(options: ServeOptions) -> Result<(), ServeError> {
             };
             serve_on(setup, serving).await?;
         }
+        #[cfg(feature = "redis")]
+        StoreKind::Redis(redis) => {
+            let mut redis = redis.clone();
+            redis.timeout = options.store_timeout;
+            tracing::info!(store = ?RedisStore::new(redis.clone()), mode = ?redis.mode(), "Redis store");
+            let breaker = Arc::new(Breaker::new(
+                RedisStore::new(redis),
+                BREAKER_THRESHOLD,
+                BREAKER_COOL_OFF,
+            ));
+            let warm_up: WarmUp = Box::pin(redis_warm_up(breaker.clone()));
+            // As on DynamoDB: a caller's deadline never cancels a call mid-way (a
+            // connection being opened, a script being loaded).
+            let store = Arc::new(Detached::new(breaker));
+            metrics.attach_pressure(store.pressure().clone());
+            let budget = options
+                .partition_write_budget
+                .unwrap_or(DEFAULT_KEY_WRITE_BUDGET);
+            let setup = StoreSetup {
+                store,
+                engine: engine_options(budget, options.leases.unwrap_or(true)),
+                name: "redis",
+                warm_up: Some(warm_up),
+            };
+            serve_on(setup, serving).await?;
+        }
     }
     tracing::info!("stopped");
     Ok(())
@@ -256,6 +287,28 @@ async fn warm_up(store: Arc<Breaker<DynamoStore>>) {
                     connections = WARM_UP_CONNECTIONS,
                     "store answered: serving"
                 );
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, attempts, "store not answering yet: health NOT_SERVING");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    }
+}
+
+#[cfg(feature = "redis")]
+/// Resolves once Redis has answered a `PING` (the connections opened; retried each second
+/// until it does), then closes the circuit the calls made meanwhile may have opened.
+async fn redis_warm_up(store: Arc<Breaker<RedisStore>>) {
+    let started = std::time::Instant::now();
+    let mut attempts = 0u32;
+    loop {
+        attempts += 1;
+        match store.inner().warm_up().await {
+            Ok(()) => {
+                store.close();
+                tracing::info!(after = ?started.elapsed(), attempts, "store answered: serving");
                 return;
             }
             Err(e) => {

@@ -15,6 +15,8 @@ mod item;
 pub mod key;
 pub mod memory;
 pub mod metered;
+#[cfg(feature = "redis")]
+pub mod redis;
 
 use std::future::Future;
 
@@ -76,6 +78,10 @@ pub enum LimitWrite {
         floor: Option<i64>,
         /// Require `tk <= cap` (no credit landed since the read that a refill would stack on).
         cap: Option<i64>,
+        /// Millitokens of `tk_delta` that the request takes (the rest refills or clamps):
+        /// what a store that cannot commit several items atomically gives back, as a
+        /// credit, when the commit fails on another item (a Redis Cluster, `redis/spread.rs`).
+        claimed: i64,
     },
     /// Seeds a limit the item lacks, or rewrites one whose parameters changed. A server
     /// still on the old parameters may debit that limit by the fast path meanwhile, so the
@@ -86,6 +92,8 @@ pub enum LimitWrite {
         limit: Name,
         state: LimitState,
         read_tc: Option<i64>,
+        /// Millitokens of `state.tk` the request took (see [`LimitWrite::Add`]'s).
+        claimed: i64,
     },
 }
 

@@ -3,7 +3,7 @@
 //! - here: `cross_store!` (one case, one test per store) and a store wrapper that records
 //!   every call (operation, shard and outcome) and can inject a concurrent writer's action
 //!   at a chosen moment, for any store;
-//! - [`dynamo`]: the DynamoDB Local connection;
+//! - [`dynamo`]: the DynamoDB Local connection; [`redis`]: the test Redis and Cluster;
 //! - [`server`]: in-process shardgate servers on loopback and request builders;
 //! - [`h2_call`]: one gRPC call over the `h2` crate, its bytes and stream under the test's
 //!   control;
@@ -16,13 +16,17 @@
 pub mod dynamo;
 pub mod h2_call;
 pub mod raw_h2;
+#[cfg(feature = "redis")]
+pub mod redis;
 pub mod server;
 pub mod tls;
 
 /// Defines a case written once against any store, and one test of it per store:
-/// `<case>::memory` and, built with the `dynamodb` feature, `<case>::dynamodb` (ignored
+/// `<case>::memory`; built with the `dynamodb` feature, `<case>::dynamodb` (ignored
 /// with a reason when no DynamoDB Local is configured: `scripts/test` starts one and sets
-/// `SHARDGATE_TEST_DYNAMODB_ENDPOINT`). A case is a test of every store by construction:
+/// `SHARDGATE_TEST_DYNAMODB_ENDPOINT`); built with the `redis` feature, `<case>::redis`
+/// and `<case>::redis_cluster` (ignored unless `scripts/test` started Redis and set
+/// `SHARDGATE_TEST_REDIS_URL` and `SHARDGATE_TEST_REDIS_CLUSTER`). A case is a test of every store by construction:
 /// no list to leave one off.
 ///
 /// `async fn case<S: Bound>(store: S)` gets a fresh store; `async fn case<S: Bound>(a: S,
@@ -48,6 +52,26 @@ macro_rules! cross_store {
             async fn dynamodb() {
                 super::$name(crate::common::dynamo::store().await).await;
             }
+
+            #[cfg(feature = "redis")]
+            #[tokio::test]
+            #[cfg_attr(
+                not(redis_local),
+                ignore = "needs Redis: run scripts/test, or set SHARDGATE_TEST_REDIS_URL and SHARDGATE_TEST_REDIS_CLUSTER and build again"
+            )]
+            async fn redis() {
+                super::$name(crate::common::redis::store().await).await;
+            }
+
+            #[cfg(feature = "redis")]
+            #[tokio::test]
+            #[cfg_attr(
+                not(redis_local),
+                ignore = "needs a Redis Cluster: run scripts/test, or set SHARDGATE_TEST_REDIS_URL and SHARDGATE_TEST_REDIS_CLUSTER and build again"
+            )]
+            async fn redis_cluster() {
+                super::$name(crate::common::redis::cluster_store().await).await;
+            }
         }
     };
     ($(#[$meta:meta])* async fn $name:ident<S: $bound:path>($a:ident: S, $b:ident: S) $body:block) => {
@@ -70,6 +94,28 @@ macro_rules! cross_store {
             async fn dynamodb() {
                 let (a, b) = (crate::common::dynamo::store().await, crate::common::dynamo::store().await);
                 super::$name(a, b).await;
+            }
+
+            #[cfg(feature = "redis")]
+            #[tokio::test]
+            #[cfg_attr(
+                not(redis_local),
+                ignore = "needs Redis: run scripts/test, or set SHARDGATE_TEST_REDIS_URL and SHARDGATE_TEST_REDIS_CLUSTER and build again"
+            )]
+            async fn redis() {
+                let store = crate::common::redis::store;
+                super::$name(store().await, store().await).await;
+            }
+
+            #[cfg(feature = "redis")]
+            #[tokio::test]
+            #[cfg_attr(
+                not(redis_local),
+                ignore = "needs a Redis Cluster: run scripts/test, or set SHARDGATE_TEST_REDIS_URL and SHARDGATE_TEST_REDIS_CLUSTER and build again"
+            )]
+            async fn redis_cluster() {
+                let store = crate::common::redis::cluster_store;
+                super::$name(store().await, store().await).await;
             }
         }
     };

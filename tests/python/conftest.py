@@ -178,6 +178,49 @@ def shardgate(tmp_path):
         s.stop()
 
 
+class RedisServer:
+    """Debian's `redis-server` on a free loopback port, nothing persisted."""
+
+    def __init__(self, tmp_path):
+        self.port = free_port()
+        self.dir = tmp_path / f"redis-{self.port}"
+        self.dir.mkdir()
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
+             "--dir", str(self.dir), "--save", "", "--appendonly", "no"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while self.cli("PING") != "PONG":
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                pytest.fail(f"redis-server on port {self.port} did not answer")
+            time.sleep(0.05)
+
+    def cli(self, *args):
+        """One `redis-cli` command's output (stripped), or None when it failed."""
+        done = subprocess.run(["redis-cli", "-p", str(self.port), *args],
+                              capture_output=True, text=True, timeout=EXIT_TIMEOUT_S)
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    def keys(self, pattern="*"):
+        return sorted(k for k in (self.cli("--scan", "--pattern", pattern) or "").splitlines() if k)
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=EXIT_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture
+def redis_server(tmp_path):
+    """A fresh Redis for the test (the Redis store's own suites use scripts/redis-local)."""
+    server = RedisServer(tmp_path)
+    yield server
+    server.stop()
+
+
 # ----------------------------------------------------------------------------------------
 # Reports shown in pytest's terminal summary (also with -q)
 

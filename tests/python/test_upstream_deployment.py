@@ -2,8 +2,8 @@
 `shardgate serve` with no flags at all, only upstream's variables (its example
 Deployment's rule directory layout with a domain over two files, ports, log settings,
 Redis and statsd settings),
-serves the same rules on the same ports, logs in the format asked for, and names the
-variables it ignores once — started as `shardgate serve`, or as upstream's image starts
+serves the same rules on the same ports from the same Redis (issue 29), logs in the format
+asked for, and names the variables it ignores once — started as `shardgate serve`, or as upstream's image starts
 its server, `/bin/ratelimit` with no arguments (a link to shardgate under that name). A
 setting it cannot follow stops it with a message naming it.
 """
@@ -46,7 +46,7 @@ def command(invocation, tmp_path):
 
 
 @pytest.mark.parametrize("invocation", ["shardgate serve", "/bin/ratelimit"])
-def test_an_upstream_deployment_environment_serves_its_rules(tmp_path, invocation):
+def test_an_upstream_deployment_environment_serves_its_rules(tmp_path, invocation, redis_server):
     # upstream's layout: RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/config/*.yaml
     rules = tmp_path / "data" / "ratelimit" / "config"
     rules.mkdir(parents=True)
@@ -71,7 +71,7 @@ def test_an_upstream_deployment_environment_serves_its_rules(tmp_path, invocatio
         "USE_STATSD": "false",
         "BACKEND_TYPE": "redis",
         "REDIS_SOCKET_TYPE": "tcp",
-        "REDIS_URL": "redis:6379",
+        "REDIS_URL": f"127.0.0.1:{redis_server.port}",
         "LIMIT_RESPONSE_HEADERS_ENABLED": "true",
         "RESPONSE_DYNAMIC_METADATA": "true",
         "MERGE_DOMAIN_CONFIG": "true",
@@ -96,6 +96,12 @@ def test_an_upstream_deployment_environment_serves_its_rules(tmp_path, invocatio
         assert tenant == [OK, OVER_LIMIT], tenant
         status, _, text = server.http("GET", "/healthcheck")
         assert status == 200, text
+        # The buckets are in that Redis, one item per (entity, resource, shard).
+        assert redis_server.keys("{}default/BUCKET#*") == [
+            "{}default/BUCKET#tenant=t#rl#0",
+            "{}default/BUCKET#user=alice#rl#0",
+            "{}default/BUCKET#user=bob#rl#0",
+        ]
     finally:
         server.stop()
 
@@ -103,13 +109,12 @@ def test_an_upstream_deployment_environment_serves_its_rules(tmp_path, invocatio
     ignored = [l for l in lines if "ignored" in l.get("fields", {})]
     assert len(ignored) == 1, lines
     assert ignored[0]["fields"]["ignored"] == (
-        "BACKEND_TYPE, REDIS_SOCKET_TYPE, REDIS_URL, RUNTIME_IGNOREDOTFILES, "
-        "RUNTIME_WATCH_ROOT, USE_STATSD")
+        "RUNTIME_IGNOREDOTFILES, RUNTIME_WATCH_ROOT, USE_STATSD")
     honoured = {l["fields"]["from"] for l in lines
                 if l.get("fields", {}).get("message") == "envoyproxy/ratelimit variable honoured"}
     assert {"RUNTIME_ROOT", "GRPC_PORT", "PORT", "LOG_LEVEL", "LOG_FORMAT",
             "LIMIT_RESPONSE_HEADERS_ENABLED", "RESPONSE_DYNAMIC_METADATA",
-            "MERGE_DOMAIN_CONFIG"} <= honoured, honoured
+            "MERGE_DOMAIN_CONFIG", "BACKEND_TYPE", "REDIS_URL"} <= honoured, honoured
 
 
 def test_a_setting_shardgate_cannot_follow_stops_it_by_name(tmp_path):

@@ -264,6 +264,7 @@ fn plan_update(
                     tc_delta: taken + tc_fold(st.tc),
                     floor: (tk_delta < 0).then(|| lowest - tk_delta),
                     cap: assumed_balance(st.tk, before),
+                    claimed: taken,
                 });
                 // A concurrent gated debit may take what the shard held before ours.
                 let lowest_after = if c.forced {
@@ -287,6 +288,7 @@ fn plan_update(
                     limit: c.limit.clone(),
                     state: LimitState::new(c.params, after, tc),
                     read_tc: Some(st.tc),
+                    claimed: before - after,
                 });
                 horizons.push(c.params.full_again_ms(after));
             }
@@ -296,6 +298,7 @@ fn plan_update(
                     limit: c.limit.clone(),
                     state: LimitState::new(c.params, after, share.ceiling - after),
                     read_tc: None,
+                    claimed: share.ceiling - after,
                 });
                 horizons.push(c.params.full_again_ms(after));
             }
@@ -317,6 +320,7 @@ fn plan_update(
                 tc_delta: fold,
                 floor: None,
                 cap: assumed_balance(st.tk, now_tk),
+                claimed: 0,
             });
         }
         horizons.push(st.params().full_again_ms(now_tk));
@@ -326,6 +330,7 @@ fn plan_update(
             limit: Name::const_new(WCU_LIMIT),
             state: LimitState::new(ctx.wcu, ctx.wcu.cp, 0),
             read_tc: None,
+            claimed: 0,
         });
         horizons.push(ctx.wcu.full_again_ms(ctx.wcu.cp));
     }

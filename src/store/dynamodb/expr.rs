@@ -161,6 +161,7 @@ pub(super) fn update_expression(
                 tc_delta,
                 floor,
                 cap,
+                ..
             } => {
                 let t = e.name(format!("#t{i}"), attr(limit, "tk"));
                 let c = e.name(format!("#c{i}"), attr(limit, "tc"));
@@ -181,6 +182,7 @@ pub(super) fn update_expression(
                 limit,
                 state,
                 read_tc,
+                ..
             } => {
                 // As read: `tc` unmoved by a concurrent debit, or the limit still absent.
                 let c = e.name(format!("#c{i}"), attr(limit, "tc"));

@@ -326,6 +326,7 @@ fn apply_update(
                 tc_delta,
                 floor,
                 cap,
+                ..
             } => {
                 let st = next.limits.get_mut(limit)?;
                 if floor.is_some_and(|f| st.tk < f) || cap.is_some_and(|c| st.tk > c) {
@@ -338,6 +339,7 @@ fn apply_update(
                 limit,
                 state,
                 read_tc,
+                ..
             } => {
                 if next.limits.get(limit).map(|st| st.tc) != *read_tc {
                     return None;

@@ -9,6 +9,8 @@
 //! `main` applies the result before parsing its arguments and logs the ignored names
 //! once. The table of what is honoured is in docs/configuration.md.
 
+mod redis;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::ToSocketAddrs;
 use std::time::Duration;
@@ -38,8 +40,9 @@ pub struct Alias {
 }
 
 /// Upstream variables that configure what shardgate does differently or not at all
-/// (its stats sinks, caches, Redis and Memcached, xDS, tracing, the forced close after a
-/// connection's age).
+/// (its stats sinks, caches, Memcached, xDS, tracing, the forced close after a
+/// connection's age), and those of its Redis client when Redis is not the backend. A
+/// variable some reader looked at is not ignored: it was honoured or refused.
 const IGNORED: &[&str] = &[
     "BACKEND_TYPE",
     "CACHE_KEY_PREFIX",
@@ -94,6 +97,7 @@ pub fn translate(env: &BTreeMap<String, String>) -> Translation {
     switches(&mut r);
     connection_age(&mut r);
     grpc_tls(&mut r);
+    redis::redis(&mut r);
     let mut consumed = statsd(env, &mut r.t);
     consumed.extend(tracing(env, &mut r.t));
     // The OpenTelemetry SDK's own endpoint variables, which upstream's SDK reads too:
@@ -142,7 +146,8 @@ impl<'a> Reader<'a> {
         for name in self.env.keys() {
             let ignored = (IGNORED.contains(&name.as_str())
                 || IGNORED_PREFIXES.iter().any(|p| name.starts_with(p)))
-                && !consumed.contains(&name.as_str());
+                && !consumed.contains(&name.as_str())
+                && !self.looked.contains(name);
             if ignored {
                 self.t.ignored.push(name.clone());
             }
@@ -787,6 +792,7 @@ mod tests {
             ("GRPC_SERVER_TLS_CERT", "/tls/cert.pem"),
             ("GRPC_SERVER_TLS_KEY", "/tls/key.pem"),
             ("USE_STATSD", "false"),
+            ("REDIS_SOCKET_TYPE", "tcp"),
             ("REDIS_URL", "redis:6379"),
             ("BACKEND_TYPE", "redis"),
         ]));
@@ -805,17 +811,12 @@ mod tests {
                 ("SHARDGATE_RESET_HEADER", "X-Reset"),
                 ("SHARDGATE_TLS_CERT", "/tls/cert.pem"),
                 ("SHARDGATE_TLS_KEY", "/tls/key.pem"),
+                ("SHARDGATE_STORE", "redis"),
+                ("SHARDGATE_REDIS_URL", "redis://redis:6379"),
+                ("SHARDGATE_REDIS_MODE", "single"),
             ]
         );
-        assert_eq!(
-            t.ignored,
-            [
-                "BACKEND_TYPE",
-                "REDIS_URL",
-                "RUNTIME_WATCH_ROOT",
-                "USE_STATSD"
-            ]
-        );
+        assert_eq!(t.ignored, ["RUNTIME_WATCH_ROOT", "USE_STATSD"]);
         assert!(t.refused.is_empty(), "{:?}", t.refused);
     }
 

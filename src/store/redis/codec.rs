@@ -1,0 +1,436 @@
+//! The Redis item format and the scripts' arguments: keys, hash fields, images decoded
+//! from `HGETALL`, and each call's arguments as the scripts in `lua/` read them. Pure:
+//! nothing here talks to Redis.
+//!
+//! An item is one hash: `rf`, `sc` (shard count), `ttl` (epoch seconds; absent: never
+//! expires) and five fields per limit, `b:{limit}:tk|cp|ra|rp|tc`, every value a decimal
+//! integer — the same integers the other stores hold. The key is
+//! `{}{namespace}/BUCKET#{entity}#{resource}#{shard}`: the leading empty hash tag makes
+//! Redis Cluster hash the whole key, so a brace in a request value can never choose the
+//! slot, and the shards of one bucket land on slots of their own (spread over the
+//! masters, which is what sharding a hot bucket is for).
+//!
+//! Bounds the scripts check are computed here in `i128`, where no sum overflows, and sent
+//! as decimal strings that the scripts compare exactly (Lua's numbers are doubles).
+
+use serde::Serialize;
+
+use crate::store::{
+    BucketItem, BucketKey, Credit, CreditGuard, Debit, DebitMode, LimitState, LimitWrite, Limits,
+    Write, MIN_BALANCE,
+};
+
+/// The prefix that makes Cluster hash the whole key (see the module comment).
+const WHOLE_KEY_TAG: &str = "{}";
+
+/// The Redis key of `key` under `namespace`.
+pub(super) fn redis_key(namespace: &str, key: &BucketKey) -> String {
+    let mut out = String::with_capacity(
+        WHOLE_KEY_TAG.len() + namespace.len() + key.entity.len() + key.resource.len() + 16,
+    );
+    out.push_str(WHOLE_KEY_TAG);
+    out.push_str(namespace);
+    out.push_str("/BUCKET#");
+    out.push_str(&key.entity);
+    out.push('#');
+    out.push_str(&key.resource);
+    out.push('#');
+    out.push_str(&key.shard.to_string());
+    out
+}
+
+/// The Cluster slot of a Redis key: CRC16 (XMODEM) of the whole key, as Redis computes it
+/// for a key whose first `{` is followed at once by `}` — every key of this store.
+pub(super) fn slot(redis_key: &str) -> u16 {
+    crc16::State::<crc16::XMODEM>::calculate(redis_key.as_bytes()) % 16_384
+}
+
+/// Why an image could not be decoded.
+pub(super) type DecodeError = String;
+
+/// The item an `HGETALL` returned as a flat field/value list (`None`: no item).
+pub(super) fn decode(flat: &[String]) -> Result<Option<BucketItem>, DecodeError> {
+    if flat.is_empty() {
+        return Ok(None);
+    }
+    if !flat.len().is_multiple_of(2) {
+        return Err(format!("{} values, not field/value pairs", flat.len()));
+    }
+    let (mut rf, mut sc, mut ttl) = (None, None, None);
+    let mut limits = Limits::new();
+    for pair in flat.chunks_exact(2) {
+        let (field, value) = (pair[0].as_str(), pair[1].as_str());
+        let int = |v: &str| -> Result<i64, DecodeError> {
+            v.parse()
+                .map_err(|_| format!("field '{field}' is not an integer"))
+        };
+        match field {
+            "rf" => rf = Some(int(value)?),
+            "sc" => {
+                sc = Some(
+                    value
+                        .parse::<u32>()
+                        .map_err(|_| "field 'sc' is not a shard count".to_string())?,
+                )
+            }
+            "ttl" => ttl = Some(int(value)?),
+            _ => {
+                let Some((name, part)) = field
+                    .strip_prefix("b:")
+                    .and_then(|rest| rest.rsplit_once(':'))
+                else {
+                    return Err(format!("unknown field '{field}'"));
+                };
+                let v = int(value)?;
+                let mut st = limits.get(name).copied().unwrap_or(LimitState {
+                    tk: i64::MIN,
+                    cp: i64::MIN,
+                    ra: i64::MIN,
+                    rp: i64::MIN,
+                    tc: i64::MIN,
+                });
+                match part {
+                    "tk" => st.tk = v,
+                    "cp" => st.cp = v,
+                    "ra" => st.ra = v,
+                    "rp" => st.rp = v,
+                    "tc" => st.tc = v,
+                    _ => return Err(format!("unknown field '{field}'")),
+                }
+                limits.insert(name, st);
+            }
+        }
+    }
+    // A limit missing a field was filled with the sentinel above: refuse it.
+    for (name, st) in limits.iter() {
+        if [st.tk, st.cp, st.ra, st.rp, st.tc].contains(&i64::MIN) {
+            return Err(format!("limit '{name}' lacks a field"));
+        }
+    }
+    Ok(Some(BucketItem {
+        rf: rf.ok_or("no field 'rf'")?,
+        shard_count: sc.ok_or("no field 'sc'")?,
+        ttl,
+        limits,
+    }))
+}
+
+/// The hash fields of a new item, flat (`rf`, `sc`, then five per limit).
+pub(super) fn fields_of(item: &BucketItem) -> Vec<String> {
+    let mut out = Vec::with_capacity(4 + 10 * item.limits.len());
+    out.extend(["rf".into(), item.rf.to_string()]);
+    out.extend(["sc".into(), item.shard_count.to_string()]);
+    for (name, st) in item.limits.iter() {
+        push_limit(&mut out, name, st);
+    }
+    out
+}
+
+fn push_limit(out: &mut Vec<String>, name: &str, st: &LimitState) {
+    for (part, v) in [
+        ("tk", st.tk),
+        ("cp", st.cp),
+        ("ra", st.ra),
+        ("rp", st.rp),
+        ("tc", st.tc),
+    ] {
+        out.push(format!("b:{name}:{part}"));
+        out.push(v.to_string());
+    }
+}
+
+/// The least balance that covers `d` (`tk − amount ≥ floor`, as `tk ≥ floor + amount`).
+fn need(d: &Debit) -> i128 {
+    let floor = if d.gated { 0 } else { i128::from(MIN_BALANCE) };
+    floor + i128::from(d.amount)
+}
+
+/// The value past which adding `delta` leaves `i64` (upward for `delta ≥ 0`).
+fn turn(delta: i64) -> (i128, bool) {
+    if delta >= 0 {
+        (i128::from(i64::MAX) - i128::from(delta), true)
+    } else {
+        (i128::from(i64::MIN) - i128::from(delta), false)
+    }
+}
+
+/// The debit script's arguments (`lua/debit.lua`).
+pub(super) fn debit_args(debits: &[Debit], mode: DebitMode) -> Vec<String> {
+    let mut args = Vec::with_capacity(2 + 8 * debits.len());
+    match mode {
+        DebitMode::Fast { now_s, shard_count } => {
+            args.push(now_s.to_string());
+            args.push(shard_count.to_string());
+        }
+        DebitMode::RetryOnly => {
+            args.push(String::new());
+            args.push(String::new());
+        }
+    }
+    for d in debits {
+        args.push(d.limit.to_string());
+        args.push(need(d).to_string());
+        args.push(d.amount.to_string());
+        args.push((-i128::from(d.amount)).to_string());
+        args.push(turn(d.amount).0.to_string());
+        match d.params {
+            Some(p) => args.extend([p.cp.to_string(), p.ra.to_string(), p.rp.to_string()]),
+            None => args.extend([String::new(), String::new(), String::new()]),
+        }
+    }
+    args
+}
+
+/// The credit script's arguments (`lua/credit.lua`).
+pub(super) fn credit_args(guard: CreditGuard, credits: &[Credit]) -> Vec<String> {
+    let mut args = Vec::with_capacity(2 + 8 * credits.len());
+    match guard {
+        CreditGuard::Unrefilled(stamp) => {
+            args.push(stamp.rf.to_string());
+            args.push(stamp.shard_count.to_string());
+        }
+        CreditGuard::SameCount(count) => {
+            args.push(String::new());
+            args.push(count.to_string());
+        }
+    }
+    for c in credits {
+        args.push(c.limit.to_string());
+        // tk + amount ≤ ceiling.
+        args.push((i128::from(c.ceiling) - i128::from(c.amount)).to_string());
+        args.push(c.amount.to_string());
+        args.push((-i128::from(c.amount)).to_string());
+        args.push(turn(c.amount.saturating_neg()).0.to_string());
+        args.extend([
+            c.params.cp.to_string(),
+            c.params.ra.to_string(),
+            c.params.rp.to_string(),
+        ]);
+    }
+    args
+}
+
+/// One write of the commit script (`lua/commit.lua`), every number a string.
+#[derive(Serialize)]
+#[serde(untagged)]
+pub(super) enum ScriptWrite {
+    Create {
+        create: Vec<String>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        ttl: Option<String>,
+    },
+    Update {
+        update: ScriptUpdate,
+    },
+    Debit {
+        debit: Vec<[String; 5]>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        ttl: Option<String>,
+    },
+}
+
+#[derive(Serialize)]
+pub(super) struct ScriptUpdate {
+    erf: String,
+    rf: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ttl: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sc: Option<[String; 2]>,
+    limits: Vec<ScriptLimit>,
+}
+
+#[derive(Serialize)]
+pub(super) struct ScriptLimit {
+    n: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    add: Option<ScriptAdd>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    set: Option<Vec<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rtc: Option<String>,
+}
+
+/// An additive change: the balance must lie in `lo..=hi` (the write's floor and cap, and
+/// room for the delta inside `i64`).
+#[derive(Serialize)]
+pub(super) struct ScriptAdd {
+    lo: String,
+    hi: String,
+    tk: String,
+    tc: String,
+    turn: String,
+    up: bool,
+}
+
+/// `w` as the commit script reads it.
+pub(super) fn script_write(w: &Write) -> ScriptWrite {
+    match w {
+        Write::Create { item, .. } => ScriptWrite::Create {
+            create: fields_of(item),
+            ttl: item.ttl.map(|t| t.to_string()),
+        },
+        Write::Update {
+            expected_rf,
+            rf,
+            ttl,
+            shard_count,
+            limits,
+            ..
+        } => ScriptWrite::Update {
+            update: ScriptUpdate {
+                erf: expected_rf.to_string(),
+                rf: rf.to_string(),
+                ttl: ttl.map(|t| t.to_string()),
+                sc: shard_count.map(|c| [c.read.to_string(), c.new.to_string()]),
+                limits: limits.iter().map(script_limit).collect(),
+            },
+        },
+        Write::Debit { debits, ttl, .. } => ScriptWrite::Debit {
+            debit: debits
+                .iter()
+                .map(|d| {
+                    [
+                        d.limit.to_string(),
+                        need(d).to_string(),
+                        d.amount.to_string(),
+                        (-i128::from(d.amount)).to_string(),
+                        turn(d.amount).0.to_string(),
+                    ]
+                })
+                .collect(),
+            ttl: ttl.map(|t| t.to_string()),
+        },
+    }
+}
+
+fn script_limit(lw: &LimitWrite) -> ScriptLimit {
+    match lw {
+        LimitWrite::Add {
+            limit,
+            tk_delta,
+            tc_delta,
+            floor,
+            cap,
+            ..
+        } => {
+            let delta = i128::from(*tk_delta);
+            // The sum stays in i64, and within the write's own bounds.
+            let mut lo = i128::from(i64::MIN) - delta.min(0);
+            let mut hi = i128::from(i64::MAX) - delta.max(0);
+            if let Some(f) = floor {
+                lo = lo.max(i128::from(*f));
+            }
+            if let Some(c) = cap {
+                hi = hi.min(i128::from(*c));
+            }
+            let (turn, up) = turn(*tc_delta);
+            ScriptLimit {
+                n: limit.to_string(),
+                add: Some(ScriptAdd {
+                    lo: lo.to_string(),
+                    hi: hi.to_string(),
+                    tk: tk_delta.to_string(),
+                    tc: tc_delta.to_string(),
+                    turn: turn.to_string(),
+                    up,
+                }),
+                set: None,
+                rtc: None,
+            }
+        }
+        LimitWrite::Set {
+            limit,
+            state,
+            read_tc,
+            ..
+        } => {
+            let mut set = Vec::with_capacity(10);
+            push_limit(&mut set, limit, state);
+            ScriptLimit {
+                n: limit.to_string(),
+                add: None,
+                set: Some(set),
+                rtc: read_tc.map(|t| t.to_string()),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{LimitParams, MILLI, WCU_LIMIT};
+
+    #[test]
+    fn the_scripts_name_the_reserved_limit_and_its_unit_as_the_contract_does() {
+        // lua/debit.lua spells both out.
+        assert_eq!(WCU_LIMIT, "wcu");
+        assert_eq!(MILLI, 1_000);
+        let debit = include_str!("lua/debit.lua");
+        assert!(debit.contains("'b:wcu:tk'") && debit.contains("'1000'"));
+    }
+
+    #[test]
+    fn keys_hash_whole_so_a_brace_in_a_value_cannot_pick_the_slot() {
+        let a = redis_key("ns", &BucketKey::new("{x}a", "r", 0));
+        let b = redis_key("ns", &BucketKey::new("{x}b", "r", 0));
+        assert!(a.starts_with("{}ns/BUCKET#"));
+        // With `{x}` hashed alone both would share a slot; hashed whole they differ
+        // (checked for these two values, which do).
+        assert_ne!(slot(&a), slot(&b));
+        // Redis's own example: the slot of "123456789" is 0x31C3 % 16384.
+        assert_eq!(slot("123456789"), 0x31C3);
+    }
+
+    #[test]
+    fn an_item_round_trips_through_its_fields() {
+        let item = BucketItem {
+            rf: 1_700_000_000_123,
+            shard_count: 4,
+            ttl: None,
+            limits: [
+                (
+                    "rpm",
+                    LimitState::new(LimitParams::new(10, 10, 60_000), -(1 << 62), 7),
+                ),
+                ("a:b", LimitState::new(LimitParams::new(1, 1, 1), 0, 0)),
+            ]
+            .into_iter()
+            .collect(),
+        };
+        assert_eq!(decode(&fields_of(&item)), Ok(Some(item)));
+        assert_eq!(decode(&[]), Ok(None));
+    }
+
+    #[test]
+    fn a_corrupt_image_names_what_is_wrong() {
+        let s = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert!(decode(&s(&["rf", "x", "sc", "1"]))
+            .unwrap_err()
+            .contains("'rf'"));
+        assert!(decode(&s(&["rf", "1"])).unwrap_err().contains("'sc'"));
+        assert!(decode(&s(&["rf", "1", "sc", "1", "b:l:tk", "5"]))
+            .unwrap_err()
+            .contains("lacks"));
+        assert!(decode(&s(&["rf", "1", "sc", "1", "zz", "5"]))
+            .unwrap_err()
+            .contains("'zz'"));
+    }
+
+    #[test]
+    fn bounds_are_exact_past_i64() {
+        let d = Debit {
+            limit: "l".into(),
+            amount: i64::MAX,
+            gated: false,
+            params: None,
+        };
+        let args = debit_args(&[d], DebitMode::RetryOnly);
+        assert_eq!(
+            args[3],
+            (i128::from(MIN_BALANCE) + i128::from(i64::MAX)).to_string()
+        );
+        assert_eq!(args[6], "0", "adding i64::MAX saturates past tc = 0");
+    }
+}

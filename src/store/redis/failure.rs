@@ -1,0 +1,103 @@
+//! What a failed Redis call means, and whose failure it is: this request's (an item of
+//! another type under its key, a value that is not ours: [`StoreError::Corrupt`]), or the
+//! store's (everything else: connection loss, timeouts, `LOADING`, `BUSY`, `TRYAGAIN`,
+//! `CLUSTERDOWN`, `MASTERDOWN`, a failover's `READONLY`, `OOM`, refused authentication:
+//! [`StoreError::Unavailable`], the only kind the circuit breaker counts). `MOVED` and
+//! `ASK` never get here: the Cluster client follows them.
+
+use redis::{ErrorKind, RedisError, ServerErrorKind};
+
+use crate::store::StoreError;
+use crate::support::text::elide;
+
+/// Most bytes of a Redis error text carried into a [`StoreError`].
+const REASON_BYTES: usize = 256;
+
+/// Whose failure `err` is, for the item under `key` (the Redis key).
+pub(super) fn classify(key: &str, err: &RedisError) -> StoreError {
+    let reason = elide(&err.to_string(), REASON_BYTES).into_owned();
+    let key = key.to_string();
+    if is_this_items(err) {
+        StoreError::Corrupt { key, reason }
+    } else {
+        StoreError::Unavailable { key, reason }
+    }
+}
+
+/// Whether the error is about the one item the call touched (its type or its values),
+/// so that it is that request's answer and never trips the breaker for everyone.
+fn is_this_items(err: &RedisError) -> bool {
+    if err.code() == Some("WRONGTYPE") {
+        return true;
+    }
+    match err.kind() {
+        // A reply the scripts never make: the item under the key is not ours.
+        ErrorKind::Parse | ErrorKind::UnexpectedReturnType => true,
+        ErrorKind::Server(ServerErrorKind::ResponseError) => {
+            // `ERR`: a script that stopped on this item's values (a field that is not an
+            // integer, a sum out of range) is the item's; any other `ERR` (too many
+            // clients, a refused command) is the server's.
+            let detail = err.detail().unwrap_or_default();
+            detail.contains("not an integer")
+                || detail.contains("overflow")
+                || detail.contains("user_script")
+        }
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn server(code: &str, detail: &str) -> RedisError {
+        // As the client parses a server's error line.
+        let line = format!("-{code} {detail}\r\n");
+        match redis::parse_redis_value(line.as_bytes()) {
+            Ok(redis::Value::ServerError(e)) => e.into(),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn failover_loading_and_busy_are_the_stores() {
+        for (code, detail) in [
+            ("LOADING", "Redis is loading the dataset in memory"),
+            ("BUSY", "Redis is busy running a script"),
+            ("TRYAGAIN", "Multiple keys request during rehashing of slot"),
+            ("CLUSTERDOWN", "The cluster is down"),
+            ("READONLY", "You can't write against a read only replica."),
+            ("MASTERDOWN", "Link with MASTER is down"),
+            ("OOM", "command not allowed when used memory > 'maxmemory'."),
+            ("ERR", "max number of clients reached"),
+            ("NOAUTH", "Authentication required."),
+        ] {
+            let e = classify("k", &server(code, detail));
+            assert!(e.is_fault(), "{code}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_wrong_type_or_a_bad_value_is_that_requests() {
+        for (code, detail) in [
+            (
+                "WRONGTYPE",
+                "Operation against a key holding the wrong kind of value",
+            ),
+            (
+                "ERR",
+                "Error running script (call to f_x): @user_script:1: ERR hash value is not an integer",
+            ),
+        ] {
+            let e = classify("k", &server(code, detail));
+            assert!(!e.is_fault(), "{code}: {e}");
+            assert!(matches!(e, StoreError::Corrupt { .. }), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_long_server_message_is_cut() {
+        let e = classify("k", &server("ERR", &"x".repeat(10_000)));
+        assert!(e.to_string().len() < 600, "{}", e.to_string().len());
+    }
+}

@@ -1,0 +1,252 @@
+//! Reaching Redis: the options an operator gives (URLs, mode, TLS, pool, timeouts) and the
+//! connection they make — a few multiplexed connections to one server, or one Cluster
+//! connection that follows `MOVED`/`ASK` and the topology. Connecting is lazy and retried
+//! by the call that needs it, so a server starts (health `NOT_SERVING`) before its Redis
+//! does, as it does before DynamoDB answers. Nothing here knows the item format.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
+use redis::{
+    ClientTlsConfig, IntoConnectionInfo, RedisError, RedisResult, ScriptInvocation,
+    TlsCertificates, Value,
+};
+use thiserror::Error;
+use tokio::sync::OnceCell;
+
+/// How the URLs are to be read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RedisMode {
+    /// One server (a primary; `redis://`, `rediss://` or `unix://`).
+    Single,
+    /// A Redis Cluster: the URLs are seed nodes, the topology is discovered.
+    Cluster,
+}
+
+/// TLS beyond what a `rediss://` URL says: the CA that signed the server's certificate,
+/// and a client certificate when the server asks for one.
+#[derive(Debug, Clone, Default)]
+pub struct RedisTls {
+    /// PEM CA bundle (else the system's roots).
+    pub ca_file: Option<PathBuf>,
+    /// PEM client certificate and key, both or neither.
+    pub client_cert: Option<PathBuf>,
+    pub client_key: Option<PathBuf>,
+    /// Accept a certificate whose name is not the host's (Cluster: node addresses are
+    /// IPs its certificates seldom name).
+    pub skip_hostname_verification: bool,
+}
+
+/// Where Redis is and how to reach it.
+#[derive(Debug, Clone)]
+pub struct RedisOptions {
+    /// `redis://[user:password@]host:port[/db]`, `rediss://…` (TLS) or `unix:///path`; for
+    /// a Cluster, one or more seed nodes.
+    pub urls: Vec<String>,
+    /// `None`: a Cluster when several URLs are given, else one server.
+    pub mode: Option<RedisMode>,
+    /// Prefix of every key, so several deployments can share a Redis.
+    pub namespace: String,
+    /// Deadline of one store call (connecting included).
+    pub timeout: Duration,
+    /// Multiplexed connections to one server (each pipelines every call sent on it).
+    pub pool_size: usize,
+    pub tls: RedisTls,
+}
+
+/// Connections kept to one server by default: two carry a 2-core server's load
+/// (each pipelines), a few more spread a busier one over Redis's I/O threads.
+pub const DEFAULT_POOL_SIZE: usize = 4;
+
+/// What is wrong with the options (reported at start-up, before serving).
+#[derive(Debug, Error)]
+pub enum RedisConfigError {
+    #[error("no Redis URL given (--redis-url)")]
+    NoUrl,
+    #[error("Redis URL '{url}': {reason}")]
+    Url { url: String, reason: String },
+    #[error("Redis TLS file {path}: {reason}")]
+    TlsFile { path: String, reason: String },
+    #[error("--redis-tls-client-cert and --redis-tls-client-key go together")]
+    HalfClientCert,
+    #[error("--redis-pool-size must be at least 1")]
+    NoPool,
+}
+
+impl RedisOptions {
+    pub fn mode(&self) -> RedisMode {
+        self.mode.clone().unwrap_or(if self.urls.len() > 1 {
+            RedisMode::Cluster
+        } else {
+            RedisMode::Single
+        })
+    }
+
+    /// Checks what can be checked without connecting: each URL parses, the TLS files
+    /// read, the pool is not empty.
+    pub fn validate(&self) -> Result<(), RedisConfigError> {
+        self.certificates().map(|_| ())?;
+        if self.pool_size == 0 {
+            return Err(RedisConfigError::NoPool);
+        }
+        if self.urls.is_empty() {
+            return Err(RedisConfigError::NoUrl);
+        }
+        for url in &self.urls {
+            redis::Client::open(url.as_str()).map_err(|e| RedisConfigError::Url {
+                url: redact(url),
+                reason: e.to_string(),
+            })?;
+        }
+        Ok(())
+    }
+
+    fn certificates(&self) -> Result<Option<TlsCertificates>, RedisConfigError> {
+        let read = |p: &PathBuf| {
+            std::fs::read(p).map_err(|e| RedisConfigError::TlsFile {
+                path: p.display().to_string(),
+                reason: e.to_string(),
+            })
+        };
+        let client_tls = match (&self.tls.client_cert, &self.tls.client_key) {
+            (Some(cert), Some(key)) => Some(ClientTlsConfig {
+                client_cert: read(cert)?,
+                client_key: read(key)?,
+            }),
+            (None, None) => None,
+            _ => return Err(RedisConfigError::HalfClientCert),
+        };
+        let root_cert = self.tls.ca_file.as_ref().map(read).transpose()?;
+        Ok(
+            (client_tls.is_some() || root_cert.is_some()).then_some(TlsCertificates {
+                client_tls,
+                root_cert,
+            }),
+        )
+    }
+}
+
+/// A URL with its password replaced, for messages and logs.
+pub fn redact(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut u) if u.password().is_some() => {
+            let _ = u.set_password(Some("***"));
+            u.to_string()
+        }
+        _ => url.to_string(),
+    }
+}
+
+/// The open connections.
+enum Open {
+    Single {
+        pool: Vec<ConnectionManager>,
+        next: AtomicUsize,
+    },
+    Cluster(ClusterConnection),
+}
+
+/// A lazily opened connection to the configured Redis.
+pub(super) struct Link {
+    options: RedisOptions,
+    open: OnceCell<Open>,
+}
+
+impl Link {
+    pub(super) fn new(options: RedisOptions) -> Link {
+        Link {
+            options,
+            open: OnceCell::new(),
+        }
+    }
+
+    pub(super) fn options(&self) -> &RedisOptions {
+        &self.options
+    }
+
+    async fn open(&self) -> RedisResult<&Open> {
+        self.open.get_or_try_init(|| connect(&self.options)).await
+    }
+
+    /// Runs a script (`EVALSHA`, loading it on `NOSCRIPT`) on the node that holds its
+    /// keys.
+    pub(super) async fn run(&self, invocation: &ScriptInvocation<'_>) -> RedisResult<Value> {
+        match self.open().await? {
+            Open::Single { pool, next } => {
+                let mut conn = pool[next.fetch_add(1, Ordering::Relaxed) % pool.len()].clone();
+                invocation.invoke_async(&mut conn).await
+            }
+            Open::Cluster(conn) => invocation.invoke_async(&mut conn.clone()).await,
+        }
+    }
+
+    /// Runs one command.
+    pub(super) async fn query(&self, cmd: &redis::Cmd) -> RedisResult<Value> {
+        match self.open().await? {
+            Open::Single { pool, next } => {
+                let mut conn = pool[next.fetch_add(1, Ordering::Relaxed) % pool.len()].clone();
+                cmd.query_async(&mut conn).await
+            }
+            Open::Cluster(conn) => cmd.query_async(&mut conn.clone()).await,
+        }
+    }
+}
+
+async fn connect(options: &RedisOptions) -> RedisResult<Open> {
+    let certs = options.certificates().map_err(|e| {
+        RedisError::from((redis::ErrorKind::InvalidClientConfig, "TLS", e.to_string()))
+    })?;
+    match options.mode() {
+        RedisMode::Single => {
+            let url = options.urls.first().map(String::as_str).unwrap_or_default();
+            let mut info = url.into_connection_info()?;
+            if options.tls.skip_hostname_verification {
+                let mut addr = info.addr().clone();
+                addr.set_danger_accept_invalid_hostnames(true);
+                info = info.set_addr(addr);
+            }
+            let client = match certs {
+                Some(certs) => redis::Client::build_with_tls(info, certs)?,
+                None => redis::Client::open(info)?,
+            };
+            let config = ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(options.timeout))
+                .set_response_timeout(Some(options.timeout))
+                // Reconnection is tried by the next call; never a long wait inside one.
+                .set_number_of_retries(1)
+                .set_max_delay(Duration::from_millis(100));
+            let mut pool = Vec::with_capacity(options.pool_size);
+            for _ in 0..options.pool_size.max(1) {
+                pool.push(
+                    ConnectionManager::new_with_config(client.clone(), config.clone()).await?,
+                );
+            }
+            Ok(Open::Single {
+                pool,
+                next: AtomicUsize::new(0),
+            })
+        }
+        RedisMode::Cluster => {
+            let mut builder = ClusterClientBuilder::new(options.urls.clone())
+                .connection_timeout(options.timeout)
+                .response_timeout(options.timeout)
+                // Redirections and a failover's TRYAGAIN are retried, briefly: the
+                // caller's deadline bounds the whole call anyway.
+                .retries(3)
+                .min_retry_wait(10)
+                .max_retry_wait(100);
+            if let Some(certs) = certs {
+                builder = builder.certs(certs);
+            }
+            if options.tls.skip_hostname_verification {
+                builder = builder.danger_accept_invalid_hostnames(true);
+            }
+            let conn = builder.build()?.get_async_connection().await?;
+            Ok(Open::Cluster(conn))
+        }
+    }
+}

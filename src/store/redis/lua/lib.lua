@@ -1,0 +1,85 @@
+-- shardgate's Redis store: what every script shares. Numbers travel and are stored as
+-- canonical decimal strings (as Redis's HINCRBY writes them) and are compared here as
+-- strings, exactly: Lua's numbers are doubles, and balances reach 2^62. Sums are made by
+-- HINCRBY (exact 64-bit) after the caller checked they stay in range. Every condition of
+-- a script is checked before its first write, so a refused call writes nothing.
+
+-- -1, 0 or 1 as a < b, a == b, a > b, for canonical decimal integers of any length.
+local function cmp(a, b)
+  local na = string.byte(a, 1) == 45
+  local nb = string.byte(b, 1) == 45
+  if na ~= nb then
+    if na then return -1 else return 1 end
+  end
+  local r
+  if #a ~= #b then
+    if #a < #b then r = -1 else r = 1 end
+  elseif a == b then
+    return 0
+  elseif a < b then
+    r = -1
+  else
+    r = 1
+  end
+  if na then return -r end
+  return r
+end
+
+local I64_MAX = '9223372036854775807'
+local I64_MIN = '-9223372036854775808'
+
+-- The item's fields by name ({} and false when there is no item).
+local function fields(key)
+  local flat = redis.call('HGETALL', key)
+  if #flat == 0 then return flat, false end
+  local f = {}
+  for i = 1, #flat, 2 do f[flat[i]] = flat[i + 1] end
+  return flat, f
+end
+
+-- Adds `delta` to an integer field, saturating at the i64 bounds as the other stores do:
+-- `turn` is the value past which the sum would leave i64 (computed by the caller), `up`
+-- whether delta is positive.
+local function add_saturating(key, field, current, delta, turn, up)
+  if up and cmp(current, turn) > 0 then
+    redis.call('HSET', key, field, I64_MAX)
+  elseif (not up) and cmp(current, turn) < 0 then
+    redis.call('HSET', key, field, I64_MIN)
+  else
+    redis.call('HINCRBY', key, field, delta)
+  end
+end
+
+-- HSET of a flat field/value list, in chunks (Lua's unpack has a bounded stack).
+local function hset_all(key, list)
+  for i = 1, #list, 200 do
+    redis.call('HSET', key, unpack(list, i, math.min(i + 199, #list)))
+  end
+end
+
+-- The item's `ttl` field (epoch seconds; none: never expires) and the key's own expiry,
+-- which follows it: at `ttl` an item is full again, the same as no item, so Redis may
+-- drop it. Never before Redis's own clock plus a grace, though: a server whose clock runs
+-- ahead of Redis's (or a `ttl` already past when written) must still find the item
+-- until it is surely full by every clock, as DynamoDB's sweeper leaves expired items a
+-- while. Both only ever move later (the callers' conditions see to the field; Redis's
+-- clock only moves on).
+-- A `ttl` past LATEST_EXPIRY (a debt so deep it repays in millennia) leaves the key
+-- without an expiry, as Redis refuses one that far (and Lua's doubles would round it).
+local EXPIRY_GRACE = 60
+local LATEST_EXPIRY = '100000000000'
+local function expire_as(key, ttl)
+  if ttl and cmp(ttl, LATEST_EXPIRY) > 0 then
+    redis.call('HSET', key, 'ttl', ttl)
+    redis.call('PERSIST', key)
+  elseif ttl then
+    redis.call('HSET', key, 'ttl', ttl)
+    local now = tonumber(redis.call('TIME')[1])
+    local at = tonumber(ttl)
+    if at < now then at = now end
+    redis.call('EXPIREAT', key, string.format('%d', at + EXPIRY_GRACE))
+  else
+    redis.call('HDEL', key, 'ttl')
+    redis.call('PERSIST', key)
+  end
+end

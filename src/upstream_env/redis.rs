@@ -1,0 +1,356 @@
+//! envoyproxy/ratelimit's Redis settings (its `settings.go`), each honoured, mapped or
+//! refused by name: a Deployment that ran upstream on Redis runs shardgate on the same
+//! Redis with no other change (its counters are not ours: the buckets start full).
+//!
+//! Upstream's default backend is Redis, so `REDIS_URL` alone (or `BACKEND_TYPE=redis`)
+//! selects the Redis store; without either the store stays the embedded one.
+
+use super::{go_bool, go_duration, Reader};
+use crate::support::text::elide;
+
+/// upstream's defaults (`REDIS_SOCKET_TYPE`, `REDIS_URL`): twemproxy's socket.
+const DEFAULT_SOCKET_TYPE: &str = "unix";
+const DEFAULT_URL: &str = "/var/run/nutcracker/ratelimit.sock";
+
+/// Settings of upstream's Redis client that have no counterpart here, with why.
+pub(super) const IGNORED: &[(&str, &str)] = &[
+    (
+        "REDIS_PIPELINE_WINDOW",
+        "calls pipeline on multiplexed connections",
+    ),
+    ("REDIS_PIPELINE_LIMIT", "unused upstream too"),
+    (
+        "REDIS_CLUSTER_PIPELINE_PARALLELISM",
+        "each Cluster node is called in parallel",
+    ),
+    (
+        "REDIS_POOL_ON_EMPTY_BEHAVIOR",
+        "multiplexed connections never run out",
+    ),
+    (
+        "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
+        "health is NOT_SERVING until Redis answers, and the breaker reports outages",
+    ),
+    (
+        "REDIS_STARTUP_INITIAL_INTERVAL",
+        "Redis is tried every second until it answers, health NOT_SERVING meanwhile",
+    ),
+    (
+        "REDIS_STARTUP_MAX_INTERVAL",
+        "Redis is tried every second until it answers",
+    ),
+    (
+        "REDIS_STARTUP_MAX_ELAPSED_TIME",
+        "the server waits for Redis without exiting",
+    ),
+];
+
+/// Reads the Redis settings: with Redis the backend, sets the Redis store's variables.
+pub(super) fn redis(r: &mut Reader) {
+    let backend = r.get("BACKEND_TYPE").map(str::to_ascii_lowercase);
+    let url_given = r.env.contains_key("REDIS_URL");
+    match backend.as_deref() {
+        Some("redis") => {}
+        None if url_given => {}
+        None => return,
+        Some(other) => {
+            r.refuse(format!(
+                "BACKEND_TYPE={}: shardgate's shared stores are Redis and DynamoDB (--store)",
+                elide(other, 32)
+            ));
+            return;
+        }
+    }
+    if r.get("REDIS_PERSECOND").and_then(go_bool) == Some(true) {
+        r.refuse(
+            "REDIS_PERSECOND=true: one store holds every bucket here (a per-second limit costs \
+             no more than another); remove REDIS_PERSECOND_*"
+                .into(),
+        );
+        return;
+    }
+    let kind = r
+        .get("REDIS_TYPE")
+        .map(str::to_ascii_lowercase)
+        .unwrap_or_else(|| "single".into());
+    let mode = match kind.as_str() {
+        "single" => "single",
+        "cluster" => "cluster",
+        "sentinel" => {
+            r.refuse(
+                "REDIS_TYPE=sentinel: not supported yet; point REDIS_URL at the master, or use a \
+                 Cluster"
+                    .into(),
+            );
+            return;
+        }
+        other => {
+            r.refuse(format!(
+                "REDIS_TYPE={}: not single, cluster or sentinel",
+                elide(other, 32)
+            ));
+            return;
+        }
+    };
+    let tls = match r.get("REDIS_TLS").map(go_bool) {
+        None => false,
+        Some(Some(on)) => on,
+        Some(None) => {
+            r.refuse("REDIS_TLS: not a boolean".into());
+            return;
+        }
+    };
+    let socket = r
+        .get("REDIS_SOCKET_TYPE")
+        .unwrap_or(DEFAULT_SOCKET_TYPE)
+        .to_ascii_lowercase();
+    let auth = r.get("REDIS_AUTH").filter(|a| !a.is_empty());
+    let raw = r.get("REDIS_URL").unwrap_or(DEFAULT_URL);
+    let mut urls = Vec::new();
+    for address in raw.split(',').map(str::trim).filter(|a| !a.is_empty()) {
+        match url_of(address, &socket, tls, auth) {
+            Ok(url) => urls.push(url),
+            Err(e) => {
+                r.refuse(format!("REDIS_URL: {e}"));
+                return;
+            }
+        }
+    }
+    if urls.is_empty() {
+        r.refuse("REDIS_URL: no address".into());
+        return;
+    }
+    r.alias("SHARDGATE_STORE", "BACKEND_TYPE", "redis".into());
+    r.alias("SHARDGATE_REDIS_URL", "REDIS_URL", urls.join(","));
+    r.alias("SHARDGATE_REDIS_MODE", "REDIS_TYPE", mode.into());
+    if let Some(size) = r.get("REDIS_POOL_SIZE") {
+        match size.parse::<usize>() {
+            Ok(n) if n > 0 => r.alias(
+                "SHARDGATE_REDIS_POOL_SIZE",
+                "REDIS_POOL_SIZE",
+                n.to_string(),
+            ),
+            _ => r.refuse(format!(
+                "REDIS_POOL_SIZE={}: not a positive number",
+                elide(size, 32)
+            )),
+        }
+    }
+    if let Some(timeout) = r.get("REDIS_TIMEOUT") {
+        match go_duration(timeout).filter(|d| !d.is_zero()) {
+            Some(d) => r.alias(
+                "SHARDGATE_STORE_TIMEOUT",
+                "REDIS_TIMEOUT",
+                humantime::format_duration(d).to_string(),
+            ),
+            None => r.refuse(format!(
+                "REDIS_TIMEOUT={}: not a positive duration (e.g. 1s)",
+                elide(timeout, 32)
+            )),
+        }
+    }
+    for (upstream, ours) in [
+        ("REDIS_TLS_CACERT", "SHARDGATE_REDIS_TLS_CA"),
+        ("REDIS_TLS_CLIENT_CERT", "SHARDGATE_REDIS_TLS_CLIENT_CERT"),
+        ("REDIS_TLS_CLIENT_KEY", "SHARDGATE_REDIS_TLS_CLIENT_KEY"),
+    ] {
+        if let Some(path) = r.get(upstream).filter(|p| !p.is_empty()) {
+            if tls {
+                r.alias(ours, upstream, path.into());
+            } else {
+                r.refuse(format!("{upstream} is set but REDIS_TLS is not true"));
+            }
+        }
+    }
+    match r.get("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION").map(go_bool) {
+        Some(Some(true)) => r.alias(
+            "SHARDGATE_REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
+            "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
+            "true".into(),
+        ),
+        Some(None) => r.refuse("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION: not a boolean".into()),
+        _ => {}
+    }
+    if let Some(prefix) = r.get("CACHE_KEY_PREFIX").filter(|p| !p.is_empty()) {
+        r.alias("SHARDGATE_NAMESPACE", "CACHE_KEY_PREFIX", prefix.into());
+    }
+    for (name, why) in IGNORED {
+        if r.get(name).is_some() {
+            r.t.ignored.push(format!("{name} ({why})"));
+        }
+    }
+}
+
+/// One of upstream's Redis addresses (`host:port` over TCP, a path over a Unix socket)
+/// as a URL, with `REDIS_AUTH` (`password` or `user:password`) in it.
+fn url_of(address: &str, socket: &str, tls: bool, auth: Option<&str>) -> Result<String, String> {
+    let enc = |s: &str| {
+        percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
+    };
+    let userinfo = match auth.map(|a| a.split_once(':').unwrap_or(("", a))) {
+        Some((user, pass)) => format!("{}:{}@", enc(user), enc(pass)),
+        None => String::new(),
+    };
+    match socket {
+        "tcp" => {
+            if address.contains("://") {
+                return Err(format!(
+                    "{}: an address (host:port), not a URL",
+                    elide(address, 64)
+                ));
+            }
+            let scheme = if tls { "rediss" } else { "redis" };
+            Ok(format!("{scheme}://{userinfo}{address}"))
+        }
+        "unix" => {
+            if tls {
+                return Err(
+                    "TLS over a Unix socket (REDIS_TLS with REDIS_SOCKET_TYPE=unix)".into(),
+                );
+            }
+            let mut url = format!("unix://{address}");
+            if let Some((user, pass)) = auth.map(|a| a.split_once(':').unwrap_or(("", a))) {
+                url.push_str(&format!("?pass={}", enc(pass)));
+                if !user.is_empty() {
+                    url.push_str(&format!("&user={}", enc(user)));
+                }
+            }
+            Ok(url)
+        }
+        other => Err(format!(
+            "REDIS_SOCKET_TYPE={}: not tcp or unix",
+            elide(other, 32)
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::translate;
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn translated(vars: &[(&str, &str)]) -> super::super::Translation {
+        let env: BTreeMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        translate(&env)
+    }
+
+    fn set(t: &super::super::Translation, ours: &str) -> Option<String> {
+        t.set
+            .iter()
+            .find(|a| a.ours == ours)
+            .map(|a| a.value.clone())
+    }
+
+    #[test]
+    fn a_cluster_with_tls_and_auth_maps_to_the_redis_store() {
+        let t = translated(&[
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_TYPE", "CLUSTER"),
+            ("REDIS_URL", "n1:6379, n2:6379,n3:6379"),
+            ("REDIS_AUTH", "svc:pw"),
+            ("REDIS_TLS", "true"),
+            ("REDIS_TLS_CACERT", "/ca.pem"),
+            ("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "true"),
+            ("REDIS_POOL_SIZE", "10"),
+            ("REDIS_TIMEOUT", "2s"),
+            ("REDIS_PIPELINE_WINDOW", "150us"),
+            ("CACHE_KEY_PREFIX", "edge"),
+        ]);
+        assert!(t.refused.is_empty(), "{:?}", t.refused);
+        assert_eq!(set(&t, "SHARDGATE_STORE").as_deref(), Some("redis"));
+        assert_eq!(
+            set(&t, "SHARDGATE_REDIS_URL").as_deref(),
+            Some("rediss://svc:pw@n1:6379,rediss://svc:pw@n2:6379,rediss://svc:pw@n3:6379")
+        );
+        assert_eq!(set(&t, "SHARDGATE_REDIS_MODE").as_deref(), Some("cluster"));
+        assert_eq!(
+            set(&t, "SHARDGATE_REDIS_TLS_CA").as_deref(),
+            Some("/ca.pem")
+        );
+        assert_eq!(set(&t, "SHARDGATE_REDIS_POOL_SIZE").as_deref(), Some("10"));
+        assert_eq!(set(&t, "SHARDGATE_STORE_TIMEOUT").as_deref(), Some("2s"));
+        assert_eq!(set(&t, "SHARDGATE_NAMESPACE").as_deref(), Some("edge"));
+        assert!(
+            t.ignored
+                .iter()
+                .any(|i| i.starts_with("REDIS_PIPELINE_WINDOW (")),
+            "{:?}",
+            t.ignored
+        );
+        assert!(!t.read.contains(&"REDIS_PIPELINE_WINDOW".to_string()));
+    }
+
+    #[test]
+    fn what_shardgate_cannot_follow_is_refused_by_name() {
+        for (vars, named) in [
+            (vec![("BACKEND_TYPE", "memcache")], "BACKEND_TYPE=memcache"),
+            (
+                vec![("REDIS_URL", "x:1"), ("REDIS_PERSECOND", "true")],
+                "REDIS_PERSECOND",
+            ),
+            (
+                vec![("REDIS_URL", "m,s1:26379"), ("REDIS_TYPE", "sentinel")],
+                "REDIS_TYPE=sentinel",
+            ),
+            (
+                vec![("REDIS_URL", "x:1"), ("REDIS_SOCKET_TYPE", "udp")],
+                "REDIS_SOCKET_TYPE=udp",
+            ),
+            (
+                vec![
+                    ("REDIS_URL", "x:1"),
+                    ("REDIS_SOCKET_TYPE", "tcp"),
+                    ("REDIS_TLS_CACERT", "/ca"),
+                ],
+                "REDIS_TLS is not true",
+            ),
+        ] {
+            let t = translated(&vars);
+            assert!(
+                t.refused.iter().any(|r| r.contains(named)),
+                "{named}: {:?}",
+                t.refused
+            );
+        }
+    }
+
+    #[test]
+    fn without_a_redis_backend_its_settings_are_ignored() {
+        let t = translated(&[("REDIS_POOL_SIZE", "10")]);
+        assert!(t.set.is_empty(), "{:?}", t.set);
+        assert_eq!(t.ignored, ["REDIS_POOL_SIZE"]);
+        // upstream's defaults: twemproxy's socket.
+        let t = translated(&[("BACKEND_TYPE", "redis")]);
+        assert_eq!(
+            set(&t, "SHARDGATE_REDIS_URL").as_deref(),
+            Some("unix:///var/run/nutcracker/ratelimit.sock")
+        );
+    }
+
+    #[test]
+    fn addresses_become_urls_with_their_credentials() {
+        assert_eq!(
+            url_of("redis:6379", "tcp", false, None).unwrap(),
+            "redis://redis:6379"
+        );
+        assert_eq!(
+            url_of("r:6380", "tcp", true, Some("u:p@ss")).unwrap(),
+            "rediss://u:p%40ss@r:6380"
+        );
+        assert_eq!(
+            url_of("r:1", "tcp", false, Some("secret")).unwrap(),
+            "redis://:secret@r:1"
+        );
+        assert_eq!(
+            url_of("/var/run/r.sock", "unix", false, Some("pw")).unwrap(),
+            "unix:///var/run/r.sock?pass=pw"
+        );
+        assert!(url_of("/s", "unix", true, None).is_err());
+        assert!(url_of("redis://x:1", "tcp", false, None).is_err());
+        assert!(url_of("x:1", "udp", false, None).is_err());
+    }
+}
