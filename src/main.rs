@@ -25,12 +25,12 @@ use shardgate::service::metrics::statsd::{parse_tags, StatsdTag};
 use shardgate::service::{AnswerOptions, RateLimitHeaders, RequestLimits};
 #[cfg(feature = "dynamodb")]
 use shardgate::store::dynamodb::{self, DynamoOptions, DynamoStore, TableCreated};
-#[cfg(feature = "dynamodb")]
+#[cfg(any(feature = "dynamodb", feature = "redis"))]
 use shardgate::store::key::stored_entity;
 use shardgate::store::key::MAX_NAMESPACE_BYTES;
 #[cfg(feature = "redis")]
-use shardgate::store::redis::{RedisMode, RedisOptions, RedisTls};
-#[cfg(feature = "dynamodb")]
+use shardgate::store::redis::{RedisMode, RedisOptions, RedisStore, RedisTls};
+#[cfg(any(feature = "dynamodb", feature = "redis"))]
 use shardgate::store::{inspect, InspectedShard, Name};
 #[cfg(feature = "otel")]
 use shardgate::telemetry::SpanExport;
@@ -64,11 +64,16 @@ enum Command {
         #[command(subcommand)]
         command: TableCommand,
     },
-    /// Print every shard of one bucket as JSON (DynamoDB store).
-    #[cfg(feature = "dynamodb")]
+    /// Print every shard of one bucket as JSON (a shared store: DynamoDB or Redis).
+    #[cfg(any(feature = "dynamodb", feature = "redis"))]
     Inspect {
+        /// The store to read.
+        #[arg(long, env = "SHARDGATE_STORE", value_enum, default_value_t = Store::Dynamodb)]
+        store: Store,
         #[command(flatten)]
         dynamo: Dynamo,
+        #[command(flatten)]
+        redis: Redis,
         /// The bucket's entity, as shardgate encodes it (e.g. `tenant=acme/api_key=k1`).
         #[arg(long)]
         entity: String,
@@ -550,31 +555,56 @@ fn table_create(dynamo: Dynamo) -> ExitCode {
 }
 
 /// `shardgate inspect`: every shard of one bucket, as JSON.
-#[cfg(feature = "dynamodb")]
-fn inspect_bucket(dynamo: Dynamo, entity: &str, resource: &str) -> ExitCode {
+/// Which shared store `inspect` reads, and how to reach it.
+#[cfg(any(feature = "dynamodb", feature = "redis"))]
+struct InspectStore {
+    store: Store,
+    dynamo: Dynamo,
+    redis: Redis,
+}
+
+#[cfg(any(feature = "dynamodb", feature = "redis"))]
+fn inspect_bucket(from: InspectStore, entity: &str, resource: &str) -> ExitCode {
     let rt = match runtime_with(None) {
         Ok(rt) => rt,
         Err(code) => return code,
     };
-    rt.block_on(async {
-        let store = DynamoStore::connect(&dynamo.admin_options()).await;
-        // The bucket's key: a long entity is stored under its digest.
-        let stored = stored_entity(Name::new(entity));
-        match inspect(&store, &stored, resource).await {
-            Ok(shards) => {
-                let out = serde_json::json!({
-                    "entity": entity,
-                    "stored_entity": stored.as_str(),
-                    "resource": resource,
-                    "shard_count": shards.len(),
-                    "shards": shards.iter().map(InspectedShard::to_json).collect::<Vec<_>>(),
-                });
-                println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
-                ExitCode::SUCCESS
+    // The bucket's key: a long entity is stored under its digest.
+    let stored = stored_entity(Name::new(entity));
+    let shards = rt.block_on(async {
+        match from.store {
+            #[cfg(feature = "dynamodb")]
+            Store::Dynamodb => {
+                let store = DynamoStore::connect(&from.dynamo.admin_options()).await;
+                inspect(&store, &stored, resource).await
             }
-            Err(e) => fail(e),
+            #[cfg(feature = "redis")]
+            Store::Redis => {
+                let timeout = from.dynamo.store_timeout.max(Duration::from_secs(10));
+                let options = from.redis.options(from.dynamo.namespace, timeout);
+                if let Err(e) = options.validate() {
+                    return Err(e.to_string());
+                }
+                inspect(&RedisStore::new(options), &stored, resource).await
+            }
+            _ => return Err("inspect reads a shared store: --store dynamodb or redis".into()),
         }
-    })
+        .map_err(|e| e.to_string())
+    });
+    match shards {
+        Ok(shards) => {
+            let out = serde_json::json!({
+                "entity": entity,
+                "stored_entity": stored.as_str(),
+                "resource": resource,
+                "shard_count": shards.len(),
+                "shards": shards.iter().map(InspectedShard::to_json).collect::<Vec<_>>(),
+            });
+            println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(e),
+    }
 }
 
 fn main() -> ExitCode {
@@ -606,12 +636,22 @@ fn main() -> ExitCode {
         Command::Table {
             command: TableCommand::Create { dynamo },
         } => table_create(dynamo),
-        #[cfg(feature = "dynamodb")]
+        #[cfg(any(feature = "dynamodb", feature = "redis"))]
         Command::Inspect {
+            store,
             dynamo,
+            redis,
             entity,
             resource,
-        } => inspect_bucket(dynamo, &entity, &resource),
+        } => inspect_bucket(
+            InspectStore {
+                store,
+                dynamo,
+                redis,
+            },
+            &entity,
+            &resource,
+        ),
         Command::Serve(args) => serve(args, &upstream),
     }
 }

@@ -100,3 +100,95 @@ pub async fn sweep(store: &RedisStore, now_s: i64) -> usize {
     }
     deleted
 }
+
+/// A `redis-server` of the test's own on a free loopback port (for faults and TLS, which
+/// must not touch the shared servers): stopped when dropped.
+pub struct LocalRedis {
+    pub port: u16,
+    dir: tempfile::TempDir,
+    args: Vec<String>,
+    child: Option<std::process::Child>,
+}
+
+impl LocalRedis {
+    /// Starts one with these extra arguments; waits until it listens.
+    pub fn start(args: &[&str]) -> LocalRedis {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut redis = LocalRedis {
+            port,
+            dir: tempfile::tempdir().unwrap(),
+            args: args.iter().map(|a| a.to_string()).collect(),
+            child: None,
+        };
+        redis.restart();
+        redis
+    }
+
+    /// The directory it runs in (certificates may go there).
+    pub fn dir(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+
+    /// Starts it again on the same port (after [`LocalRedis::kill`]).
+    pub fn restart(&mut self) {
+        let tls = self.args.iter().any(|a| a == "--tls-port");
+        let mut cmd = std::process::Command::new("redis-server");
+        if tls {
+            cmd.args(["--port", "0", "--tls-port", &self.port.to_string()]);
+        } else {
+            cmd.args(["--port", &self.port.to_string()]);
+        }
+        cmd.args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .args(self.args.iter().filter(|a| *a != "--tls-port"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        self.child = Some(
+            cmd.spawn()
+                .expect("redis-server (Debian: apt-get install redis-server)"),
+        );
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "redis-server did not listen"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Kills it (SIGKILL: nothing saved, connections reset).
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// `redis://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// One command on a connection of its own (plain TCP only).
+    pub async fn cmd(&self, args: &[&str]) -> redis::RedisResult<redis::Value> {
+        let client = redis::Client::open(self.url())?;
+        let mut conn = client.get_multiplexed_async_connection().await?;
+        let mut cmd = redis::cmd(args[0]);
+        for a in &args[1..] {
+            cmd.arg(*a);
+        }
+        cmd.query_async(&mut conn).await
+    }
+}
+
+impl Drop for LocalRedis {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

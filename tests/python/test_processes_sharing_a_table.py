@@ -1,7 +1,9 @@
-"""Concurrency across processes (issue 6, item 2): three `shardgate serve --store dynamodb`
-processes share one DynamoDB table and one hot bucket while its shard count doubles (a
-low `--partition-write-budget` makes a few dozen writes per second a hot partition)
-and while every server's config is reloaded again and again.
+"""Concurrency across processes (issue 6, item 2): three `shardgate serve` processes share
+one store — a DynamoDB table, and a three-master Redis Cluster (issue 29) — and one hot
+bucket while its shard count doubles (a low `--partition-write-budget` makes a few dozen
+writes per second a hot partition) and while every server's config is reloaded again and
+again. On the Cluster, the hot bucket's calls spread over all three masters once it has
+doubled (`INFO commandstats` of each).
 
 Checked after a bounded run:
 - no debit lost: the consumed counter `tc` summed over every shard of the bucket (read
@@ -12,8 +14,9 @@ Checked after a bounded run:
 - the bucket doubled at least once, never to a count whose share is less than one request,
   and every server reloaded its config several times.
 
-Needs DynamoDB Local: SHARDGATE_TEST_DYNAMODB_ENDPOINT (scripts/test starts one). Without
-it the test fails: a skipped DynamoDB test would prove nothing.
+Needs DynamoDB Local (SHARDGATE_TEST_DYNAMODB_ENDPOINT) and a Redis Cluster
+(SHARDGATE_TEST_REDIS_CLUSTER): scripts/test starts both. Without them the tests fail: a
+skipped store test would prove nothing.
 """
 import json
 import signal
@@ -31,7 +34,62 @@ from envoy.service.ratelimit.v3 import rls_pb2
 from conftest import binary
 
 ENDPOINT = os.environ.get("SHARDGATE_TEST_DYNAMODB_ENDPOINT")
+CLUSTER = os.environ.get("SHARDGATE_TEST_REDIS_CLUSTER")
 TABLE = "shardgate_process_tests"
+STORES = ["dynamodb", "redis-cluster"]
+
+
+class SharedStore:
+    """How the servers and `shardgate inspect` reach one of the shared stores, in a
+    namespace of the test's own."""
+
+    def __init__(self, kind, namespace):
+        self.kind = kind
+        self.namespace = namespace
+        if kind == "dynamodb":
+            if not ENDPOINT:
+                pytest.fail("SHARDGATE_TEST_DYNAMODB_ENDPOINT is not set (scripts/test "
+                            "starts DynamoDB Local and sets it)")
+            self.store = "dynamodb"
+            self.args = ["--table", TABLE, "--dynamodb-endpoint", ENDPOINT,
+                         "--region", "us-east-1", "--namespace", namespace]
+            cli("table", "create", "--table", TABLE, "--dynamodb-endpoint", ENDPOINT,
+                "--region", "us-east-1")
+        else:
+            if not CLUSTER:
+                pytest.fail("SHARDGATE_TEST_REDIS_CLUSTER is not set (scripts/test starts "
+                            "a Redis Cluster and sets it)")
+            self.store = "redis"
+            self.args = ["--redis-url", CLUSTER, "--redis-mode", "cluster",
+                         "--namespace", namespace]
+
+    def inspect(self, entity):
+        return json.loads(cli("inspect", "--store", self.store, *self.args,
+                              "--entity", entity, "--resource", "conc"))
+
+    def masters(self):
+        """The Cluster's masters as (host, port)."""
+        return [tuple(u.removeprefix("redis://").rsplit(":", 1)) for u in CLUSTER.split(",")]
+
+    def reset_call_counts(self):
+        for host, port in self.masters():
+            redis_cli(host, port, "CONFIG", "RESETSTAT")
+
+    def script_calls(self):
+        """`evalsha` calls each master ran since `reset_call_counts`."""
+        calls = []
+        for host, port in self.masters():
+            stats = redis_cli(host, port, "INFO", "commandstats")
+            line = next((l for l in stats.splitlines() if l.startswith("cmdstat_evalsha:")), "")
+            calls.append(int(line.split("calls=")[1].split(",")[0]) if line else 0)
+        return calls
+
+
+def redis_cli(host, port, *args):
+    done = subprocess.run(["redis-cli", "-h", host, "-p", port, *args], capture_output=True,
+                          text=True, timeout=30)
+    assert done.returncode == 0, (args, done.stderr)
+    return done.stdout
 # Far below what 18 clients offer even against a cold DynamoDB Local on a busy machine
 # (≈130 decisions/s), so that the bound is tested: at 120/s the clients sometimes never
 # ran the bucket dry.
@@ -145,13 +203,11 @@ def check_consumed(total_tc, hits, lost, what):
         f"{what}: Σtc = {total_tc} millitokens, admitted {hits} hits, {lost} unanswered")
 
 
-def test_processes_share_one_bucket_during_doubling_and_reloads(shardgate, tmp_path):
-    if not ENDPOINT:
-        pytest.fail("SHARDGATE_TEST_DYNAMODB_ENDPOINT is not set (scripts/test starts "
-                    "DynamoDB Local and sets it)")
-    namespace = f"procs-{uuid.uuid4().hex[:8]}"
-    store = ["--table", TABLE, "--dynamodb-endpoint", ENDPOINT, "--region", "us-east-1"]
-    cli("table", "create", *store)
+@pytest.mark.parametrize("kind", STORES)
+def test_processes_share_one_bucket_during_doubling_and_reloads(shardgate, tmp_path, kind):
+    shared = SharedStore(kind, f"procs-{uuid.uuid4().hex[:8]}")
+    if kind == "redis-cluster":
+        shared.reset_call_counts()
     env = AWS_ENV
     configs, servers = [], []
     for i in range(3):
@@ -159,8 +215,8 @@ def test_processes_share_one_bucket_during_doubling_and_reloads(shardgate, tmp_p
         path.write_text(CONFIG.format(rate=RATE, capacity=CAPACITY, other=1))
         configs.append(path)
         servers.append(shardgate(
-            config=path, store="dynamodb", env=env,
-            args=[*store, "--namespace", namespace, "--store-timeout", "2s",
+            config=path, store=shared.store, env=env,
+            args=[*shared.args, "--store-timeout", "2s",
                   "--partition-write-budget", str(WRITE_BUDGET)]))
 
     def reloader(stop):
@@ -181,8 +237,7 @@ def test_processes_share_one_bucket_during_doubling_and_reloads(shardgate, tmp_p
         max_s=4 * RUN_S)
     lost = check_unanswered([unanswered], [admitted], [refused])
 
-    shards = json.loads(cli("inspect", *store, "--namespace", namespace,
-                            "--entity", "user=hot", "--resource", "conc"))
+    shards = shared.inspect("user=hot")
     existing = [s for s in shards["shards"] if s["exists"]]
     total_tc = sum(s["limits"]["rl"]["tc"] for s in existing)
     count = max(s["shard_count"] for s in existing)
@@ -203,8 +258,16 @@ def test_processes_share_one_bucket_during_doubling_and_reloads(shardgate, tmp_p
         loads = s.metrics().value("shardgate_config_load_success_total")
         assert loads >= 4, ("reloads seen by a server", loads)
         assert s.proc.poll() is None
-    print(f"admitted {hits}, refused {sum(refused)} in {elapsed:.1f} s over {count} shards; "
-          f"bound {bound:.0f}")
+    spread = ""
+    if kind == "redis-cluster":
+        # The doubled bucket's shards are keys on slots of their own: its calls reach
+        # every master, not the one node that holds shard 0.
+        calls = shared.script_calls()
+        spread = f"; script calls per master {calls}"
+        assert all(c > 0 for c in calls), calls
+        assert min(calls) >= 0.05 * sum(calls), calls
+    print(f"{kind}: admitted {hits}, refused {sum(refused)} in {elapsed:.1f} s over {count} "
+          f"shards; bound {bound:.0f}{spread}")
 
 
 # ----------------------------------------------------------------------------------------
@@ -226,29 +289,25 @@ def roomy_request():
             entries=[ratelimit_pb2.RateLimitDescriptor.Entry(key="other", value="x")])])
 
 
-def bucket_tc(store, namespace, entity):
-    shards = json.loads(cli("inspect", *store, "--namespace", namespace,
-                            "--entity", entity, "--resource", "conc"))
+def bucket_tc(shared, entity):
+    shards = shared.inspect(entity)
     existing = [s for s in shards["shards"] if s["exists"]]
     return sum(s["limits"]["rl"]["tc"] for s in existing), len(existing)
 
 
-def test_three_servers_with_leases_keep_the_bound_and_count_every_token(shardgate, tmp_path):
+@pytest.mark.parametrize("kind", STORES)
+def test_three_servers_with_leases_keep_the_bound_and_count_every_token(shardgate, tmp_path,
+                                                                        kind):
     """On the limited bucket, Σ admitted ≤ capacity + rate × elapsed (leases take tokens
     before use, so the bound is the one without leases). Every client also uses a second
     bucket that never runs dry, whose leases are still outstanding when all three servers
     stop with SIGTERM. Afterwards Σ`tc` over each bucket's shards is exactly the tokens
     admitted on it: every unused lease went back."""
-    if not ENDPOINT:
-        pytest.fail("SHARDGATE_TEST_DYNAMODB_ENDPOINT is not set (scripts/test starts "
-                    "DynamoDB Local and sets it)")
-    namespace = f"leases-{uuid.uuid4().hex[:8]}"
-    store = ["--table", TABLE, "--dynamodb-endpoint", ENDPOINT, "--region", "us-east-1"]
-    cli("table", "create", *store)
+    shared = SharedStore(kind, f"leases-{uuid.uuid4().hex[:8]}")
     path = tmp_path / "leases.yaml"
     path.write_text(CONFIG.format(rate=LEASE_RATE, capacity=LEASE_CAPACITY, other=ROOMY))
-    servers = [shardgate(config=path, store="dynamodb", env=AWS_ENV,
-                         args=[*store, "--namespace", namespace]) for _ in range(3)]
+    servers = [shardgate(config=path, store=shared.store, env=AWS_ENV, args=shared.args)
+               for _ in range(3)]
 
     def enough(admitted, refused):
         return sum(refused[0]) > 0  # the clients offered more than the limit
@@ -268,12 +327,12 @@ def test_three_servers_with_leases_keep_the_bound_and_count_every_token(shardgat
         assert s.proc.wait(timeout=20) == 0, s.log()[-2000:]
         assert "leases given back" in s.log(), s.log()[-2000:]
 
-    total_tc, n_shards = bucket_tc(store, namespace, "user=hot")
-    roomy_tc, _ = bucket_tc(store, namespace, "other=x")
+    total_tc, n_shards = bucket_tc(shared, "user=hot")
+    roomy_tc, _ = bucket_tc(shared, "other=x")
     hits = sum(admitted)
     per_server = [sum(admitted[i * CLIENTS_PER_SERVER:(i + 1) * CLIENTS_PER_SERVER])
                   for i in range(3)]
-    report = (f"admitted {hits} {per_server}, refused {sum(refused)} in {elapsed:.1f} s; "
+    report = (f"{kind}: admitted {hits} {per_server}, refused {sum(refused)} in {elapsed:.1f} s; "
               f"leases taken {taken}, decisions from leases {from_lease}, "
               f"{outstanding:.0f} tokens outstanding at SIGTERM; roomy bucket {sum(roomy_admitted)}; "
               f"{lost} unanswered")

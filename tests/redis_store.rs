@@ -1,0 +1,324 @@
+//! The Redis store's own edges, on real `redis-server` processes: what the callers get
+//! when Redis is killed and restarted, paused, full (`maxmemory`), or holds a key of
+//! another type; TLS (a CA, a required client certificate) and passwords; the key's own
+//! expiry following the item's `ttl`; and a bucket's shards spread over a Cluster's
+//! masters. The contract's conditions are `store_conformance.rs`'s, on every store.
+
+#![cfg(feature = "redis")]
+
+#[macro_use]
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::redis::{options, LocalRedis};
+use shardgate::store::breaker::{Breaker, CircuitState};
+use shardgate::store::redis::{RedisMode, RedisStore};
+use shardgate::store::{
+    BucketItem, BucketKey, BucketStore, CommitOutcome, Debit, DebitMode, DebitOutcome, LimitParams,
+    LimitState, StoreError, Write, MILLI, WCU_LIMIT,
+};
+
+const NOW_S: i64 = 1_800_000_000;
+
+fn key(entity: &str, shard: u32) -> BucketKey {
+    BucketKey::new(entity, "api", shard)
+}
+
+fn item() -> BucketItem {
+    let rpm = LimitParams::new(10, 10, 60_000);
+    let wcu = LimitParams::new(1_000, 1_000, 1_000);
+    BucketItem {
+        rf: NOW_S * 1_000,
+        shard_count: 1,
+        ttl: Some(NOW_S + 600),
+        limits: [
+            ("rpm", LimitState::new(rpm, 10 * MILLI, 0)),
+            (WCU_LIMIT, LimitState::new(wcu, 1_000 * MILLI, 0)),
+        ]
+        .into_iter()
+        .collect(),
+    }
+}
+
+fn one_token() -> Vec<Debit> {
+    vec![Debit {
+        limit: "rpm".into(),
+        amount: MILLI,
+        gated: true,
+        params: Some(LimitParams::new(10, 10, 60_000)),
+    }]
+}
+
+const FAST: DebitMode = DebitMode::Fast {
+    now_s: NOW_S,
+    shard_count: 1,
+};
+
+fn store_on(url: String, timeout: Duration) -> RedisStore {
+    let mut o = options(vec![url], RedisMode::Single);
+    o.timeout = timeout;
+    RedisStore::new(o)
+}
+
+async fn create<S: BucketStore>(s: &S, k: BucketKey) {
+    let out = s
+        .commit(&[Write::Create {
+            key: k,
+            item: item(),
+        }])
+        .await
+        .unwrap();
+    assert_eq!(out, CommitOutcome::Committed);
+}
+
+#[tokio::test]
+async fn a_key_of_another_type_is_that_requests_error_and_never_trips_the_breaker() {
+    let redis = LocalRedis::start(&[]);
+    let store = store_on(redis.url(), Duration::from_secs(1));
+    let rk = format!("{{}}{}/BUCKET#squatter#api#0", store.namespace());
+    redis.cmd(&["SET", &rk, "not a hash"]).await.unwrap();
+    let breaker = Breaker::new(store, 5, Duration::from_secs(60));
+    for _ in 0..20 {
+        let err = breaker
+            .debit(&key("squatter", 0), &one_token(), FAST)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");
+        assert!(!err.is_fault(), "{err}");
+        assert!(err.to_string().len() < 600, "{err}");
+    }
+    assert_eq!(breaker.state(), CircuitState::Closed);
+    // Another bucket is served meanwhile.
+    create(&breaker, key("neighbour", 0)).await;
+    let out = breaker
+        .debit(&key("neighbour", 0), &one_token(), FAST)
+        .await;
+    assert!(matches!(out, Ok(DebitOutcome::Applied(_))), "{out:?}");
+}
+
+#[tokio::test]
+async fn a_killed_redis_is_an_outage_and_a_restarted_one_serves_again() {
+    let mut redis = LocalRedis::start(&[]);
+    let store = store_on(redis.url(), Duration::from_millis(500));
+    create(&store, key("k", 0)).await;
+    assert!(matches!(
+        store.debit(&key("k", 0), &one_token(), FAST).await,
+        Ok(DebitOutcome::Applied(_))
+    ));
+    redis.kill();
+    let started = Instant::now();
+    let err = store
+        .debit(&key("k", 0), &one_token(), FAST)
+        .await
+        .unwrap_err();
+    assert!(err.is_fault(), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "answered within its timeout: {:?}",
+        started.elapsed()
+    );
+    // A restarted Redis has lost the items (nothing persisted) and the scripts: the
+    // connection comes back, the scripts are loaded again, the bucket is created anew.
+    redis.restart();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match store.debit(&key("k", 0), &one_token(), FAST).await {
+            Ok(DebitOutcome::Refused(None)) => break,
+            Ok(other) => panic!("the restarted Redis holds nothing: {other:?}"),
+            Err(e) if Instant::now() < deadline => {
+                assert!(e.is_fault(), "{e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("not served again after a restart: {e}"),
+        }
+    }
+    create(&store, key("k", 0)).await;
+    assert!(matches!(
+        store.debit(&key("k", 0), &one_token(), FAST).await,
+        Ok(DebitOutcome::Applied(_))
+    ));
+}
+
+#[tokio::test]
+async fn a_paused_redis_is_cut_at_the_store_timeout() {
+    let redis = LocalRedis::start(&[]);
+    let store = store_on(redis.url(), Duration::from_millis(300));
+    create(&store, key("k", 0)).await;
+    redis
+        .cmd(&["CLIENT", "PAUSE", "3000", "ALL"])
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let err = store
+        .debit(&key("k", 0), &one_token(), FAST)
+        .await
+        .unwrap_err();
+    let took = started.elapsed();
+    assert!(err.is_fault(), "{err}");
+    assert!(took < Duration::from_millis(2_500), "{took:?}");
+}
+
+#[tokio::test]
+async fn a_full_redis_refuses_writes_as_an_outage_and_writes_nothing() {
+    let redis = LocalRedis::start(&["--maxmemory-policy", "noeviction"]);
+    let store = store_on(redis.url(), Duration::from_secs(1));
+    create(&store, key("before", 0)).await;
+    // Someone else's data, then a `maxmemory` below what Redis already holds: full.
+    let filler = "x".repeat(1_024);
+    for i in 0..2_000 {
+        redis
+            .cmd(&["SET", &format!("filler{i}"), &filler])
+            .await
+            .unwrap();
+    }
+    redis
+        .cmd(&["CONFIG", "SET", "maxmemory", "1mb"])
+        .await
+        .unwrap();
+    let err = store
+        .commit(&[Write::Create {
+            key: key("after", 0),
+            item: item(),
+        }])
+        .await
+        .unwrap_err();
+    assert!(err.is_fault(), "{err}");
+    assert!(err.to_string().contains("OOM"), "{err}");
+    let err = store
+        .debit(&key("before", 0), &one_token(), FAST)
+        .await
+        .unwrap_err();
+    assert!(err.is_fault(), "a script that writes is refused too: {err}");
+    let images = store
+        .read(&[key("before", 0), key("after", 0)])
+        .await
+        .unwrap();
+    assert_eq!(images[0].as_ref().unwrap().limits["rpm"].tk, 10 * MILLI);
+    assert_eq!(images[1], None);
+}
+
+#[tokio::test]
+async fn a_password_protected_redis_needs_its_password() {
+    let redis = LocalRedis::start(&["--requirepass", "s3cret"]);
+    let with = store_on(
+        format!("redis://:s3cret@127.0.0.1:{}", redis.port),
+        Duration::from_secs(1),
+    );
+    create(&with, key("k", 0)).await;
+    let without = store_on(redis.url(), Duration::from_secs(1));
+    let err = without.read(&[key("k", 0)]).await.unwrap_err();
+    assert!(err.is_fault(), "{err}");
+    assert!(!err.to_string().contains("s3cret"), "{err}");
+}
+
+#[tokio::test]
+async fn tls_with_a_ca_and_a_required_client_certificate() {
+    let pki = common::tls::Pki::new("redis");
+    let (cert, key_pem) = pki.leaf(&["localhost", "127.0.0.1"]);
+    let (client_cert, client_key) = pki.leaf(&["shardgate"]);
+    let dir = tempfile::tempdir().unwrap();
+    let path = |name: &str, text: &str| common::tls::write(dir.path(), name, text);
+    let (ca, cert, key_file) = (
+        path("ca.pem", &pki.ca_pem),
+        path("cert.pem", &cert),
+        path("key.pem", &key_pem),
+    );
+    let (client_cert, client_key) = (
+        path("client.pem", &client_cert),
+        path("client-key.pem", &client_key),
+    );
+    let redis = LocalRedis::start(&[
+        "--tls-port",
+        "--tls-cert-file",
+        cert.to_str().unwrap(),
+        "--tls-key-file",
+        key_file.to_str().unwrap(),
+        "--tls-ca-cert-file",
+        ca.to_str().unwrap(),
+        "--tls-auth-clients",
+        "yes",
+    ]);
+    let tls_store = |with_client: bool| {
+        let mut o = options(
+            vec![format!("rediss://localhost:{}", redis.port)],
+            RedisMode::Single,
+        );
+        o.tls.ca_file = Some(ca.clone());
+        if with_client {
+            o.tls.client_cert = Some(client_cert.clone());
+            o.tls.client_key = Some(client_key.clone());
+        }
+        RedisStore::new(o)
+    };
+    let store = tls_store(true);
+    create(&store, key("k", 0)).await;
+    assert!(matches!(
+        store.debit(&key("k", 0), &one_token(), FAST).await,
+        Ok(DebitOutcome::Applied(_))
+    ));
+    let err = tls_store(false).read(&[key("k", 0)]).await.unwrap_err();
+    assert!(err.is_fault(), "no client certificate: {err}");
+    // The system's roots do not know the test CA.
+    let mut o = options(
+        vec![format!("rediss://localhost:{}", redis.port)],
+        RedisMode::Single,
+    );
+    o.tls.client_cert = Some(client_cert.clone());
+    o.tls.client_key = Some(client_key.clone());
+    let err = RedisStore::new(o).read(&[key("k", 0)]).await.unwrap_err();
+    assert!(err.is_fault(), "an unknown CA: {err}");
+}
+
+#[tokio::test]
+#[cfg_attr(not(redis_local), ignore = "needs Redis: run scripts/test")]
+async fn the_keys_expiry_follows_the_items_ttl_plus_a_grace() {
+    let store = common::redis::store().await;
+    let now_s = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let mut it = item();
+    it.ttl = Some(now_s + 600);
+    let out = store
+        .commit(&[Write::Create {
+            key: key("ttl", 0),
+            item: it,
+        }])
+        .await
+        .unwrap();
+    assert_eq!(out, CommitOutcome::Committed);
+    let client = redis::Client::open(common::redis::url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let rk = format!("{{}}{}/BUCKET#ttl#api#0", store.namespace());
+    let at: i64 = redis::cmd("EXPIRETIME")
+        .arg(&rk)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(at, now_s + 600 + 60);
+}
+
+#[tokio::test]
+#[cfg_attr(not(redis_local), ignore = "needs a Redis Cluster: run scripts/test")]
+async fn a_buckets_shards_spread_over_the_clusters_masters() {
+    let store = common::redis::cluster_store().await;
+    for shard in 0..8 {
+        create(&store, key("hot", shard)).await;
+    }
+    let pattern = format!("{{}}{}/BUCKET#hot#api#*", store.namespace());
+    let mut masters_holding = 0;
+    for url in common::redis::cluster_urls() {
+        let client = redis::Client::open(url.as_str()).unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(&pattern)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if !keys.is_empty() {
+            masters_holding += 1;
+        }
+    }
+    assert_eq!(masters_holding, 3, "8 shards on 3 masters");
+}
