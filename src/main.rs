@@ -148,9 +148,17 @@ struct Redis {
         value_delimiter = ','
     )]
     redis_url: Vec<String>,
-    /// `single` or `cluster` (default: cluster when several URLs are given).
+    /// `single`, `cluster` or `sentinel` (default: cluster when several URLs are given).
+    /// Under `sentinel` the URLs are the Sentinels'.
     #[arg(long, env = "SHARDGATE_REDIS_MODE", value_enum)]
     redis_mode: Option<RedisModeArg>,
+    /// Under `--redis-mode sentinel`: the name of the master the Sentinels watch.
+    #[arg(long, env = "SHARDGATE_REDIS_SENTINEL_MASTER")]
+    redis_sentinel_master: Option<String>,
+    /// Under `--redis-mode sentinel`: the master's `password` or `user:password` (the
+    /// Sentinels' own go in their URLs).
+    #[arg(long, env = "SHARDGATE_REDIS_MASTER_AUTH", hide_env_values = true)]
+    redis_master_auth: Option<String>,
     /// Connections to a single Redis (each pipelines every call sent on it).
     #[arg(long, env = "SHARDGATE_REDIS_POOL_SIZE", default_value_t = 4)]
     redis_pool_size: usize,
@@ -172,6 +180,7 @@ struct Redis {
 enum RedisModeArg {
     Single,
     Cluster,
+    Sentinel,
 }
 
 #[cfg(feature = "redis")]
@@ -182,7 +191,11 @@ impl Redis {
             mode: self.redis_mode.map(|m| match m {
                 RedisModeArg::Single => RedisMode::Single,
                 RedisModeArg::Cluster => RedisMode::Cluster,
+                RedisModeArg::Sentinel => RedisMode::Sentinel {
+                    master: self.redis_sentinel_master.clone().unwrap_or_default(),
+                },
             }),
+            master_auth: self.redis_master_auth,
             namespace,
             timeout,
             pool_size: self.redis_pool_size,

@@ -322,3 +322,122 @@ async fn a_buckets_shards_spread_over_the_clusters_masters() {
     }
     assert_eq!(masters_holding, 3, "8 shards on 3 masters");
 }
+
+/// A Sentinel watching `master_port` as `mymaster`, quick to fail over.
+struct Sentinel {
+    port: u16,
+    child: std::process::Child,
+    _dir: tempfile::TempDir,
+}
+
+impl Sentinel {
+    fn start(master_port: u16) -> Sentinel {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let dir = tempfile::tempdir().unwrap();
+        let conf = dir.path().join("sentinel.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "port {port}\nbind 127.0.0.1\ndir {}\n\
+                 sentinel monitor mymaster 127.0.0.1 {master_port} 1\n\
+                 sentinel down-after-milliseconds mymaster 500\n\
+                 sentinel failover-timeout mymaster 2000\n",
+                dir.path().display()
+            ),
+        )
+        .unwrap();
+        let child = std::process::Command::new("redis-server")
+            .arg(&conf)
+            .arg("--sentinel")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "redis-sentinel did not listen");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Sentinel {
+            port,
+            child,
+            _dir: dir,
+        }
+    }
+
+    async fn master_port(&self) -> Option<u16> {
+        let client = redis::Client::open(format!("redis://127.0.0.1:{}", self.port)).ok()?;
+        let mut conn = client.get_multiplexed_async_connection().await.ok()?;
+        let addr: Vec<String> = redis::cmd("SENTINEL")
+            .arg("get-master-addr-by-name")
+            .arg("mymaster")
+            .query_async(&mut conn)
+            .await
+            .ok()?;
+        addr.get(1)?.parse().ok()
+    }
+}
+
+impl Drop for Sentinel {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test]
+async fn under_sentinel_a_failover_moves_the_store_to_the_promoted_replica() {
+    let mut master = LocalRedis::start(&[]);
+    let replica_of = master.port.to_string();
+    let replica = LocalRedis::start(&["--replicaof", "127.0.0.1", &replica_of]);
+    let sentinel = Sentinel::start(master.port);
+    let mut o = options(
+        vec![format!("redis://127.0.0.1:{}", sentinel.port)],
+        RedisMode::Sentinel {
+            master: "mymaster".into(),
+        },
+    );
+    o.timeout = Duration::from_millis(500);
+    let store = RedisStore::new(o);
+    create(&store, key("k", 0)).await;
+    assert!(matches!(
+        store.debit(&key("k", 0), &one_token(), FAST).await,
+        Ok(DebitOutcome::Applied(_))
+    ));
+    // The replica has the item before the master dies.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while master.cmd(&["WAIT", "1", "300"]).await != Ok(redis::Value::Int(1)) {
+        assert!(Instant::now() < deadline, "the replica never caught up");
+    }
+    master.kill();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while sentinel.master_port().await != Some(replica.port) {
+        assert!(
+            Instant::now() < deadline,
+            "Sentinel never promoted the replica"
+        );
+        // Meanwhile every call is an outage, answered within its timeout.
+        if let Err(e) = store.debit(&key("k", 0), &one_token(), FAST).await {
+            assert!(e.is_fault(), "{e}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // The store finds the new master by itself; the item survived with both debits.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let image = loop {
+        match store.debit(&key("k", 0), &one_token(), FAST).await {
+            Ok(DebitOutcome::Applied(image)) => break image,
+            Ok(other) => panic!("the promoted replica holds the item: {other:?}"),
+            Err(e) if Instant::now() < deadline => {
+                assert!(e.is_fault(), "{e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("not served after the failover: {e}"),
+        }
+    };
+    assert!(image.limits["rpm"].tk <= 8 * MILLI, "{image:?}");
+}

@@ -76,14 +76,7 @@ pub(super) fn redis(r: &mut Reader) {
     let mode = match kind.as_str() {
         "single" => "single",
         "cluster" => "cluster",
-        "sentinel" => {
-            r.refuse(
-                "REDIS_TYPE=sentinel: not supported yet; point REDIS_URL at the master, or use a \
-                 Cluster"
-                    .into(),
-            );
-            return;
-        }
+        "sentinel" => "sentinel",
         other => {
             r.refuse(format!(
                 "REDIS_TYPE={}: not single, cluster or sentinel",
@@ -104,10 +97,41 @@ pub(super) fn redis(r: &mut Reader) {
         .get("REDIS_SOCKET_TYPE")
         .unwrap_or(DEFAULT_SOCKET_TYPE)
         .to_ascii_lowercase();
-    let auth = r.get("REDIS_AUTH").filter(|a| !a.is_empty());
+    let mut auth = r.get("REDIS_AUTH").filter(|a| !a.is_empty());
     let raw = r.get("REDIS_URL").unwrap_or(DEFAULT_URL);
+    let mut addresses: Vec<&str> = raw
+        .split(',')
+        .map(str::trim)
+        .filter(|a| !a.is_empty())
+        .collect();
+    if mode == "sentinel" {
+        // upstream's form: the master's name, then the Sentinels' addresses; REDIS_AUTH
+        // is the master's password, REDIS_SENTINEL_AUTH the Sentinels'.
+        if addresses.len() < 2 {
+            r.refuse(
+                "REDIS_URL: with REDIS_TYPE=sentinel, the master's name then the Sentinels' \
+                 addresses (mymaster,host:26379,...)"
+                    .into(),
+            );
+            return;
+        }
+        let master = addresses.remove(0);
+        r.alias(
+            "SHARDGATE_REDIS_SENTINEL_MASTER",
+            "REDIS_URL",
+            master.into(),
+        );
+        if let Some(master_auth) = auth {
+            r.alias(
+                "SHARDGATE_REDIS_MASTER_AUTH",
+                "REDIS_AUTH",
+                master_auth.into(),
+            );
+        }
+        auth = r.get("REDIS_SENTINEL_AUTH").filter(|a| !a.is_empty());
+    }
     let mut urls = Vec::new();
-    for address in raw.split(',').map(str::trim).filter(|a| !a.is_empty()) {
+    for address in addresses {
         match url_of(address, &socket, tls, auth) {
             Ok(url) => urls.push(url),
             Err(e) => {
@@ -184,9 +208,13 @@ pub(super) fn redis(r: &mut Reader) {
 /// One of upstream's Redis addresses (`host:port` over TCP, a path over a Unix socket)
 /// as a URL, with `REDIS_AUTH` (`password` or `user:password`) in it.
 fn url_of(address: &str, socket: &str, tls: bool, auth: Option<&str>) -> Result<String, String> {
-    let enc = |s: &str| {
-        percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
-    };
+    // Everything but RFC 3986's unreserved characters.
+    const USERINFO: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+        .remove(b'-')
+        .remove(b'.')
+        .remove(b'_')
+        .remove(b'~');
+    let enc = |s: &str| percent_encoding::utf8_percent_encode(s, USERINFO).to_string();
     let userinfo = match auth.map(|a| a.split_once(':').unwrap_or(("", a))) {
         Some((user, pass)) => format!("{}:{}@", enc(user), enc(pass)),
         None => String::new(),
@@ -293,8 +321,8 @@ mod tests {
                 "REDIS_PERSECOND",
             ),
             (
-                vec![("REDIS_URL", "m,s1:26379"), ("REDIS_TYPE", "sentinel")],
-                "REDIS_TYPE=sentinel",
+                vec![("REDIS_URL", "s1:26379"), ("REDIS_TYPE", "sentinel")],
+                "the master's name then the Sentinels'",
             ),
             (
                 vec![("REDIS_URL", "x:1"), ("REDIS_SOCKET_TYPE", "udp")],
@@ -316,6 +344,32 @@ mod tests {
                 t.refused
             );
         }
+    }
+
+    #[test]
+    fn sentinel_takes_the_masters_name_first_and_two_passwords() {
+        let t = translated(&[
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_TYPE", "sentinel"),
+            ("REDIS_URL", "mymaster,s1:26379,s2:26379"),
+            ("REDIS_AUTH", "master-pw"),
+            ("REDIS_SENTINEL_AUTH", "sentinel-pw"),
+        ]);
+        assert!(t.refused.is_empty(), "{:?}", t.refused);
+        assert_eq!(set(&t, "SHARDGATE_REDIS_MODE").as_deref(), Some("sentinel"));
+        assert_eq!(
+            set(&t, "SHARDGATE_REDIS_SENTINEL_MASTER").as_deref(),
+            Some("mymaster")
+        );
+        assert_eq!(
+            set(&t, "SHARDGATE_REDIS_MASTER_AUTH").as_deref(),
+            Some("master-pw")
+        );
+        assert_eq!(
+            set(&t, "SHARDGATE_REDIS_URL").as_deref(),
+            Some("redis://:sentinel-pw@s1:26379,redis://:sentinel-pw@s2:26379")
+        );
+        assert!(t.read.contains(&"REDIS_SENTINEL_AUTH".to_string()));
     }
 
     #[test]

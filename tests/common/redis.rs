@@ -50,6 +50,7 @@ pub fn options(urls: Vec<String>, mode: RedisMode) -> RedisOptions {
         timeout: Duration::from_secs(1),
         pool_size: DEFAULT_POOL_SIZE,
         tls: RedisTls::default(),
+        master_auth: None,
     }
 }
 
@@ -70,6 +71,7 @@ pub async fn sweep(store: &RedisStore, now_s: i64) -> usize {
     let urls = match store.options().mode() {
         RedisMode::Single => vec![url()],
         RedisMode::Cluster => cluster_urls(),
+        RedisMode::Sentinel { .. } => panic!("the sweep reads the shared servers only"),
     };
     let pattern = format!("{{}}{}/*", store.namespace());
     let mut deleted = 0;

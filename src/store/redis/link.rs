@@ -1,13 +1,17 @@
 //! Reaching Redis: the options an operator gives (URLs, mode, TLS, pool, timeouts) and the
-//! connection they make — a few multiplexed connections to one server, or one Cluster
-//! connection that follows `MOVED`/`ASK` and the topology. Connecting is lazy and retried
-//! by the call that needs it, so a server starts (health `NOT_SERVING`) before its Redis
-//! does, as it does before DynamoDB answers. Nothing here knows the item format.
+//! connection they make — a few multiplexed connections to one server, to the master
+//! Sentinel names, or one Cluster connection that follows `MOVED`/`ASK` and the topology.
+//! Connecting is lazy and retried by the call that needs it, so a server starts (health
+//! `NOT_SERVING`) before its Redis does, as it does before DynamoDB answers. Under
+//! Sentinel a call that fails as an outage drops the connections, and the next call asks
+//! the Sentinels for the master again: after a failover it finds the promoted replica.
+//! Nothing here knows the item format.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use arc_swap::ArcSwapOption;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
@@ -15,8 +19,8 @@ use redis::{
     ClientTlsConfig, IntoConnectionInfo, RedisError, RedisResult, ScriptInvocation,
     TlsCertificates, Value,
 };
+use std::sync::Arc;
 use thiserror::Error;
-use tokio::sync::OnceCell;
 
 /// How the URLs are to be read.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,6 +29,9 @@ pub enum RedisMode {
     Single,
     /// A Redis Cluster: the URLs are seed nodes, the topology is discovered.
     Cluster,
+    /// A primary watched by Sentinels: the URLs are the Sentinels', which name the
+    /// master of this name.
+    Sentinel { master: String },
 }
 
 /// TLS beyond what a `rediss://` URL says: the CA that signed the server's certificate,
@@ -56,6 +63,9 @@ pub struct RedisOptions {
     /// Multiplexed connections to one server (each pipelines every call sent on it).
     pub pool_size: usize,
     pub tls: RedisTls,
+    /// Under Sentinel, the master's own `user:password` or `password` (the Sentinels'
+    /// are in their URLs).
+    pub master_auth: Option<String>,
 }
 
 /// Connections kept to one server by default: two carry a 2-core server's load
@@ -75,6 +85,8 @@ pub enum RedisConfigError {
     HalfClientCert,
     #[error("--redis-pool-size must be at least 1")]
     NoPool,
+    #[error("--redis-mode sentinel needs the master's name (--redis-sentinel-master)")]
+    NoSentinelMaster,
 }
 
 impl RedisOptions {
@@ -95,6 +107,13 @@ impl RedisOptions {
         }
         if self.urls.is_empty() {
             return Err(RedisConfigError::NoUrl);
+        }
+        if self.mode()
+            == (RedisMode::Sentinel {
+                master: String::new(),
+            })
+        {
+            return Err(RedisConfigError::NoSentinelMaster);
         }
         for url in &self.urls {
             redis::Client::open(url.as_str()).map_err(|e| RedisConfigError::Url {
@@ -153,14 +172,17 @@ enum Open {
 /// A lazily opened connection to the configured Redis.
 pub(super) struct Link {
     options: RedisOptions,
-    open: OnceCell<Open>,
+    open: ArcSwapOption<Open>,
+    /// One call connects at a time; the others wait for it and use what it opened.
+    connecting: tokio::sync::Mutex<()>,
 }
 
 impl Link {
     pub(super) fn new(options: RedisOptions) -> Link {
         Link {
             options,
-            open: OnceCell::new(),
+            open: ArcSwapOption::empty(),
+            connecting: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -168,32 +190,79 @@ impl Link {
         &self.options
     }
 
-    async fn open(&self) -> RedisResult<&Open> {
-        self.open.get_or_try_init(|| connect(&self.options)).await
+    async fn open(&self) -> RedisResult<Arc<Open>> {
+        if let Some(open) = self.open.load_full() {
+            return Ok(open);
+        }
+        let _one = self.connecting.lock().await;
+        if let Some(open) = self.open.load_full() {
+            return Ok(open);
+        }
+        let open = Arc::new(connect(&self.options).await?);
+        self.open.store(Some(open.clone()));
+        Ok(open)
+    }
+
+    /// Under Sentinel, drops `failed` after an outage so that the next call asks the
+    /// Sentinels again (a failover moved the master, or it is down).
+    fn after<T>(&self, failed: &Arc<Open>, result: RedisResult<T>) -> RedisResult<T> {
+        if let Err(e) = &result {
+            let outage = !matches!(
+                e.kind(),
+                redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError)
+            ) && e.code() != Some("WRONGTYPE");
+            if outage && matches!(self.options.mode(), RedisMode::Sentinel { .. }) {
+                self.open
+                    .compare_and_swap(&Some(failed.clone()), None::<Arc<Open>>);
+            }
+        }
+        result
     }
 
     /// Runs a script (`EVALSHA`, loading it on `NOSCRIPT`) on the node that holds its
     /// keys.
     pub(super) async fn run(&self, invocation: &ScriptInvocation<'_>) -> RedisResult<Value> {
-        match self.open().await? {
+        let open = self.open().await?;
+        let result = match &*open {
             Open::Single { pool, next } => {
                 let mut conn = pool[next.fetch_add(1, Ordering::Relaxed) % pool.len()].clone();
                 invocation.invoke_async(&mut conn).await
             }
             Open::Cluster(conn) => invocation.invoke_async(&mut conn.clone()).await,
-        }
+        };
+        self.after(&open, result)
     }
 
     /// Runs one command.
     pub(super) async fn query(&self, cmd: &redis::Cmd) -> RedisResult<Value> {
-        match self.open().await? {
+        let open = self.open().await?;
+        let result = match &*open {
             Open::Single { pool, next } => {
                 let mut conn = pool[next.fetch_add(1, Ordering::Relaxed) % pool.len()].clone();
                 cmd.query_async(&mut conn).await
             }
             Open::Cluster(conn) => cmd.query_async(&mut conn.clone()).await,
-        }
+        };
+        self.after(&open, result)
     }
+}
+
+/// A few multiplexed connections to the server `client` names.
+async fn pool(client: redis::Client, options: &RedisOptions) -> RedisResult<Open> {
+    let config = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(options.timeout))
+        .set_response_timeout(Some(options.timeout))
+        // Reconnection is tried by the next call; never a long wait inside one.
+        .set_number_of_retries(1)
+        .set_max_delay(Duration::from_millis(100));
+    let mut pool = Vec::with_capacity(options.pool_size);
+    for _ in 0..options.pool_size.max(1) {
+        pool.push(ConnectionManager::new_with_config(client.clone(), config.clone()).await?);
+    }
+    Ok(Open::Single {
+        pool,
+        next: AtomicUsize::new(0),
+    })
 }
 
 async fn connect(options: &RedisOptions) -> RedisResult<Open> {
@@ -213,22 +282,38 @@ async fn connect(options: &RedisOptions) -> RedisResult<Open> {
                 Some(certs) => redis::Client::build_with_tls(info, certs)?,
                 None => redis::Client::open(info)?,
             };
-            let config = ConnectionManagerConfig::new()
-                .set_connection_timeout(Some(options.timeout))
-                .set_response_timeout(Some(options.timeout))
-                // Reconnection is tried by the next call; never a long wait inside one.
-                .set_number_of_retries(1)
-                .set_max_delay(Duration::from_millis(100));
-            let mut pool = Vec::with_capacity(options.pool_size);
-            for _ in 0..options.pool_size.max(1) {
-                pool.push(
-                    ConnectionManager::new_with_config(client.clone(), config.clone()).await?,
-                );
+            pool(client, options).await
+        }
+        RedisMode::Sentinel { master } => {
+            let mut node = redis::RedisConnectionInfo::default();
+            if let Some(auth) = &options.master_auth {
+                match auth.split_once(':') {
+                    Some((user, pass)) => {
+                        if !user.is_empty() {
+                            node = node.set_username(user);
+                        }
+                        node = node.set_password(pass);
+                    }
+                    None => node = node.set_password(auth),
+                }
             }
-            Ok(Open::Single {
-                pool,
-                next: AtomicUsize::new(0),
-            })
+            let node = redis::sentinel::SentinelNodeConnectionInfo::default()
+                .set_redis_connection_info(node);
+            let mut sentinels = redis::sentinel::SentinelClient::build(
+                options.urls.clone(),
+                master,
+                Some(node),
+                redis::sentinel::SentinelServerType::Master,
+            )?;
+            let client = tokio::time::timeout(options.timeout, sentinels.async_get_client())
+                .await
+                .map_err(|_| {
+                    RedisError::from(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "no Sentinel named the master in time",
+                    ))
+                })??;
+            pool(client, options).await
         }
         RedisMode::Cluster => {
             let mut builder = ClusterClientBuilder::new(options.urls.clone())

@@ -128,7 +128,7 @@ impl RedisStore {
     /// Whether one atomic script may write every key: one server, or one Cluster slot.
     fn one_node(&self, keys: &[String]) -> bool {
         match self.link.options().mode() {
-            RedisMode::Single => true,
+            RedisMode::Single | RedisMode::Sentinel { .. } => true,
             RedisMode::Cluster => {
                 let slots: BTreeSet<u16> = keys.iter().map(|k| slot(k)).collect();
                 slots.len() <= 1
