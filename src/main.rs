@@ -66,21 +66,7 @@ enum Command {
     },
     /// Print every shard of one bucket as JSON (a shared store: DynamoDB or Redis).
     #[cfg(any(feature = "dynamodb", feature = "redis"))]
-    Inspect {
-        /// The store to read.
-        #[arg(long, env = "SHARDGATE_STORE", value_enum, default_value_t = Store::Dynamodb)]
-        store: Store,
-        #[command(flatten)]
-        dynamo: Dynamo,
-        #[command(flatten)]
-        redis: Redis,
-        /// The bucket's entity, as shardgate encodes it (e.g. `tenant=acme/api_key=k1`).
-        #[arg(long)]
-        entity: String,
-        /// The bucket's resource (default resource: the domain).
-        #[arg(long)]
-        resource: String,
-    },
+    Inspect(Box<InspectArgs>),
 }
 
 #[cfg(feature = "dynamodb")]
@@ -568,16 +554,35 @@ fn table_create(dynamo: Dynamo) -> ExitCode {
 }
 
 /// `shardgate inspect`: every shard of one bucket, as JSON.
-/// Which shared store `inspect` reads, and how to reach it.
+/// `inspect`: which bucket, in which shared store, and how to reach it.
 #[cfg(any(feature = "dynamodb", feature = "redis"))]
-struct InspectStore {
+#[derive(Args)]
+struct InspectArgs {
+    /// The store to read.
+    #[arg(long, env = "SHARDGATE_STORE", value_enum, default_value_t = Store::Dynamodb)]
     store: Store,
+    #[command(flatten)]
     dynamo: Dynamo,
+    #[command(flatten)]
     redis: Redis,
+    /// The bucket's entity, as shardgate encodes it (e.g. `tenant=acme/api_key=k1`).
+    #[arg(long)]
+    entity: String,
+    /// The bucket's resource (default resource: the domain).
+    #[arg(long)]
+    resource: String,
 }
 
 #[cfg(any(feature = "dynamodb", feature = "redis"))]
-fn inspect_bucket(from: InspectStore, entity: &str, resource: &str) -> ExitCode {
+fn inspect_bucket(args: InspectArgs) -> ExitCode {
+    let InspectArgs {
+        store,
+        dynamo,
+        redis,
+        entity,
+        resource,
+    } = args;
+    let (entity, resource) = (entity.as_str(), resource.as_str());
     let rt = match runtime_with(None) {
         Ok(rt) => rt,
         Err(code) => return code,
@@ -585,16 +590,16 @@ fn inspect_bucket(from: InspectStore, entity: &str, resource: &str) -> ExitCode 
     // The bucket's key: a long entity is stored under its digest.
     let stored = stored_entity(Name::new(entity));
     let shards = rt.block_on(async {
-        match from.store {
+        match store {
             #[cfg(feature = "dynamodb")]
             Store::Dynamodb => {
-                let store = DynamoStore::connect(&from.dynamo.admin_options()).await;
+                let store = DynamoStore::connect(&dynamo.admin_options()).await;
                 inspect(&store, &stored, resource).await
             }
             #[cfg(feature = "redis")]
             Store::Redis => {
-                let timeout = from.dynamo.store_timeout.max(Duration::from_secs(10));
-                let options = from.redis.options(from.dynamo.namespace, timeout);
+                let timeout = dynamo.store_timeout.max(Duration::from_secs(10));
+                let options = redis.options(dynamo.namespace, timeout);
                 if let Err(e) = options.validate() {
                     return Err(e.to_string());
                 }
@@ -650,21 +655,7 @@ fn main() -> ExitCode {
             command: TableCommand::Create { dynamo },
         } => table_create(dynamo),
         #[cfg(any(feature = "dynamodb", feature = "redis"))]
-        Command::Inspect {
-            store,
-            dynamo,
-            redis,
-            entity,
-            resource,
-        } => inspect_bucket(
-            InspectStore {
-                store,
-                dynamo,
-                redis,
-            },
-            &entity,
-            &resource,
-        ),
+        Command::Inspect(args) => inspect_bucket(*args),
         Command::Serve(args) => serve(args, &upstream),
     }
 }
