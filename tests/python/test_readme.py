@@ -7,7 +7,9 @@ What is not literal, and why:
 - `cargo run --release -- ` and `cargo run -q -- ` run the `shardgate` binary the suite
   built (the same code; a release build would take minutes);
 - the fleet's commands get DynamoDB Local's endpoint, dummy credentials, a namespace of
-  their own and free ports through the environment variables every flag reads;
+  their own and free ports through the environment variables every flag reads; the Redis
+  commands a Redis of their own (`scripts/redis-local`, started as the README says) on a
+  free port instead of 6379;
 - `scripts/test` (it is the suite running this test) and `bench/run` (minutes of load,
   run by hand) are named and not run; a command whose program is not installed
   (`grpcurl`) is reported and not run.
@@ -111,6 +113,15 @@ class Servers:
                 pytest.fail(f"`{command}` did not serve on {http_addr}:\n{log.read_text()}")
             time.sleep(0.1)
 
+    def background(self, command, env):
+        """A command the README puts in the background (`… &`)."""
+        log = self.tmp_path / f"background-{len(self.procs)}.log"
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(shlex.split(command.rstrip("& ")), cwd=REPO, env=env,
+                                    stdout=out, stderr=subprocess.STDOUT)
+        self.procs.append(proc)
+        return proc, log
+
     def stop(self):
         for p in self.procs:
             p.send_signal(signal.SIGTERM)
@@ -140,6 +151,10 @@ def test_every_readme_command_runs_as_written(tmp_path):
              "SHARDGATE_NAMESPACE": f"readme-{os.getpid()}",
              "SHARDGATE_GRPC_ADDR": f"127.0.0.1:{free_port()}",
              "SHARDGATE_HTTP_ADDR": f"127.0.0.1:{free_port()}"}
+    redis_port = free_port()
+    on_redis = {**base, "SHARDGATE_NAMESPACE": f"readme-{os.getpid()}",
+                "SHARDGATE_GRPC_ADDR": f"127.0.0.1:{free_port()}",
+                "SHARDGATE_HTTP_ADDR": f"127.0.0.1:{free_port()}"}
     servers = Servers(tmp_path)
     ran, skipped, unknown = [], [], []
     try:
@@ -154,7 +169,34 @@ def test_every_readme_command_runs_as_written(tmp_path):
             elif info == "sh":
                 for command in sh_commands(body):
                     program = shlex.split(command)[0]
-                    if program in NOT_RUN:
+                    redis = "--store redis" in command or program == "scripts/redis-local"
+                    if redis:
+                        command = command.replace("6379", str(redis_port))
+                    if program == "scripts/redis-local":
+                        proc, log = servers.background(command, base)
+                        deadline = time.monotonic() + READY_S
+                        while "ready" not in log.read_text():
+                            if proc.poll() is not None or time.monotonic() > deadline:
+                                pytest.fail(f"`{command}` did not start:\n{log.read_text()}")
+                            time.sleep(0.1)
+                        ran.append(command)
+                    elif redis and " serve " in f" {command} ":
+                        servers.start(command, on_redis, on_redis["SHARDGATE_HTTP_ADDR"])
+                        # A first request, so that `inspect` has a bucket to show.
+                        req = urllib.request.Request(
+                            f"http://{on_redis['SHARDGATE_HTTP_ADDR']}/json", data=json.dumps(
+                                {"domain": "edge", "descriptors": [{"entries": [
+                                    {"key": "tenant", "value": "acme"},
+                                    {"key": "api_key", "value": "k1"}]}]}).encode())
+                        with urllib.request.urlopen(req, timeout=5) as r:
+                            assert r.status == 200
+                        ran.append(command)
+                    elif redis:
+                        code, output = run(command, on_redis)
+                        assert code == 0, f"`{command}` exited {code}:\n{output}"
+                        assert json.loads(output)["shards"][0]["exists"], output
+                        ran.append(command)
+                    elif program in NOT_RUN:
                         skipped.append(f"{command}: {NOT_RUN[program]}")
                     elif program == "grpcurl" and not shutil.which("grpcurl"):
                         skipped.append(f"{command}: grpcurl is not installed here")
