@@ -8,6 +8,9 @@
 - The Kubernetes example's pod, its DynamoDB table gone after start-up (a fault proxy in
   front of DynamoDB Local answering HTTP 500): its readiness probe stays SERVING, so the
   pod stays in the Service, and Envoy gets each rule's `failure_mode` answer.
+- The Kubernetes example on Redis (envoy-examples/kubernetes/redis): its pod's environment
+  against a real redis-server started with the manifest's arguments limits an API key at
+  its burst, with the buckets in that Redis.
 - Every ConfigMap passes `shardgate check-config`; the manifests keep the properties their
   READMEs promise (ConfigMap mounted as a directory, non-root, DynamoDB settings, minimal
   IAM actions).
@@ -17,7 +20,10 @@ import os
 import subprocess
 import sys
 import time
+import socket
+import urllib.error
 import urllib.parse
+import urllib.request
 
 import pytest
 import yaml
@@ -245,6 +251,76 @@ def test_kubernetes_deployment_uses_dynamodb_with_its_own_identity():
     assert job_pod["containers"][0]["args"] == ["table", "create"]
     svc = one(load_all(K8S / "service.yaml"), "Service")
     assert svc["spec"]["clusterIP"] == "None"  # STRICT_DNS sees every replica
+
+
+def test_kubernetes_redis_pod_limits_on_a_real_redis(shardgate_bin, tmp_path):
+    redis_docs = load_all(K8S / "redis" / "redis.yaml")
+    (redis_c,) = one(redis_docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    args = redis_c["args"]
+    assert args[args.index("--maxmemory-policy") + 1] == "noeviction"
+    assert one(redis_docs, "Service")["metadata"]["name"] == "redis"
+    d = one(load_all(K8S / "redis" / "deployment.yaml"), "Deployment")
+    c = container(d)
+    assert c["args"] == ["serve"] and grpc_probe_service(d) == "ratelimit"
+    env = {e["name"]: e["value"] for e in c["env"]}
+    assert env["SHARDGATE_STORE"] == "redis"
+    assert env["SHARDGATE_REDIS_URL"] == "redis://redis.shardgate.svc:6379"
+    assert "serviceAccountName" not in d["spec"]["template"]["spec"]
+
+    # The pod, here: the manifest's Redis arguments on a free port, the pod's variables
+    # with the Service's address and the listeners moved to free loopback ports.
+    redis_port = unique_port()
+    redis = subprocess.Popen(["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1",
+                              "--dir", str(tmp_path), *args], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.STDOUT)
+    http_port = unique_port()
+    limits = write_configmap(K8S / "configmap.yaml", tmp_path / "limits")
+    pod_env = {**os.environ, **env,
+               "SHARDGATE_REDIS_URL": f"redis://127.0.0.1:{redis_port}",
+               "SHARDGATE_CONFIG": str(limits),
+               "SHARDGATE_GRPC_ADDR": f"127.0.0.1:{unique_port()}",
+               "SHARDGATE_HTTP_ADDR": f"127.0.0.1:{http_port}"}
+    log = open(tmp_path / "pod.log", "wb")
+    pod = subprocess.Popen([shardgate_bin, *c["args"]], env=pod_env, stdout=log,
+                           stderr=subprocess.STDOUT)
+    try:
+        def healthy():
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/healthcheck",
+                                            timeout=1) as r:
+                    return r.status == 200
+            except OSError:
+                return False
+        wait_until(healthy, 30, "the pod serving on Redis")
+        body = json.dumps({"domain": "edge", "descriptors": [{"entries": [
+            {"key": "tenant", "value": "acme"}, {"key": "api_key", "value": "k1"}]}]}).encode()
+        codes = []
+        for _ in range(201):  # the API key's burst is 200
+            req = urllib.request.Request(f"http://127.0.0.1:{http_port}/json", data=body)
+            try:
+                with urllib.request.urlopen(req, timeout=5) as r:
+                    codes.append(json.loads(r.read())["overallCode"])
+            except urllib.error.HTTPError as e:  # /json answers OVER_LIMIT with 429
+                assert e.code == 429, e
+                codes.append(json.loads(e.read())["overallCode"])
+        assert codes[:200] == ["OK"] * 200 and codes[200] == "OVER_LIMIT", codes[190:]
+        keys = subprocess.run(["redis-cli", "-p", str(redis_port), "--scan", "--pattern",
+                               "{}production/BUCKET#*"], capture_output=True, text=True,
+                              timeout=10).stdout.split()
+        assert sorted(keys) == ["{}production/BUCKET#tenant=acme#edge#0",
+                                "{}production/BUCKET#tenant=acme/api_key=k1#edge#0"], keys
+    finally:
+        pod.terminate()
+        pod.wait(timeout=15)
+        redis.terminate()
+        redis.wait(timeout=15)
+        log.close()
+
+
+def unique_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def actions_and_resources(path):
