@@ -1,10 +1,13 @@
 //! The Redis store's own edges, on real `redis-server` processes: what the callers get
 //! when Redis is killed and restarted, paused, full (`maxmemory`), or holds a key of
-//! another type; TLS (a CA, a required client certificate) and passwords; the key's own
+//! another type; a Sentinel failover and a Cluster master killed mid-load (served again by
+//! the promoted replica, and no more admitted than the bound); TLS (a CA, a required client certificate) and passwords; the key's own
 //! expiry following the item's `ttl`; and a bucket's shards spread over a Cluster's
 //! masters. The contract's conditions are `store_conformance.rs`'s, on every store.
 
 #![cfg(feature = "redis")]
+// The decision future of a RateLimiter on a Redis store, spawned, is deep for the Send check.
+#![recursion_limit = "256"]
 
 #[macro_use]
 mod common;
@@ -440,4 +443,213 @@ async fn under_sentinel_a_failover_moves_the_store_to_the_promoted_replica() {
         }
     };
     assert!(image.limits["rpm"].tk <= 8 * MILLI, "{image:?}");
+}
+
+/// A Cluster of the test's own: three masters, each with a replica, that fails a master
+/// over within a second or two.
+struct FailoverCluster {
+    nodes: Vec<LocalRedis>,
+}
+
+impl FailoverCluster {
+    fn start() -> FailoverCluster {
+        let mut nodes = Vec::new();
+        while nodes.len() < 6 {
+            // The cluster bus listens on the port + 10000.
+            let probe = LocalRedis::free_port_with_bus();
+            nodes.push(LocalRedis::start_on(
+                probe,
+                &[
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    "1000",
+                ],
+            ));
+        }
+        let addrs: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        let out = std::process::Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addrs)
+            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let cluster = FailoverCluster { nodes };
+        cluster.wait_ok(Duration::from_secs(20));
+        // A replica promoted before its first sync would be refused (its data too old):
+        // wait until every replica has synced with its master.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        for n in &cluster.nodes {
+            while Self::cli(n.port, &["INFO", "replication"]).contains("role:slave")
+                && !Self::cli(n.port, &["INFO", "replication"]).contains("master_link_status:up")
+            {
+                assert!(Instant::now() < deadline, "a replica never synced");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        cluster
+    }
+
+    fn cli(port: u16, args: &[&str]) -> String {
+        let out = std::process::Command::new("redis-cli")
+            .args(["-p", &port.to_string()])
+            .args(args)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Until every live node says `cluster_state:ok` and knows three masters.
+    fn wait_ok(&self, patience: Duration) {
+        let deadline = Instant::now() + patience;
+        loop {
+            let ok = self
+                .nodes
+                .iter()
+                .filter(|n| n.is_running())
+                .all(|n| Self::cli(n.port, &["CLUSTER", "INFO"]).contains("cluster_state:ok"));
+            if ok {
+                return;
+            }
+            assert!(Instant::now() < deadline, "the cluster is not ok");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(|n| n.url()).collect()
+    }
+
+    /// The node serving `redis_key` as master.
+    fn master_of(&mut self, redis_key: &str) -> &mut LocalRedis {
+        let port = self.nodes[0].port;
+        let slot: u16 = Self::cli(port, &["CLUSTER", "KEYSLOT", redis_key])
+            .trim()
+            .parse()
+            .unwrap();
+        let nodes = Self::cli(port, &["CLUSTER", "NODES"]);
+        let owner = nodes
+            .lines()
+            .find(|l| {
+                l.contains("master")
+                    && l.split_whitespace().skip(8).any(|range| {
+                        let (a, b) = range.split_once('-').unwrap_or((range, range));
+                        match (a.parse::<u16>(), b.parse::<u16>()) {
+                            (Ok(a), Ok(b)) => (a..=b).contains(&slot),
+                            _ => false,
+                        }
+                    })
+            })
+            .expect("a master serves the slot");
+        let addr = owner.split_whitespace().nth(1).unwrap();
+        let owner_port: u16 = addr.split(['@', ':']).nth(1).unwrap().parse().unwrap();
+        self.nodes
+            .iter_mut()
+            .find(|n| n.port == owner_port)
+            .unwrap()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_master_killed_mid_load_fails_over_and_admits_no_more_than_the_bound() {
+    use shardgate::config::Config;
+    use shardgate::engine::{Engine, EngineOptions, RandomDraw, SystemClock};
+    use shardgate::service::RateLimiter;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+
+    const RATE: u64 = 50;
+    let mut cluster = FailoverCluster::start();
+    let mut o = options(cluster.urls(), RedisMode::Cluster);
+    o.timeout = Duration::from_millis(500);
+    let store = Arc::new(RedisStore::new(o));
+    let engine = Engine::with_parts(
+        store.clone(),
+        EngineOptions::default(),
+        Arc::new(SystemClock),
+        Arc::new(RandomDraw),
+    );
+    let rules = format!(
+        "domain: f\ndescriptors:\n  - key: user\n    rate_limit: {{unit: second, requests_per_unit: {RATE}}}\n"
+    );
+    let config = Config::from_yaml("f.yaml", &rules).unwrap();
+    let limiter = Arc::new(RateLimiter::new(Arc::new(config), Arc::new(engine)));
+    let request = common::server::request("f", vec![common::server::desc(&[("user", "hot")])]);
+    let (admitted, failed, admitted_after) = (
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let killed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let started = Instant::now();
+    let run_for = Duration::from_secs(8);
+    let mut clients = Vec::new();
+    for _ in 0..8 {
+        let (limiter, request) = (limiter.clone(), request.clone());
+        let (admitted, failed, admitted_after, killed) = (
+            admitted.clone(),
+            failed.clone(),
+            admitted_after.clone(),
+            killed.clone(),
+        );
+        clients.push(tokio::spawn(async move {
+            // Bounded: at most 100,000 calls each, and the run's time.
+            for _ in 0..100_000 {
+                if started.elapsed() >= run_for {
+                    break;
+                }
+                match limiter.should_rate_limit(&request).await {
+                    Ok(r) if r.overall_code == 1 => {
+                        admitted.fetch_add(1, Ordering::Relaxed);
+                        if killed.load(Ordering::Relaxed) {
+                            admitted_after.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        if failed.fetch_add(1, Ordering::Relaxed) % 50 == 0 {
+                            eprintln!("{:?} {e}", started.elapsed());
+                        }
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                }
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let key = format!("{{}}{}/BUCKET#user=hot#f#0", store.namespace());
+    cluster.master_of(&key).kill();
+    killed.store(true, Ordering::Relaxed);
+    let admitted_at_kill = admitted.load(Ordering::Relaxed);
+    for c in clients {
+        c.await.unwrap();
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let (admitted, failed, admitted_after) = (
+        admitted.load(Ordering::Relaxed),
+        failed.load(Ordering::Relaxed),
+        admitted_after.load(Ordering::Relaxed),
+    );
+    let report = format!(
+        "admitted {admitted} ({admitted_at_kill} before the kill, {admitted_after} after), \
+         {failed} calls failed, in {elapsed:.1} s"
+    );
+    eprintln!("{report}");
+    // The failover happened and the bucket is served again from the promoted replica.
+    assert!(admitted_after > RATE, "{report}");
+    assert!(failed > 0, "the kill was seen: {report}");
+    // Capacity + rate × time, plus what asynchronous replication may lose at the kill:
+    // the debits of the calls in flight (8 clients) that the replica had not received.
+    let bound = RATE as f64 + RATE as f64 * elapsed + 8.0;
+    assert!((admitted as f64) <= bound, "{report}; bound {bound:.0}");
 }

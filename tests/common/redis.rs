@@ -120,6 +120,30 @@ impl LocalRedis {
             .local_addr()
             .unwrap()
             .port();
+        LocalRedis::start_on(port, args)
+    }
+
+    /// A free port whose Cluster bus port (+ 10000) is free too.
+    pub fn free_port_with_bus() -> u16 {
+        loop {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port();
+            if port < 55_000 && std::net::TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+                return port;
+            }
+        }
+    }
+
+    /// Whether it is running (not killed).
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// Starts one on `port` with these extra arguments; waits until it listens.
+    pub fn start_on(port: u16, args: &[&str]) -> LocalRedis {
         let mut redis = LocalRedis {
             port,
             dir: tempfile::tempdir().unwrap(),
