@@ -544,6 +544,36 @@ cross_store! {
 }
 
 cross_store! {
+    /// A request larger than its bucket's lease gives the lease back before the store
+    /// decides it (the store must see those tokens) — but waits for that give-back at most
+    /// a quarter of what is left of its deadline, as for any lease move (issue 27). Here
+    /// the give-back's credit hangs for 2 s; the request is still answered inside its
+    /// 400 ms deadline, by the store, and the cut wait is counted.
+    async fn a_give_back_before_the_store_never_costs_the_caller_its_deadline<S: BucketStore>(store: S) {
+        let rig = rig(store, true);
+        let small = one(claim("giver", 1_000, 0, 1));
+        drive(&rig, &small, 30, 10).await;
+        rig.engine.fetch_wanted_leases().await;
+        assert!(rig.engine.leased_outstanding() > 0, "a lease is held");
+        let big = one(claim("giver", 1_000, 0, 300));
+        rig.store.before_credit(Box::new(|_| {
+            Box::pin(tokio::time::sleep(std::time::Duration::from_secs(2)))
+        }));
+        rig.store.clear();
+        let cut_before = stat(&rig, |s| &s.lease_waits_cut);
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_millis(400);
+        tokio::time::timeout_at(deadline, rig.engine.acquire_by(&big, Some(deadline)))
+            .await
+            .expect("answered by its deadline")
+            .unwrap();
+        let calls = rig.store.calls();
+        assert!(matches!(calls.first(), Some(Call::Credit { .. })), "the lease went back first: {calls:?}");
+        assert!(calls.iter().any(|c| matches!(c, Call::Debit { .. })), "the store decided: {calls:?}");
+        assert!(stat(&rig, |s| &s.lease_waits_cut) > cut_before, "the cut wait is counted");
+    }
+}
+
+cross_store! {
     /// The lease task is supervised (issue 27, point 4): a panic in it (here, the store
     /// panicking under a fetch) turns leasing off, gives back the leases held, and is
     /// counted; requests then go to the store, exactly as without leases.

@@ -163,6 +163,7 @@ pub struct Recorder<S: BucketStore> {
     calls: Mutex<Vec<Call>>,
     before_commit: Mutex<Option<Hook<S>>>,
     after_debit: Mutex<Option<Hook<S>>>,
+    before_credit: Mutex<Option<Hook<S>>>,
 }
 
 impl<S: BucketStore> Recorder<S> {
@@ -172,6 +173,7 @@ impl<S: BucketStore> Recorder<S> {
             calls: Mutex::new(Vec::new()),
             before_commit: Mutex::new(None),
             after_debit: Mutex::new(None),
+            before_credit: Mutex::new(None),
         })
     }
 
@@ -191,6 +193,11 @@ impl<S: BucketStore> Recorder<S> {
     /// is returned.
     pub fn after_debit(&self, hook: Hook<S>) {
         *self.after_debit.lock().unwrap() = Some(hook);
+    }
+
+    /// Runs `hook` once, before the next credit reaches the store (a slow give-back).
+    pub fn before_credit(&self, hook: Hook<S>) {
+        *self.before_credit.lock().unwrap() = Some(hook);
     }
 
     /// Creates an item through the contract (not recorded).
@@ -282,6 +289,10 @@ impl<S: BucketStore> BucketStore for Recorder<S> {
         credits: &[Credit],
     ) -> Result<Vec<Credit>, StoreError> {
         self.log(Call::Credit { shard: key.shard });
+        let hook = self.before_credit.lock().unwrap().take();
+        if let Some(hook) = hook {
+            hook(self.inner.clone()).await;
+        }
         self.inner.credit(key, guard, credits).await
     }
 }

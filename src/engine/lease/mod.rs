@@ -9,7 +9,7 @@
 //! (a lease is a debit). On the request path it waits on the store only to give back a
 //! lease too short for a request, before the store decides it, and for a move of its
 //! bucket's tokens already under way (a fetch or a return, whose tokens the store would
-//! not see yet) — at most a quarter of what is left of the caller's deadline
+//! not see yet) — each at most a quarter of what is left of the caller's deadline
 //! ([`WAIT_SHARE_OF_DEADLINE`]), then the store decides as it would without leases.
 //!
 //! Fetches and returns run in one task of the server's ([`Engine::run_leases`]), which
@@ -107,7 +107,7 @@ impl<S: BucketStore> Engine<S> {
                 }
                 Served::Missed(returns) => {
                     if !returns.is_empty() {
-                        self.give_back(returns).await;
+                        self.give_back_before_the_store(returns, deadline).await;
                     }
                     return None;
                 }
@@ -337,6 +337,29 @@ impl<S: BucketStore> Engine<S> {
             rest,
         }])
         .await;
+    }
+
+    /// Gives back leases too short for a request before the store decides it (so that it
+    /// sees their tokens), waiting at most a [`WAIT_SHARE_OF_DEADLINE`]th of what is left
+    /// of the caller's deadline; then the store decides without them. A give-back cut
+    /// short lands later or not at all (its tokens stay taken): the bucket admits less,
+    /// never more. Without a deadline, the store's own timeout bounds it.
+    async fn give_back_before_the_store(
+        &self,
+        returns: Vec<Return>,
+        deadline: Option<tokio::time::Instant>,
+    ) {
+        let Some(deadline) = deadline else {
+            return self.give_back(returns).await;
+        };
+        let patience = deadline.saturating_duration_since(tokio::time::Instant::now())
+            / WAIT_SHARE_OF_DEADLINE;
+        if tokio::time::timeout(patience, self.give_back(returns))
+            .await
+            .is_err()
+        {
+            EngineStats::bump(&self.stats.lease_waits_cut);
+        }
     }
 
     /// Gives back leases [`LeaseBook::expire`] took out, then tells the book they landed.
