@@ -8,8 +8,13 @@
 //! `SHARDGATE_*` variable already set is never overwritten, and a flag beats both.
 //! `main` applies the result before parsing its arguments and logs the ignored names
 //! once. The table of what is honoured is in docs/configuration.md.
+//!
+//! This file reads the server's own settings (rules, ports, logs, switches, gRPC TLS);
+//! `redis.rs` the Redis backend's, `statsd.rs` and `tracing.rs` the stats and span exports'.
 
 mod redis;
+mod statsd;
+mod tracing;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::ToSocketAddrs;
@@ -98,8 +103,8 @@ pub fn translate(env: &BTreeMap<String, String>) -> Translation {
     connection_age(&mut r);
     grpc_tls(&mut r);
     redis::redis(&mut r);
-    let mut consumed = statsd(env, &mut r.t);
-    consumed.extend(tracing(env, &mut r.t));
+    let mut consumed = statsd::statsd(env, &mut r.t);
+    consumed.extend(tracing::tracing(env, &mut r.t));
     // The OpenTelemetry SDK's own endpoint variables, which upstream's SDK reads too:
     // honoured as they are (the export reads them itself).
     for sdk in [
@@ -341,220 +346,6 @@ fn rule_source(r: &mut Reader) {
     if r.get("GRPC_UDS").is_some_and(|s| !s.is_empty()) {
         r.refuse("GRPC_UDS: shardgate listens on TCP only (GRPC_HOST/GRPC_PORT)".into());
     }
-}
-
-/// statsd as upstream sends it: with `USE_STATSD=true` (and stats not disabled), to
-/// `STATSD_HOST:STATSD_PORT` (`localhost:8125`) over `STATSD_PROTOCOL` (its stats
-/// library's default, TCP), every `STATS_FLUSH_INTERVAL`, `EXTRA_TAGS` on its names.
-/// Returns the upstream names read, which are then not reported as ignored.
-fn statsd(env: &BTreeMap<String, String>, t: &mut Translation) -> Vec<&'static str> {
-    let get = |k: &str| env.get(k).map(String::as_str);
-    let alias = |t: &mut Translation, ours: &'static str, from: &'static str, value: String| {
-        if !env.contains_key(ours) {
-            t.set.push(Alias { ours, value, from });
-        }
-    };
-    if get("USE_DOG_STATSD").and_then(go_bool) == Some(true) {
-        t.refused.push(
-            "USE_DOG_STATSD=true: shardgate sends plain statsd (USE_STATSD), not DogStatsD".into(),
-        );
-    }
-    let on = match get("USE_STATSD").map(go_bool) {
-        Some(Some(on)) => on,
-        Some(None) => {
-            t.refused.push("USE_STATSD: not a boolean".into());
-            return Vec::new();
-        }
-        None => false,
-    };
-    if !on || get("DISABLE_STATS").and_then(go_bool) == Some(true) {
-        return Vec::new();
-    }
-    let host = get("STATSD_HOST").unwrap_or("localhost");
-    let port = get("STATSD_PORT").unwrap_or("8125");
-    match port.parse::<u16>() {
-        Ok(port) if host.contains(':') && !host.starts_with('[') => alias(
-            t,
-            "SHARDGATE_STATSD_ADDR",
-            "USE_STATSD",
-            format!("[{host}]:{port}"),
-        ),
-        Ok(port) => alias(
-            t,
-            "SHARDGATE_STATSD_ADDR",
-            "USE_STATSD",
-            format!("{host}:{port}"),
-        ),
-        Err(_) => t.refused.push(format!(
-            "STATSD_PORT={}: not a port",
-            crate::support::text::elide(port, 32)
-        )),
-    }
-    match get("STATSD_PROTOCOL")
-        .map(str::to_ascii_lowercase)
-        .as_deref()
-    {
-        None => alias(t, "SHARDGATE_STATSD_PROTOCOL", "USE_STATSD", "tcp".into()),
-        Some(p @ ("tcp" | "udp")) => {
-            alias(t, "SHARDGATE_STATSD_PROTOCOL", "STATSD_PROTOCOL", p.into())
-        }
-        Some(other) => t.refused.push(format!(
-            "STATSD_PROTOCOL={}: not tcp or udp",
-            crate::support::text::elide(other, 32)
-        )),
-    }
-    if let Some(interval) = get("STATS_FLUSH_INTERVAL") {
-        match go_duration(interval).filter(|d| !d.is_zero()) {
-            Some(d) => alias(
-                t,
-                "SHARDGATE_STATSD_FLUSH_INTERVAL",
-                "STATS_FLUSH_INTERVAL",
-                humantime::format_duration(d).to_string(),
-            ),
-            None => t.refused.push(format!(
-                "STATS_FLUSH_INTERVAL={}: not a positive duration (e.g. 10s)",
-                crate::support::text::elide(interval, 64)
-            )),
-        }
-    }
-    if let Some(tags) = get("EXTRA_TAGS") {
-        match crate::service::metrics::statsd::parse_tags(tags) {
-            Ok(_) => alias(t, "SHARDGATE_STATSD_TAGS", "EXTRA_TAGS", tags.into()),
-            Err(e) => t.refused.push(format!(
-                "EXTRA_TAGS: {}",
-                crate::support::text::elide(&e, 96)
-            )),
-        }
-    }
-    vec![
-        "USE_STATSD",
-        "STATSD_HOST",
-        "STATSD_PORT",
-        "STATSD_PROTOCOL",
-        "STATS_FLUSH_INTERVAL",
-        "EXTRA_TAGS",
-        "DISABLE_STATS",
-    ]
-}
-
-/// upstream's service name for its spans (`TRACING_SERVICE_NAME`'s default).
-const UPSTREAM_TRACING_SERVICE_NAME: &str = "RateLimit";
-
-/// Tracing as upstream does it: with `TRACING_ENABLED=true`, spans over OTLP by
-/// `TRACING_EXPORTER_PROTOCOL` (`http`, upstream's default, or `grpc`) to the SDK's
-/// `OTEL_EXPORTER_OTLP_ENDPOINT` (else the SDK's default collector on localhost), named
-/// by `TRACING_SERVICE_NAME` (`RateLimit`), `_NAMESPACE` and `_INSTANCE_ID`, sampled at
-/// `TRACING_SAMPLING_RATE` (the caller's sampled flag followed, as the SDK's parent-based
-/// samplers do). Returns the upstream names read.
-fn tracing(env: &BTreeMap<String, String>, t: &mut Translation) -> Vec<&'static str> {
-    let get = |k: &str| env.get(k).map(String::as_str).filter(|v| !v.is_empty());
-    let alias = |t: &mut Translation, ours: &'static str, from: &'static str, value: String| {
-        if !env.contains_key(ours) {
-            t.set.push(Alias { ours, value, from });
-        }
-    };
-    match get("TRACING_ENABLED").map(go_bool) {
-        Some(Some(true)) => {}
-        Some(None) => {
-            t.refused.push("TRACING_ENABLED: not a boolean".into());
-            return Vec::new();
-        }
-        _ => return Vec::new(),
-    }
-    let (protocol, from) = match get("TRACING_EXPORTER_PROTOCOL") {
-        None => ("http", "TRACING_ENABLED"),
-        Some(p) => match p.to_ascii_lowercase().as_str() {
-            "http" => ("http", "TRACING_EXPORTER_PROTOCOL"),
-            "grpc" => ("grpc", "TRACING_EXPORTER_PROTOCOL"),
-            _ => {
-                t.refused.push(format!(
-                    "TRACING_EXPORTER_PROTOCOL={}: not http or grpc",
-                    crate::support::text::elide(p, 32)
-                ));
-                return Vec::new();
-            }
-        },
-    };
-    alias(t, "SHARDGATE_OTLP_PROTOCOL", from, protocol.into());
-    let endpoint_set = [
-        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-        "OTEL_EXPORTER_OTLP_ENDPOINT",
-    ]
-    .into_iter()
-    .any(|v| get(v).is_some());
-    if !endpoint_set {
-        let default = if protocol == "http" {
-            "http://localhost:4318"
-        } else {
-            "http://localhost:4317"
-        };
-        alias(
-            t,
-            "SHARDGATE_OTLP_ENDPOINT",
-            "TRACING_ENABLED",
-            default.into(),
-        );
-    }
-    let name = get("TRACING_SERVICE_NAME").unwrap_or(UPSTREAM_TRACING_SERVICE_NAME);
-    alias(t, "OTEL_SERVICE_NAME", "TRACING_SERVICE_NAME", name.into());
-    let attributes: Vec<String> = [
-        ("TRACING_SERVICE_NAMESPACE", "service.namespace"),
-        ("TRACING_SERVICE_INSTANCE_ID", "service.instance.id"),
-    ]
-    .into_iter()
-    .filter_map(|(var, key)| get(var).map(|v| format!("{key}={}", percent_encode(v))))
-    .collect();
-    if !attributes.is_empty() {
-        alias(
-            t,
-            "OTEL_RESOURCE_ATTRIBUTES",
-            "TRACING_SERVICE_NAMESPACE",
-            attributes.join(","),
-        );
-    }
-    if let Some(rate) = get("TRACING_SAMPLING_RATE") {
-        match rate.parse::<f64>() {
-            Ok(r) if (0.0..1.0).contains(&r) => {
-                alias(
-                    t,
-                    "OTEL_TRACES_SAMPLER",
-                    "TRACING_SAMPLING_RATE",
-                    "parentbased_traceidratio".into(),
-                );
-                alias(
-                    t,
-                    "OTEL_TRACES_SAMPLER_ARG",
-                    "TRACING_SAMPLING_RATE",
-                    r.to_string(),
-                );
-            }
-            // Every trace: the SDK's default sampler.
-            Ok(1.0) => {}
-            _ => t.refused.push(format!(
-                "TRACING_SAMPLING_RATE={}: not a number from 0 to 1",
-                crate::support::text::elide(rate, 32)
-            )),
-        }
-    }
-    vec![
-        "TRACING_ENABLED",
-        "TRACING_EXPORTER_PROTOCOL",
-        "TRACING_SERVICE_NAME",
-        "TRACING_SERVICE_NAMESPACE",
-        "TRACING_SERVICE_INSTANCE_ID",
-        "TRACING_SAMPLING_RATE",
-    ]
-}
-
-/// A resource attribute value as `OTEL_RESOURCE_ATTRIBUTES` carries it: `,`, `=` and `%`
-/// (and anything not printable ASCII) percent-encoded.
-fn percent_encode(v: &str) -> String {
-    const RESERVED: &percent_encoding::AsciiSet = &percent_encoding::CONTROLS
-        .add(b',')
-        .add(b'=')
-        .add(b'%')
-        .add(b' ');
-    percent_encoding::utf8_percent_encode(v, RESERVED).to_string()
 }
 
 /// `host:port` as a socket address; a name is resolved (its first address), as
