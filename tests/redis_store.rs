@@ -1,5 +1,6 @@
 //! The Redis store's own edges, on real `redis-server` processes: what the callers get
-//! when Redis is killed and restarted, paused, full (`maxmemory`), or holds a key of
+//! when Redis is killed and restarted, paused, busy with a runaway script, full
+//! (`maxmemory`), or holds a key of
 //! another type; a Sentinel failover and a Cluster master killed mid-load (served again by
 //! the promoted replica, and no more admitted than the bound); TLS (a CA, a required client certificate) and passwords; the key's own
 //! expiry following the item's `ttl`; and a bucket's shards spread over a Cluster's
@@ -652,4 +653,43 @@ async fn a_cluster_master_killed_mid_load_fails_over_and_admits_no_more_than_the
     // the debits of the calls in flight (8 clients) that the replica had not received.
     let bound = RATE as f64 + RATE as f64 * elapsed + 8.0;
     assert!((admitted as f64) <= bound, "{report}; bound {bound:.0}");
+}
+
+#[tokio::test]
+async fn a_redis_busy_with_a_long_script_is_an_outage_until_it_is_killed() {
+    let redis = LocalRedis::start(&["--busy-reply-threshold", "100"]);
+    let store = store_on(redis.url(), Duration::from_secs(1));
+    create(&store, key("k", 0)).await;
+    // Someone else's script that never ends, on a connection of its own.
+    let url = redis.url();
+    let runaway = tokio::spawn(async move {
+        let client = redis::Client::open(url).unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        let _: redis::RedisResult<redis::Value> = redis::cmd("EVAL")
+            .arg("while true do end")
+            .arg(0)
+            .query_async(&mut conn)
+            .await;
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let err = store
+        .debit(&key("k", 0), &one_token(), FAST)
+        .await
+        .unwrap_err();
+    assert!(err.is_fault(), "{err}");
+    assert!(err.to_string().contains("BUSY"), "{err}");
+    // SCRIPT KILL is one of the few commands a busy Redis still runs.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while redis.cmd(&["SCRIPT", "KILL"]).await.is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "the runaway script was never killed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    runaway.await.unwrap();
+    assert!(matches!(
+        store.debit(&key("k", 0), &one_token(), FAST).await,
+        Ok(DebitOutcome::Applied(_))
+    ));
 }
