@@ -1,10 +1,10 @@
 //! The Redis store's own edges, on real `redis-server` processes: what the callers get
 //! when Redis is killed and restarted, paused, busy with a runaway script, full
-//! (`maxmemory`), or holds a key of
-//! another type; a Sentinel failover and a Cluster master killed mid-load (served again by
-//! the promoted replica, and no more admitted than the bound); TLS (a CA, a required client certificate) and passwords; the key's own
-//! expiry following the item's `ttl`; and a bucket's shards spread over a Cluster's
-//! masters. The contract's conditions are `store_conformance.rs`'s, on every store.
+//! (`maxmemory`), or holds a key of another type; a Sentinel failover and a Cluster master
+//! killed mid-load (served again by the promoted replica, and no more admitted than the
+//! bound); TLS (a CA, a required client certificate) and passwords; the key's own expiry
+//! following the item's `ttl`; and a bucket's shards spread over a Cluster's masters. The
+//! contract's conditions are `store_conformance.rs`'s, on every store.
 
 #![cfg(feature = "redis")]
 // The decision future of a RateLimiter on a Redis store, spawned, is deep for the Send check.
