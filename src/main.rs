@@ -32,6 +32,7 @@ use cli::stores::{inspect_bucket, InspectArgs};
 #[cfg(feature = "dynamodb")]
 use cli::stores::{table_create, TableCommand};
 use cli::stores::{Dynamo, Redis, Store};
+use cli::xds::XdsArgs;
 #[cfg(feature = "otel")]
 use shardgate::telemetry::SpanExport;
 
@@ -71,9 +72,11 @@ enum Command {
 
 #[derive(Parser)]
 struct Serve {
-    /// Rate-limit rules: a YAML file or a directory of YAML files.
-    #[arg(long, env = "SHARDGATE_CONFIG")]
-    config: PathBuf,
+    /// Rate-limit rules: a YAML file or a directory of YAML files (or --xds-server).
+    #[arg(long, env = "SHARDGATE_CONFIG", required_unless_present = "xds_server")]
+    config: Option<PathBuf>,
+    #[command(flatten)]
+    xds: XdsArgs,
     /// Address of the gRPC listener.
     #[arg(long, env = "SHARDGATE_GRPC_ADDR", default_value = "0.0.0.0:8081")]
     grpc_addr: SocketAddr,
@@ -515,7 +518,8 @@ fn serve_options(args: Serve, trace_context: bool) -> Result<ServeOptions, ExitC
             .unwrap_or_default(),
     });
     Ok(ServeOptions {
-        config: args.config,
+        xds: args.xds.options(),
+        config: args.config.unwrap_or_default(),
         store_timeout,
         grpc_addr: args.grpc_addr,
         http_addr: args.http_addr,

@@ -83,15 +83,15 @@ fn the_default_deployment_variable_by_variable() {
         ("RUNTIME_WATCH_ROOT", Fate::Ignored),
         ("LOG_LEVEL", Fate::Honoured),
         ("USE_STATSD", Fate::Ignored),
-        // Rules over xDS are not read yet: the server says so rather than serving none.
-        ("CONFIG_TYPE", Fate::Refused),
-        ("CONFIG_GRPC_XDS_SERVER_URL", Fate::Ignored),
-        ("CONFIG_GRPC_XDS_NODE_ID", Fate::Ignored),
-        ("CONFIG_GRPC_XDS_SERVER_USE_TLS", Fate::Ignored),
-        ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", Fate::Ignored),
-        ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", Fate::Ignored),
-        ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", Fate::Ignored),
-        ("FORCE_START_WITHOUT_INITIAL_CONFIG", Fate::Ignored),
+        // Rules over xDS, from Envoy Gateway's control plane, over mutual TLS.
+        ("CONFIG_TYPE", Fate::Honoured),
+        ("CONFIG_GRPC_XDS_SERVER_URL", Fate::Honoured),
+        ("CONFIG_GRPC_XDS_NODE_ID", Fate::Honoured),
+        ("CONFIG_GRPC_XDS_SERVER_USE_TLS", Fate::Honoured),
+        ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", Fate::Honoured),
+        ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", Fate::Honoured),
+        ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", Fate::Honoured),
+        ("FORCE_START_WITHOUT_INITIAL_CONFIG", Fate::Honoured),
         ("GRPC_SERVER_USE_TLS", Fate::Honoured),
         ("GRPC_SERVER_TLS_CERT", Fate::Honoured),
         ("GRPC_SERVER_TLS_KEY", Fate::Honoured),
@@ -116,6 +116,30 @@ fn the_default_deployment_variable_by_variable() {
         );
         assert_eq!(fate(&t, var), want, "{var} in {t:#?}");
     }
+}
+
+#[test]
+fn the_default_deployment_subscribes_to_its_control_plane_over_mutual_tls() {
+    let variants = variants();
+    let t = translate(&variants["default"].env);
+    assert!(t.refused.is_empty(), "{:?}", t.refused);
+    let set: BTreeMap<&str, &str> = t.set.iter().map(|a| (a.ours, a.value.as_str())).collect();
+    assert_eq!(
+        set.get("SHARDGATE_XDS_SERVER"),
+        Some(&"https://envoy-gateway:18001")
+    );
+    assert_eq!(set.get("SHARDGATE_XDS_NODE_ID"), Some(&"envoy-ratelimit"));
+    assert_eq!(set.get("SHARDGATE_XDS_TLS_CA"), Some(&"/certs/ca.crt"));
+    assert_eq!(
+        set.get("SHARDGATE_XDS_TLS_CLIENT_CERT"),
+        Some(&"/certs/tls.crt")
+    );
+    assert_eq!(
+        set.get("SHARDGATE_XDS_TLS_CLIENT_KEY"),
+        Some(&"/certs/tls.key")
+    );
+    assert_eq!(set.get("SHARDGATE_XDS_START_WITHOUT_RULES"), Some(&"true"));
+    assert_eq!(set.get("SHARDGATE_STORE"), Some(&"redis"));
 }
 
 #[test]

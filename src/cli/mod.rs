@@ -2,3 +2,4 @@
 //! server's own flags). Not part of the library: no module of it uses these.
 
 pub(crate) mod stores;
+pub(crate) mod xds;

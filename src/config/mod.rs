@@ -10,7 +10,8 @@
 //! (files and directories), `model.rs` (the YAML with its positions), `validate/` (every
 //! check, every error at once), `error.rs` (errors with file:line), `matcher.rs` (the
 //! compiled tree and the walk), `entity.rs` (`entity:` templates), `stats_key.rs`
-//! (upstream's stats keys); and how one is replaced while serving — `reload.rs`.
+//! (upstream's stats keys), `xds.rs` (rules pushed over xDS, written as the documents they
+//! stand for); and how one is replaced while serving — `reload.rs`.
 
 mod entity;
 mod error;
@@ -23,6 +24,7 @@ mod snapshot;
 mod stats_key;
 mod unit;
 mod validate;
+pub mod xds;
 
 pub use entity::{encode_component, EntityTemplate, TemplateError};
 pub use error::{ConfigError, ConfigErrorKind, ConfigErrors};

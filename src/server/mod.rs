@@ -3,7 +3,8 @@
 //! reflection (`grpc`), TLS (`tls`), accepting connections (`accept`, `socket`),
 //! the port's HTTP/2 limits (`port_limits`), the caller's trace context
 //! (`trace_context`), the HTTP port (`http`, with `/json` in `json`), and putting a
-//! server together (`serve`); the statsd socket and its flush timer (`statsd`).
+//! server together (`serve`); the statsd socket and its flush timer (`statsd`); the xDS
+//! stream that brings rules from a control plane (`xds`).
 //!
 //! It decides nothing: every call is handed to the policy (`service/`), whose answer it
 //! writes back.
@@ -22,3 +23,4 @@ pub mod tls;
 #[cfg(feature = "otel")]
 mod trace_context;
 pub mod unary_response;
+pub mod xds;

@@ -16,6 +16,7 @@ use super::grpc::{HealthWatch, PortOptions};
 use super::port_limits::PortLimits;
 use super::statsd::{self, StatsdOptions};
 use super::tls::{TlsError, TlsFiles, TlsState};
+use super::xds::{self, XdsOptions};
 use super::{grpc, http};
 use crate::config::reload::{self, ReloadTiming};
 use crate::config::{Config, ConfigErrors, LoadOptions};
@@ -55,7 +56,10 @@ pub enum StoreKind {
 /// Everything `shardgate serve` is told.
 #[derive(Debug, Clone)]
 pub struct ServeOptions {
+    /// The rule file or directory (unused when the rules come over xDS).
     pub config: PathBuf,
+    /// Rules pushed by an xDS control plane instead of read from `config`.
+    pub xds: Option<XdsOptions>,
     /// How the config's documents combine (`--merge-domain-config`).
     pub load: LoadOptions,
     pub grpc_addr: SocketAddr,
@@ -154,17 +158,28 @@ async fn bind(addr: SocketAddr) -> Result<TcpListener, ServeError> {
 /// Runs `shardgate serve` until a shutdown signal.
 pub async fn run(options: ServeOptions) -> Result<(), ServeError> {
     let metrics = Arc::new(Metrics::new());
-    let config =
-        Config::load_with(&options.config, &options.load).map_err(|errors| ServeError::Config {
-            path: options.config.display().to_string(),
-            errors,
-        })?;
-    tracing::info!(
-        path = %options.config.display(),
-        domains = config.domains().count(),
-        hash = config.hash(),
-        "config loaded"
-    );
+    let config = match &options.xds {
+        // No rules until the control plane's first push.
+        Some(xds) => {
+            tracing::info!(server = %xds.server, node = %xds.node_id, "rules from xDS");
+            Config::from_documents(&[]).expect("no documents, no errors")
+        }
+        None => {
+            let config = Config::load_with(&options.config, &options.load).map_err(|errors| {
+                ServeError::Config {
+                    path: options.config.display().to_string(),
+                    errors,
+                }
+            })?;
+            tracing::info!(
+                path = %options.config.display(),
+                domains = config.domains().count(),
+                hash = config.hash(),
+                "config loaded"
+            );
+            config
+        }
+    };
     metrics.config_loaded(config.hash());
     let grpc_listener = bind(options.grpc_addr).await?;
     let http_listener = bind(options.http_addr).await?;
@@ -379,8 +394,34 @@ async fn serve_on<S: BucketStore>(
             .with_store_timeout(options.store_timeout)
             .with_metrics(metrics.clone()),
     );
+    let (_watch, rules_task, first_rules) = match &options.xds {
+        None => (
+            Some(watch_config(&limiter, options, config.hash())?),
+            None,
+            None,
+        ),
+        Some(xds) => {
+            let (task, first) = spawn_xds(&limiter, xds.clone(), options.load.clone());
+            (
+                None,
+                Some(task),
+                (!xds.start_without_rules).then_some(first),
+            )
+        }
+    };
+    // Ready once the store has answered and, with rules over xDS, the first push landed.
+    let warm_up: Option<WarmUp> = match (warm_up, first_rules) {
+        (None, None) => None,
+        (store, rules) => Some(Box::pin(async move {
+            if let Some(store) = store {
+                store.await;
+            }
+            if let Some(rules) = rules {
+                rules.await;
+            }
+        })),
+    };
     limiter.set_ready(warm_up.is_none());
-    let _watch = watch_config(&limiter, options, config.hash())?;
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = move || {
@@ -428,6 +469,9 @@ async fn serve_on<S: BucketStore>(
         .map(|statsd| tokio::spawn(statsd::run(metrics.clone(), statsd, statsd_stop_rx)));
 
     shutdown_signal().await;
+    if let Some(task) = rules_task {
+        task.abort();
+    }
     health_task.abort();
     prune_task.abort();
     let _ = stop_tx.send(true);
@@ -485,6 +529,30 @@ fn watch_config<S: BucketStore>(
         path: options.config.display().to_string(),
         source,
     })
+}
+
+/// Subscribes to the rules an xDS control plane pushes: each push applied as a reload is
+/// (the metrics and `/rlconfig` follow), or refused with the rules in force kept. Returns
+/// the task and a future that resolves once a first push has been applied.
+fn spawn_xds<S: BucketStore>(
+    limiter: &Arc<RateLimiter<S>>,
+    options: XdsOptions,
+    load: LoadOptions,
+) -> (tokio::task::JoinHandle<()>, WarmUp) {
+    let (first_tx, mut first_rx) = watch::channel(false);
+    let limiter = limiter.clone();
+    let task = tokio::spawn(xds::subscribe(options, load, move |push| match push {
+        Ok(config) => {
+            limiter.metrics().config_loaded(config.hash());
+            limiter.replace_config(Arc::new(config));
+            first_tx.send_replace(true);
+        }
+        Err(_) => limiter.metrics().config_rejected(),
+    }));
+    let first: WarmUp = Box::pin(async move {
+        let _ = first_rx.wait_for(|landed| *landed).await;
+    });
+    (task, first)
 }
 
 /// Readiness (gRPC health of the server and the rate-limit service, `/healthcheck`):

@@ -10,11 +10,13 @@
 //! once. The table of what is honoured is in docs/configuration.md.
 //!
 //! This file reads the server's own settings (rules, ports, logs, switches, gRPC TLS);
-//! `redis.rs` the Redis backend's, `statsd.rs` and `tracing.rs` the stats and span exports'.
+//! `redis.rs` the Redis backend's, `xds.rs` the rule source's, `statsd.rs` and `tracing.rs`
+//! the stats and span exports'.
 
 mod redis;
 mod statsd;
 mod tracing;
+mod xds;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::ToSocketAddrs;
@@ -333,16 +335,10 @@ fn grpc_tls(r: &mut Reader) {
     }
 }
 
-/// Where rules come from (`CONFIG_TYPE`: files only) and the gRPC socket's kind
+/// Where rules come from (`CONFIG_TYPE`, `xds.rs`) and the gRPC socket's kind
 /// (`GRPC_UDS`: TCP only).
 fn rule_source(r: &mut Reader) {
-    match r.get("CONFIG_TYPE").map(str::to_ascii_uppercase).as_deref() {
-        None | Some("FILE") => {}
-        Some(other) => r.refuse(format!(
-            "CONFIG_TYPE={}: shardgate reads rules from files only",
-            crate::support::text::elide(other, 64)
-        )),
-    }
+    xds::rule_source(r);
     if r.get("GRPC_UDS").is_some_and(|s| !s.is_empty()) {
         r.refuse("GRPC_UDS: shardgate listens on TCP only (GRPC_HOST/GRPC_PORT)".into());
     }
@@ -646,7 +642,7 @@ mod tests {
             ("SHADOW_MODE", "yes"),
             ("GRPC_SERVER_USE_TLS", "true"),
             ("GRPC_CLIENT_TLS_SAN", "client.example"),
-            ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+            ("CONFIG_TYPE", "GRPC_XDS_DELTA"),
             ("GRPC_UDS", "/tmp/rl.sock"),
         ]));
         let refused = t.refused.join("\n");
@@ -657,7 +653,7 @@ mod tests {
             "GRPC_SERVER_USE_TLS=true needs GRPC_SERVER_TLS_CERT",
             "GRPC_SERVER_USE_TLS=true needs GRPC_SERVER_TLS_KEY",
             "GRPC_CLIENT_TLS_SAN",
-            "CONFIG_TYPE=GRPC_XDS_SOTW",
+            "CONFIG_TYPE=GRPC_XDS_DELTA",
             "GRPC_UDS",
         ] {
             assert!(refused.contains(needle), "{needle} not in:\n{refused}");

@@ -5,6 +5,7 @@
 //!   at a chosen moment, for any store;
 //! - [`dynamo`]: the DynamoDB Local connection; [`redis`]: the test Redis and Cluster;
 //! - [`server`]: in-process shardgate servers on loopback and request builders;
+//! - [`control_plane`]: a test xDS control plane that pushes rules;
 //! - [`h2_call`]: one gRPC call over the `h2` crate, its bytes and stream under the test's
 //!   control;
 //! - [`raw_h2`]: a raw HTTP/2 client that may flood, stall and lie;
@@ -12,6 +13,7 @@
 
 #![allow(dead_code)]
 
+pub mod control_plane;
 #[cfg(feature = "dynamodb")]
 pub mod dynamo;
 pub mod h2_call;

@@ -1,0 +1,227 @@
+//! Rules over xDS: a state-of-the-world ADS subscription to
+//! `ratelimit.config.ratelimit.v3.RateLimitConfig`, as envoyproxy/ratelimit's xDS provider
+//! makes it to Envoy Gateway's control plane (`CONFIG_TYPE=GRPC_XDS_SOTW`).
+//!
+//! Each push carries every resource; it is loaded as files holding them would be
+//! (`config/xds.rs`) and either applied whole — then ACKed with its version — or refused
+//! whole — NACKed with the last good version and the errors' text, the rules in force
+//! kept. The stream is opened again after any failure, with a backoff from half a second
+//! up to [`MAX_BACKOFF`], asking for the last version applied; meanwhile the last good
+//! rules keep serving. TLS (and a client certificate) to the control plane is read from
+//! its files at each connection, so a rotated certificate is used from the next one.
+//!
+//! This file owns the stream only: what a push means is `config/xds.rs`'s, what applying
+//! one does is the caller's (`serve.rs`).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use envoy_types::pb::envoy::config::core::v3::Node;
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
+use envoy_types::pb::google::rpc::Status;
+use envoy_types::pb::ratelimit::config::ratelimit::v3::RateLimitConfig;
+use prost::Message;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+
+use crate::config::xds::{from_resources, RATE_LIMIT_CONFIG_TYPE};
+use crate::config::{Config, LoadOptions};
+use crate::support::text::elide;
+
+/// Where the control plane is and who this server is to it.
+#[derive(Debug, Clone)]
+pub struct XdsOptions {
+    /// `http://host:port`, or `https://host:port` for TLS.
+    pub server: String,
+    /// The node id the control plane knows this server by (upstream's default:
+    /// `default`; Envoy Gateway sets `envoy-ratelimit`).
+    pub node_id: String,
+    /// Start serving (and report ready) before the first push, with no rules, as
+    /// upstream's `FORCE_START_WITHOUT_INITIAL_CONFIG`; else readiness waits for it.
+    pub start_without_rules: bool,
+    pub tls: XdsTls,
+}
+
+/// TLS to the control plane beyond what an `https://` URL says.
+#[derive(Debug, Clone, Default)]
+pub struct XdsTls {
+    /// PEM CA bundle of the control plane's certificate (else the system's roots).
+    pub ca: Option<PathBuf>,
+    /// PEM client certificate and key, both or neither.
+    pub cert: Option<PathBuf>,
+    pub key: Option<PathBuf>,
+    /// The name the control plane's certificate must carry, when not the URL's host
+    /// (upstream's `CONFIG_GRPC_XDS_SERVER_TLS_SAN`).
+    pub server_name: Option<String>,
+}
+
+/// The longest wait before the stream is opened again.
+pub const MAX_BACKOFF: Duration = Duration::from_secs(10);
+
+/// The first wait before the stream is opened again.
+const FIRST_BACKOFF: Duration = Duration::from_millis(500);
+
+/// Largest push read (tonic's default is 4 MiB; a large gateway's rules can pass it).
+const MAX_PUSH_BYTES: usize = 64 << 20;
+
+/// Most bytes of the errors' text sent back in a NACK.
+const NACK_DETAIL_BYTES: usize = 4_096;
+
+/// What one push came to: the rules to apply, or why none were (errors' text).
+pub type Push = Result<Config, String>;
+
+/// Subscribes for ever: `on_push` is called with each push's outcome, in order. Returns
+/// only if `on_push`'s owner drops the runtime.
+pub async fn subscribe(options: XdsOptions, load: LoadOptions, mut on_push: impl FnMut(Push)) {
+    let mut applied = String::new();
+    let mut backoff = FIRST_BACKOFF;
+    loop {
+        match session(&options, &load, &mut applied, &mut on_push).await {
+            Ok(Progress::Pushed) => backoff = FIRST_BACKOFF,
+            Ok(Progress::Nothing) => {}
+            Err(reason) => {
+                tracing::warn!(server = %options.server, %reason, retry_in = ?backoff, "xDS stream failed; the rules in force stay");
+            }
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+/// Whether a session got a push before it ended.
+enum Progress {
+    Pushed,
+    Nothing,
+}
+
+/// One stream, until it fails or the control plane closes it.
+async fn session(
+    options: &XdsOptions,
+    load: &LoadOptions,
+    applied: &mut String,
+    on_push: &mut impl FnMut(Push),
+) -> Result<Progress, String> {
+    let channel = connect(options).await?;
+    let mut client =
+        AggregatedDiscoveryServiceClient::new(channel).max_decoding_message_size(MAX_PUSH_BYTES);
+    let (requests, outgoing) = tokio::sync::mpsc::channel(4);
+    let ask = |version: &str, nonce: &str, error: Option<Status>| DiscoveryRequest {
+        version_info: version.to_string(),
+        node: Some(Node {
+            id: options.node_id.clone(),
+            ..Default::default()
+        }),
+        type_url: RATE_LIMIT_CONFIG_TYPE.to_string(),
+        response_nonce: nonce.to_string(),
+        error_detail: error,
+        ..Default::default()
+    };
+    requests
+        .send(ask(applied, "", None))
+        .await
+        .map_err(|_| "the request stream closed".to_string())?;
+    let mut responses = client
+        .stream_aggregated_resources(ReceiverStream::new(outgoing))
+        .await
+        .map_err(|s| format!("{}: {}", s.code(), elide(s.message(), 256)))?
+        .into_inner();
+    let mut progress = Progress::Nothing;
+    loop {
+        let response = match responses.message().await {
+            Ok(Some(r)) => r,
+            Ok(None) => return Ok(progress),
+            Err(s) => return Err(format!("{}: {}", s.code(), elide(s.message(), 256))),
+        };
+        progress = Progress::Pushed;
+        let push = rules(&response, load);
+        let reply = match &push {
+            Ok(config) => {
+                tracing::info!(version = %response.version_info, domains = config.domains().count(), "xDS rules pushed");
+                *applied = response.version_info.clone();
+                ask(applied, &response.nonce, None)
+            }
+            Err(errors) => {
+                tracing::error!(version = %response.version_info, %errors, "xDS rules refused (NACK); the rules in force stay");
+                ask(
+                    applied,
+                    &response.nonce,
+                    Some(Status {
+                        // INVALID_ARGUMENT
+                        code: 3,
+                        message: elide(errors, NACK_DETAIL_BYTES).into_owned(),
+                        details: Vec::new(),
+                    }),
+                )
+            }
+        };
+        on_push(push);
+        requests
+            .send(reply)
+            .await
+            .map_err(|_| "the request stream closed".to_string())?;
+    }
+}
+
+/// The rules a response carries, or why there are none.
+fn rules(response: &DiscoveryResponse, load: &LoadOptions) -> Push {
+    if response.type_url != RATE_LIMIT_CONFIG_TYPE {
+        return Err(format!(
+            "resources of type {}, not {RATE_LIMIT_CONFIG_TYPE}",
+            elide(&response.type_url, 128)
+        ));
+    }
+    let mut resources = Vec::with_capacity(response.resources.len());
+    for (i, any) in response.resources.iter().enumerate() {
+        if any.type_url != RATE_LIMIT_CONFIG_TYPE {
+            return Err(format!(
+                "resource {i} is a {}, not a RateLimitConfig",
+                elide(&any.type_url, 128)
+            ));
+        }
+        let config = RateLimitConfig::decode(any.value.as_slice())
+            .map_err(|e| format!("resource {i} does not decode: {e}"))?;
+        resources.push(config);
+    }
+    from_resources(&resources, load).map_err(|errors| errors.to_string())
+}
+
+async fn connect(options: &XdsOptions) -> Result<Channel, String> {
+    let mut endpoint = Endpoint::from_shared(options.server.clone())
+        .map_err(|e| format!("xDS server {}: {e}", elide(&options.server, 128)))?
+        .connect_timeout(Duration::from_secs(5))
+        .http2_keep_alive_interval(Duration::from_secs(30))
+        .keep_alive_timeout(Duration::from_secs(10));
+    if options.server.starts_with("https://") {
+        let read = |p: &PathBuf| {
+            std::fs::read(p).map_err(|e| format!("xDS TLS file {}: {e}", p.display()))
+        };
+        let mut tls = ClientTlsConfig::new();
+        if let Some(ca) = &options.tls.ca {
+            tls = tls.ca_certificate(Certificate::from_pem(read(ca)?));
+        } else {
+            tls = tls.with_native_roots();
+        }
+        if let Some(name) = &options.tls.server_name {
+            tls = tls.domain_name(name.clone());
+        }
+        match (&options.tls.cert, &options.tls.key) {
+            (Some(cert), Some(key)) => {
+                tls = tls.identity(Identity::from_pem(read(cert)?, read(key)?));
+            }
+            (None, None) => {}
+            _ => {
+                return Err(
+                    "an xDS client certificate needs its key, and the key its certificate".into(),
+                )
+            }
+        }
+        endpoint = endpoint
+            .tls_config(tls)
+            .map_err(|e| format!("xDS TLS: {e}"))?;
+    }
+    endpoint
+        .connect()
+        .await
+        .map_err(|e| format!("cannot connect to {}: {e}", elide(&options.server, 128)))
+}
