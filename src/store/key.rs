@@ -12,7 +12,7 @@
 
 use sha2::{Digest, Sha256};
 
-use super::{BucketItem, BucketKey, Name, StoreError};
+use super::{BucketItem, BucketKey, Name, StoreError, Write, MAX_COMMIT_ITEMS};
 
 /// DynamoDB's limit on a partition key.
 pub const MAX_PARTITION_KEY_BYTES: usize = 2_048;
@@ -115,6 +115,30 @@ pub fn check_item(key: &BucketKey, item: &BucketItem) -> Result<(), StoreError> 
             key: key.to_string(),
             reason: format!("the item would be {bytes} bytes (at most {MAX_ITEM_BYTES})"),
         });
+    }
+    Ok(())
+}
+
+/// Refuses a commit no store takes: no write or more than [`MAX_COMMIT_ITEMS`], a key too
+/// long, an item created too large. `name` is how the store names a key in its errors.
+pub fn check_commit(
+    writes: &[Write],
+    name: impl Fn(&BucketKey) -> String,
+) -> Result<(), StoreError> {
+    if writes.is_empty() || writes.len() > MAX_COMMIT_ITEMS {
+        return Err(StoreError::Invalid {
+            key: writes.first().map(|w| name(w.key())).unwrap_or_default(),
+            reason: format!(
+                "a commit carries 1..={MAX_COMMIT_ITEMS} items, not {}",
+                writes.len()
+            ),
+        });
+    }
+    for w in writes {
+        check_key(w.key())?;
+        if let Write::Create { key, item } = w {
+            check_item(key, item)?;
+        }
     }
     Ok(())
 }

@@ -28,8 +28,8 @@ pub mod tls;
 /// with a reason when no DynamoDB Local is configured: `scripts/test` starts one and sets
 /// `SHARDGATE_TEST_DYNAMODB_ENDPOINT`); built with the `redis` feature, `<case>::redis`
 /// and `<case>::redis_cluster` (ignored unless `scripts/test` started Redis and set
-/// `SHARDGATE_TEST_REDIS_URL` and `SHARDGATE_TEST_REDIS_CLUSTER`). A case is a test of every store by construction:
-/// no list to leave one off.
+/// `SHARDGATE_TEST_REDIS_URL` and `SHARDGATE_TEST_REDIS_CLUSTER`). A case is a test of
+/// every store by construction: no list to leave one off.
 ///
 /// `async fn case<S: Bound>(store: S)` gets a fresh store; `async fn case<S: Bound>(a: S,
 /// b: S)` two stores of the same kind (a server and its twin).
@@ -40,40 +40,7 @@ macro_rules! cross_store {
         async fn $name<S: $bound>($store: S) $body
 
         mod $name {
-            #[tokio::test]
-            async fn memory() {
-                super::$name(shardgate::store::memory::MemoryStore::new()).await;
-            }
-
-            #[cfg(feature = "dynamodb")]
-            #[tokio::test]
-            #[cfg_attr(
-                not(dynamodb_local),
-                ignore = "needs DynamoDB Local: run scripts/test, or set SHARDGATE_TEST_DYNAMODB_ENDPOINT and build again"
-            )]
-            async fn dynamodb() {
-                super::$name(crate::common::dynamo::store().await).await;
-            }
-
-            #[cfg(feature = "redis")]
-            #[tokio::test]
-            #[cfg_attr(
-                not(redis_local),
-                ignore = "needs Redis: run scripts/test, or set SHARDGATE_TEST_REDIS_URL and SHARDGATE_TEST_REDIS_CLUSTER and build again"
-            )]
-            async fn redis() {
-                super::$name(crate::common::redis::store().await).await;
-            }
-
-            #[cfg(feature = "redis")]
-            #[tokio::test]
-            #[cfg_attr(
-                not(redis_local),
-                ignore = "needs a Redis Cluster: run scripts/test, or set SHARDGATE_TEST_REDIS_URL and SHARDGATE_TEST_REDIS_CLUSTER and build again"
-            )]
-            async fn redis_cluster() {
-                super::$name(crate::common::redis::cluster_store().await).await;
-            }
+            cross_store!(@stores $name, |store| super::$name(store().await).await);
         }
     };
     ($(#[$meta:meta])* async fn $name:ident<S: $bound:path>($a:ident: S, $b:ident: S) $body:block) => {
@@ -81,44 +48,48 @@ macro_rules! cross_store {
         async fn $name<S: $bound>($a: S, $b: S) $body
 
         mod $name {
-            #[tokio::test]
-            async fn memory() {
-                let store = shardgate::store::memory::MemoryStore::new;
-                super::$name(store(), store()).await;
-            }
+            cross_store!(@stores $name, |store| super::$name(store().await, store().await).await);
+        }
+    };
+    // One test per store; `store` is an async constructor of a fresh store of that kind.
+    (@stores $name:ident, |$store:ident| $call:expr) => {
+        #[tokio::test]
+        async fn memory() {
+            let $store = || async { shardgate::store::memory::MemoryStore::new() };
+            $call
+        }
 
-            #[cfg(feature = "dynamodb")]
-            #[tokio::test]
-            #[cfg_attr(
-                not(dynamodb_local),
-                ignore = "needs DynamoDB Local: run scripts/test, or set SHARDGATE_TEST_DYNAMODB_ENDPOINT and build again"
-            )]
-            async fn dynamodb() {
-                let (a, b) = (crate::common::dynamo::store().await, crate::common::dynamo::store().await);
-                super::$name(a, b).await;
-            }
+        #[cfg(feature = "dynamodb")]
+        #[tokio::test]
+        #[cfg_attr(
+            not(dynamodb_local),
+            ignore = "needs DynamoDB Local: run scripts/test, or set SHARDGATE_TEST_DYNAMODB_ENDPOINT and build again"
+        )]
+        async fn dynamodb() {
+            let $store = crate::common::dynamo::store;
+            $call
+        }
 
-            #[cfg(feature = "redis")]
-            #[tokio::test]
-            #[cfg_attr(
-                not(redis_local),
-                ignore = "needs Redis: run scripts/test, or set SHARDGATE_TEST_REDIS_URL and SHARDGATE_TEST_REDIS_CLUSTER and build again"
-            )]
-            async fn redis() {
-                let store = crate::common::redis::store;
-                super::$name(store().await, store().await).await;
-            }
+        #[cfg(feature = "redis")]
+        #[tokio::test]
+        #[cfg_attr(
+            not(redis_local),
+            ignore = "needs Redis: run scripts/test, or set SHARDGATE_TEST_REDIS_URL and SHARDGATE_TEST_REDIS_CLUSTER and build again"
+        )]
+        async fn redis() {
+            let $store = crate::common::redis::store;
+            $call
+        }
 
-            #[cfg(feature = "redis")]
-            #[tokio::test]
-            #[cfg_attr(
-                not(redis_local),
-                ignore = "needs a Redis Cluster: run scripts/test, or set SHARDGATE_TEST_REDIS_URL and SHARDGATE_TEST_REDIS_CLUSTER and build again"
-            )]
-            async fn redis_cluster() {
-                let store = crate::common::redis::cluster_store;
-                super::$name(store().await, store().await).await;
-            }
+        #[cfg(feature = "redis")]
+        #[tokio::test]
+        #[cfg_attr(
+            not(redis_local),
+            ignore = "needs a Redis Cluster: run scripts/test, or set SHARDGATE_TEST_REDIS_URL and SHARDGATE_TEST_REDIS_CLUSTER and build again"
+        )]
+        async fn redis_cluster() {
+            let $store = crate::common::redis::cluster_store;
+            $call
         }
     };
 }

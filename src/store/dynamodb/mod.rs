@@ -44,7 +44,7 @@ use failure::{describe, REASON_BYTES, TRANSACTION_THROTTLING};
 use ledger::{capacity, capacity_all};
 
 use super::detached::caller_gone;
-use super::key::{check_item, check_key};
+use super::key::{check_commit, check_key};
 use super::DEFAULT_STORE_TIMEOUT;
 use super::{
     BucketItem, BucketKey, BucketStore, CommitOutcome, Credit, CreditGuard, Debit, DebitMode,
@@ -435,21 +435,7 @@ impl BucketStore for DynamoStore {
     }
 
     async fn commit(&self, writes: &[Write]) -> Result<CommitOutcome, StoreError> {
-        if writes.is_empty() || writes.len() > MAX_COMMIT_ITEMS {
-            return Err(StoreError::Invalid {
-                key: writes.first().map(|w| self.pk(w.key())).unwrap_or_default(),
-                reason: format!(
-                    "a commit carries 1..={MAX_COMMIT_ITEMS} items, not {}",
-                    writes.len()
-                ),
-            });
-        }
-        for w in writes {
-            check_key(w.key())?;
-            if let Write::Create { key, item } = w {
-                check_item(key, item)?;
-            }
-        }
+        check_commit(writes, |k| self.pk(k))?;
         if writes.len() == 1 {
             return self.commit_one(&writes[0]).await;
         }

@@ -40,11 +40,11 @@ use parking_lot::{Mutex, MutexGuard};
 use hashbrown::HashSet;
 use thiserror::Error;
 
-use super::key::{check_item, check_key};
+use super::key::{check_commit, check_item, check_key};
 use super::{
     BucketItem, BucketKey, BucketStore, CommitOutcome, CountChange, Credit, CreditGuard, Debit,
-    DebitMode, DebitOutcome, LimitWrite, Limits, Name, StoreError, Write, MAX_COMMIT_ITEMS, MILLI,
-    MIN_BALANCE, WCU_LIMIT,
+    DebitMode, DebitOutcome, LimitWrite, Limits, Name, StoreError, Write, MILLI, MIN_BALANCE,
+    WCU_LIMIT,
 };
 
 mod bound;
@@ -442,21 +442,7 @@ impl BucketStore for MemoryStore {
     }
 
     async fn commit(&self, writes: &[Write]) -> Result<CommitOutcome, StoreError> {
-        if writes.is_empty() || writes.len() > MAX_COMMIT_ITEMS {
-            return Err(StoreError::Invalid {
-                key: writes
-                    .first()
-                    .map(|w| w.key().to_string())
-                    .unwrap_or_default(),
-                reason: format!(
-                    "a commit carries 1..={MAX_COMMIT_ITEMS} items, not {}",
-                    writes.len()
-                ),
-            });
-        }
-        for w in writes {
-            check_key(w.key())?;
-        }
+        check_commit(writes, |k| k.to_string())?;
         let parts: BTreeSet<usize> = writes.iter().map(|w| partition_of(w.key())).collect();
         let mut guards: std::collections::HashMap<usize, MutexGuard<'_, Partition>> = parts
             .iter()

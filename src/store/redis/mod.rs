@@ -36,10 +36,10 @@ use codec::{credit_args, debit_args, decode, redis_key, script_write, slot};
 use failure::classify;
 use link::Link;
 
-use super::key::{check_item, check_key};
+use super::key::{check_commit, check_key};
 use super::{
     BucketItem, BucketKey, BucketStore, CommitOutcome, Credit, CreditGuard, Debit, DebitMode,
-    DebitOutcome, StoreError, Write, MAX_COMMIT_ITEMS,
+    DebitOutcome, StoreError, Write,
 };
 
 /// The write budget of one shard item on Redis (`wcu` per second, `--partition-write-budget`):
@@ -281,24 +281,7 @@ impl BucketStore for RedisStore {
     }
 
     async fn commit(&self, writes: &[Write]) -> Result<CommitOutcome, StoreError> {
-        if writes.is_empty() || writes.len() > MAX_COMMIT_ITEMS {
-            return Err(StoreError::Invalid {
-                key: writes
-                    .first()
-                    .map(|w| redis_key(&self.namespace, w.key()))
-                    .unwrap_or_default(),
-                reason: format!(
-                    "a commit carries 1..={MAX_COMMIT_ITEMS} items, not {}",
-                    writes.len()
-                ),
-            });
-        }
-        for w in writes {
-            check_key(w.key())?;
-            if let Write::Create { key, item } = w {
-                check_item(key, item)?;
-            }
-        }
+        check_commit(writes, |k| redis_key(&self.namespace, k))?;
         let keys: Vec<String> = writes
             .iter()
             .map(|w| redis_key(&self.namespace, w.key()))
