@@ -336,11 +336,7 @@ struct Sentinel {
 
 impl Sentinel {
     fn start(master_port: u16) -> Sentinel {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = common::redis::free_port();
         let dir = tempfile::tempdir().unwrap();
         let conf = dir.path().join("sentinel.conf");
         std::fs::write(

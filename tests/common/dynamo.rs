@@ -2,8 +2,6 @@
 //! endpoint as `SHARDGATE_TEST_DYNAMODB_ENDPOINT`. Each test gets its own namespace in one
 //! shared table, so tests never see each other's items.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use aws_sdk_dynamodb::config::{BehaviorVersion, Credentials, Region};
 use aws_sdk_dynamodb::Client;
 use shardgate::store::dynamodb::{create_table, DynamoStore};
@@ -44,16 +42,7 @@ pub async fn store() -> DynamoStore {
                 .expect("create the test table");
         })
         .await;
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let ns = format!(
-        "t{}-{}-{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    );
+    let ns = super::unique_namespace();
     let store = DynamoStore::new(client, TABLE, &ns);
     store.ledger().record_sequence();
     store

@@ -94,6 +94,21 @@ macro_rules! cross_store {
     };
 }
 
+/// A key prefix no other test uses (a shared store's tests never see each other's items).
+pub fn unique_namespace() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "t{}-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    )
+}
+
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};

@@ -3,7 +3,6 @@
 //! `SHARDGATE_TEST_REDIS_CLUSTER` (comma-separated seed URLs). Each test gets a namespace
 //! of its own, so tests never see each other's items.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use shardgate::store::redis::{RedisMode, RedisOptions, RedisStore, RedisTls, DEFAULT_POOL_SIZE};
@@ -27,26 +26,12 @@ pub fn cluster_urls() -> Vec<String> {
         .collect()
 }
 
-/// A namespace no other test uses.
-pub fn namespace() -> String {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    format!(
-        "t{}-{}-{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    )
-}
-
 /// The options of a store on `urls` in `mode`, with the defaults a server uses.
 pub fn options(urls: Vec<String>, mode: RedisMode) -> RedisOptions {
     RedisOptions {
         urls,
         mode: Some(mode),
-        namespace: namespace(),
+        namespace: super::unique_namespace(),
         timeout: Duration::from_secs(1),
         pool_size: DEFAULT_POOL_SIZE,
         tls: RedisTls::default(),
@@ -103,6 +88,15 @@ pub async fn sweep(store: &RedisStore, now_s: i64) -> usize {
     deleted
 }
 
+/// A free loopback port.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 /// A `redis-server` of the test's own on a free loopback port (for faults and TLS, which
 /// must not touch the shared servers): stopped when dropped.
 pub struct LocalRedis {
@@ -115,22 +109,13 @@ pub struct LocalRedis {
 impl LocalRedis {
     /// Starts one with these extra arguments; waits until it listens.
     pub fn start(args: &[&str]) -> LocalRedis {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        LocalRedis::start_on(port, args)
+        LocalRedis::start_on(free_port(), args)
     }
 
     /// A free port whose Cluster bus port (+ 10000) is free too.
     pub fn free_port_with_bus() -> u16 {
         loop {
-            let port = std::net::TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-                .port();
+            let port = free_port();
             if port < 55_000 && std::net::TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
                 return port;
             }

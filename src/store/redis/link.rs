@@ -223,12 +223,9 @@ impl Link {
     /// keys.
     pub(super) async fn run(&self, invocation: &ScriptInvocation<'_>) -> RedisResult<Value> {
         let open = self.open().await?;
-        let result = match &*open {
-            Open::Single { pool, next } => {
-                let mut conn = pool[next.fetch_add(1, Ordering::Relaxed) % pool.len()].clone();
-                invocation.invoke_async(&mut conn).await
-            }
-            Open::Cluster(conn) => invocation.invoke_async(&mut conn.clone()).await,
+        let result = match open.connection() {
+            Connection::Single(mut conn) => invocation.invoke_async(&mut conn).await,
+            Connection::Cluster(mut conn) => invocation.invoke_async(&mut conn).await,
         };
         self.after(&open, result)
     }
@@ -236,14 +233,29 @@ impl Link {
     /// Runs one command.
     pub(super) async fn query(&self, cmd: &redis::Cmd) -> RedisResult<Value> {
         let open = self.open().await?;
-        let result = match &*open {
-            Open::Single { pool, next } => {
-                let mut conn = pool[next.fetch_add(1, Ordering::Relaxed) % pool.len()].clone();
-                cmd.query_async(&mut conn).await
-            }
-            Open::Cluster(conn) => cmd.query_async(&mut conn.clone()).await,
+        let result = match open.connection() {
+            Connection::Single(mut conn) => cmd.query_async(&mut conn).await,
+            Connection::Cluster(mut conn) => cmd.query_async(&mut conn).await,
         };
         self.after(&open, result)
+    }
+}
+
+/// A handle on one of the open connections (cheap to clone: each multiplexes).
+enum Connection {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl Open {
+    /// The next connection of the pool, or the Cluster's.
+    fn connection(&self) -> Connection {
+        match self {
+            Open::Single { pool, next } => {
+                Connection::Single(pool[next.fetch_add(1, Ordering::Relaxed) % pool.len()].clone())
+            }
+            Open::Cluster(conn) => Connection::Cluster(conn.clone()),
+        }
     }
 }
 
