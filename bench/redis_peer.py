@@ -24,7 +24,8 @@ medians over the rounds.
 
     .venv/bin/python bench/redis_peer.py [--rounds 3] [--duration 10] [--concurrency 64]
 
-Writes bench/results/<date>-redis.{md,json}. Bounded: every case ends after --duration
+Writes bench/results/<date>-redis.md (the table) and <date>-redis.jsonl (the run's
+arguments, then every case, one JSON object a line; not a bench.py result, so no charts). Bounded: every case ends after --duration
 (at most 60 s) and every process is stopped at the end.
 """
 import argparse
@@ -212,7 +213,8 @@ def main():
 def write_results(cases, args):
     stamp = datetime.datetime.now().strftime("%Y-%m-%d-%H%M")
     out = ROOT / "bench" / "results" / f"{stamp}-redis"
-    out.with_suffix(".json").write_text(json.dumps({"args": vars(args), "cases": cases}, indent=1))
+    out.with_suffix(".jsonl").write_text(
+        "".join(json.dumps(line) + "\n" for line in [{"args": vars(args)}, *cases]))
     lines = [f"# shardgate vs limitador on one Redis ({stamp})", "",
              f"Medians of {args.rounds} alternating rounds, {args.duration} s per case, "
              f"{args.concurrency} streams over 2 connections (bench/redis_peer.py).", "",
