@@ -253,12 +253,9 @@ pub async fn run(options: ServeOptions) -> Result<(), ServeError> {
         StoreKind::Redis(redis) => {
             let mut redis = redis.clone();
             redis.timeout = options.store_timeout;
-            tracing::info!(store = ?RedisStore::new(redis.clone()), mode = ?redis.mode(), "Redis store");
-            let breaker = Arc::new(Breaker::new(
-                RedisStore::new(redis),
-                BREAKER_THRESHOLD,
-                BREAKER_COOL_OFF,
-            ));
+            let store = RedisStore::new(redis);
+            tracing::info!(?store, mode = ?store.options().mode(), "Redis store");
+            let breaker = Arc::new(Breaker::new(store, BREAKER_THRESHOLD, BREAKER_COOL_OFF));
             let warm_up: WarmUp = Box::pin(redis_warm_up(breaker.clone()));
             // As on DynamoDB: a caller's deadline never cancels a call mid-way (a
             // connection being opened, a script being loaded).

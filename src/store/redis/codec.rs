@@ -57,7 +57,9 @@ pub(super) fn decode(flat: &[String]) -> Result<Option<BucketItem>, DecodeError>
         return Err(format!("{} values, not field/value pairs", flat.len()));
     }
     let (mut rf, mut sc, mut ttl) = (None, None, None);
-    let mut limits = Limits::new();
+    // Each limit's five fields as they are found (any value is valid, i64::MIN too: a
+    // consumed counter saturates there).
+    let mut fields: Vec<(&str, [Option<i64>; 5])> = Vec::new();
     for pair in flat.chunks_exact(2) {
         let (field, value) = (pair[0].as_str(), pair[1].as_str());
         let int = |v: &str| -> Result<i64, DecodeError> {
@@ -81,31 +83,32 @@ pub(super) fn decode(flat: &[String]) -> Result<Option<BucketItem>, DecodeError>
                 else {
                     return Err(format!("unknown field '{field}'"));
                 };
-                let v = int(value)?;
-                let mut st = limits.get(name).copied().unwrap_or(LimitState {
-                    tk: i64::MIN,
-                    cp: i64::MIN,
-                    ra: i64::MIN,
-                    rp: i64::MIN,
-                    tc: i64::MIN,
-                });
-                match part {
-                    "tk" => st.tk = v,
-                    "cp" => st.cp = v,
-                    "ra" => st.ra = v,
-                    "rp" => st.rp = v,
-                    "tc" => st.tc = v,
+                let slot = match part {
+                    "tk" => 0,
+                    "cp" => 1,
+                    "ra" => 2,
+                    "rp" => 3,
+                    "tc" => 4,
                     _ => return Err(format!("unknown field '{field}'")),
+                };
+                let v = int(value)?;
+                match fields.iter_mut().find(|(n, _)| *n == name) {
+                    Some((_, parts)) => parts[slot] = Some(v),
+                    None => {
+                        let mut parts = [None; 5];
+                        parts[slot] = Some(v);
+                        fields.push((name, parts));
+                    }
                 }
-                limits.insert(name, st);
             }
         }
     }
-    // A limit missing a field was filled with the sentinel above: refuse it.
-    for (name, st) in limits.iter() {
-        if [st.tk, st.cp, st.ra, st.rp, st.tc].contains(&i64::MIN) {
+    let mut limits = Limits::new();
+    for (name, parts) in fields {
+        let [Some(tk), Some(cp), Some(ra), Some(rp), Some(tc)] = parts else {
             return Err(format!("limit '{name}' lacks a field"));
-        }
+        };
+        limits.insert(name, LimitState { tk, cp, ra, rp, tc });
     }
     Ok(Some(BucketItem {
         rf: rf.ok_or("no field 'rf'")?,
@@ -399,7 +402,11 @@ mod tests {
             .into_iter()
             .collect(),
         };
-        assert_eq!(decode(&fields_of(&item)), Ok(Some(item)));
+        assert_eq!(decode(&fields_of(&item)), Ok(Some(item.clone())));
+        // A consumed counter saturated at i64::MIN is a value like any other.
+        let mut saturated = item;
+        saturated.limits.get_mut("rpm").unwrap().tc = i64::MIN;
+        assert_eq!(decode(&fields_of(&saturated)), Ok(Some(saturated)));
         assert_eq!(decode(&[]), Ok(None));
     }
 

@@ -26,7 +26,7 @@ pub(super) fn classify(key: &str, err: &RedisError) -> StoreError {
 
 /// Whether the error is about the one item the call touched (its type or its values),
 /// so that it is that request's answer and never trips the breaker for everyone.
-fn is_this_items(err: &RedisError) -> bool {
+pub(super) fn is_this_items(err: &RedisError) -> bool {
     if err.code() == Some("WRONGTYPE") {
         return true;
     }

@@ -207,10 +207,7 @@ impl Link {
     /// Sentinels again (a failover moved the master, or it is down).
     fn after<T>(&self, failed: &Arc<Open>, result: RedisResult<T>) -> RedisResult<T> {
         if let Err(e) = &result {
-            let outage = !matches!(
-                e.kind(),
-                redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError)
-            ) && e.code() != Some("WRONGTYPE");
+            let outage = !super::failure::is_this_items(e);
             if outage && matches!(self.options.mode(), RedisMode::Sentinel { .. }) {
                 self.open
                     .compare_and_swap(&Some(failed.clone()), None::<Arc<Open>>);
