@@ -334,9 +334,20 @@ async fn redis_warm_up(store: Arc<Breaker<RedisStore>>) {
 fn engine_options(partition_write_budget: u64, leases: bool) -> EngineOptions {
     EngineOptions {
         partition_write_budget,
-        leases: leases.then(LeaseOptions::default),
+        leases: leases.then(|| LeaseOptions {
+            panic_at_fetch: lease_task_panic_wanted(),
+            ..LeaseOptions::default()
+        }),
         ..EngineOptions::default()
     }
+}
+
+/// Whether a test asked the lease task to panic at its first fetch
+/// (`SHARDGATE_DEBUG_LEASE_TASK_PANIC=1`), to see its supervision and alert end to end.
+/// Debug builds only: a release binary never reads the variable.
+fn lease_task_panic_wanted() -> bool {
+    cfg!(debug_assertions)
+        && std::env::var_os("SHARDGATE_DEBUG_LEASE_TASK_PANIC").is_some_and(|v| v == "1")
 }
 
 /// How long the shutdown waits for the last statsd flush.

@@ -237,9 +237,12 @@ class Stack:
         bounded_dir.mkdir()
         (bounded_dir / "ops.yaml").write_text(CONFIG.format(rpu=5))
         (bounded_dir / "edge.yaml").write_text(FLOOD_CONFIG)
+        # Also leasing, with the debug build's fault that panics the lease task at its
+        # first fetch (ShardgateLeaseTaskDied): no other test here makes a bucket hot.
         self.bounded = start_shardgate(
             self.workdir, "bounded", bounded_dir,
-            ["--store", "memory", "--memory-max-bytes", "1MiB"])
+            ["--store", "memory", "--memory-max-bytes", "1MiB", "--leases", "on"],
+            env={"SHARDGATE_DEBUG_LEASE_TASK_PANIC": "1"})
         targets = [self.memory.instance, self.bounded.instance]
         if ENDPOINT:
             subprocess.run(
@@ -535,6 +538,32 @@ def test_a_flood_of_new_keys_fires_ShardgateMemoryStoreEvictingActiveBuckets(sta
     assert float(alert["value"]) > 0, alert
     # The server on the default bound held every bucket it was given.
     assert inactive(stack, "ShardgateMemoryStoreEvictingActiveBuckets", stack.memory.instance)
+
+
+def test_a_lease_task_that_dies_fires_ShardgateLeaseTaskDied_and_limits_still_hold(stack):
+    server = stack.bounded
+    assert inactive(stack, "ShardgateLeaseTaskDied")
+    hot = request("ops", desc(("hot", "lease")))
+    # A bucket is leased from 20 decisions a second in this process: 200 calls in a
+    # burst make it hot, and the lease task's first fetch panics (the debug fault).
+    answers = [server.should_rate_limit(hot).overall_code for _ in range(200)]
+    assert answers == [OK] * 200, answers
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while server.metrics().value("shardgate_lease_task_failures_total") < 1:
+        assert time.monotonic() < deadline, server.log()[-3000:]
+        server.should_rate_limit(hot)
+        time.sleep(0.05)
+    assert "the lease task died" in server.log()
+    alert = wait_alert(stack, "ShardgateLeaseTaskDied", server.instance)
+    assert_annotated(alert)
+    # Leasing is off, not the server: a small limit still refuses past its count.
+    user = request("ops", desc(("user", "after-lease-death")))
+    codes = [server.should_rate_limit(user).overall_code for _ in range(7)]
+    assert codes == [OK] * 5 + [OVER_LIMIT] * 2, codes
+    assert server.metrics().value("shardgate_lease_task_failures_total") == 1
+    for other in (stack.memory, stack.dynamo):
+        if other:
+            assert inactive(stack, "ShardgateLeaseTaskDied", other.instance)
 
 
 def test_a_domain_whose_over_limit_share_jumps_fires_ShardgateOverLimitRatioJump(stack):

@@ -52,6 +52,11 @@ pub struct LeaseOptions {
     /// may take longer than the caller allows, while the store decides the request as it
     /// would without leases in the time that remains.
     pub wait_ms: u64,
+    /// A fault for tests of a running server: the lease task panics at its first fetch,
+    /// so that its supervision (leasing off, leases given back, the death counted and
+    /// alerted on) can be seen end to end. Only debug builds set it
+    /// (`SHARDGATE_DEBUG_LEASE_TASK_PANIC`, read in `server/serve.rs`).
+    pub panic_at_fetch: bool,
 }
 
 impl Default for LeaseOptions {
@@ -61,6 +66,7 @@ impl Default for LeaseOptions {
             hot_rate: 20,
             share_divisor: 8,
             wait_ms: 1_000,
+            panic_at_fetch: false,
         }
     }
 }
@@ -246,6 +252,10 @@ impl<S: BucketStore> Engine<S> {
     async fn fetch(&self, want: Want) {
         let Some(book) = &self.leases else { return };
         let options = book.options();
+        assert!(
+            !options.panic_at_fetch,
+            "SHARDGATE_DEBUG_LEASE_TASK_PANIC: the lease task panics at its first fetch"
+        );
         let count = self.shards.get(&want.bucket.entity, &want.bucket.resource);
         let mut limits: SmallVec<[LimitClaim; 2]> = SmallVec::new();
         for w in &want.limits {
