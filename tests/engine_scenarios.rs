@@ -1474,3 +1474,46 @@ cross_store! {
         assert_eq!(tk(&rig, 0, "rpm").await, MIN_BALANCE, "recorded, exactly");
     }
 }
+
+cross_store! {
+    /// Ours, not the reference's: a key at its limit under a fast refill (2000 tokens/s,
+    /// burst 2000). For `REFILL_HOLD_MS` (5 ms) after the pass that last refilled it, a
+    /// refused request makes no store call for the refill accrued since (before, each
+    /// such request took a slow pass: a read and a commit racing the next request's);
+    /// after the hold that refill is admitted whole: nothing lost, nothing early.
+    async fn a_limited_key_holds_back_its_last_milliseconds_of_refill<S: BucketStore>(store: S) {
+        let rig = rig_with(store, EngineOptions::default());
+        let per_second = |amount: i64| {
+            one(bucket(
+                "u1",
+                "api",
+                vec![LimitClaim {
+                    limit: "rps".into(),
+                    params: LimitParams::new(2_000, 2_000, 1_000),
+                    amount: amount * 1_000,
+                    forced: false,
+                }],
+            ))
+        };
+        // Drained in one request: the bucket's refill baseline is T0.
+        assert!(acquire(&rig, &per_second(2_000)).await.admitted);
+        rig.store.clear();
+        // 2 ms on, 4 tokens have accrued: held back, refused with no read and no commit.
+        rig.clock.set(T0 + 2);
+        let d = acquire(&rig, &per_second(1)).await;
+        assert!(!d.admitted);
+        assert_eq!(d.buckets[0].limits[0].wait_ms, Some(3), "until the hold ends");
+        let calls = rig.store.calls();
+        assert!(
+            !calls.iter().any(|c| matches!(c, Call::Read { .. } | Call::Commit { .. })),
+            "{calls:?}"
+        );
+        // At the hold's end the 10 tokens of its 5 ms are there, all of them.
+        rig.clock.set(T0 + 5);
+        assert!(acquire(&rig, &per_second(10)).await.admitted);
+        assert_eq!(tk(&rig, 0, "rps").await, 0);
+        // And the next refill is held again.
+        rig.clock.set(T0 + 6);
+        assert!(!acquire(&rig, &per_second(1)).await.admitted);
+    }
+}

@@ -100,6 +100,35 @@ pub fn refill(tk: i64, rf: i64, now: i64, share: ShardShare) -> (i64, i64) {
     (saturate(refilled), saturate(i128::from(rf) + used))
 }
 
+/// How long after a shard's last refill (`rf`) a refused request may not count the
+/// refill accrued since, when deciding whether the store could admit it (see
+/// [`held_refill`]).
+pub const REFILL_HOLD_MS: i64 = 5;
+
+/// The balance a refused request may count on at `now` without a store write: `tk`
+/// refilled to `now`, except within [`REFILL_HOLD_MS`] of `rf` (the shard's last refill),
+/// when the refill since is held back and `None` says until when (`rf + hold`).
+///
+/// Why: a hot key at its limit refills a token every fraction of a millisecond. Counting
+/// that refill sends nearly every refused request to the store's slow path (a refused
+/// debit, a read, a commit lost to the next request), so each refusal costs more store
+/// calls than an admission. Held back a few milliseconds, the refill stays in the store
+/// for the first request after the hold: refusals come at most that much early and no
+/// token is lost — the hold never applies when the share would reach its ceiling within
+/// it (a small bucket with a fast rate refills every millisecond, as before).
+pub fn held_refill(tk: i64, rf: i64, now: i64, share: ShardShare) -> (i64, Option<i64>) {
+    let refilled = refill(tk, rf, now, share).0;
+    let since = now.saturating_sub(rf);
+    if !(0..REFILL_HOLD_MS).contains(&since) || refilled <= tk {
+        return (refilled, None);
+    }
+    let (at_hold_end, _) = refill(tk, rf, rf.saturating_add(REFILL_HOLD_MS), share);
+    if at_hold_end >= share.ceiling {
+        return (refilled, None);
+    }
+    (tk.min(share.ceiling), Some(rf + REFILL_HOLD_MS))
+}
+
 /// Whole tokens in a balance, floored (a debt of 1.5 tokens is -2).
 pub fn whole_tokens(tk: i64) -> i64 {
     tk.div_euclid(MILLI)
@@ -145,6 +174,22 @@ mod tests {
 
     fn share(ceiling: i64, ra: i64, rp: i64) -> ShardShare {
         ShardShare { ceiling, ra, rp }
+    }
+
+    #[test]
+    fn refill_is_held_for_a_few_ms_after_the_last_one_unless_the_share_would_fill() {
+        // 2000 tokens/s, burst 2000: 2 tokens a millisecond.
+        let s = share(2_000_000, 2_000_000, 1_000);
+        assert_eq!(held_refill(0, 100, 103, s), (0, Some(105)), "held");
+        assert_eq!(
+            held_refill(0, 100, 105, s),
+            (10_000, None),
+            "the hold is over"
+        );
+        assert_eq!(held_refill(0, 100, 99, s), (0, None), "no time, no refill");
+        // A bucket of one token refilled every millisecond: held, it would cap and lose.
+        let small = share(1_000, 1_000, 1);
+        assert_eq!(held_refill(0, 100, 101, small), (1_000, None));
     }
 
     // S01
@@ -254,6 +299,30 @@ mod tests {
     }
 
     proptest! {
+        #[test]
+        fn a_held_refill_is_never_more_than_the_refill_nor_loses_to_the_ceiling(
+            tk in -1_000_000i64..2_000_000,
+            rf in 0i64..1_000,
+            dt in 0i64..20,
+            ceiling in 1i64..2_000_000,
+            ra in 1i64..10_000_000,
+            rp in 1i64..100_000,
+        ) {
+            let s = share(ceiling, ra, rp);
+            let (full, _) = refill(tk, rf, rf + dt, s);
+            let (held, until) = held_refill(tk, rf, rf + dt, s);
+            prop_assert!(held <= full);
+            match until {
+                None => prop_assert_eq!(held, full),
+                Some(t) => {
+                    prop_assert_eq!(t, rf + REFILL_HOLD_MS);
+                    prop_assert!(dt < REFILL_HOLD_MS);
+                    // Nothing refilled by the hold's end would have been capped away.
+                    prop_assert!(refill(tk, rf, t, s).0 < ceiling);
+                }
+            }
+        }
+
         /// A shard of any count, refilled from `balance` at its share's rate, is full by
         /// `full_again_ms` (refill is lazy and exact, so one step suffices).
         #[test]

@@ -28,7 +28,7 @@ impl<S: BucketStore> Engine<S> {
             let key = BucketKey::new(&b.entity, &b.resource, shard);
             let image = self.rejections.fresh(&key, now)?;
             count = count.max(image.shard_count);
-            let outcome = self.outcome_from_image(b, shard, &image, now, false);
+            let outcome = self.held_outcome(b, shard, &image, now);
             if outcome.limits.iter().all(|l| l.fits) {
                 return None;
             }
@@ -55,7 +55,7 @@ impl<S: BucketStore> Engine<S> {
             .enumerate()
             .map(|(j, other)| {
                 if j == i {
-                    return Some(self.outcome_from_image(b, shard, &image, now, false));
+                    return Some(self.held_outcome(b, shard, &image, now));
                 }
                 let count = self.shards.get(&other.entity, &other.resource);
                 (0..count).find_map(|s| {

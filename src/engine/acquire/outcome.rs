@@ -149,6 +149,35 @@ impl<S: BucketStore> Engine<S> {
         }
     }
 
+    /// What an image says of `b` for a request not debited, at `now`, with the refill of
+    /// the last [`bucket::REFILL_HOLD_MS`] after the shard's last refill held back
+    /// ([`bucket::held_refill`]): a limit that fits only on that refill does not fit yet,
+    /// and its wait is the end of the hold. Decides whether a refused request needs a
+    /// store write (a refill) at all; what the request is then answered is this outcome.
+    pub(super) fn held_outcome(
+        &self,
+        b: &BucketClaim,
+        shard: u32,
+        image: &BucketItem,
+        now: i64,
+    ) -> BucketOutcome {
+        let mut outcome = self.outcome_from_image(b, shard, image, now, false);
+        for (l, c) in outcome.limits.iter_mut().zip(&b.limits) {
+            if !l.fits {
+                continue;
+            }
+            let tk = image.limit(&c.limit).map_or(l.share.ceiling, |s| s.tk);
+            if let (held, Some(until)) = bucket::held_refill(tk, image.rf, now, l.share) {
+                if held < c.amount {
+                    l.fits = false;
+                    l.remaining = held;
+                    l.wait_ms = Some((until - now).max(1));
+                }
+            }
+        }
+        outcome
+    }
+
     /// The decision for a request refused after some buckets were looked at.
     pub(super) fn refused_decision(
         &self,
@@ -171,8 +200,9 @@ impl<S: BucketStore> Engine<S> {
                     }
                     o
                 }
-                Progress::Rejected { shard, image }
-                | Progress::Slow {
+                // Refused on the image, perhaps on a held refill: reported as decided.
+                Progress::Rejected { shard, image } => self.held_outcome(b, *shard, image, now),
+                Progress::Slow {
                     seen: Some((shard, image)),
                     ..
                 } => self.outcome_from_image(b, *shard, image, now, false),

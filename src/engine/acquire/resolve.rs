@@ -62,7 +62,8 @@ impl<S: BucketStore> Engine<S> {
         }
     }
 
-    /// True when refilling the image to `now` would still leave a gated claim short.
+    /// True when refilling the image to `now` would still leave a gated claim short, the
+    /// refill of the last few milliseconds held back (`bucket::held_refill`).
     fn refill_would_not_help(
         &self,
         b: &BucketClaim,
@@ -70,7 +71,7 @@ impl<S: BucketStore> Engine<S> {
         image: &BucketItem,
         now: i64,
     ) -> bool {
-        let outcome = self.outcome_from_image(b, shard, image, now, false);
+        let outcome = self.held_outcome(b, shard, image, now);
         outcome
             .limits
             .iter()
