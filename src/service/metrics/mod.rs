@@ -16,6 +16,7 @@
 mod collectors;
 mod rule_hits;
 pub mod statsd;
+pub mod statsd_mapping;
 mod striped;
 
 pub use rule_hits::{HitOutcome, RuleCounters, MAX_RULE_KEYS};
