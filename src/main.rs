@@ -32,6 +32,7 @@ use cli::stores::{inspect_bucket, InspectArgs};
 #[cfg(feature = "dynamodb")]
 use cli::stores::{table_create, TableCommand};
 use cli::stores::{Dynamo, Redis, Store};
+use cli::upstream_prometheus::UpstreamPrometheusArgs;
 use cli::xds::XdsArgs;
 #[cfg(feature = "otel")]
 use shardgate::telemetry::SpanExport;
@@ -183,6 +184,8 @@ struct Serve {
     /// Tags added to the `ratelimit.` stats sent to statsd, as name:value,name:value.
     #[arg(long, env = "SHARDGATE_STATSD_TAGS", value_parser = parse_statsd_tags, requires = "statsd_addr")]
     statsd_tags: Option<StatsdTags>,
+    #[command(flatten)]
+    upstream_prometheus: UpstreamPrometheusArgs,
     /// Threads answering requests (default: one per CPU core). Fewer threads hop fewer
     /// tasks between cores: on a 2-core machine sharing its cores with DynamoDB Local,
     /// one thread cut shardgate's CPU per DynamoDB decision by a fifth (README,
@@ -517,6 +520,7 @@ fn serve_options(args: Serve, trace_context: bool) -> Result<ServeOptions, ExitC
             .map(|StatsdTags(tags)| tags)
             .unwrap_or_default(),
     });
+    let upstream_prometheus = args.upstream_prometheus.options().map_err(fail)?;
     Ok(ServeOptions {
         xds: args.xds.options(),
         config: args.config.unwrap_or_default(),
@@ -585,6 +589,7 @@ fn serve_options(args: Serve, trace_context: bool) -> Result<ServeOptions, ExitC
         trace_context,
         port_limits: args.grpc.limits(),
         statsd,
+        upstream_prometheus,
     })
 }
 
@@ -692,6 +697,33 @@ mod tests {
             "novalue",
         ]);
         assert!(bad.err().unwrap().to_string().contains("'novalue'"));
+    }
+
+    #[test]
+    fn the_upstream_prometheus_flags_parse_and_need_an_address() {
+        let parse = |extra: &[&str]| {
+            let mut args = vec!["shardgate", "serve", "--config", "c.yaml"];
+            args.extend_from_slice(extra);
+            Cli::try_parse_from(args).map(|cli| match cli.command {
+                Command::Serve(serve) => serve.upstream_prometheus.options(),
+                _ => panic!("serve"),
+            })
+        };
+        let options = parse(&["--upstream-prometheus-addr", ":19001"])
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert_eq!(options.addr, "0.0.0.0:19001".parse().unwrap());
+        assert_eq!(options.path, "/metrics");
+        // Off by default; its other flags need the address.
+        assert_eq!(parse(&[]).unwrap(), Ok(None));
+        for alone in [
+            &["--upstream-prometheus-path", "/m"][..],
+            &["--upstream-prometheus-mapping", "m.yaml"],
+        ] {
+            assert!(parse(alone).is_err(), "{alone:?}");
+        }
+        assert!(parse(&["--upstream-prometheus-addr", "localhost:1"]).is_err());
     }
 
     #[test]

@@ -82,7 +82,8 @@ fn the_default_deployment_variable_by_variable() {
         ("RUNTIME_IGNOREDOTFILES", Fate::Ignored),
         ("RUNTIME_WATCH_ROOT", Fate::Ignored),
         ("LOG_LEVEL", Fate::Honoured),
-        ("USE_STATSD", Fate::Ignored),
+        // No statsd: what shardgate does unless asked.
+        ("USE_STATSD", Fate::Honoured),
         // Rules over xDS, from Envoy Gateway's control plane, over mutual TLS.
         ("CONFIG_TYPE", Fate::Honoured),
         ("CONFIG_GRPC_XDS_SERVER_URL", Fate::Honoured),
@@ -100,9 +101,10 @@ fn the_default_deployment_variable_by_variable() {
         // Redis, as upstream: the Redis store on the same Redis.
         ("REDIS_SOCKET_TYPE", Fate::Honoured),
         ("REDIS_URL", Fate::Honoured),
-        ("USE_PROMETHEUS", Fate::Ignored),
-        ("PROMETHEUS_ADDR", Fate::Ignored),
-        ("PROMETHEUS_MAPPER_YAML", Fate::Ignored),
+        // Upstream's Prometheus port, named by Envoy Gateway's mapping file.
+        ("USE_PROMETHEUS", Fate::Honoured),
+        ("PROMETHEUS_ADDR", Fate::Honoured),
+        ("PROMETHEUS_MAPPER_YAML", Fate::Honoured),
     ];
     let env = &variants["default"].env;
     let listed: Vec<&str> = expected.iter().map(|(n, _)| *n).collect();
@@ -140,6 +142,77 @@ fn the_default_deployment_subscribes_to_its_control_plane_over_mutual_tls() {
     );
     assert_eq!(set.get("SHARDGATE_XDS_START_WITHOUT_RULES"), Some(&"true"));
     assert_eq!(set.get("SHARDGATE_STORE"), Some(&"redis"));
+}
+
+#[test]
+fn the_prometheus_deployments_serve_upstreams_port_with_envoy_gateways_mapping() {
+    let variants = variants();
+    let mut serving = 0;
+    for (name, variant) in &variants {
+        let prometheus = variant.env.get("USE_PROMETHEUS").map(String::as_str) == Some("true");
+        let statsd = variant.env.get("USE_STATSD").map(String::as_str) == Some("true");
+        let t = translate(&variant.env);
+        let set: BTreeMap<&str, &str> = t.set.iter().map(|a| (a.ours, a.value.as_str())).collect();
+        if prometheus && statsd {
+            // Upstream stops on two sinks at once (`override-env`, `redis-tls-settings`
+            // set both): so does shardgate, naming both.
+            assert_eq!(fate(&t, "USE_PROMETHEUS"), Fate::Refused, "{name}");
+            assert_eq!(fate(&t, "USE_STATSD"), Fate::Refused, "{name}");
+            continue;
+        }
+        if !prometheus {
+            assert!(
+                !set.keys()
+                    .any(|k| k.starts_with("SHARDGATE_UPSTREAM_PROMETHEUS")),
+                "{name}: {set:?}"
+            );
+            continue;
+        }
+        serving += 1;
+        assert_eq!(
+            set.get("SHARDGATE_UPSTREAM_PROMETHEUS_ADDR"),
+            Some(&"0.0.0.0:19001"),
+            "{name}"
+        );
+        assert_eq!(
+            set.get("SHARDGATE_UPSTREAM_PROMETHEUS_MAPPING"),
+            Some(&"/etc/statsd-exporter/conf.yaml"),
+            "{name}"
+        );
+        // Upstream's default path, ours too: not set.
+        assert_eq!(
+            set.get("SHARDGATE_UPSTREAM_PROMETHEUS_PATH"),
+            None,
+            "{name}"
+        );
+        for var in [
+            "USE_PROMETHEUS",
+            "PROMETHEUS_ADDR",
+            "PROMETHEUS_MAPPER_YAML",
+        ] {
+            assert_eq!(fate(&t, var), Fate::Honoured, "{name}: {var}");
+        }
+    }
+    assert!(serving >= 6, "{serving} variants serve the port");
+}
+
+#[test]
+fn the_disable_prometheus_deployment_serves_no_upstream_port_and_no_statsd() {
+    let variants = variants();
+    let t = translate(&variants["disable-prometheus"].env);
+    assert!(t.refused.is_empty(), "{:?}", t.refused);
+    assert!(
+        !t.set
+            .iter()
+            .any(|a| a.ours.starts_with("SHARDGATE_UPSTREAM_PROMETHEUS")
+                || a.ours.starts_with("SHARDGATE_STATSD")),
+        "{:?}",
+        t.set
+    );
+    assert_eq!(fate(&t, "USE_STATSD"), Fate::Honoured);
+    assert!(!variants["disable-prometheus"]
+        .env
+        .contains_key("USE_PROMETHEUS"));
 }
 
 #[test]

@@ -3,8 +3,9 @@
 //! reflection (`grpc`), TLS (`tls`), accepting connections (`accept`, `socket`),
 //! the port's HTTP/2 limits (`port_limits`), the caller's trace context
 //! (`trace_context`), the HTTP port (`http`, with `/json` in `json`), and putting a
-//! server together (`serve`); the statsd socket and its flush timer (`statsd`); the xDS
-//! stream that brings rules from a control plane (`xds`).
+//! server together (`serve`); the statsd socket and its flush timer (`statsd`);
+//! envoyproxy/ratelimit's Prometheus port (`upstream_prometheus`); the xDS stream that
+//! brings rules from a control plane (`xds`).
 //!
 //! It decides nothing: every call is handed to the policy (`service/`), whose answer it
 //! writes back.
@@ -23,4 +24,5 @@ pub mod tls;
 #[cfg(feature = "otel")]
 mod trace_context;
 pub mod unary_response;
+pub mod upstream_prometheus;
 pub mod xds;

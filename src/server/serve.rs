@@ -1,7 +1,7 @@
 //! Putting a server together: load the config, build the store and the engine, bind the
-//! gRPC and HTTP listeners, watch the config for changes, sweep expired buckets of the
-//! memory store, and on SIGINT/SIGTERM stop accepting, let calls in flight finish within
-//! the grace period, and return.
+//! gRPC and HTTP listeners (and, when asked, upstream's Prometheus port), watch the config
+//! for changes, sweep expired buckets of the memory store, and on SIGINT/SIGTERM stop
+//! accepting, let calls in flight finish within the grace period, and return.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -16,6 +16,7 @@ use super::grpc::{HealthWatch, PortOptions};
 use super::port_limits::PortLimits;
 use super::statsd::{self, StatsdOptions};
 use super::tls::{TlsError, TlsFiles, TlsState};
+use super::upstream_prometheus::{self, UpstreamPrometheusOptions};
 use super::xds::{self, XdsOptions};
 use super::{grpc, http};
 use crate::config::reload::{self, ReloadTiming};
@@ -25,6 +26,7 @@ use crate::engine::DEFAULT_PARTITION_WRITE_BUDGET;
 use crate::engine::{
     Clock, Engine, EngineOptions, LeaseOptions, SystemClock, UNLIMITED_PARTITION_WRITE_BUDGET,
 };
+use crate::service::metrics::statsd_mapping::StatsdMapping;
 use crate::service::metrics::Metrics;
 use crate::service::{AnswerOptions, RateLimiter, RequestLimits};
 #[cfg(any(feature = "dynamodb", feature = "redis"))]
@@ -89,6 +91,8 @@ pub struct ServeOptions {
     pub trace_context: bool,
     /// Also send the stats to statsd, if set.
     pub statsd: Option<StatsdOptions>,
+    /// Also serve envoyproxy/ratelimit's Prometheus port, if set.
+    pub upstream_prometheus: Option<UpstreamPrometheusOptions>,
 }
 
 /// Why the server could not start or stopped with an error.
@@ -116,6 +120,10 @@ pub enum ServeError {
     Tls(#[from] TlsError),
     #[error("--memory-max-bytes: {0}")]
     MemoryBound(#[from] BoundTooSmall),
+    /// The upstream Prometheus port's mapping file: unreadable, or not a mapping shardgate
+    /// can follow (the message names the file and what in it).
+    #[error("statsd mapping file {0}")]
+    Mapping(String),
 }
 
 /// How often the memory store drops expired buckets (its bound needs no sweep: it is
@@ -158,6 +166,11 @@ async fn bind(addr: SocketAddr) -> Result<TcpListener, ServeError> {
 /// Runs `shardgate serve` until a shutdown signal.
 pub async fn run(options: ServeOptions) -> Result<(), ServeError> {
     let metrics = Arc::new(Metrics::new());
+    // A mapping file the port cannot follow stops the start before anything is bound.
+    let upstream_mapping = match &options.upstream_prometheus {
+        Some(port) => Some(Arc::new(port.mapping.load().map_err(ServeError::Mapping)?)),
+        None => None,
+    };
     let config = match &options.xds {
         // No rules until the control plane's first push.
         Some(xds) => {
@@ -183,10 +196,19 @@ pub async fn run(options: ServeOptions) -> Result<(), ServeError> {
     metrics.config_loaded(config.hash());
     let grpc_listener = bind(options.grpc_addr).await?;
     let http_listener = bind(options.http_addr).await?;
+    let upstream_prometheus = match (&options.upstream_prometheus, upstream_mapping) {
+        (Some(port), Some(mapping)) => Some(UpstreamPort {
+            listener: bind(port.addr).await?,
+            mapping,
+            path: port.path.clone(),
+        }),
+        _ => None,
+    };
     let serving = Serving {
         config: Arc::new(config),
         grpc: grpc_listener,
         http: http_listener,
+        upstream_prometheus,
         options: &options,
         metrics: metrics.clone(),
     };
@@ -356,14 +378,22 @@ const STATSD_LAST_FLUSH_PATIENCE: Duration = Duration::from_secs(3);
 /// How long the shutdown waits for the leases to go back after the calls finished.
 const LEASE_RETURN_PATIENCE: Duration = Duration::from_secs(5);
 
-/// What every store's server shares: the config, the two listeners, the options, the
+/// What every store's server shares: the config, the listeners, the options, the
 /// metrics.
 struct Serving<'a> {
     config: Arc<Config>,
     grpc: TcpListener,
     http: TcpListener,
+    upstream_prometheus: Option<UpstreamPort>,
     options: &'a ServeOptions,
     metrics: Arc<Metrics>,
+}
+
+/// envoyproxy/ratelimit's Prometheus port, bound, with its mapping read.
+struct UpstreamPort {
+    listener: TcpListener,
+    mapping: Arc<StatsdMapping>,
+    path: String,
 }
 
 /// What differs by store: the store, the engine's options for it, its name in the log,
@@ -385,6 +415,7 @@ async fn serve_on<S: BucketStore>(
         config,
         grpc: grpc_listener,
         http: http_listener,
+        upstream_prometheus,
         options,
         metrics,
     } = serving;
@@ -475,6 +506,8 @@ async fn serve_on<S: BucketStore>(
         .statsd
         .clone()
         .map(|statsd| tokio::spawn(statsd::run(metrics.clone(), statsd, statsd_stop_rx)));
+    let upstream_prometheus_task =
+        upstream_prometheus.map(|port| spawn_upstream_prometheus(port, &metrics, stopped()));
 
     shutdown_signal().await;
     if let Some(task) = rules_task {
@@ -484,6 +517,9 @@ async fn serve_on<S: BucketStore>(
     prune_task.abort();
     let _ = stop_tx.send(true);
     let drained = drain(grpc_task, http_task, options.shutdown_grace).await;
+    if let Some(task) = upstream_prometheus_task {
+        task.abort();
+    }
     let _ = statsd_stop_tx.send(());
     if let Some(task) = statsd_task {
         let _ = tokio::time::timeout(STATSD_LAST_FLUSH_PATIENCE, task).await;
@@ -496,6 +532,26 @@ async fn serve_on<S: BucketStore>(
         tracing::warn!(patience = ?LEASE_RETURN_PATIENCE, "leases not all given back before exit");
     }
     drained
+}
+
+/// Serves envoyproxy/ratelimit's Prometheus port until `stopped` resolves (a failure is
+/// logged: the rate-limit ports go on).
+fn spawn_upstream_prometheus(
+    port: UpstreamPort,
+    metrics: &Arc<Metrics>,
+    stopped: impl std::future::Future<Output = ()> + Send + 'static,
+) -> tokio::task::JoinHandle<()> {
+    let addr = port.listener.local_addr().ok();
+    tracing::info!(addr = ?addr, path = %port.path, "envoyproxy/ratelimit's Prometheus port");
+    let metrics = metrics.clone();
+    tokio::spawn(async move {
+        let served =
+            upstream_prometheus::serve(metrics, port.mapping, port.path, port.listener, stopped)
+                .await;
+        if let Err(e) = served {
+            tracing::error!(error = %e, "envoyproxy/ratelimit's Prometheus port failed");
+        }
+    })
 }
 
 /// Watches the config for changes: each good load is put in force and counted, each bad

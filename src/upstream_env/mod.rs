@@ -10,9 +10,10 @@
 //! once. The table of what is honoured is in docs/configuration.md.
 //!
 //! This file reads the server's own settings (rules, ports, logs, switches, gRPC TLS);
-//! `redis.rs` the Redis backend's, `xds.rs` the rule source's, `statsd.rs` and `tracing.rs`
-//! the stats and span exports'.
+//! `redis.rs` the Redis backend's, `xds.rs` the rule source's, `statsd.rs`,
+//! `prometheus.rs` and `tracing.rs` the stats and span exports'.
 
+mod prometheus;
 mod redis;
 mod statsd;
 mod tracing;
@@ -47,9 +48,10 @@ pub struct Alias {
 }
 
 /// Upstream variables that configure what shardgate does differently or not at all
-/// (its stats sinks, caches, Memcached, xDS, tracing, the forced close after a
-/// connection's age), and those of its Redis client when Redis is not the backend. A
-/// variable some reader looked at is not ignored: it was honoured or refused.
+/// (its stats sinks when stats are disabled or a sink is off, caches, Memcached, xDS,
+/// tracing, the forced close after a connection's age), and those of its Redis client when
+/// Redis is not the backend. A variable some reader looked at is not ignored: it was
+/// honoured or refused.
 const IGNORED: &[&str] = &[
     "BACKEND_TYPE",
     "CACHE_KEY_PREFIX",
@@ -106,6 +108,7 @@ pub fn translate(env: &BTreeMap<String, String>) -> Translation {
     grpc_tls(&mut r);
     redis::redis(&mut r);
     let mut consumed = statsd::statsd(env, &mut r.t);
+    consumed.extend(prometheus::prometheus(env, &mut r.t));
     consumed.extend(tracing::tracing(env, &mut r.t));
     // The OpenTelemetry SDK's own endpoint variables, which upstream's SDK reads too:
     // honoured as they are (the export reads them itself).
@@ -534,15 +537,16 @@ mod tests {
         );
         assert!(t.ignored.is_empty() && t.refused.is_empty(), "{t:?}");
 
-        // Off, or stats disabled: nothing is sent, and the settings are named as ignored.
-        for off in [
-            &[("USE_STATSD", "false"), ("STATSD_PORT", "9125")][..],
-            &[("USE_STATSD", "true"), ("DISABLE_STATS", "true")],
-        ] {
-            let t = translate(&env(off));
-            assert!(t.set.is_empty(), "{t:?}");
-            assert_eq!(t.ignored.len(), off.len(), "{t:?}");
-        }
+        // Off: nothing is sent, which is what USE_STATSD=false asks (honoured); the
+        // settings that then mean nothing are named as ignored.
+        let t = translate(&env(&[("USE_STATSD", "false"), ("STATSD_PORT", "9125")]));
+        assert!(t.set.is_empty(), "{t:?}");
+        assert_eq!(t.read, ["USE_STATSD"]);
+        assert_eq!(t.ignored, ["STATSD_PORT"]);
+        // Stats disabled: both named as ignored.
+        let t = translate(&env(&[("USE_STATSD", "true"), ("DISABLE_STATS", "true")]));
+        assert!(t.set.is_empty(), "{t:?}");
+        assert_eq!(t.ignored.len(), 2, "{t:?}");
 
         for (bad, named) in [
             (("STATSD_PORT", "eighty"), "STATSD_PORT=eighty"),
@@ -557,6 +561,106 @@ mod tests {
         }
         let t = translate(&env(&[("USE_STATSD", "maybe")]));
         assert_eq!(t.refused, vec!["USE_STATSD: not a boolean".to_string()]);
+    }
+
+    #[test]
+    fn the_prometheus_port_is_served_where_upstream_would_serve_it() {
+        // Envoy Gateway's generated Deployment.
+        let t = translate(&env(&[
+            ("USE_STATSD", "false"),
+            ("USE_PROMETHEUS", "true"),
+            ("PROMETHEUS_ADDR", ":19001"),
+            ("PROMETHEUS_MAPPER_YAML", "/etc/statsd-exporter/conf.yaml"),
+        ]));
+        assert_eq!(
+            set(&t),
+            vec![
+                ("SHARDGATE_UPSTREAM_PROMETHEUS_ADDR", "0.0.0.0:19001"),
+                (
+                    "SHARDGATE_UPSTREAM_PROMETHEUS_MAPPING",
+                    "/etc/statsd-exporter/conf.yaml"
+                ),
+            ]
+        );
+        assert!(t.ignored.is_empty() && t.refused.is_empty(), "{t:?}");
+        assert_eq!(t.read.len(), 4, "{t:?}");
+
+        // Upstream's defaults; its own mapping, in milliseconds when asked.
+        let t = translate(&env(&[
+            ("USE_PROMETHEUS", "1"),
+            ("PROMETHEUS_ADDR", ""),
+            ("PROMETHEUS_PATH", "/stats"),
+            ("PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", "true"),
+        ]));
+        assert_eq!(
+            set(&t),
+            vec![
+                ("SHARDGATE_UPSTREAM_PROMETHEUS_ADDR", "0.0.0.0:9090"),
+                ("SHARDGATE_UPSTREAM_PROMETHEUS_PATH", "/stats"),
+                ("SHARDGATE_UPSTREAM_PROMETHEUS_RESPONSE_TIME_MS", "true"),
+            ]
+        );
+        assert!(t.ignored.is_empty() && t.refused.is_empty(), "{t:?}");
+        let t = translate(&env(&[
+            ("USE_PROMETHEUS", "true"),
+            ("PROMETHEUS_ADDR", "[::1]:9091"),
+            ("PROMETHEUS_MAPPER_YAML", "/m.yaml"),
+            ("PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", "true"),
+        ]));
+        assert_eq!(
+            set(&t)[0],
+            ("SHARDGATE_UPSTREAM_PROMETHEUS_ADDR", "[::1]:9091")
+        );
+        // With a file of its own, upstream does not look at the millisecond switch.
+        assert_eq!(
+            t.ignored,
+            ["PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS (PROMETHEUS_MAPPER_YAML is set: the file says the unit)"]
+        );
+        assert!(
+            !t.read.iter().any(|r| r.starts_with("PROMETHEUS_RESPONSE")),
+            "{t:?}"
+        );
+
+        // Off: USE_PROMETHEUS=false is what shardgate does; the rest means nothing.
+        let t = translate(&env(&[
+            ("USE_PROMETHEUS", "false"),
+            ("PROMETHEUS_ADDR", ":1"),
+        ]));
+        assert!(t.set.is_empty(), "{t:?}");
+        assert_eq!(
+            (t.read, t.ignored),
+            (
+                vec!["USE_PROMETHEUS".to_string()],
+                vec!["PROMETHEUS_ADDR".to_string()]
+            )
+        );
+        // Stats disabled: upstream runs no sink; nothing is served.
+        let t = translate(&env(&[
+            ("USE_PROMETHEUS", "true"),
+            ("DISABLE_STATS", "true"),
+        ]));
+        assert!(t.set.is_empty() && t.refused.is_empty(), "{t:?}");
+
+        // One sink at a time, as upstream; and malformed values.
+        for (bad, named) in [
+            (
+                ("USE_STATSD", "true"),
+                "USE_STATSD=true and USE_PROMETHEUS=true",
+            ),
+            (("PROMETHEUS_ADDR", "19001"), "PROMETHEUS_ADDR=19001"),
+            (("PROMETHEUS_ADDR", ":port"), "PROMETHEUS_ADDR=:port"),
+            (("PROMETHEUS_PATH", "metrics"), "PROMETHEUS_PATH=metrics"),
+            (
+                ("PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", "yes"),
+                "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS=yes",
+            ),
+        ] {
+            let t = translate(&env(&[("USE_PROMETHEUS", "true"), bad]));
+            assert_eq!(t.refused.len(), 1, "{t:?}");
+            assert!(t.refused[0].contains(named), "{named}: {:?}", t.refused);
+        }
+        let t = translate(&env(&[("USE_PROMETHEUS", "sometimes")]));
+        assert_eq!(t.refused, vec!["USE_PROMETHEUS: not a boolean".to_string()]);
     }
 
     #[test]
@@ -603,7 +707,7 @@ mod tests {
                 ("SHARDGATE_REDIS_MODE", "single"),
             ]
         );
-        assert_eq!(t.ignored, ["RUNTIME_WATCH_ROOT", "USE_STATSD"]);
+        assert_eq!(t.ignored, ["RUNTIME_WATCH_ROOT"]);
         assert!(t.refused.is_empty(), "{:?}", t.refused);
     }
 

@@ -1,5 +1,5 @@
 //! upstream's statsd settings (`USE_STATSD`, `STATSD_*`, `STATS_FLUSH_INTERVAL`,
-//! `EXTRA_TAGS`, `DISABLE_STATS`), read as our statsd export's.
+//! `EXTRA_TAGS`, `DISABLE_STATS`), read as our statsd export's. A translation only.
 
 use std::collections::BTreeMap;
 
@@ -8,7 +8,9 @@ use super::{go_bool, go_duration, Alias, Translation};
 /// statsd as upstream sends it: with `USE_STATSD=true` (and stats not disabled), to
 /// `STATSD_HOST:STATSD_PORT` (`localhost:8125`) over `STATSD_PROTOCOL` (its stats
 /// library's default, TCP), every `STATS_FLUSH_INTERVAL`, `EXTRA_TAGS` on its names.
-/// Returns the upstream names read, which are then not reported as ignored.
+/// `USE_STATSD=false` is honoured as it is (shardgate sends no statsd unless asked); the
+/// settings it leaves without meaning are then reported as ignored. Returns the upstream
+/// names read, which are then not reported as ignored.
 pub(super) fn statsd(env: &BTreeMap<String, String>, t: &mut Translation) -> Vec<&'static str> {
     let get = |k: &str| env.get(k).map(String::as_str);
     let alias = |t: &mut Translation, ours: &'static str, from: &'static str, value: String| {
@@ -29,8 +31,11 @@ pub(super) fn statsd(env: &BTreeMap<String, String>, t: &mut Translation) -> Vec
         }
         None => false,
     };
-    if !on || get("DISABLE_STATS").and_then(go_bool) == Some(true) {
+    if get("DISABLE_STATS").and_then(go_bool) == Some(true) {
         return Vec::new();
+    }
+    if !on {
+        return vec!["USE_STATSD"];
     }
     let host = get("STATSD_HOST").unwrap_or("localhost");
     let port = get("STATSD_PORT").unwrap_or("8125");

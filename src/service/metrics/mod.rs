@@ -5,7 +5,9 @@
 //! answers given by `failure_mode`, request latency and requests in flight, refused TLS
 //! handshakes, and connections the gRPC port failed to accept; and, when asked, the same
 //! totals as statsd lines in envoyproxy/ratelimit's names (`statsd.rs`; the socket is
-//! `server/statsd.rs`).
+//! `server/statsd.rs`), or those names mapped by a statsd_exporter mapping file
+//! (`statsd_mapping.rs`) into the page upstream's Prometheus port serves
+//! (`statsd_prometheus.rs`; the listener is `server/upstream_prometheus.rs`).
 //!
 //! Recording is cheap and lock-free on the hot path except for the first sighting of a
 //! label set: what every request moves is striped per thread (`support/striped.rs`), the rules'
@@ -16,6 +18,8 @@
 mod collectors;
 mod rule_hits;
 pub mod statsd;
+pub mod statsd_mapping;
+pub mod statsd_prometheus;
 mod striped;
 
 pub use rule_hits::{HitOutcome, RuleCounters, MAX_RULE_KEYS};
@@ -203,12 +207,22 @@ impl Metrics {
             "ratelimit.service.config_load_error".to_string(),
             self.config_load_error.get(),
         ));
-        let (_, requests, latency) = self.request_latency.totals();
+        let (latency_sum, requests, latency) = self.request_latency.totals();
         counters.push((
             "ratelimit_server.ShouldRateLimit.total_requests".to_string(),
             requests,
         ));
-        statsd::Reading { counters, latency }
+        statsd::Reading {
+            counters,
+            latency,
+            latency_sum,
+        }
+    }
+
+    /// envoyproxy/ratelimit's Prometheus page: the totals statsd is sent, under
+    /// upstream's names, mapped by `mapping` (`statsd_prometheus.rs`).
+    pub fn render_statsd_mapped(&self, mapping: &statsd_mapping::StatsdMapping) -> String {
+        statsd_prometheus::render(&self.statsd_reading(), mapping)
     }
 
     /// Adds the engine's counters and shard counts (read at each scrape).

@@ -72,8 +72,11 @@ impl StatsdLines {
 pub(crate) struct Reading {
     /// Counter name (upstream's, without tags) and its total since the start.
     pub(crate) counters: Vec<(String, u64)>,
-    /// The call latency histogram: (upper bound in seconds, count in that bucket).
+    /// The call latency histogram: (upper bound in seconds, count in that bucket), the
+    /// last bound `f64::MAX` (`+Inf`).
     pub(crate) latency: Vec<(f64, u64)>,
+    /// The sum of the call latencies, in seconds.
+    pub(crate) latency_sum: f64,
 }
 
 /// The previous flush's totals, to send deltas.
@@ -125,7 +128,8 @@ impl Deltas {
     }
 }
 
-const RESPONSE_TIME: &str = "ratelimit_server.ShouldRateLimit.response_time";
+/// The call latency's timer, in milliseconds.
+pub(crate) const RESPONSE_TIME: &str = "ratelimit_server.ShouldRateLimit.response_time";
 
 /// Upstream's stats library's form of tags in a statsd name.
 fn tag_suffix(tags: &[StatsdTag]) -> String {
@@ -155,6 +159,7 @@ mod tests {
         Reading {
             counters: counters.iter().map(|(n, v)| (n.to_string(), *v)).collect(),
             latency: latency.to_vec(),
+            latency_sum: 0.0,
         }
     }
 
