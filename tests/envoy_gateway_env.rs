@@ -78,9 +78,9 @@ fn the_default_deployment_variable_by_variable() {
     let expected = [
         ("RUNTIME_ROOT", Fate::Honoured),
         ("RUNTIME_SUBDIRECTORY", Fate::Honoured),
-        // Dot files are always skipped, the rule directory always watched.
-        ("RUNTIME_IGNOREDOTFILES", Fate::Ignored),
-        ("RUNTIME_WATCH_ROOT", Fate::Ignored),
+        // Dot files skipped, the rule directory itself watched: what shardgate does.
+        ("RUNTIME_IGNOREDOTFILES", Fate::Honoured),
+        ("RUNTIME_WATCH_ROOT", Fate::Honoured),
         ("LOG_LEVEL", Fate::Honoured),
         // No statsd: what shardgate does unless asked.
         ("USE_STATSD", Fate::Honoured),

@@ -202,6 +202,14 @@ fn rule_directory(r: &mut Reader) {
         "RUNTIME_ROOT",
         path.display().to_string(),
     );
+    // What shardgate always does, and so honoured when asked for (Envoy Gateway asks for
+    // both): dot files skipped (a ConfigMap volume's `..data` copies), the rule directory
+    // itself watched. The other values stay named as ignored.
+    for (name, ours) in [("RUNTIME_IGNOREDOTFILES", true), ("RUNTIME_WATCH_ROOT", false)] {
+        if r.env.get(name).and_then(|v| go_bool(v)) == Some(ours) {
+            r.get(name);
+        }
+    }
 }
 
 /// The two ports: `GRPC_HOST`/`GRPC_PORT` and `HOST`/`PORT`.
@@ -707,8 +715,15 @@ mod tests {
                 ("SHARDGATE_REDIS_MODE", "single"),
             ]
         );
-        assert_eq!(t.ignored, ["RUNTIME_WATCH_ROOT"]);
+        assert!(t.ignored.is_empty(), "{:?}", t.ignored);
         assert!(t.refused.is_empty(), "{:?}", t.refused);
+        // The values shardgate does not follow stay named.
+        let t = translate(&env(&[
+            ("RUNTIME_ROOT", "/data"),
+            ("RUNTIME_WATCH_ROOT", "true"),
+            ("RUNTIME_IGNOREDOTFILES", "false"),
+        ]));
+        assert_eq!(t.ignored, ["RUNTIME_IGNOREDOTFILES", "RUNTIME_WATCH_ROOT"]);
     }
 
     #[test]
