@@ -205,7 +205,10 @@ fn rule_directory(r: &mut Reader) {
     // What shardgate always does, and so honoured when asked for (Envoy Gateway asks for
     // both): dot files skipped (a ConfigMap volume's `..data` copies), the rule directory
     // itself watched. The other values stay named as ignored.
-    for (name, ours) in [("RUNTIME_IGNOREDOTFILES", true), ("RUNTIME_WATCH_ROOT", false)] {
+    for (name, ours) in [
+        ("RUNTIME_IGNOREDOTFILES", true),
+        ("RUNTIME_WATCH_ROOT", false),
+    ] {
         if r.env.get(name).and_then(|v| go_bool(v)) == Some(ours) {
             r.get(name);
         }
