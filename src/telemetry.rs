@@ -4,7 +4,7 @@
 //! exporter the `decision` spans and nothing else.
 //!
 //! It owns the tracer provider from start to the final flush. It does not decide what a
-//! span carries (`service/decision.rs`), does not read the caller's trace context
+//! span carries (`service/decision/`), does not read the caller's trace context
 //! (`server/trace_context.rs`), and sets up no logging: the command line composes the
 //! layer with its own.
 //!

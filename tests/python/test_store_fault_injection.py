@@ -56,7 +56,7 @@ from dynamodb_local import AWS_LOCAL_ENV, DynamoLocal, listening
 from fault_proxy import FaultProxy
 
 # What shardgate is built with (src/server/serve.rs, src/store/dynamodb.rs,
-# src/service/decision.rs); the bounds below are derived from them.
+# src/service/decision/steps.rs); the bounds below are derived from them.
 BREAKER_THRESHOLD = 5
 BREAKER_COOL_OFF_S = 0.5
 SDK_MAX_ATTEMPTS = 3
