@@ -240,7 +240,7 @@ fn the_checker_sees_uses() {
         uses["engine::acquire"]
     );
     assert!(uses["server::rls"].contains("service::decision"));
-    assert!(uses["service::decision"].contains("service::descriptor_status"));
+    assert!(uses["service::decision::steps"].contains("service::descriptor_status"));
     assert!(uses["store::memory::partition"].contains("store::memory::slot"));
     assert!(
         uses["<main>"].is_empty(),
