@@ -1,6 +1,8 @@
 //! Strict validation: turns one parsed YAML document into a [`DocumentModel`], reporting
 //! every problem (docs/configuration.md, "Validation") with its position instead of
-//! stopping at the first. Reading a mapping's keys and scalars is `fields.rs`'s.
+//! stopping at the first. Reading a mapping's keys and scalars is `fields.rs`'s, a
+//! node's `rate_limit` `rate_limit.rs`'s, the check across rules sharing a bucket
+//! `shared_bucket.rs`'s; this file walks the tree.
 //!
 //! It checks the schema (known keys, types, ranges) and the rules that span nodes
 //! (duplicate composite keys, cascade parents, template keys, limit names shared by one
@@ -12,14 +14,15 @@ use std::sync::Arc;
 use super::error::{ConfigError, ConfigErrorKind as K};
 use super::model::{DescriptorModel, DocumentModel, Node, NodeKind, Pos, RateLimitModel};
 use super::stats_key::child_key;
-use super::{
-    EntityTemplate, FailureMode, RateLimit, RuleLimit, Unit, MAX_LIMITS_PER_BUCKET,
-    MAX_PERIOD_SECONDS, MAX_TOKENS,
-};
+use super::{EntityTemplate, FailureMode, RuleLimit};
 use crate::store::key::MAX_RESOURCE_BYTES;
 use fields::{to_json, Field};
 
 mod fields;
+mod rate_limit;
+mod shared_bucket;
+
+pub(crate) use shared_bucket::SharedBuckets;
 
 const TOP_KEYS: &[&str] = &["domain", "descriptors", "failure_mode"];
 const DESCRIPTOR_KEYS: &[&str] = &[
@@ -38,24 +41,6 @@ const DESCRIPTOR_KEYS: &[&str] = &[
     "failure_mode",
     "descriptors",
 ];
-const RATE_LIMIT_KEYS: &[&str] = &[
-    "unit",
-    "unit_multiplier",
-    "requests_per_unit",
-    "unlimited",
-    "name",
-    "replaces",
-    "burst",
-    "overdraft",
-    "lease",
-];
-const REPLACES_KEYS: &[&str] = &["name"];
-
-/// Longest accepted limit name (it becomes part of store attribute names).
-const MAX_LIMIT_NAME: usize = 64;
-/// The store's own per-item limit (docs/architecture.md, "Buckets and items").
-const RESERVED_LIMIT_NAME: &str = "wcu";
-
 /// Validates one document. The model is returned whenever the domain could be read, even
 /// with errors elsewhere, so that duplicate domains are still reported.
 pub(crate) fn document(
@@ -82,23 +67,6 @@ struct Scope {
     resource: String,
     /// The nearest ancestor with a `rate_limit`: its line and whether it is unlimited.
     nearest_limit: Option<(u32, bool)>,
-}
-
-/// One limit of an explicitly templated rule, for the shared-bucket consistency check.
-struct BucketLimit {
-    params: RateLimit,
-    file: Arc<str>,
-    line: u32,
-}
-
-/// What the shared-bucket check remembers across every document of one load: rules of
-/// different files (or domains) with the same template and resource share a bucket too.
-#[derive(Default)]
-pub(crate) struct SharedBuckets {
-    /// (template, resource, limit name) → the first rule declaring it.
-    bucket_limits: HashMap<(String, String, String), BucketLimit>,
-    /// (template, resource) → how many limit names its bucket item holds.
-    limits_per_bucket: HashMap<(String, String), usize>,
 }
 
 struct Validator<'a> {
@@ -338,132 +306,6 @@ impl Validator<'_> {
         })
     }
 
-    fn rate_limit(&mut self, f: &Field) -> Option<RateLimitModel> {
-        if f.value.kind == NodeKind::Null {
-            return None;
-        }
-        let fields = self.fields(f.value, "'rate_limit'", "rate_limit", RATE_LIMIT_KEYS)?;
-        let unlimited = self.boolean(fields.get("unlimited"));
-        let overdraft = self.boolean(fields.get("overdraft"));
-        let lease = fields
-            .get("lease")
-            .filter(|l| l.value.kind != NodeKind::Null)
-            .is_none_or(|l| self.boolean(Some(l)));
-        let unit_field = fields.get("unit");
-        let unit = unit_field.and_then(|u| {
-            let text = self.text(u)?;
-            let unit = Unit::parse(&text);
-            if unit.is_none() {
-                self.error(u.value.pos, K::InvalidUnit(text));
-            }
-            unit
-        });
-        let multiplier = fields.get("unit_multiplier").and_then(|m| {
-            let n = self.integer(m, 1, MAX_PERIOD_SECONDS)?;
-            let period = unit.map(|u| u.seconds().saturating_mul(n));
-            if period.is_some_and(|p| p > MAX_PERIOD_SECONDS) {
-                self.error(
-                    m.value.pos,
-                    K::PeriodTooLong {
-                        multiplier: n,
-                        unit: unit.map_or("", Unit::name),
-                    },
-                );
-                return None;
-            }
-            u32::try_from(n).ok()
-        });
-        let rpu = fields
-            .get("requests_per_unit")
-            .and_then(|n| self.integer(n, 0, u64::from(u32::MAX)));
-        let burst = fields
-            .get("burst")
-            .and_then(|n| self.integer(n, 1, MAX_TOKENS));
-        let name = fields.get("name").and_then(|n| {
-            let text = self.text(n)?;
-            match limit_name_problem(&text) {
-                Some(reason) => {
-                    self.error(n.value.pos, K::InvalidLimitName { name: text, reason });
-                    None
-                }
-                None => Some(text),
-            }
-        });
-        let replaces = fields
-            .get("replaces")
-            .map(|r| self.replaces(r, name.as_deref()))
-            .unwrap_or_default();
-
-        let limit = if unlimited {
-            // `overdraft: false` is harmless; the others would give an unlimited rule a bucket.
-            for (key, set) in [
-                ("unit", true),
-                ("unit_multiplier", true),
-                ("burst", true),
-                ("overdraft", overdraft),
-                ("lease", !lease),
-            ] {
-                if let Some(k) = fields.get(key).filter(|_| set) {
-                    self.error(k.pos, K::UnlimitedWith(k.name));
-                }
-            }
-            RuleLimit::Unlimited
-        } else {
-            if unit_field.is_none() {
-                self.error(f.pos, K::MissingLimitField("unit"));
-            }
-            if fields.get("requests_per_unit").is_none() {
-                self.error(f.pos, K::MissingLimitField("requests_per_unit"));
-            }
-            if fields.get("unit_multiplier").is_some() && multiplier.is_none() {
-                return None;
-            }
-            RuleLimit::Limited(RateLimit {
-                unit: unit?,
-                unit_multiplier: multiplier.unwrap_or(1),
-                requests_per_unit: u32::try_from(rpu?).ok()?,
-                burst,
-                overdraft,
-                lease,
-            })
-        };
-        Some(RateLimitModel {
-            limit,
-            name,
-            replaces,
-        })
-    }
-
-    fn replaces(&mut self, f: &Field, own_name: Option<&str>) -> Vec<String> {
-        let items = match &f.value.kind {
-            NodeKind::Seq(items) => items,
-            NodeKind::Null => return Vec::new(),
-            _ => {
-                self.wrong_type(f, "a list of {name: ...} entries");
-                return Vec::new();
-            }
-        };
-        let mut out = Vec::with_capacity(items.len());
-        for item in items {
-            let Some(entry) =
-                self.fields(item, "a 'replaces' entry", "replaces entry", REPLACES_KEYS)
-            else {
-                continue;
-            };
-            let name = entry.get("name").and_then(|n| self.text(n));
-            match name {
-                Some(n) if n.is_empty() => self.error(item.pos, K::ReplacesWithoutName),
-                Some(n) if Some(n.as_str()) == own_name => {
-                    let pos = entry.get("name").map_or(item.pos, |f| f.value.pos);
-                    self.error(pos, K::ReplacesItself(n));
-                }
-                Some(n) => out.push(n),
-                None => self.error(item.pos, K::ReplacesWithoutName),
-            }
-        }
-        out
-    }
-
     fn metadata(&mut self, f: &Field) -> Option<serde_json::Value> {
         match &f.value.kind {
             NodeKind::Null => None,
@@ -541,94 +383,5 @@ impl Validator<'_> {
             );
         }
         Some(template)
-    }
-
-    /// Rules with the same template and resource share one bucket item: a limit name
-    /// there must mean one set of parameters.
-    fn check_shared_bucket(
-        &mut self,
-        template: &EntityTemplate,
-        resource: &str,
-        name: String,
-        params: &RateLimit,
-        pos: Pos,
-    ) {
-        let id = (template.as_str().to_string(), resource.to_string(), name);
-        if !self.shared.bucket_limits.contains_key(&id) {
-            let bucket = (id.0.clone(), id.1.clone());
-            let count = self.shared.limits_per_bucket.entry(bucket).or_default();
-            *count += 1;
-            if *count == MAX_LIMITS_PER_BUCKET + 1 {
-                let kind = K::TooManyLimits {
-                    template: id.0.clone(),
-                    resource: id.1.clone(),
-                    count: *count,
-                    max: MAX_LIMITS_PER_BUCKET,
-                };
-                self.error(pos, kind);
-            }
-        }
-        match self.shared.bucket_limits.get(&id) {
-            Some(first) if first.params != *params => {
-                let other = if first.file == self.file {
-                    format!("line {}", first.line)
-                } else {
-                    format!("{}:{}", first.file, first.line)
-                };
-                let kind = K::ConflictingLimit {
-                    name: id.2.clone(),
-                    template: id.0.clone(),
-                    resource: id.1.clone(),
-                    other,
-                };
-                self.error(pos, kind);
-            }
-            Some(_) => {}
-            None => {
-                self.shared.bucket_limits.insert(
-                    id,
-                    BucketLimit {
-                        params: params.clone(),
-                        file: Arc::clone(&self.file),
-                        line: pos.line,
-                    },
-                );
-            }
-        }
-    }
-}
-
-/// Why a limit name is unusable, if it is.
-fn limit_name_problem(name: &str) -> Option<&'static str> {
-    let mut chars = name.chars();
-    if !chars.next().is_some_and(|c| c.is_ascii_alphabetic()) {
-        return Some("it must start with an ASCII letter");
-    }
-    if !chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-')) {
-        return Some("only ASCII letters, digits, '_', '.' and '-' are allowed");
-    }
-    if name.len() > MAX_LIMIT_NAME {
-        return Some("it must be at most 64 characters long");
-    }
-    if name == RESERVED_LIMIT_NAME {
-        return Some("'wcu' is reserved for the store's write budget");
-    }
-    None
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn limit_names() {
-        assert_eq!(limit_name_problem("tpm"), None);
-        assert_eq!(limit_name_problem("a.b-c_9"), None);
-        assert!(limit_name_problem("9a").is_some());
-        assert!(limit_name_problem("").is_some());
-        assert!(limit_name_problem("a b").is_some());
-        assert!(limit_name_problem("wcu").is_some());
-        assert!(limit_name_problem(&"a".repeat(65)).is_some());
-        assert_eq!(limit_name_problem(&"a".repeat(64)), None);
     }
 }
