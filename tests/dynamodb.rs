@@ -90,10 +90,8 @@ async fn first_create_is_one_put_item_and_steady_state_one_update_item() {
     let f = frozen(0).await;
     let req = one(rpm("u1", 10, 1));
     assert!(f.engine.acquire(&req).await.unwrap().admitted);
-    assert_eq!(
-        sequence(&f.store),
-        ["UpdateItem✗", "BatchGetItem", "PutItem"]
-    );
+    // The refused debit found no item: created without a read between.
+    assert_eq!(sequence(&f.store), ["UpdateItem✗", "PutItem"]);
     for _ in 0..9 {
         assert!(f.engine.acquire(&req).await.unwrap().admitted);
     }
@@ -166,9 +164,10 @@ async fn cascade_create_is_one_transaction_and_hot_path_two_updates() {
     };
     assert!(f.engine.acquire(&req).await.unwrap().admitted);
     let seq = sequence(&f.store);
-    assert_eq!(seq.len(), 4, "{seq:?}");
+    // Both debits found no item: both created in one transaction, nothing read.
+    assert_eq!(seq.len(), 3, "{seq:?}");
     assert_eq!(&seq[..2], ["UpdateItem✗", "UpdateItem✗"]);
-    assert_eq!(&seq[2..], ["BatchGetItem", "TransactWriteItems"]);
+    assert_eq!(&seq[2..], ["TransactWriteItems"]);
     assert!(f.engine.acquire(&req).await.unwrap().admitted);
     assert_eq!(sequence(&f.store), ["UpdateItem", "UpdateItem"]);
 }

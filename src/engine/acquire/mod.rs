@@ -68,6 +68,9 @@ pub(super) enum Progress {
         shard: u32,
         count: u32,
         seen: Option<(u32, BucketItem)>,
+        /// The fast debit found no item on `shard`: the pass creates it without reading
+        /// it first (a create racing another is refused by the store, and retried).
+        absent: bool,
     },
 }
 
@@ -78,6 +81,8 @@ pub(super) struct SlowTarget {
     pub bucket: usize,
     pub shard: u32,
     pub count: u32,
+    /// Known absent (see `Progress::Slow`): not read.
+    pub absent: bool,
 }
 
 pub(super) fn wrap(b: &BucketClaim) -> impl Fn(StoreError) -> EngineError + '_ {
@@ -288,10 +293,16 @@ impl<S: BucketStore> Engine<S> {
             .iter()
             .enumerate()
             .filter_map(|(bucket, p)| match *p {
-                Progress::Slow { shard, count, .. } => Some(SlowTarget {
+                Progress::Slow {
+                    shard,
+                    count,
+                    absent,
+                    ..
+                } => Some(SlowTarget {
                     bucket,
                     shard,
                     count,
+                    absent,
                 }),
                 _ => None,
             })

@@ -98,6 +98,7 @@ impl<S: BucketStore> Engine<S> {
                 shard,
                 count: known,
                 seen: None,
+                absent: true,
             });
         };
         let count = known.max(image.shard_count);
@@ -106,6 +107,7 @@ impl<S: BucketStore> Engine<S> {
             shard,
             count,
             seen: Some((draw.shard, image)),
+            absent: false,
         };
         match self.classify(b, draw, &image, now) {
             Refusal::Stale => Ok(slow(shard, count, image)),
@@ -203,6 +205,7 @@ impl<S: BucketStore> Engine<S> {
             shard: self.draw.draw(grown, &old),
             count: grown,
             seen: None,
+            absent: false,
         })
     }
 

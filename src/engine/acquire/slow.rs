@@ -1,5 +1,6 @@
 //! The slow path of a decision: following a slow pass this process already runs on a
-//! shard (see `inflight.rs`), or running one — one read of every unresolved bucket, the
+//! shard (see `inflight.rs`), or running one — one read of every unresolved bucket (but
+//! those its fast debit just found absent, which are created unread), the
 //! plan (`pass.rs`), one commit under the `rf` lock, and the consumption-only retries
 //! when a lock or a create race is lost.
 
@@ -76,7 +77,10 @@ impl<S: BucketStore> Engine<S> {
             })
             .collect();
         let first = &req.buckets[targets[0].bucket];
-        let images = self.store.read(&keys).await.map_err(wrap(first))?;
+        let images = self
+            .read_present(&keys, targets)
+            .await
+            .map_err(wrap(first))?;
         let counts = self.creation_counts(req, targets, &images).await?;
         let ctx = self.pass_context(self.clock.now_ms());
         let now = ctx.now;
@@ -147,6 +151,41 @@ impl<S: BucketStore> Engine<S> {
         }
         // Persistent contention: refuse rather than spin.
         Ok((false, plans.into_iter().map(|p| p.refused).collect()))
+    }
+
+    /// The images of `keys`, read in one call, except those of targets whose fast debit
+    /// just found them absent: a new bucket costs its refused debit and its create, not a
+    /// read between them too.
+    async fn read_present(
+        &self,
+        keys: &[BucketKey],
+        targets: &[SlowTarget],
+    ) -> Result<Vec<Option<BucketItem>>, crate::store::StoreError> {
+        if !targets.iter().any(|t| t.absent) {
+            return self.store.read(keys).await;
+        }
+        let present: Vec<BucketKey> = keys
+            .iter()
+            .zip(targets)
+            .filter(|(_, t)| !t.absent)
+            .map(|(k, _)| k.clone())
+            .collect();
+        let mut read = if present.is_empty() {
+            Vec::new()
+        } else {
+            self.store.read(&present).await?
+        }
+        .into_iter();
+        Ok(targets
+            .iter()
+            .map(|t| {
+                if t.absent {
+                    None
+                } else {
+                    read.next().flatten()
+                }
+            })
+            .collect())
     }
 
     /// The count each target's pass sizes its shard for: the target's own, except that a
