@@ -80,13 +80,13 @@ fn each_decision_is_a_span_with_its_rules_outcome_and_store_calls() {
             desc(&[("nothing", "y")]),
         ],
     );
-    // A new bucket: a debit finds it missing, then a read and a create.
+    // A new bucket: a debit finds it missing, then a create (no read: it is absent).
     let (first, made) = decide(&two);
-    assert_eq!(made, 3);
+    assert_eq!(made, 2);
     assert!(first.contains(r#"domain="d""#), "{first}");
     assert!(first.contains("rules=d.tenant,unlimited,-"), "{first}");
     assert!(first.contains(r#"outcome="OK""#), "{first}");
-    assert!(first.contains("store_calls=3"), "{first}");
+    assert!(first.contains("store_calls=2"), "{first}");
     assert!(!first.contains("failure_mode"), "{first}");
     assert!(!first.contains("engine_calls"), "{first}");
     assert!(first.contains(" DEBUG "), "{first}");

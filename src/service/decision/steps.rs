@@ -376,7 +376,10 @@ impl<S: BucketStore> RateLimiter<S> {
         self.metrics
             .store_failure(e.cause(), if deny { "unavailable" } else { "allowed" });
         if let Some(suppressed) = self.store_failure_log.admit() {
+            // The decision's target, as before the module was split: log filters and
+            // alerts on it keep working.
             tracing::warn!(
+                target: crate::telemetry::DECISION_TARGET,
                 error = %e,
                 answered = if deny { "UNAVAILABLE (failure_mode: deny)" } else { "OK (failure_mode: allow)" },
                 similar_failures_not_logged = suppressed,
