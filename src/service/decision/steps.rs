@@ -379,7 +379,7 @@ impl<S: BucketStore> RateLimiter<S> {
             // The decision's target, as before the module was split: log filters and
             // alerts on it keep working.
             tracing::warn!(
-                target: crate::telemetry::DECISION_TARGET,
+                target: "shardgate::service::decision",
                 error = %e,
                 answered = if deny { "UNAVAILABLE (failure_mode: deny)" } else { "OK (failure_mode: allow)" },
                 similar_failures_not_logged = suppressed,
