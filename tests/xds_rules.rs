@@ -294,6 +294,7 @@ async fn mutual_tls_to_the_control_plane_as_envoy_gateways_certificates_set_it_u
         cert: Some(cert),
         key: Some(key),
         server_name: Some("envoy-gateway".into()),
+        ..XdsTls::default()
     };
     let (task, mut pushes) = subscribed(with_cert.clone());
     plane.request().await;
@@ -314,5 +315,64 @@ async fn mutual_tls_to_the_control_plane_as_envoy_gateways_certificates_set_it_u
         streams,
         "no stream without a client certificate"
     );
+    task.abort();
+}
+
+#[tokio::test]
+async fn a_rotated_client_certificate_is_used_without_waiting_for_the_stream_to_fail() {
+    use tonic::transport::{Certificate, Identity, ServerTlsConfig};
+    let pki = common::tls::Pki::new("control plane");
+    let (server_cert, server_key) = pki.leaf(&["envoy-gateway"]);
+    let (client_cert, client_key) = pki.leaf(&["envoy-ratelimit"]);
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, text: &str| common::tls::write(dir.path(), name, text);
+    let (ca, cert, key) = (
+        write("ca.crt", &pki.ca_pem),
+        write("tls.crt", &client_cert),
+        write("tls.key", &client_key),
+    );
+    let tls = ServerTlsConfig::new()
+        .identity(Identity::from_pem(&server_cert, &server_key))
+        .client_ca_root(Certificate::from_pem(&pki.ca_pem));
+    let mut plane = ControlPlane::start_with(None, Some(tls)).await;
+    let mut rotating = options(&plane);
+    rotating.server = format!("https://{}", plane.addr);
+    rotating.tls = XdsTls {
+        ca: Some(ca),
+        cert: Some(cert),
+        key: Some(key),
+        server_name: Some("envoy-gateway".into()),
+        rotation_check: Duration::from_millis(200),
+    };
+    let (task, mut pushes) = subscribed(rotating);
+    plane.request().await;
+    plane.push("1", "a", &[rules("edge", 1)]).await;
+    next(&mut pushes).await.expect("applied");
+    assert_eq!(plane.request().await.version_info, "1");
+    // Unchanged files keep the stream: several checks pass, no new stream.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(plane.streams(), 1);
+
+    // cert-manager writes a new certificate and key (same CA) while the stream is open.
+    let (new_cert, new_key) = pki.leaf(&["envoy-ratelimit"]);
+    write("tls.key", &new_key);
+    write("tls.crt", &new_cert);
+    // The stream is opened again, with the new certificate, asking for the version in
+    // force; nothing was applied or refused meanwhile.
+    let resumed = tokio::time::timeout(Duration::from_secs(10), plane.request())
+        .await
+        .expect("a new stream within 10 s");
+    assert_eq!(resumed.version_info, "1");
+    assert_eq!(plane.streams(), 2);
+    let certs = plane.client_certs();
+    assert!(
+        certs[0].is_some() && certs[1].is_some(),
+        "mutual TLS both times"
+    );
+    assert_ne!(
+        certs[0], certs[1],
+        "the second stream presented the new certificate"
+    );
+    assert!(pushes.try_recv().is_err(), "no push came in between");
     task.abort();
 }

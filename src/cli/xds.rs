@@ -55,6 +55,7 @@ impl XdsArgs {
                 cert: self.xds_tls_client_cert.clone(),
                 key: self.xds_tls_client_key.clone(),
                 server_name: self.xds_tls_server_name.clone(),
+                ..XdsTls::default()
             },
         })
     }

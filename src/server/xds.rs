@@ -8,7 +8,8 @@
 //! kept. The stream is opened again after any failure, with a backoff from half a second
 //! up to [`MAX_BACKOFF`], asking for the last version applied; meanwhile the last good
 //! rules keep serving. TLS (and a client certificate) to the control plane is read from
-//! its files at each connection, so a rotated certificate is used from the next one.
+//! its files at each connection, and read again every [`ROTATION_CHECK`] while a stream
+//! is open: when they changed, the stream is opened again with them.
 //!
 //! This file owns the stream only: what a push means is `config/xds.rs`'s, what applying
 //! one does is the caller's (`serve.rs`).
@@ -44,7 +45,7 @@ pub struct XdsOptions {
 }
 
 /// TLS to the control plane beyond what an `https://` URL says.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct XdsTls {
     /// PEM CA bundle of the control plane's certificate (else the system's roots).
     pub ca: Option<PathBuf>,
@@ -54,6 +55,44 @@ pub struct XdsTls {
     /// The name the control plane's certificate must carry, when not the URL's host
     /// (upstream's `CONFIG_GRPC_XDS_SERVER_TLS_SAN`).
     pub server_name: Option<String>,
+    /// How often the files are read again while a stream is open: when they changed
+    /// (cert-manager rotates Envoy Gateway's before they expire), the stream is closed
+    /// and opened again with them, asking for the version in force.
+    pub rotation_check: Duration,
+}
+
+impl Default for XdsTls {
+    fn default() -> Self {
+        XdsTls {
+            ca: None,
+            cert: None,
+            key: None,
+            server_name: None,
+            rotation_check: ROTATION_CHECK,
+        }
+    }
+}
+
+/// How often an open stream's TLS files are read again by default.
+pub const ROTATION_CHECK: Duration = Duration::from_secs(10);
+
+/// The TLS files' contents a connection was made with (`None` where there is no file).
+#[derive(Debug, PartialEq, Eq)]
+struct TlsFiles(Vec<Option<Vec<u8>>>);
+
+impl TlsFiles {
+    /// The files now; `None` if one named cannot be read (mid-rotation, say: the stream
+    /// in use is kept rather than traded for one that cannot connect).
+    fn read(tls: &XdsTls) -> Option<TlsFiles> {
+        [&tls.ca, &tls.cert, &tls.key]
+            .into_iter()
+            .map(|p| match p {
+                Some(p) => std::fs::read(p).ok().map(Some),
+                None => Some(None),
+            })
+            .collect::<Option<Vec<_>>>()
+            .map(TlsFiles)
+    }
 }
 
 /// The longest wait before the stream is opened again.
@@ -102,6 +141,16 @@ async fn session(
     applied: &mut String,
     on_push: &mut impl FnMut(Push),
 ) -> Result<Progress, String> {
+    let tls_on = options.server.starts_with("https://")
+        && [&options.tls.ca, &options.tls.cert, &options.tls.key]
+            .iter()
+            .any(|p| p.is_some());
+    // Read before connecting: a change in between is seen at the first check.
+    let used = if tls_on {
+        TlsFiles::read(&options.tls)
+    } else {
+        None
+    };
     let channel = connect(options).await?;
     let mut client =
         AggregatedDiscoveryServiceClient::new(channel).max_decoding_message_size(MAX_PUSH_BYTES);
@@ -127,8 +176,24 @@ async fn session(
         .map_err(|s| format!("{}: {}", s.code(), elide(s.message(), 256)))?
         .into_inner();
     let mut progress = Progress::Nothing;
+    let mut check = tokio::time::interval_at(
+        tokio::time::Instant::now() + options.tls.rotation_check,
+        options.tls.rotation_check,
+    );
     loop {
-        let response = match responses.message().await {
+        let message = tokio::select! {
+            m = responses.message() => m,
+            _ = check.tick(), if used.is_some() => {
+                if let Some(now) = TlsFiles::read(&options.tls) {
+                    if Some(&now) != used.as_ref() {
+                        tracing::info!(server = %options.server, "xDS TLS files changed: the stream is opened again with them");
+                        return Ok(progress);
+                    }
+                }
+                continue;
+            }
+        };
+        let response = match message {
             Ok(Some(r)) => r,
             Ok(None) => return Ok(progress),
             Err(s) => return Err(format!("{}: {}", s.code(), elide(s.message(), 256))),

@@ -31,6 +31,8 @@ struct Shared {
     stream: Mutex<Option<Responses>>,
     /// Streams opened so far.
     streams: Mutex<usize>,
+    /// The client certificate (DER) each stream was opened with, in order.
+    client_certs: Mutex<Vec<Option<Vec<u8>>>>,
 }
 
 struct Ads {
@@ -49,6 +51,10 @@ impl AggregatedDiscoveryService for Ads {
         &self,
         request: Request<Streaming<DiscoveryRequest>>,
     ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
+        let cert = request
+            .peer_certs()
+            .and_then(|certs| certs.first().map(|c| c.as_ref().to_vec()));
+        self.shared.client_certs.lock().unwrap().push(cert);
         let mut incoming = request.into_inner();
         let requests = self.requests.clone();
         tokio::spawn(async move {
@@ -123,6 +129,11 @@ impl ControlPlane {
     }
 
     /// Streams opened so far.
+    /// The client certificate (DER) each stream was opened with, in order.
+    pub fn client_certs(&self) -> Vec<Option<Vec<u8>>> {
+        self.shared.client_certs.lock().unwrap().clone()
+    }
+
     pub fn streams(&self) -> usize {
         *self.shared.streams.lock().unwrap()
     }
