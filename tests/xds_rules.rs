@@ -269,14 +269,15 @@ async fn envoy_gateways_environment_starts_without_rules_and_subscribes_as_its_n
     until("the pushed rule", || server.ask("dave") == "OVER_LIMIT").await;
 }
 
-#[tokio::test]
-async fn mutual_tls_to_the_control_plane_as_envoy_gateways_certificates_set_it_up() {
+/// A control plane speaking mutual TLS as Envoy Gateway's does (its certificate names
+/// `envoy-gateway`, clients need one from its CA), and options that subscribe to it with a
+/// client certificate from files in `dir`: the CA and the leaf, to rotate it.
+async fn mutual_tls_plane(dir: &std::path::Path) -> (ControlPlane, XdsOptions, common::tls::Pki) {
     use tonic::transport::{Certificate, Identity, ServerTlsConfig};
     let pki = common::tls::Pki::new("control plane");
     let (server_cert, server_key) = pki.leaf(&["envoy-gateway"]);
     let (client_cert, client_key) = pki.leaf(&["envoy-ratelimit"]);
-    let dir = tempfile::tempdir().unwrap();
-    let write = |name: &str, text: &str| common::tls::write(dir.path(), name, text);
+    let write = |name: &str, text: &str| common::tls::write(dir, name, text);
     let (ca, cert, key) = (
         write("ca.crt", &pki.ca_pem),
         write("tls.crt", &client_cert),
@@ -285,17 +286,24 @@ async fn mutual_tls_to_the_control_plane_as_envoy_gateways_certificates_set_it_u
     let tls = ServerTlsConfig::new()
         .identity(Identity::from_pem(&server_cert, &server_key))
         .client_ca_root(Certificate::from_pem(&pki.ca_pem));
-    let mut plane = ControlPlane::start_with(None, Some(tls)).await;
+    let plane = ControlPlane::start_with(None, Some(tls)).await;
     // The certificate names envoy-gateway (the Service's name), not the loopback address.
     let mut with_cert = options(&plane);
     with_cert.server = format!("https://{}", plane.addr);
     with_cert.tls = XdsTls {
-        ca: Some(ca.clone()),
+        ca: Some(ca),
         cert: Some(cert),
         key: Some(key),
         server_name: Some("envoy-gateway".into()),
         ..XdsTls::default()
     };
+    (plane, with_cert, pki)
+}
+
+#[tokio::test]
+async fn mutual_tls_to_the_control_plane_as_envoy_gateways_certificates_set_it_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut plane, with_cert, _pki) = mutual_tls_plane(dir.path()).await;
     let (task, mut pushes) = subscribed(with_cert.clone());
     plane.request().await;
     plane.push("1", "a", &[rules("edge", 1)]).await;
@@ -320,30 +328,10 @@ async fn mutual_tls_to_the_control_plane_as_envoy_gateways_certificates_set_it_u
 
 #[tokio::test]
 async fn a_rotated_client_certificate_is_used_without_waiting_for_the_stream_to_fail() {
-    use tonic::transport::{Certificate, Identity, ServerTlsConfig};
-    let pki = common::tls::Pki::new("control plane");
-    let (server_cert, server_key) = pki.leaf(&["envoy-gateway"]);
-    let (client_cert, client_key) = pki.leaf(&["envoy-ratelimit"]);
     let dir = tempfile::tempdir().unwrap();
+    let (mut plane, mut rotating, pki) = mutual_tls_plane(dir.path()).await;
+    rotating.tls.rotation_check = Duration::from_millis(200);
     let write = |name: &str, text: &str| common::tls::write(dir.path(), name, text);
-    let (ca, cert, key) = (
-        write("ca.crt", &pki.ca_pem),
-        write("tls.crt", &client_cert),
-        write("tls.key", &client_key),
-    );
-    let tls = ServerTlsConfig::new()
-        .identity(Identity::from_pem(&server_cert, &server_key))
-        .client_ca_root(Certificate::from_pem(&pki.ca_pem));
-    let mut plane = ControlPlane::start_with(None, Some(tls)).await;
-    let mut rotating = options(&plane);
-    rotating.server = format!("https://{}", plane.addr);
-    rotating.tls = XdsTls {
-        ca: Some(ca),
-        cert: Some(cert),
-        key: Some(key),
-        server_name: Some("envoy-gateway".into()),
-        rotation_check: Duration::from_millis(200),
-    };
     let (task, mut pushes) = subscribed(rotating);
     plane.request().await;
     plane.push("1", "a", &[rules("edge", 1)]).await;
