@@ -235,9 +235,9 @@ fn the_checker_sees_uses() {
     // Guards the parser: known arrows must be found, or the tests above prove nothing.
     let uses = uses();
     assert!(
-        uses["engine::acquire"].contains("store"),
+        uses["engine::acquire::decide"].contains("store"),
         "{:?}",
-        uses["engine::acquire"]
+        uses["engine::acquire::decide"]
     );
     assert!(uses["server::rls"].contains("service::decision"));
     assert!(uses["service::decision::steps"].contains("service::descriptor_status"));

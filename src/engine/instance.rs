@@ -1,13 +1,22 @@
 //! The [`Engine`] itself: its parts (store, clock, shard draw, caches, leases, counters),
-//! its construction, and the accessors the server and the tests use. The acquire
-//! algorithm that runs on it is `acquire/` (the driver and its steps); the lease work is
-//! `lease/`.
+//! its construction, the accessors the server and the tests use, and every call it
+//! answers — each a few lines handing the work to the room that does it: a decision to
+//! the lease book first and then to the acquire algorithm (`acquire/`, whose steps are
+//! methods of one request's [`Deciding`]), the lease task to `lease/` ([`Leasing`]).
+//! This is the only `impl Engine`: what the engine can be asked is all here.
 
 use std::sync::Arc;
 
+use std::future::Future;
+use std::sync::atomic::Ordering;
+
+use futures::future::join_all;
+
+use super::acquire::Deciding;
+use super::lease::Leasing;
 use super::{
-    inflight, lease, rejection, shard, Clock, EngineOptions, EngineStats, EngineView, LimitParams,
-    RandomDraw, ShardDraw, SystemClock,
+    inflight, lease, rejection, shard, Acquire, Clock, Decision, EngineError, EngineOptions,
+    EngineStats, EngineView, LimitParams, RandomDraw, ShardDraw, SystemClock,
 };
 use crate::store::BucketStore;
 
@@ -110,5 +119,117 @@ impl<S: BucketStore> Engine<S> {
     /// Teaches the shard count cache (tests set up scenarios with it).
     pub fn learn_shard_count(&self, entity: &str, resource: &str, count: u32) {
         self.shards.learn(entity, resource, count);
+    }
+
+    /// Decides `req`: debits every gated claim (and every forced one), or nothing.
+    pub async fn acquire(&self, req: &Acquire) -> Result<Decision, EngineError> {
+        self.acquire_by(req, None).await
+    }
+
+    /// [`Self::acquire`] for a caller that gives up at `deadline`: a wait for a lease
+    /// move takes at most a small part of what is left, so the store still decides in
+    /// time (see `lease/mod.rs`). The deadline bounds nothing else: the caller holds the
+    /// whole call to it.
+    pub async fn acquire_by(
+        &self,
+        req: &Acquire,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Result<Decision, EngineError> {
+        if let Some(leasing) = self.leasing() {
+            if let Some(decision) = Box::pin(leasing.answer(req, deadline)).await {
+                return Ok(decision);
+            }
+        }
+        let deciding = Deciding::new(self, req);
+        let mut decision = match deciding.decide().await {
+            Ok(d) => d,
+            Err(e) => return deciding.busy_refusal(e),
+        };
+        if let Some(leasing) = self.leasing() {
+            leasing.saw_decision(req, &mut decision);
+        }
+        if !decision.admitted {
+            deciding.note_per_shard_ceiling(&decision);
+        }
+        Ok(decision)
+    }
+
+    /// Answers `req` from the store without writing: what each bucket would say now.
+    pub async fn peek(&self, req: &Acquire) -> Result<Decision, EngineError> {
+        Deciding::new(self, req).peek().await
+    }
+
+    /// Gives back what an admitted decision took (best effort; used when a request turns
+    /// out refused after its debits, e.g. every quota-mode descriptor over): to the
+    /// lease it was answered from, or to the shard it was debited on.
+    pub async fn refund(&self, req: &Acquire, decision: &Decision) {
+        if !decision.admitted {
+            return;
+        }
+        let deciding = Deciding::new(self, req);
+        let leases = self.leases();
+        join_all(
+            req.buckets
+                .iter()
+                .zip(&decision.buckets)
+                .map(|(b, o)| async {
+                    match &leases {
+                        Some(leases) if o.from_lease => {
+                            leases.refund_to_lease(b, o.shard, o.shard_count).await;
+                        }
+                        // Answered from a lease while leases are off cannot happen.
+                        _ if o.from_lease => {}
+                        _ => {
+                            let credit = deciding.credit_bucket(b, o.shard, o.shard_count, o.stamp);
+                            credit.await;
+                        }
+                    }
+                }),
+        )
+        .await;
+    }
+
+    /// The lease task (see [`Leasing::run`]): runs until `stop` resolves, then gives every
+    /// lease back. Returns at once (after `stop`) when leases are off.
+    pub async fn run_leases(&self, stop: impl Future<Output = ()>) {
+        match self.leases() {
+            Some(leases) => leases.run(stop).await,
+            None => stop.await,
+        }
+    }
+
+    /// Fetches the leases wanted now, concurrently (tests call it to step the lease
+    /// task by hand).
+    pub async fn fetch_wanted_leases(&self) {
+        if let Some(leases) = self.leases() {
+            leases.fetch_wanted().await;
+        }
+    }
+
+    /// Gives back every lease expired by now (tests call it to step the lease task).
+    pub async fn return_expired_leases(&self) {
+        if let Some(leases) = self.leases() {
+            leases.return_expired().await;
+        }
+    }
+
+    /// Millitokens this process holds in leases.
+    pub fn leased_outstanding(&self) -> i64 {
+        self.leases.as_ref().map_or(0, |b| b.outstanding())
+    }
+
+    /// The lease work, when leases are on (even after the lease task died: what it
+    /// held still goes back).
+    fn leases(&self) -> Option<Leasing<'_, S>> {
+        Some(Leasing::new(self, self.leases.as_deref()?))
+    }
+
+    /// The lease work when requests are answered from leases: they are on, and the lease
+    /// task lives.
+    fn leasing(&self) -> Option<Leasing<'_, S>> {
+        if self.leasing_failed.load(Ordering::Acquire) {
+            return None;
+        }
+        self.leases()
     }
 }

@@ -9,12 +9,14 @@
 //! The rooms, in the order a request meets them:
 //! - what is asked and answered: `claim.rs` ([`Acquire`]), `decision.rs` ([`Decision`]),
 //!   `error.rs` ([`EngineError`]); the plan that builds claims from rules, `plan.rs`;
-//! - the engine and its tunables: `instance.rs` ([`Engine`]), `options.rs`
-//!   ([`EngineOptions`]), `view.rs` ([`EngineView`], for metrics);
-//! - the acquire algorithm, one folder read top to bottom: `acquire/mod.rs` drives it
-//!   and holds its per-request state; its steps are its children — `cached.rs` (the
-//!   rejection cache's answer), `resolve.rs` (a refused fast debit classified: doubled,
-//!   retried), `slow.rs` and `pass.rs` (read and commit), `refund.rs`, `outcome.rs`;
+//! - the engine and its tunables: `instance.rs` ([`Engine`]: its parts and every call
+//!   it answers, the only `impl Engine`), `options.rs` ([`EngineOptions`]), `view.rs`
+//!   ([`EngineView`], for metrics);
+//! - the acquire algorithm, one folder read top to bottom (`acquire/mod.rs` lists it):
+//!   `state.rs` holds one request's context and state, `decide.rs` drives it; its steps
+//!   — `cached.rs` (the rejection cache's answer), `resolve.rs` (a refused fast debit
+//!   classified: doubled, retried), `slow.rs` and `pass.rs` (read and commit),
+//!   `refund.rs`, `outcome.rs` — are methods of the same context;
 //! - what it keeps between requests: `shard.rs` (shard counts and draws),
 //!   `rejection.rs`, `inflight.rs` (slow passes followed), `partitioned.rs` (the map
 //!   they share), `lease/` (token leases), `stats.rs` (counters);

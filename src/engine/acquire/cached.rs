@@ -3,30 +3,24 @@
 //! refill (the other buckets are reported from the last image seen of them). The cache
 //! itself, what it keeps and for how long, is `rejection.rs`.
 
-use super::Avoid;
-use crate::engine::{Acquire, Decision, Engine};
+use super::state::{Avoid, Deciding};
+use crate::engine::Decision;
 use crate::store::{BucketItem, BucketKey, BucketStore};
 
-impl<S: BucketStore> Engine<S> {
+impl<S: BucketStore> Deciding<'_, S> {
     /// A refusal from the rejection cache for bucket `i`, if every shard of it is proven
     /// short; otherwise fills `avoid` with the shards known short.
-    pub(super) fn cached_refusal(
-        &self,
-        req: &Acquire,
-        i: usize,
-        avoid: &mut Avoid,
-        now: i64,
-    ) -> Option<Decision> {
-        let b = &req.buckets[i];
+    pub(super) fn cached_refusal(&self, i: usize, avoid: &mut Avoid, now: i64) -> Option<Decision> {
+        let b = &self.req.buckets[i];
         if b.limits.iter().any(|c| c.forced) {
             return None;
         }
-        let mut count = self.shards.get(&b.entity, &b.resource);
+        let mut count = self.engine.shards.get(&b.entity, &b.resource);
         let mut best: Option<(i64, u32, BucketItem)> = None;
         let mut shard = 0;
         while shard < count {
             let key = BucketKey::new(&b.entity, &b.resource, shard);
-            let image = self.rejections.fresh(&key, now)?;
+            let image = self.engine.rejections.fresh(&key, now)?;
             count = count.max(image.shard_count);
             let outcome = self.held_outcome(b, shard, &image, now);
             if outcome.limits.iter().all(|l| l.fits) {
@@ -49,7 +43,8 @@ impl<S: BucketStore> Engine<S> {
         // its shards (projected to now); it decides nothing here. A bucket with no image
         // held sends the request to the store, which reports its real balance and leaves
         // its image here for the next refusal.
-        let buckets = req
+        let buckets = self
+            .req
             .buckets
             .iter()
             .enumerate()
@@ -57,10 +52,10 @@ impl<S: BucketStore> Engine<S> {
                 if j == i {
                     return Some(self.held_outcome(b, shard, &image, now));
                 }
-                let count = self.shards.get(&other.entity, &other.resource);
+                let count = self.engine.shards.get(&other.entity, &other.resource);
                 (0..count).find_map(|s| {
                     let key = BucketKey::new(&other.entity, &other.resource, s);
-                    let img = self.rejections.latest(&key)?;
+                    let img = self.engine.rejections.latest(&key)?;
                     Some(self.outcome_from_image(other, s, &img, now, false))
                 })
             })

@@ -3,18 +3,18 @@
 //! is known of, after a consumption-only retry, for a refused or contended request; and
 //! the count and log line of a refusal no shard could ever admit.
 
-use super::Progress;
+use super::state::{Deciding, Progress};
 use crate::engine::bucket::{self, refill};
 use crate::engine::{
-    Acquire, BucketClaim, BucketOutcome, Decision, Engine, EngineStats, LimitOutcome,
-    CONTENTION_RETRY_MS,
+    BucketClaim, BucketOutcome, Decision, EngineStats, LimitOutcome, CONTENTION_RETRY_MS,
 };
 use crate::store::{BucketItem, BucketStore, Stamp};
 
-impl<S: BucketStore> Engine<S> {
+impl<S: BucketStore> Deciding<'_, S> {
     /// The refusal of a request whose bucket (`entity`, `resource`) stayed contended.
-    pub(super) fn contended(&self, req: &Acquire, entity: &str, resource: &str) -> Decision {
-        let buckets = req
+    pub(super) fn contended(&self, entity: &str, resource: &str) -> Decision {
+        let buckets = self
+            .req
             .buckets
             .iter()
             .map(|b| {
@@ -36,12 +36,12 @@ impl<S: BucketStore> Engine<S> {
 
     /// Counts and logs a refusal that no shard could ever admit: a gated claim larger
     /// than one shard's share (the per-shard request ceiling).
-    pub(super) fn note_per_shard_ceiling(&self, req: &Acquire, decision: &Decision) {
-        for (b, o) in req.buckets.iter().zip(&decision.buckets) {
+    pub(crate) fn note_per_shard_ceiling(&self, decision: &Decision) {
+        for (b, o) in self.req.buckets.iter().zip(&decision.buckets) {
             for (c, l) in b.limits.iter().zip(&o.limits) {
                 if c.exceeds(l.share) {
-                    EngineStats::bump(&self.stats.per_shard_ceiling_rejections);
-                    if let Some(suppressed) = self.ceiling_log.admit() {
+                    EngineStats::bump(&self.engine.stats.per_shard_ceiling_rejections);
+                    if let Some(suppressed) = self.engine.ceiling_log.admit() {
                         tracing::warn!(
                             resource = %b.resource,
                             limit = %c.limit,
@@ -113,7 +113,7 @@ impl<S: BucketStore> Engine<S> {
     ) -> BucketOutcome {
         let count = image
             .shard_count
-            .max(self.shards.get(&b.entity, &b.resource));
+            .max(self.engine.shards.get(&b.entity, &b.resource));
         let limits = b
             .limits
             .iter()
@@ -179,13 +179,9 @@ impl<S: BucketStore> Engine<S> {
     }
 
     /// The decision for a request refused after some buckets were looked at.
-    pub(super) fn refused_decision(
-        &self,
-        req: &Acquire,
-        progress: &[Progress],
-        now: i64,
-    ) -> Decision {
-        let buckets = req
+    pub(super) fn refused_decision(&self, progress: &[Progress], now: i64) -> Decision {
+        let buckets = self
+            .req
             .buckets
             .iter()
             .zip(progress)

@@ -5,7 +5,7 @@
 //! not. Also the consumption-only retry that follows a lost lock.
 //!
 //! Pure: no clock, no store, no I/O, so every rule here is tested on its own. The acquire
-//! algorithm (`acquire/mod.rs`) decides when a pass runs and what to do with its plan.
+//! algorithm (`acquire/decide.rs`, `slow.rs`) decides when a pass runs and what to do with its plan.
 //!
 //! Expiry. Every write stamps `ttl = now + multiplier × (time until the shard would be
 //! full again from the balance written)` ([`LimitParams::full_again_ms`]: debt included,

@@ -4,15 +4,16 @@
 
 use futures::future::join_all;
 
-use super::Progress;
-use crate::engine::{Acquire, BucketClaim, Decision, Engine, EngineStats};
+use super::state::{Deciding, Progress};
+use crate::engine::{BucketClaim, EngineStats};
 use crate::store::{BucketKey, BucketStore, Credit, Stamp};
 
-impl<S: BucketStore> Engine<S> {
+impl<S: BucketStore> Deciding<'_, S> {
     /// Refunds every bucket of `progress` that was debited.
-    pub(super) async fn refund_applied(&self, req: &Acquire, progress: &[Progress], now: i64) {
+    pub(super) async fn refund_applied(&self, progress: &[Progress], now: i64) {
         join_all(
-            req.buckets
+            self.req
+                .buckets
                 .iter()
                 .zip(progress)
                 .filter_map(|(b, p)| match p {
@@ -21,7 +22,7 @@ impl<S: BucketStore> Engine<S> {
                         // this request, refused from the cache, reports this bucket's real
                         // balance (an admitted image is otherwise kept only when short).
                         let key = BucketKey::new(&b.entity, &b.resource, *shard);
-                        self.rejections.remember(&key, image, now);
+                        self.engine.rejections.remember(&key, image, now);
                         Some(self.credit_bucket(b, *shard, image.shard_count, Stamp::of(image)))
                     }
                     _ => None,
@@ -32,7 +33,7 @@ impl<S: BucketStore> Engine<S> {
 
     /// Refunds what `b`'s claims took from `shard`, on condition that nothing refilled
     /// or doubled it since the debit whose image bore `stamp` (see `BucketStore::credit`).
-    pub(super) async fn credit_bucket(
+    pub(crate) async fn credit_bucket(
         &self,
         b: &BucketClaim,
         shard: u32,
@@ -40,7 +41,7 @@ impl<S: BucketStore> Engine<S> {
         stamp: Stamp,
     ) {
         let key = BucketKey::new(&b.entity, &b.resource, shard);
-        let count = count.max(self.shards.get(&b.entity, &b.resource));
+        let count = count.max(self.engine.shards.get(&b.entity, &b.resource));
         let credits: Vec<Credit> = b
             .limits
             .iter()
@@ -55,32 +56,11 @@ impl<S: BucketStore> Engine<S> {
         if credits.is_empty() {
             return;
         }
-        self.rejections.credit(&key, &credits);
-        EngineStats::bump(&self.stats.refunds);
-        if let Err(e) = self.store.credit(&key, stamp.into(), &credits).await {
+        self.engine.rejections.credit(&key, &credits);
+        EngineStats::bump(&self.engine.stats.refunds);
+        if let Err(e) = self.engine.store.credit(&key, stamp.into(), &credits).await {
             // A lost refund costs this bucket one request's tokens; never an over-admission.
             tracing::warn!(resource = %b.resource, error = %e, "refund of a voided debit failed");
         }
-    }
-
-    /// Gives back what an admitted decision took (best effort; used when a request turns
-    /// out refused after its debits, e.g. every quota-mode descriptor over).
-    pub async fn refund(&self, req: &Acquire, decision: &Decision) {
-        if !decision.admitted {
-            return;
-        }
-        join_all(
-            req.buckets
-                .iter()
-                .zip(&decision.buckets)
-                .map(|(b, o)| async move {
-                    if o.from_lease {
-                        self.refund_to_lease(b, o.shard, o.shard_count).await;
-                    } else {
-                        self.credit_bucket(b, o.shard, o.shard_count, o.stamp).await;
-                    }
-                }),
-        )
-        .await;
     }
 }

@@ -9,10 +9,10 @@ use futures::future::join_all;
 use smallvec::SmallVec;
 
 use super::pass;
-use super::{wrap, Draw, Progress};
+use super::state::{wrap, Deciding, Draw, Progress};
 use crate::engine::bucket::now_s;
 use crate::engine::bucket::{refill, LimitParams, MILLI};
-use crate::engine::{BucketClaim, Engine, EngineError, EngineStats, MAX_SHARD_COUNT};
+use crate::engine::{BucketClaim, EngineError, EngineStats, MAX_SHARD_COUNT};
 use crate::store::{
     BucketItem, BucketKey, BucketStore, CommitOutcome, DebitOutcome, StoreError, WCU_LIMIT,
 };
@@ -37,7 +37,7 @@ enum Refusal {
     LimitExhausted,
 }
 
-impl<S: BucketStore> Engine<S> {
+impl<S: BucketStore> Deciding<'_, S> {
     fn classify(&self, b: &BucketClaim, draw: Draw, image: &BucketItem, now: i64) -> Refusal {
         if image.ttl.is_some_and(|t| t <= now_s(now)) || image.shard_count != draw.count {
             return Refusal::Stale;
@@ -92,7 +92,11 @@ impl<S: BucketStore> Engine<S> {
         let shard = draw.shard;
         // Never smaller than the count the shard was drawn under: the cache may have been
         // cleared since, and a shard sized for fewer shards would hold too large a share.
-        let known = self.shards.get(&b.entity, &b.resource).max(draw.count);
+        let known = self
+            .engine
+            .shards
+            .get(&b.entity, &b.resource)
+            .max(draw.count);
         let Some(image) = image else {
             return Ok(Progress::Slow {
                 shard,
@@ -125,7 +129,7 @@ impl<S: BucketStore> Engine<S> {
                 let grown = self.double(b, Hot::Seen(&image), count).await?;
                 if grown > count {
                     let old: Vec<u32> = (0..count).collect();
-                    let fresh = self.draw.draw(grown, &old);
+                    let fresh = self.engine.draw.draw(grown, &old);
                     Ok(slow(fresh, grown, image))
                 } else {
                     Ok(slow(shard, count, image))
@@ -140,7 +144,7 @@ impl<S: BucketStore> Engine<S> {
                     if self.refill_would_not_help(b, shard, &image, now) {
                         return Ok(Progress::Rejected { shard, image });
                     }
-                    let other = self.draw.draw(count, &tried);
+                    let other = self.engine.draw.draw(count, &tried);
                     return Ok(slow(other, count, image));
                 }
                 if count > 1 {
@@ -149,11 +153,11 @@ impl<S: BucketStore> Engine<S> {
                             break;
                         }
                         let other = Draw {
-                            shard: self.draw.draw(count, &tried),
+                            shard: self.engine.draw.draw(count, &tried),
                             count,
                         };
                         tried.push(other.shard);
-                        EngineStats::bump(&self.stats.shard_retries);
+                        EngineStats::bump(&self.engine.stats.shard_retries);
                         match self.fast_debit(b, other, now).await.map_err(wrap(b))? {
                             DebitOutcome::Applied(image) => {
                                 return Ok(Progress::Applied {
@@ -195,14 +199,18 @@ impl<S: BucketStore> Engine<S> {
         draw: Draw,
         throttled: StoreError,
     ) -> Result<Progress, EngineError> {
-        let count = self.shards.get(&b.entity, &b.resource).max(draw.count);
+        let count = self
+            .engine
+            .shards
+            .get(&b.entity, &b.resource)
+            .max(draw.count);
         let grown = self.double(b, Hot::Unread(draw.shard), count).await?;
         if grown <= count {
             return Err(wrap(b)(throttled));
         }
         let old: Vec<u32> = (0..count).collect();
         Ok(Progress::Slow {
-            shard: self.draw.draw(grown, &old),
+            shard: self.engine.draw.draw(grown, &old),
             count: grown,
             seen: None,
             absent: false,
@@ -215,7 +223,7 @@ impl<S: BucketStore> Engine<S> {
     /// limits could no longer hold [`MIN_CLAIMS_PER_SHARD`] of the claims it usually carries.
     async fn double(&self, b: &BucketClaim, hot: Hot<'_>, count: u32) -> Result<u32, EngineError> {
         if count >= MAX_SHARD_COUNT {
-            EngineStats::bump(&self.stats.shard_doublings_declined_at_max);
+            EngineStats::bump(&self.engine.stats.shard_doublings_declined_at_max);
             return Ok(count);
         }
         let new = (count * 2).min(MAX_SHARD_COUNT);
@@ -227,7 +235,7 @@ impl<S: BucketStore> Engine<S> {
         let keys: Vec<BucketKey> = (0..count)
             .map(|s| BucketKey::new(&b.entity, &b.resource, s))
             .collect();
-        let mut images = self.store.read(&keys).await.map_err(wrap(b))?;
+        let mut images = self.engine.store.read(&keys).await.map_err(wrap(b))?;
         if let Hot::Unread(shard) = hot {
             let hot = images.get(shard as usize).and_then(Option::as_ref);
             if self.share_too_small(b, hot, new) {
@@ -239,7 +247,7 @@ impl<S: BucketStore> Engine<S> {
             limits: SmallVec::new(),
             ..b.clone()
         };
-        let ctx = self.pass_context(self.clock.now_ms());
+        let ctx = self.pass_context(self.engine.clock.now_ms());
         // Shard 0 holds the count: it moves from what it holds to `new` in one write under
         // its `rf` lock, which also clamps its balances to the new share (left as they
         // were, shard 0 would hold a share sized for fewer shards while new ones are
@@ -251,11 +259,19 @@ impl<S: BucketStore> Engine<S> {
             };
             if zero.shard_count >= new {
                 // Someone else doubled first: adopt their count.
-                self.shards.learn(&b.entity, &b.resource, zero.shard_count);
+                self.engine
+                    .shards
+                    .learn(&b.entity, &b.resource, zero.shard_count);
                 return Ok(count.max(zero.shard_count));
             }
             let plan = pass::plan_bucket(&clamp, &keys[0], Some(zero), new, &ctx);
-            match self.store.commit(&[plan.write]).await.map_err(wrap(b))? {
+            match self
+                .engine
+                .store
+                .commit(&[plan.write])
+                .await
+                .map_err(wrap(b))?
+            {
                 CommitOutcome::Committed => {
                     won = true;
                     break;
@@ -269,7 +285,7 @@ impl<S: BucketStore> Engine<S> {
             // Shard 0 kept changing under us: the next exhaustion tries again.
             return Ok(count);
         }
-        EngineStats::bump(&self.stats.shard_doublings);
+        EngineStats::bump(&self.engine.stats.shard_doublings);
         tracing::info!(resource = %b.resource, from = count, to = new, "bucket doubled its shards");
         // The other existing shards learn the count the same way, each under its own
         // lock. One that changed since the read is left to its next slow pass: the fast
@@ -279,13 +295,13 @@ impl<S: BucketStore> Engine<S> {
             let plan = pass::plan_bucket(&clamp, key, Some(image), new, &ctx);
             let write = [plan.write];
             Some(async move {
-                if let Err(e) = self.store.commit(&write).await {
+                if let Err(e) = self.engine.store.commit(&write).await {
                     tracing::debug!(error = %e, "a shard could not learn the doubled count");
                 }
             })
         }))
         .await;
-        self.shards.learn(&b.entity, &b.resource, new);
+        self.engine.shards.learn(&b.entity, &b.resource, new);
         Ok(new)
     }
 
@@ -316,7 +332,7 @@ impl<S: BucketStore> Engine<S> {
         });
         let small = claimed || stored;
         if small {
-            EngineStats::bump(&self.stats.shard_doublings_declined_small_share);
+            EngineStats::bump(&self.engine.stats.shard_doublings_declined_small_share);
         }
         small
     }

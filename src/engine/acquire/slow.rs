@@ -5,19 +5,19 @@
 //! when a lock or a create race is lost.
 
 use super::pass::{self, BucketPlan, PassContext};
-use super::{wrap, Avoid, Draw, Progress, SlowTarget};
-use crate::engine::{Acquire, BucketOutcome, Engine, EngineError, EngineStats};
+use super::state::{wrap, Avoid, Deciding, Draw, Progress, SlowTarget};
+use crate::engine::{BucketOutcome, EngineError, EngineStats};
 use crate::store::{BucketItem, BucketKey, BucketStore, CommitOutcome, DebitOutcome, Write};
 
-impl<S: BucketStore> Engine<S> {
+impl<S: BucketStore> Deciding<'_, S> {
     /// Waits for the slow passes in flight on the shards drawn for `req`'s fast path;
     /// returns whether it waited for any.
-    pub(super) async fn await_slow_passes(&self, req: &Acquire, draws: &[Draw]) -> bool {
+    pub(super) async fn await_slow_passes(&self, draws: &[Draw]) -> bool {
         let mut waited = false;
-        for (b, d) in req.buckets.iter().zip(draws) {
+        for (b, d) in self.req.buckets.iter().zip(draws) {
             let key = BucketKey::new(&b.entity, &b.resource, d.shard);
-            if let Some(pass_done) = self.slow_passes.in_flight(&key) {
-                EngineStats::bump(&self.stats.slow_passes_followed);
+            if let Some(pass_done) = self.engine.slow_passes.in_flight(&key) {
+                EngineStats::bump(&self.engine.stats.slow_passes_followed);
                 pass_done.await;
                 waited = true;
             }
@@ -30,7 +30,6 @@ impl<S: BucketStore> Engine<S> {
     /// `progress` still records every debit applied, for the refund.
     pub(super) async fn follow_slow_passes(
         &self,
-        req: &Acquire,
         progress: &mut [Progress],
         avoid: &[Avoid],
     ) -> Result<Option<i64>, EngineError> {
@@ -39,19 +38,19 @@ impl<S: BucketStore> Engine<S> {
             let Progress::Slow { shard, count, .. } = *p else {
                 continue;
             };
-            let b = &req.buckets[i];
+            let b = &self.req.buckets[i];
             let key = BucketKey::new(&b.entity, &b.resource, shard);
-            let Some(pass_done) = self.slow_passes.in_flight(&key) else {
+            let Some(pass_done) = self.engine.slow_passes.in_flight(&key) else {
                 continue;
             };
-            EngineStats::bump(&self.stats.slow_passes_followed);
+            EngineStats::bump(&self.engine.stats.slow_passes_followed);
             pass_done.await;
-            let now = self.clock.now_ms();
+            let now = self.engine.clock.now_ms();
             waited_until = Some(now);
             let draw = Draw { shard, count };
             *p = match self.fast_debit(b, draw, now).await.map_err(wrap(b))? {
                 DebitOutcome::Applied(image) => {
-                    EngineStats::bump(&self.stats.fast_path_hits);
+                    EngineStats::bump(&self.engine.stats.fast_path_hits);
                     Progress::Applied { shard, image }
                 }
                 DebitOutcome::Refused(image) => {
@@ -66,23 +65,22 @@ impl<S: BucketStore> Engine<S> {
     /// committed, and their outcomes.
     pub(super) async fn slow_path(
         &self,
-        req: &Acquire,
         targets: &[SlowTarget],
     ) -> Result<(bool, Vec<BucketOutcome>), EngineError> {
         let keys: Vec<BucketKey> = targets
             .iter()
             .map(|t| {
-                let b = &req.buckets[t.bucket];
+                let b = &self.req.buckets[t.bucket];
                 BucketKey::new(&b.entity, &b.resource, t.shard)
             })
             .collect();
-        let first = &req.buckets[targets[0].bucket];
+        let first = &self.req.buckets[targets[0].bucket];
         let images = self
             .read_present(&keys, targets)
             .await
             .map_err(wrap(first))?;
-        let counts = self.creation_counts(req, targets, &images).await?;
-        let ctx = self.pass_context(self.clock.now_ms());
+        let counts = self.creation_counts(targets, &images).await?;
+        let ctx = self.pass_context(self.engine.clock.now_ms());
         let now = ctx.now;
         let plans: Vec<BucketPlan> = targets
             .iter()
@@ -90,9 +88,11 @@ impl<S: BucketStore> Engine<S> {
             .zip(&images)
             .zip(&counts)
             .map(|(((t, key), img), &count)| {
-                let b = &req.buckets[t.bucket];
+                let b = &self.req.buckets[t.bucket];
                 if let Some(img) = img {
-                    self.shards.learn(&b.entity, &b.resource, img.shard_count);
+                    self.engine
+                        .shards
+                        .learn(&b.entity, &b.resource, img.shard_count);
                 }
                 pass::plan_bucket(b, key, img.as_ref(), count, &ctx)
             })
@@ -101,7 +101,7 @@ impl<S: BucketStore> Engine<S> {
         if !plans.iter().all(|p| p.fits) {
             for (key, img) in keys.iter().zip(&images) {
                 if let Some(img) = img {
-                    self.rejections.remember(key, img, now);
+                    self.engine.rejections.remember(key, img, now);
                 }
             }
             return Ok((false, plans.into_iter().map(|p| p.refused).collect()));
@@ -110,23 +110,29 @@ impl<S: BucketStore> Engine<S> {
         let mut writes: Vec<Write> = plans.iter().map(|p| p.write.clone()).collect();
         let mut admitted: Vec<BucketOutcome> = plans.iter().map(|p| p.admitted.clone()).collect();
         for round in 0..3 {
-            match self.store.commit(&writes).await.map_err(wrap(first))? {
+            match self
+                .engine
+                .store
+                .commit(&writes)
+                .await
+                .map_err(wrap(first))?
+            {
                 CommitOutcome::Committed => return Ok((true, admitted)),
                 CommitOutcome::Conflict(failed) => {
                     if round == 2 {
                         break;
                     }
-                    EngineStats::bump(&self.stats.consumption_only_retries);
+                    EngineStats::bump(&self.engine.stats.consumption_only_retries);
                     for (idx, current) in failed {
                         let SlowTarget { bucket, shard, .. } = targets[idx];
-                        let (b, count) = (&req.buckets[bucket], counts[idx]);
+                        let (b, count) = (&self.req.buckets[bucket], counts[idx]);
                         if let Write::Debit { .. } = writes[idx] {
                             // The balance no longer covers the request.
                             let mut outcomes: Vec<BucketOutcome> =
                                 plans.into_iter().map(|p| p.refused).collect();
                             if let Some(img) = &current {
                                 outcomes[idx] = self.outcome_from_image(b, shard, img, now, false);
-                                self.rejections.remember(&keys[idx], img, now);
+                                self.engine.rejections.remember(&keys[idx], img, now);
                             }
                             return Ok((false, outcomes));
                         }
@@ -162,7 +168,7 @@ impl<S: BucketStore> Engine<S> {
         targets: &[SlowTarget],
     ) -> Result<Vec<Option<BucketItem>>, crate::store::StoreError> {
         if !targets.iter().any(|t| t.absent) {
-            return self.store.read(keys).await;
+            return self.engine.store.read(keys).await;
         }
         let present: Vec<BucketKey> = keys
             .iter()
@@ -173,7 +179,7 @@ impl<S: BucketStore> Engine<S> {
         let mut read = if present.is_empty() {
             Vec::new()
         } else {
-            self.store.read(&present).await?
+            self.engine.store.read(&present).await?
         }
         .into_iter();
         Ok(targets
@@ -198,7 +204,6 @@ impl<S: BucketStore> Engine<S> {
     /// count at least the one they were last written under, and the plan keeps the larger.)
     async fn creation_counts(
         &self,
-        req: &Acquire,
         targets: &[SlowTarget],
         images: &[Option<BucketItem>],
     ) -> Result<Vec<u32>, EngineError> {
@@ -212,16 +217,18 @@ impl<S: BucketStore> Engine<S> {
         let zeros: Vec<BucketKey> = created
             .iter()
             .map(|&i| {
-                let b = &req.buckets[targets[i].bucket];
+                let b = &self.req.buckets[targets[i].bucket];
                 BucketKey::new(&b.entity, &b.resource, 0)
             })
             .collect();
-        let b = &req.buckets[targets[first].bucket];
-        let zero_images = self.store.read(&zeros).await.map_err(wrap(b))?;
+        let b = &self.req.buckets[targets[first].bucket];
+        let zero_images = self.engine.store.read(&zeros).await.map_err(wrap(b))?;
         for (&i, zero) in created.iter().zip(&zero_images) {
             if let Some(zero) = zero {
-                let b = &req.buckets[targets[i].bucket];
-                self.shards.learn(&b.entity, &b.resource, zero.shard_count);
+                let b = &self.req.buckets[targets[i].bucket];
+                self.engine
+                    .shards
+                    .learn(&b.entity, &b.resource, zero.shard_count);
                 counts[i] = counts[i].max(zero.shard_count);
             }
         }
@@ -232,8 +239,8 @@ impl<S: BucketStore> Engine<S> {
     pub(super) fn pass_context(&self, now: i64) -> PassContext {
         PassContext {
             now,
-            wcu: self.wcu,
-            ttl_multiplier: self.options.ttl_multiplier,
+            wcu: self.engine.wcu,
+            ttl_multiplier: self.engine.options.ttl_multiplier,
         }
     }
 }

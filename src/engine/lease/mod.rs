@@ -28,6 +28,7 @@ use smallvec::SmallVec;
 pub(crate) use book::LeaseBook;
 use book::{Landing, Return, Served, Want};
 
+use super::acquire::Deciding;
 use super::{Acquire, BucketClaim, Decision, Engine, EngineStats, LimitClaim};
 use crate::store::{BucketStore, Credit, CreditGuard};
 
@@ -94,21 +95,33 @@ pub const UNHURRIED: std::time::Duration = std::time::Duration::from_millis(100)
 
 type Work<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
 
-impl<S: BucketStore> Engine<S> {
+/// The lease work of one engine: its parts and its book. The engine hands one out only
+/// when leases are on, and for answering requests only while the lease task lives
+/// (`instance.rs`), so no step here asks again.
+pub(crate) struct Leasing<'a, S: BucketStore> {
+    engine: &'a Engine<S>,
+    book: &'a LeaseBook,
+}
+
+impl<'a, S: BucketStore> Leasing<'a, S> {
+    pub(crate) fn new(engine: &'a Engine<S>, book: &'a LeaseBook) -> Self {
+        Leasing { engine, book }
+    }
+
     /// Answers `req` from leases when they cover it; otherwise gives back first the
     /// leases too short for it, and returns `None` (the store decides). Waits for a lease
     /// move under way on its bucket at most [`Self::lease_patience`].
-    pub(super) async fn answer_from_leases(
+    pub(crate) async fn answer(
         &self,
         req: &Acquire,
         deadline: Option<tokio::time::Instant>,
     ) -> Option<Decision> {
-        let book = self.leases.as_ref()?;
+        let book = self.book;
         let mut first = true;
         loop {
-            match book.serve(req, self.clock.now_ms(), first) {
+            match book.serve(req, self.engine.clock.now_ms(), first) {
                 Served::Answered(decision) => {
-                    EngineStats::bump(&self.stats.lease_decisions);
+                    EngineStats::bump(&self.engine.stats.lease_decisions);
                     return Some(decision);
                 }
                 Served::Missed(returns) => {
@@ -124,7 +137,7 @@ impl<S: BucketStore> Engine<S> {
                     if !patience.is_zero() {
                         let waited = tokio::time::timeout(patience, landed.changed()).await;
                         if waited.is_err() {
-                            EngineStats::bump(&self.stats.lease_waits_cut);
+                            EngineStats::bump(&self.engine.stats.lease_waits_cut);
                         }
                     }
                     first = false;
@@ -154,59 +167,39 @@ impl<S: BucketStore> Engine<S> {
     }
 
     /// Tells the lease book what the store decided (the balances it left).
-    pub(super) fn saw_decision(&self, req: &Acquire, decision: &mut Decision) {
-        if !self.leasing() {
-            return;
-        }
-        if let Some(book) = &self.leases {
-            book.saw(req, decision, self.clock.now_ms());
-        }
+    pub(crate) fn saw_decision(&self, req: &Acquire, decision: &mut Decision) {
+        self.book.saw(req, decision, self.engine.clock.now_ms());
     }
 
-    /// Fetches the leases wanted now, concurrently (tests call it to step the lease
-    /// task by hand).
-    pub async fn fetch_wanted_leases(&self) {
-        let Some(book) = &self.leases else { return };
-        futures::future::join_all(book.take_wants().into_iter().map(|w| self.fetch(w))).await;
+    /// Fetches the leases wanted now, concurrently.
+    pub(crate) async fn fetch_wanted(&self) {
+        let wants = self.book.take_wants();
+        futures::future::join_all(wants.into_iter().map(|w| self.fetch(w))).await;
     }
 
-    /// Gives back every lease expired by now (tests call it to step the lease task).
-    pub async fn return_expired_leases(&self) {
-        let Some(book) = &self.leases else { return };
-        let returns = book.expire(self.clock.now_ms());
+    /// Gives back every lease expired by now.
+    pub(crate) async fn return_expired(&self) {
+        let returns = self.book.expire(self.engine.clock.now_ms());
         if !returns.is_empty() {
             self.give_back_expired(returns).await;
         }
     }
 
-    /// Millitokens this process holds in leases.
-    pub fn leased_outstanding(&self) -> i64 {
-        self.leases.as_ref().map_or(0, |b| b.outstanding())
-    }
-
-    /// Whether requests are answered from leases: they are on, and the lease task lives.
-    pub(super) fn leasing(&self) -> bool {
-        self.leases.is_some() && !self.leasing_failed.load(Ordering::Acquire)
-    }
-
     /// The lease task: fetches the leases hot buckets want and gives back expired ones,
     /// until `stop` resolves; then lets the fetches in flight land and gives everything
-    /// back. Returns at once (after `stop`) when leases are off.
+    /// back.
     ///
     /// Supervised: should it panic (a bug in the book, the store or the arithmetic),
     /// leasing turns off for good — every request goes to the store, none waits for a
     /// fetch that will never land — the leases held are given back, and the death is
     /// logged and counted (`lease_task_failures`). Returns then, without waiting for
     /// `stop`.
-    pub async fn run_leases(&self, stop: impl Future<Output = ()>) {
-        let Some(book) = &self.leases else {
-            return stop.await;
-        };
-        let run = std::panic::AssertUnwindSafe(self.lease_loop(book, stop));
+    pub(crate) async fn run(&self, stop: impl Future<Output = ()>) {
+        let run = std::panic::AssertUnwindSafe(self.lease_loop(stop));
         if let Err(panic) = futures::FutureExt::catch_unwind(run).await {
-            self.leasing_failed.store(true, Ordering::Release);
-            EngineStats::bump(&self.stats.lease_task_failures);
-            let returns = book.close();
+            self.engine.leasing_failed.store(true, Ordering::Release);
+            EngineStats::bump(&self.engine.stats.lease_task_failures);
+            let returns = self.book.close();
             tracing::error!(
                 panic = panic_text(panic.as_ref()),
                 leases = returns.len(),
@@ -216,8 +209,9 @@ impl<S: BucketStore> Engine<S> {
         }
     }
 
-    /// [`Self::run_leases`]'s loop.
-    async fn lease_loop(&self, book: &LeaseBook, stop: impl Future<Output = ()>) {
+    /// [`Self::run`]'s loop.
+    async fn lease_loop(&self, stop: impl Future<Output = ()>) {
+        let book = self.book;
         let mut work: FuturesUnordered<Work<'_>> = FuturesUnordered::new();
         let mut tick = tokio::time::interval(book.tick());
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -232,7 +226,7 @@ impl<S: BucketStore> Engine<S> {
                 }
                 Some(()) = work.next(), if !work.is_empty() => {}
                 _ = tick.tick() => {
-                    let returns = book.expire(self.clock.now_ms());
+                    let returns = book.expire(self.engine.clock.now_ms());
                     if !returns.is_empty() {
                         work.push(Box::pin(self.give_back_expired(returns)));
                     }
@@ -250,13 +244,16 @@ impl<S: BucketStore> Engine<S> {
     /// Takes one lease for `want`: a debit of the size its demand calls for, or of what
     /// the shard can still give when that is still useful; else none for a while.
     async fn fetch(&self, want: Want) {
-        let Some(book) = &self.leases else { return };
+        let book = self.book;
         let options = book.options();
         assert!(
             !options.panic_at_fetch,
             "SHARDGATE_DEBUG_LEASE_TASK_PANIC: the lease task panics at its first fetch"
         );
-        let count = self.shards.get(&want.bucket.entity, &want.bucket.resource);
+        let count = self
+            .engine
+            .shards
+            .get(&want.bucket.entity, &want.bucket.resource);
         let mut limits: SmallVec<[LimitClaim; 2]> = SmallVec::new();
         for w in &want.limits {
             let share = w.claim.params.share(count);
@@ -273,7 +270,7 @@ impl<S: BucketStore> Engine<S> {
                     ..w.claim.clone()
                 }),
                 None => {
-                    book.declined(&want.bucket, self.clock.now_ms());
+                    book.declined(&want.bucket, self.engine.clock.now_ms());
                     return;
                 }
             }
@@ -288,10 +285,15 @@ impl<S: BucketStore> Engine<S> {
                     strict: false,
                 }],
             };
-            match self.decide(&req).await {
+            match Deciding::new(self.engine, &req).decide().await {
                 Ok(d) if d.admitted => {
-                    EngineStats::bump(&self.stats.leases_taken);
-                    book.granted(&want.bucket, &limits, &d.buckets[0], self.clock.now_ms());
+                    EngineStats::bump(&self.engine.stats.leases_taken);
+                    book.granted(
+                        &want.bucket,
+                        &limits,
+                        &d.buckets[0],
+                        self.engine.clock.now_ms(),
+                    );
                     return;
                 }
                 Ok(d) if attempt == 0 => {
@@ -322,15 +324,15 @@ impl<S: BucketStore> Engine<S> {
                 }
             }
         }
-        EngineStats::bump(&self.stats.leases_refused);
-        book.declined(&want.bucket, self.clock.now_ms());
+        EngineStats::bump(&self.engine.stats.leases_refused);
+        book.declined(&want.bucket, self.engine.clock.now_ms());
     }
 
     /// Gives back what a decision answered from a lease took: into that lease, or to its
     /// shard when the lease has gone back since (as a lease's rest: the tokens were taken).
-    pub(super) async fn refund_to_lease(&self, b: &BucketClaim, shard: u32, shard_count: u32) {
-        let Some(book) = &self.leases else { return };
-        EngineStats::bump(&self.stats.refunds);
+    pub(crate) async fn refund_to_lease(&self, b: &BucketClaim, shard: u32, shard_count: u32) {
+        let book = self.book;
+        EngineStats::bump(&self.engine.stats.refunds);
         if book.restore(b, shard, shard_count) {
             return;
         }
@@ -368,13 +370,13 @@ impl<S: BucketStore> Engine<S> {
             .await
             .is_err()
         {
-            EngineStats::bump(&self.stats.lease_waits_cut);
+            EngineStats::bump(&self.engine.stats.lease_waits_cut);
         }
     }
 
     /// Gives back leases [`LeaseBook::expire`] took out, then tells the book they landed.
     async fn give_back_expired(&self, returns: Vec<Return>) {
-        let Some(book) = &self.leases else { return };
+        let book = self.book;
         self.give_back(returns.clone()).await;
         book.returned(&returns);
     }
@@ -393,9 +395,10 @@ impl<S: BucketStore> Engine<S> {
                     params: *params,
                 })
                 .collect();
-            self.rejections.credit(&r.key, &credits);
-            EngineStats::bump(&self.stats.leases_returned);
+            self.engine.rejections.credit(&r.key, &credits);
+            EngineStats::bump(&self.engine.stats.leases_returned);
             match self
+                .engine
                 .store
                 .credit(&r.key, CreditGuard::SameCount(r.shard_count), &credits)
                 .await
@@ -403,9 +406,9 @@ impl<S: BucketStore> Engine<S> {
                 Ok(applied) if applied.len() == credits.len() => {}
                 // The shard doubled or refilled near its ceiling meanwhile: those tokens
                 // stay taken until it refills (never an over-admission).
-                Ok(_) => EngineStats::bump(&self.stats.lease_returns_dropped),
+                Ok(_) => EngineStats::bump(&self.engine.stats.lease_returns_dropped),
                 Err(e) => {
-                    EngineStats::bump(&self.stats.lease_returns_dropped);
+                    EngineStats::bump(&self.engine.stats.lease_returns_dropped);
                     tracing::warn!(resource = %r.key.resource, error = %e, "lease return failed");
                 }
             }
