@@ -12,7 +12,19 @@ use crate::engine::bucket::now_s;
 use crate::engine::{BucketClaim, BucketOutcome, Decision, EngineError, EngineStats};
 use crate::store::{BucketKey, BucketStore, Debit, DebitMode, DebitOutcome, StoreError};
 
+/// The fast path's answer for each bucket, in request order.
+type FastAnswers = SmallVec<[Result<DebitOutcome, StoreError>; 2]>;
+
+/// A request that failed while taking its buckets on: the error, and where each bucket
+/// stood (what was applied is refunded before the error goes back).
+struct Refunding {
+    progress: SmallVec<[Progress; 2]>,
+    error: EngineError,
+}
+
 impl<S: BucketStore> Deciding<'_, S> {
+    /// Decides the request: the rejection cache, the fast path, and [`Self::settle`] for
+    /// anything the fast path did not apply.
     pub(crate) async fn decide(&self) -> Result<Decision, EngineError> {
         if self.req.buckets.is_empty() {
             return Ok(Decision {
@@ -20,62 +32,20 @@ impl<S: BucketStore> Deciding<'_, S> {
                 buckets: SmallVec::new(),
             });
         }
-        let now = self.engine.clock.now_ms();
-
+        let mut now = self.engine.clock.now_ms();
         let mut avoid: PerBucket<Avoid> =
             (0..self.req.buckets.len()).map(|_| Avoid::new()).collect();
-        if self.engine.rejections.holds_any() {
-            for (i, shards) in avoid.iter_mut().enumerate() {
-                if let Some(decision) = self.cached_refusal(i, shards, now) {
-                    EngineStats::bump(&self.engine.stats.rejection_cache_hits);
-                    return Ok(decision);
-                }
-            }
+        if let Some(decision) = self.refused_from_cache(&mut avoid, now) {
+            return Ok(decision);
         }
 
-        // Fast path, every bucket concurrently.
-        let draws: PerBucket<Draw> = self
-            .req
-            .buckets
-            .iter()
-            .zip(&avoid)
-            .map(|(b, a)| {
-                let count = self.engine.shards.get(&b.entity, &b.resource);
-                Draw {
-                    shard: self.engine.draw.draw(count, a),
-                    count,
-                }
-            })
-            .collect();
+        let draws = self.draw_shards(&avoid);
         // A drawn shard this process is refilling has just run dry: wait for the refill
         // rather than send a debit it would refuse, and decide at the time it ended.
-        let mut now = now;
         if self.engine.slow_passes.any() && Box::pin(self.await_slow_passes(&draws)).await {
             now = self.engine.clock.now_ms();
         }
-        // One bucket (the common request) is awaited directly, and two (a cascade pair)
-        // joined in place: `join_all` allocates.
-        let fast: SmallVec<[_; 2]> = if let [b] = &self.req.buckets[..] {
-            smallvec::smallvec![self.fast_debit(b, draws[0], now).await]
-        } else if let [a, b] = &self.req.buckets[..] {
-            let (x, y) = futures::join!(
-                self.fast_debit(a, draws[0], now),
-                self.fast_debit(b, draws[1], now)
-            );
-            smallvec::smallvec![x, y]
-        } else {
-            // Three or more: `join_all` allocates its output, which is kept as it is.
-            SmallVec::from_vec(
-                join_all(
-                    self.req
-                        .buckets
-                        .iter()
-                        .zip(&draws)
-                        .map(|(b, &d)| self.fast_debit(b, d, now)),
-                )
-                .await,
-            )
-        };
+        let fast = self.fast_debits(&draws, now).await;
 
         // The common case: every debit applied. Everything else goes on in a boxed future,
         // which keeps this one (moved into the request's future, itself moved into the
@@ -84,26 +54,87 @@ impl<S: BucketStore> Deciding<'_, S> {
             .iter()
             .all(|r| matches!(r, Ok(DebitOutcome::Applied(_))))
         {
-            let buckets = self
-                .req
-                .buckets
-                .iter()
-                .zip(&draws)
-                .zip(&fast)
-                .filter_map(|((b, d), r)| match r {
-                    Ok(DebitOutcome::Applied(image)) => {
-                        EngineStats::bump(&self.engine.stats.fast_path_hits);
-                        Some(self.outcome_from_image(b, d.shard, image, now, true))
-                    }
-                    _ => None,
-                })
-                .collect();
-            return Ok(Decision {
-                admitted: true,
-                buckets,
-            });
+            return Ok(self.all_applied(&draws, &fast, now));
         }
         Box::pin(self.settle(&draws, fast, &avoid, now)).await
+    }
+
+    /// The rejection cache's refusal of the request, if it holds one; fills `avoid` with
+    /// the shards it knows short either way.
+    fn refused_from_cache(&self, avoid: &mut [Avoid], now: i64) -> Option<Decision> {
+        if !self.engine.rejections.holds_any() {
+            return None;
+        }
+        for (i, shards) in avoid.iter_mut().enumerate() {
+            if let Some(decision) = self.cached_refusal(i, shards, now) {
+                EngineStats::bump(&self.engine.stats.rejection_cache_hits);
+                return Some(decision);
+            }
+        }
+        None
+    }
+
+    /// A shard for each bucket, drawn under the count this process knows, away from the
+    /// shards known short.
+    fn draw_shards(&self, avoid: &[Avoid]) -> PerBucket<Draw> {
+        self.req
+            .buckets
+            .iter()
+            .zip(avoid)
+            .map(|(b, a)| {
+                let count = self.engine.shards.get(&b.entity, &b.resource);
+                Draw {
+                    shard: self.engine.draw.draw(count, a),
+                    count,
+                }
+            })
+            .collect()
+    }
+
+    /// The fast path: one debit per bucket on its drawn shard, every bucket concurrently.
+    /// One bucket (the common request) is awaited directly, and two (a cascade pair)
+    /// joined in place: `join_all` allocates.
+    async fn fast_debits(&self, draws: &[Draw], now: i64) -> FastAnswers {
+        let buckets = &self.req.buckets[..];
+        if let [b] = buckets {
+            smallvec::smallvec![self.fast_debit(b, draws[0], now).await]
+        } else if let [a, b] = buckets {
+            let (x, y) = futures::join!(
+                self.fast_debit(a, draws[0], now),
+                self.fast_debit(b, draws[1], now)
+            );
+            smallvec::smallvec![x, y]
+        } else {
+            // Three or more: `join_all` allocates its output, which is kept as it is.
+            let debits = buckets
+                .iter()
+                .zip(draws)
+                .map(|(b, &d)| self.fast_debit(b, d, now));
+            SmallVec::from_vec(join_all(debits).await)
+        }
+    }
+
+    /// The admission of a request whose every fast debit applied, reported from the
+    /// images the debits returned.
+    fn all_applied(&self, draws: &[Draw], fast: &FastAnswers, now: i64) -> Decision {
+        let buckets = self
+            .req
+            .buckets
+            .iter()
+            .zip(draws)
+            .zip(fast)
+            .filter_map(|((b, d), r)| match r {
+                Ok(DebitOutcome::Applied(image)) => {
+                    EngineStats::bump(&self.engine.stats.fast_path_hits);
+                    Some(self.outcome_from_image(b, d.shard, image, now, true))
+                }
+                _ => None,
+            })
+            .collect();
+        Decision {
+            admitted: true,
+            buckets,
+        }
     }
 
     /// Takes a request on from fast-path answers of which at least one was not applied:
@@ -111,52 +142,18 @@ impl<S: BucketStore> Deciding<'_, S> {
     async fn settle(
         &self,
         draws: &[Draw],
-        fast: SmallVec<[Result<DebitOutcome, StoreError>; 2]>,
+        fast: FastAnswers,
         avoid: &[Avoid],
         mut now: i64,
     ) -> Result<Decision, EngineError> {
-        let mut progress: SmallVec<[Progress; 2]> = SmallVec::new();
-        let mut first_error = None;
-        for ((b, &draw), result) in self.req.buckets.iter().zip(draws).zip(fast) {
-            let idx = progress.len();
-            progress.push(match result {
-                Ok(DebitOutcome::Applied(image)) => {
-                    EngineStats::bump(&self.engine.stats.fast_path_hits);
-                    Progress::Applied {
-                        shard: draw.shard,
-                        image,
-                    }
-                }
-                Ok(DebitOutcome::Refused(image)) => {
-                    match Box::pin(self.resolve(b, draw, image, &avoid[idx], now)).await {
-                        Ok(p) => p,
-                        Err(e) => {
-                            first_error = first_error.or(Some(e));
-                            Progress::Pending
-                        }
-                    }
-                }
-                // The partition refused the write for its rate: the bucket doubles if it can
-                // (resolve.rs), else the throttle is this bucket's refusal.
-                Err(throttled @ StoreError::Throttled { .. }) if first_error.is_none() => {
-                    match Box::pin(self.relieve_throttled(b, draw, throttled)).await {
-                        Ok(p) => p,
-                        Err(e) => {
-                            first_error = Some(e);
-                            Progress::Pending
-                        }
-                    }
-                }
-                Err(e) => {
-                    first_error = first_error.or(Some(wrap(b)(e)));
-                    Progress::Pending
-                }
-            });
-        }
-        if let Some(e) = first_error {
-            Box::pin(self.refund_applied(&progress, now)).await;
-            return Err(e);
-        }
+        let progress = Box::pin(self.take_on(draws, fast, avoid, now)).await;
+        let mut progress = match progress {
+            Ok(progress) => progress,
+            Err(Refunding { progress, error }) => {
+                Box::pin(self.refund_applied(&progress, now)).await;
+                return Err(error);
+            }
+        };
         if progress.iter().any(|p| matches!(p, Progress::Slow { .. })) {
             match Box::pin(self.follow_slow_passes(&mut progress, avoid)).await {
                 // Having waited, the request is decided at the time the wait ended.
@@ -168,7 +165,6 @@ impl<S: BucketStore> Deciding<'_, S> {
                 }
             }
         }
-
         if progress
             .iter()
             .any(|p| matches!(p, Progress::Rejected { .. }))
@@ -177,7 +173,55 @@ impl<S: BucketStore> Deciding<'_, S> {
             Box::pin(self.refund_applied(&progress, now)).await;
             return Ok(self.refused_decision(&progress, now));
         }
+        Box::pin(self.finish(&progress, now)).await
+    }
 
+    /// Where each bucket stands after its fast-path answer: applied, or its refusal
+    /// resolved (`resolve.rs`). On an error, what was applied, for the refund.
+    async fn take_on(
+        &self,
+        draws: &[Draw],
+        fast: FastAnswers,
+        avoid: &[Avoid],
+        now: i64,
+    ) -> Result<SmallVec<[Progress; 2]>, Refunding> {
+        let mut progress: SmallVec<[Progress; 2]> = SmallVec::new();
+        let mut first_error = None;
+        for ((b, &draw), result) in self.req.buckets.iter().zip(draws).zip(fast) {
+            let idx = progress.len();
+            let next = match result {
+                Ok(DebitOutcome::Applied(image)) => {
+                    EngineStats::bump(&self.engine.stats.fast_path_hits);
+                    Ok(Progress::Applied {
+                        shard: draw.shard,
+                        image,
+                    })
+                }
+                Ok(DebitOutcome::Refused(image)) => {
+                    Box::pin(self.resolve(b, draw, image, &avoid[idx], now)).await
+                }
+                // The partition refused the write for its rate: the bucket doubles if it can
+                // (resolve.rs), else the throttle is this bucket's refusal.
+                Err(throttled @ StoreError::Throttled { .. }) if first_error.is_none() => {
+                    Box::pin(self.relieve_throttled(b, draw, throttled)).await
+                }
+                Err(e) => Err(wrap(b)(e)),
+            };
+            progress.push(next.unwrap_or_else(|e| {
+                first_error = first_error.take().or(Some(e));
+                Progress::Pending
+            }));
+        }
+        match first_error {
+            Some(error) => Err(Refunding { progress, error }),
+            None => Ok(progress),
+        }
+    }
+
+    /// The end of a request no bucket refused: admitted at once when nothing needs the
+    /// slow path, else the slow path over those buckets (led here: other requests on
+    /// the same shards follow it) decides, and a refusal refunds the rest.
+    async fn finish(&self, progress: &[Progress], now: i64) -> Result<Decision, EngineError> {
         let slow: Vec<SlowTarget> = progress
             .iter()
             .enumerate()
@@ -197,7 +241,7 @@ impl<S: BucketStore> Deciding<'_, S> {
             })
             .collect();
         if slow.is_empty() {
-            let buckets = self.merged_outcomes(&progress, now, true, std::iter::empty());
+            let buckets = self.merged_outcomes(progress, now, true, std::iter::empty());
             return Ok(Decision {
                 admitted: true,
                 buckets,
@@ -213,13 +257,13 @@ impl<S: BucketStore> Deciding<'_, S> {
             Ok((admitted, outcomes)) => {
                 let now = self.engine.clock.now_ms();
                 if !admitted {
-                    Box::pin(self.refund_applied(&progress, now)).await;
+                    Box::pin(self.refund_applied(progress, now)).await;
                 }
-                let buckets = self.merged_outcomes(&progress, now, admitted, outcomes);
+                let buckets = self.merged_outcomes(progress, now, admitted, outcomes);
                 Ok(Decision { admitted, buckets })
             }
             Err(e) => {
-                Box::pin(self.refund_applied(&progress, now)).await;
+                Box::pin(self.refund_applied(progress, now)).await;
                 Err(e)
             }
         }

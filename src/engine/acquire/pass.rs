@@ -247,62 +247,10 @@ fn plan_update(
     let mut writes = Vec::new();
     let mut horizons: SmallVec<[Option<i64>; 3]> = SmallVec::new();
     for c in &b.limits {
-        let share = c.params.share(count);
-        match item.limit(&c.limit) {
-            Some(st) if st.params() == c.params => {
-                let (before, _) = refill(st.tk, rf, now, share);
-                let after = out.take(c, before, share);
-                let taken = before - after;
-                let tk_delta = after - st.tk;
-                // The balance after the write must stay at or above the claim's floor
-                // whatever concurrent debits land first: zero for a gated claim, the
-                // lowest balance for an overdraft.
-                let lowest = if c.forced { MIN_BALANCE } else { 0 };
-                writes.push(LimitWrite::Add {
-                    limit: c.limit.clone(),
-                    tk_delta,
-                    tc_delta: taken + tc_fold(st.tc),
-                    floor: (tk_delta < 0).then(|| lowest - tk_delta),
-                    cap: assumed_balance(st.tk, before),
-                    claimed: taken,
-                });
-                // A concurrent gated debit may take what the shard held before ours.
-                let lowest_after = if c.forced {
-                    after.saturating_sub(st.tk.max(0))
-                } else {
-                    after
-                };
-                horizons.push(c.params.full_again_ms(lowest_after));
-            }
-            Some(st) => {
-                // The rule changed: keep what the shard held (refilled under the old
-                // parameters), clamped to the new share.
-                let (old, _) = refill(st.tk, rf, now, st.params().share(count));
-                let before = old.min(share.ceiling);
-                let after = out.take(c, before, share);
-                let tc = st
-                    .tc
-                    .saturating_add(tc_fold(st.tc))
-                    .saturating_add(before - after);
-                writes.push(LimitWrite::Set {
-                    limit: c.limit.clone(),
-                    state: LimitState::new(c.params, after, tc),
-                    read_tc: Some(st.tc),
-                    claimed: before - after,
-                });
-                horizons.push(c.params.full_again_ms(after));
-            }
-            None => {
-                let after = out.take(c, share.ceiling, share);
-                writes.push(LimitWrite::Set {
-                    limit: c.limit.clone(),
-                    state: LimitState::new(c.params, after, share.ceiling - after),
-                    read_tc: None,
-                    claimed: share.ceiling - after,
-                });
-                horizons.push(c.params.full_again_ms(after));
-            }
-        }
+        let stored = item.limit(&c.limit);
+        let claimed = claimed_write(c, stored, rf, count, now, &mut out);
+        writes.push(claimed.write);
+        horizons.push(claimed.full_again);
     }
     // Limits of this item the request does not name (and `wcu`) are refilled and
     // clamped, so the one write carries every limit's materialisation.
@@ -356,6 +304,89 @@ fn plan_update(
         },
     };
     out.into_plan(write, key, count, stamps)
+}
+
+/// What one claimed limit adds to an update: its write, and when the shard would be full
+/// again after it (for the item's `ttl`).
+struct ClaimedWrite {
+    write: LimitWrite,
+    full_again: Option<i64>,
+}
+
+/// The write of claim `c` in an update of a shard read with `stored` for its limit (last
+/// refilled at `rf`), sized for `count` shards: an additive take when the limit's
+/// parameters are unchanged, else the limit set anew — clamped to its new share when the
+/// rule changed, full when it is new to the item.
+fn claimed_write(
+    c: &LimitClaim,
+    stored: Option<&LimitState>,
+    rf: i64,
+    count: u32,
+    now: i64,
+    out: &mut Outcomes,
+) -> ClaimedWrite {
+    let share = c.params.share(count);
+    match stored {
+        Some(st) if st.params() == c.params => {
+            let (before, _) = refill(st.tk, rf, now, share);
+            let after = out.take(c, before, share);
+            let taken = before - after;
+            let tk_delta = after - st.tk;
+            // The balance after the write must stay at or above the claim's floor
+            // whatever concurrent debits land first: zero for a gated claim, the
+            // lowest balance for an overdraft.
+            let lowest = if c.forced { MIN_BALANCE } else { 0 };
+            // A concurrent gated debit may take what the shard held before ours.
+            let lowest_after = if c.forced {
+                after.saturating_sub(st.tk.max(0))
+            } else {
+                after
+            };
+            ClaimedWrite {
+                write: LimitWrite::Add {
+                    limit: c.limit.clone(),
+                    tk_delta,
+                    tc_delta: taken + tc_fold(st.tc),
+                    floor: (tk_delta < 0).then(|| lowest - tk_delta),
+                    cap: assumed_balance(st.tk, before),
+                    claimed: taken,
+                },
+                full_again: c.params.full_again_ms(lowest_after),
+            }
+        }
+        Some(st) => {
+            // The rule changed: keep what the shard held (refilled under the old
+            // parameters), clamped to the new share.
+            let (old, _) = refill(st.tk, rf, now, st.params().share(count));
+            let before = old.min(share.ceiling);
+            let after = out.take(c, before, share);
+            let tc = st
+                .tc
+                .saturating_add(tc_fold(st.tc))
+                .saturating_add(before - after);
+            ClaimedWrite {
+                write: LimitWrite::Set {
+                    limit: c.limit.clone(),
+                    state: LimitState::new(c.params, after, tc),
+                    read_tc: Some(st.tc),
+                    claimed: before - after,
+                },
+                full_again: c.params.full_again_ms(after),
+            }
+        }
+        None => {
+            let after = out.take(c, share.ceiling, share);
+            ClaimedWrite {
+                write: LimitWrite::Set {
+                    limit: c.limit.clone(),
+                    state: LimitState::new(c.params, after, share.ceiling - after),
+                    read_tc: None,
+                    claimed: share.ceiling - after,
+                },
+                full_again: c.params.full_again_ms(after),
+            }
+        }
+    }
 }
 
 /// The consumption-only retry of bucket `b` after its lock or create race was lost: take

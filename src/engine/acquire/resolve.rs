@@ -25,6 +25,46 @@ enum Hot<'a> {
     Unread(u32),
 }
 
+/// A refused fast debit with the image its refusal returned: what every branch of its
+/// resolution reads, and the two ways it ends without a store call of its own.
+struct Seen<'a> {
+    b: &'a BucketClaim,
+    draw: Draw,
+    /// The shard count the bucket is known to have: the drawn one, or larger.
+    count: u32,
+    image: BucketItem,
+}
+
+impl Seen<'_> {
+    /// On to the slow path on `shard`, sized for `count`, the refusal's image kept to
+    /// report from.
+    fn slow_on(self, shard: u32, count: u32) -> Progress {
+        Progress::Slow {
+            shard,
+            count,
+            seen: Some((self.draw.shard, self.image)),
+            absent: false,
+        }
+    }
+
+    /// Refused on the image: no refill would let the claim fit.
+    fn rejected(self) -> Progress {
+        Progress::Rejected {
+            shard: self.draw.shard,
+            image: self.image,
+        }
+    }
+}
+
+/// What a doubling's write of the new count on shard 0 came to.
+enum ZeroCount {
+    Raised,
+    /// Not written: shard 0 is gone, or kept changing under the write.
+    Kept,
+    /// Shard 0 already holds this count, at least the one asked for.
+    Found(u32),
+}
+
 /// Why the fast path refused, judged from the old image alone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Refusal {
@@ -106,83 +146,95 @@ impl<S: BucketStore> Deciding<'_, S> {
             });
         };
         let count = known.max(image.shard_count);
-        // Where the slow path goes, the refusal's image kept to report from.
-        let slow = |shard: u32, count: u32, image: BucketItem| Progress::Slow {
-            shard,
+        let seen = Seen {
+            b,
+            draw,
             count,
-            seen: Some((draw.shard, image)),
-            absent: false,
+            image,
         };
-        match self.classify(b, draw, &image, now) {
-            Refusal::Stale => Ok(slow(shard, count, image)),
-            Refusal::WcuExhausted | Refusal::BothExhausted => {
-                // A bucket at its own limit never drives doubling.
-                if self.refill_would_not_help(b, shard, &image, now) {
-                    return Ok(Progress::Rejected { shard, image });
+        match self.classify(b, draw, &seen.image, now) {
+            Refusal::Stale => Ok(seen.slow_on(shard, count)),
+            Refusal::WcuExhausted | Refusal::BothExhausted => self.relieve_wcu(seen, now).await,
+            Refusal::LimitExhausted => self.retry_elsewhere(seen, avoid, now).await,
+        }
+    }
+
+    /// A refusal whose shard's `wcu` ran dry: a fast rejection when the bucket is at its
+    /// own limit too (a bucket at its own limit never drives doubling), the slow pass when
+    /// `wcu` refills in time (not a hot partition), else a doubling, the request going on
+    /// to one of the new shards.
+    async fn relieve_wcu(&self, seen: Seen<'_>, now: i64) -> Result<Progress, EngineError> {
+        let Seen { b, draw, count, .. } = seen;
+        let shard = draw.shard;
+        if self.refill_would_not_help(b, shard, &seen.image, now) {
+            return Ok(seen.rejected());
+        }
+        let wcu = seen.image.limit(WCU_LIMIT).expect("classified with wcu");
+        let (projected, _) = refill(wcu.tk, seen.image.rf, now, wcu.params().share(1));
+        if projected >= MILLI {
+            return Ok(seen.slow_on(shard, count));
+        }
+        let grown = self.double(b, Hot::Seen(&seen.image), count).await?;
+        if grown > count {
+            let old: Vec<u32> = (0..count).collect();
+            let fresh = self.engine.draw.draw(grown, &old);
+            Ok(seen.slow_on(fresh, grown))
+        } else {
+            Ok(seen.slow_on(shard, count))
+        }
+    }
+
+    /// A refusal for the bucket's own limit on one shard of several: a retry on up to two
+    /// untried shards, or the slow pass where a refill would help. A cascading child takes
+    /// the slow path on an untried shard instead of a child-only retry (the reference
+    /// engine's rule).
+    async fn retry_elsewhere(
+        &self,
+        seen: Seen<'_>,
+        avoid: &[u32],
+        now: i64,
+    ) -> Result<Progress, EngineError> {
+        let Seen { b, draw, count, .. } = seen;
+        let shard = draw.shard;
+        let mut tried: Vec<u32> = avoid.to_vec();
+        tried.push(shard);
+        if count > 1 && b.cascades {
+            if self.refill_would_not_help(b, shard, &seen.image, now) {
+                return Ok(seen.rejected());
+            }
+            let other = self.engine.draw.draw(count, &tried);
+            return Ok(seen.slow_on(other, count));
+        }
+        for _ in 0..2 {
+            if count <= 1 || (0..count).all(|s| tried.contains(&s)) {
+                break;
+            }
+            let other = Draw {
+                shard: self.engine.draw.draw(count, &tried),
+                count,
+            };
+            tried.push(other.shard);
+            EngineStats::bump(&self.engine.stats.shard_retries);
+            match self.fast_debit(b, other, now).await.map_err(wrap(b))? {
+                DebitOutcome::Applied(image) => {
+                    return Ok(Progress::Applied {
+                        shard: other.shard,
+                        image,
+                    })
                 }
-                let wcu = image.limit(WCU_LIMIT).expect("classified with wcu");
-                let (projected, _) = refill(wcu.tk, image.rf, now, wcu.params().share(1));
-                if projected >= MILLI {
-                    // Not a hot partition: the slow pass refills `wcu`.
-                    return Ok(slow(shard, count, image));
-                }
-                let grown = self.double(b, Hot::Seen(&image), count).await?;
-                if grown > count {
-                    let old: Vec<u32> = (0..count).collect();
-                    let fresh = self.engine.draw.draw(grown, &old);
-                    Ok(slow(fresh, grown, image))
-                } else {
-                    Ok(slow(shard, count, image))
+                DebitOutcome::Refused(None) => return Ok(seen.slow_on(other.shard, count)),
+                DebitOutcome::Refused(Some(img)) => {
+                    if self.classify(b, other, &img, now) == Refusal::Stale {
+                        let count = count.max(img.shard_count);
+                        return Ok(seen.slow_on(other.shard, count));
+                    }
                 }
             }
-            Refusal::LimitExhausted => {
-                let mut tried: Vec<u32> = avoid.to_vec();
-                tried.push(shard);
-                if count > 1 && b.cascades {
-                    // A cascading child takes the slow path on an untried shard instead
-                    // of a child-only retry (the reference engine's rule).
-                    if self.refill_would_not_help(b, shard, &image, now) {
-                        return Ok(Progress::Rejected { shard, image });
-                    }
-                    let other = self.engine.draw.draw(count, &tried);
-                    return Ok(slow(other, count, image));
-                }
-                if count > 1 {
-                    for _ in 0..2 {
-                        if (0..count).all(|s| tried.contains(&s)) {
-                            break;
-                        }
-                        let other = Draw {
-                            shard: self.engine.draw.draw(count, &tried),
-                            count,
-                        };
-                        tried.push(other.shard);
-                        EngineStats::bump(&self.engine.stats.shard_retries);
-                        match self.fast_debit(b, other, now).await.map_err(wrap(b))? {
-                            DebitOutcome::Applied(image) => {
-                                return Ok(Progress::Applied {
-                                    shard: other.shard,
-                                    image,
-                                })
-                            }
-                            DebitOutcome::Refused(None) => {
-                                return Ok(slow(other.shard, count, image))
-                            }
-                            DebitOutcome::Refused(Some(img)) => {
-                                if self.classify(b, other, &img, now) == Refusal::Stale {
-                                    let count = count.max(img.shard_count);
-                                    return Ok(slow(other.shard, count, image));
-                                }
-                            }
-                        }
-                    }
-                }
-                if self.refill_would_not_help(b, shard, &image, now) {
-                    Ok(Progress::Rejected { shard, image })
-                } else {
-                    Ok(slow(shard, count, image))
-                }
-            }
+        }
+        if self.refill_would_not_help(b, shard, &seen.image, now) {
+            Ok(seen.rejected())
+        } else {
+            Ok(seen.slow_on(shard, count))
         }
     }
 
@@ -248,42 +300,14 @@ impl<S: BucketStore> Deciding<'_, S> {
             ..b.clone()
         };
         let ctx = self.pass_context(self.engine.clock.now_ms());
-        // Shard 0 holds the count: it moves from what it holds to `new` in one write under
-        // its `rf` lock, which also clamps its balances to the new share (left as they
-        // were, shard 0 would hold a share sized for fewer shards while new ones are
-        // created with theirs: more than the capacity in all).
-        let mut won = false;
-        for _ in 0..3 {
-            let Some(zero) = &images[0] else {
-                return Ok(count);
-            };
-            if zero.shard_count >= new {
-                // Someone else doubled first: adopt their count.
-                self.engine
-                    .shards
-                    .learn(&b.entity, &b.resource, zero.shard_count);
-                return Ok(count.max(zero.shard_count));
-            }
-            let plan = pass::plan_bucket(&clamp, &keys[0], Some(zero), new, &ctx);
-            match self
-                .engine
-                .store
-                .commit(&[plan.write])
-                .await
-                .map_err(wrap(b))?
-            {
-                CommitOutcome::Committed => {
-                    won = true;
-                    break;
-                }
-                CommitOutcome::Conflict(failed) => {
-                    images[0] = failed.into_iter().next().and_then(|(_, image)| image);
-                }
-            }
-        }
-        if !won {
-            // Shard 0 kept changing under us: the next exhaustion tries again.
-            return Ok(count);
+        match self
+            .raise_count_on_zero(&clamp, &keys[0], &mut images[0], new, &ctx)
+            .await?
+        {
+            ZeroCount::Raised => {}
+            ZeroCount::Kept => return Ok(count),
+            // Someone else doubled first: adopt their count.
+            ZeroCount::Found(theirs) => return Ok(count.max(theirs)),
         }
         EngineStats::bump(&self.engine.stats.shard_doublings);
         tracing::info!(resource = %b.resource, from = count, to = new, "bucket doubled its shards");
@@ -303,6 +327,43 @@ impl<S: BucketStore> Deciding<'_, S> {
         .await;
         self.engine.shards.learn(&b.entity, &b.resource, new);
         Ok(new)
+    }
+
+    /// Moves the count shard 0 holds (the bucket's authoritative one) to `new` in one
+    /// write under its `rf` lock, which also clamps its balances to the new share (left as
+    /// they were, shard 0 would hold a share sized for fewer shards while new ones are
+    /// created with theirs: more than the capacity in all). Three tries, `zero` updated
+    /// to the image each conflict returns.
+    async fn raise_count_on_zero(
+        &self,
+        clamp: &BucketClaim,
+        key: &BucketKey,
+        zero: &mut Option<BucketItem>,
+        new: u32,
+        ctx: &pass::PassContext,
+    ) -> Result<ZeroCount, EngineError> {
+        for _ in 0..3 {
+            let Some(image) = zero.as_ref() else {
+                return Ok(ZeroCount::Kept);
+            };
+            if image.shard_count >= new {
+                let theirs = image.shard_count;
+                self.engine
+                    .shards
+                    .learn(&clamp.entity, &clamp.resource, theirs);
+                return Ok(ZeroCount::Found(theirs));
+            }
+            let plan = pass::plan_bucket(clamp, key, Some(image), new, ctx);
+            let commit = self.engine.store.commit(&[plan.write]).await;
+            match commit.map_err(wrap(clamp))? {
+                CommitOutcome::Committed => return Ok(ZeroCount::Raised),
+                CommitOutcome::Conflict(failed) => {
+                    *zero = failed.into_iter().next().and_then(|(_, image)| image);
+                }
+            }
+        }
+        // Shard 0 kept changing under us: the next exhaustion tries again.
+        Ok(ZeroCount::Kept)
     }
 
     /// Whether a doubling to `new` shards would leave a shard's share of any of the

@@ -7,7 +7,9 @@
 use super::pass::{self, BucketPlan, PassContext};
 use super::state::{wrap, Avoid, Deciding, Draw, Progress, SlowTarget};
 use crate::engine::{BucketOutcome, EngineError, EngineStats};
-use crate::store::{BucketItem, BucketKey, BucketStore, CommitOutcome, DebitOutcome, Write};
+use crate::store::{
+    BucketItem, BucketKey, BucketStore, CommitOutcome, DebitOutcome, StoreError, Write,
+};
 
 impl<S: BucketStore> Deciding<'_, S> {
     /// Waits for the slow passes in flight on the shards drawn for `req`'s fast path;
@@ -81,12 +83,34 @@ impl<S: BucketStore> Deciding<'_, S> {
             .map_err(wrap(first))?;
         let counts = self.creation_counts(targets, &images).await?;
         let ctx = self.pass_context(self.engine.clock.now_ms());
-        let now = ctx.now;
-        let plans: Vec<BucketPlan> = targets
+        let plans = self.plan_targets(targets, &keys, &images, &counts, &ctx);
+        if !plans.iter().all(|p| p.fits) {
+            for (key, img) in keys.iter().zip(&images) {
+                if let Some(img) = img {
+                    self.engine.rejections.remember(key, img, ctx.now);
+                }
+            }
+            return Ok((false, plans.into_iter().map(|p| p.refused).collect()));
+        }
+        self.commit_plans(targets, &keys, &counts, plans, &ctx)
+            .await
+            .map_err(wrap(first))
+    }
+
+    /// Each target's plan, from its image (learning the shard count it holds).
+    fn plan_targets(
+        &self,
+        targets: &[SlowTarget],
+        keys: &[BucketKey],
+        images: &[Option<BucketItem>],
+        counts: &[u32],
+        ctx: &PassContext,
+    ) -> Vec<BucketPlan> {
+        targets
             .iter()
-            .zip(&keys)
-            .zip(&images)
-            .zip(&counts)
+            .zip(keys)
+            .zip(images)
+            .zip(counts)
             .map(|(((t, key), img), &count)| {
                 let b = &self.req.buckets[t.bucket];
                 if let Some(img) = img {
@@ -94,65 +118,62 @@ impl<S: BucketStore> Deciding<'_, S> {
                         .shards
                         .learn(&b.entity, &b.resource, img.shard_count);
                 }
-                pass::plan_bucket(b, key, img.as_ref(), count, &ctx)
+                pass::plan_bucket(b, key, img.as_ref(), count, ctx)
             })
-            .collect();
+            .collect()
+    }
 
-        if !plans.iter().all(|p| p.fits) {
-            for (key, img) in keys.iter().zip(&images) {
-                if let Some(img) = img {
-                    self.engine.rejections.remember(key, img, now);
-                }
-            }
-            return Ok((false, plans.into_iter().map(|p| p.refused).collect()));
-        }
-
+    /// Commits plans that all fit, in one atomic write; when a lock or a create race is
+    /// lost, retries the lost buckets consumption-only (at most twice), and refuses when a
+    /// plain debit is what failed (the balance no longer covers the request) or the
+    /// contention persists.
+    async fn commit_plans(
+        &self,
+        targets: &[SlowTarget],
+        keys: &[BucketKey],
+        counts: &[u32],
+        plans: Vec<BucketPlan>,
+        ctx: &PassContext,
+    ) -> Result<(bool, Vec<BucketOutcome>), StoreError> {
+        let now = ctx.now;
         let mut writes: Vec<Write> = plans.iter().map(|p| p.write.clone()).collect();
         let mut admitted: Vec<BucketOutcome> = plans.iter().map(|p| p.admitted.clone()).collect();
         for round in 0..3 {
-            match self
-                .engine
-                .store
-                .commit(&writes)
-                .await
-                .map_err(wrap(first))?
-            {
-                CommitOutcome::Committed => return Ok((true, admitted)),
-                CommitOutcome::Conflict(failed) => {
-                    if round == 2 {
-                        break;
+            let CommitOutcome::Conflict(failed) = self.engine.store.commit(&writes).await? else {
+                return Ok((true, admitted));
+            };
+            if round == 2 {
+                break;
+            }
+            EngineStats::bump(&self.engine.stats.consumption_only_retries);
+            for (idx, current) in failed {
+                let SlowTarget { bucket, shard, .. } = targets[idx];
+                let (b, count) = (&self.req.buckets[bucket], counts[idx]);
+                if let Write::Debit { .. } = writes[idx] {
+                    // The balance no longer covers the request.
+                    let mut outcomes: Vec<BucketOutcome> =
+                        plans.into_iter().map(|p| p.refused).collect();
+                    if let Some(img) = &current {
+                        outcomes[idx] = self.outcome_from_image(b, shard, img, now, false);
+                        self.engine.rejections.remember(&keys[idx], img, now);
                     }
-                    EngineStats::bump(&self.engine.stats.consumption_only_retries);
-                    for (idx, current) in failed {
-                        let SlowTarget { bucket, shard, .. } = targets[idx];
-                        let (b, count) = (&self.req.buckets[bucket], counts[idx]);
-                        if let Write::Debit { .. } = writes[idx] {
-                            // The balance no longer covers the request.
-                            let mut outcomes: Vec<BucketOutcome> =
-                                plans.into_iter().map(|p| p.refused).collect();
-                            if let Some(img) = &current {
-                                outcomes[idx] = self.outcome_from_image(b, shard, img, now, false);
-                                self.engine.rejections.remember(&keys[idx], img, now);
-                            }
-                            return Ok((false, outcomes));
-                        }
-                        writes[idx] = match &current {
-                            // Lost the lock or the create race: take the tokens only if the
-                            // item as it stands covers them, with no refill. What it
-                            // reports is that item after the debit.
-                            Some(img) => {
-                                admitted[idx] = self.retry_outcome(b, shard, img, now);
-                                pass::retry_debit(b, &keys[idx], img, &ctx)
-                            }
-                            // The item vanished (evicted) since the read: create it again.
-                            None => {
-                                let plan = pass::plan_bucket(b, &keys[idx], None, count, &ctx);
-                                admitted[idx] = plan.admitted;
-                                plan.write
-                            }
-                        };
-                    }
+                    return Ok((false, outcomes));
                 }
+                writes[idx] = match &current {
+                    // Lost the lock or the create race: take the tokens only if the item
+                    // as it stands covers them, with no refill. What it reports is that
+                    // item after the debit.
+                    Some(img) => {
+                        admitted[idx] = self.retry_outcome(b, shard, img, now);
+                        pass::retry_debit(b, &keys[idx], img, ctx)
+                    }
+                    // The item vanished (evicted) since the read: create it again.
+                    None => {
+                        let plan = pass::plan_bucket(b, &keys[idx], None, count, ctx);
+                        admitted[idx] = plan.admitted;
+                        plan.write
+                    }
+                };
             }
         }
         // Persistent contention: refuse rather than spin.

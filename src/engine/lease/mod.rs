@@ -241,6 +241,34 @@ impl<'a, S: BucketStore> Leasing<'a, S> {
         tracing::info!(leases = n, "leases given back");
     }
 
+    /// The claims a lease for `want` takes: for each limit, the size its demand calls for
+    /// (`size.rs`), or what the shard can still give when that is still useful. `None`
+    /// when some limit's lease would be too small to be worth a write.
+    fn lease_claims(&self, want: &Want) -> Option<SmallVec<[LimitClaim; 2]>> {
+        let options = self.book.options();
+        let count = self
+            .engine
+            .shards
+            .get(&want.bucket.entity, &want.bucket.resource);
+        want.limits
+            .iter()
+            .map(|w| {
+                let share = w.claim.params.share(count);
+                let size =
+                    size::lease_size(w.demand, options.lifetime_ms, share, options.share_divisor)?;
+                let amount = match w.available {
+                    Some(a) => size::what_fits(size, a, w.demand.largest)?,
+                    None => size,
+                };
+                Some(LimitClaim {
+                    amount,
+                    forced: false,
+                    ..w.claim.clone()
+                })
+            })
+            .collect()
+    }
+
     /// Takes one lease for `want`: a debit of the size its demand calls for, or of what
     /// the shard can still give when that is still useful; else none for a while.
     async fn fetch(&self, want: Want) {
@@ -250,31 +278,10 @@ impl<'a, S: BucketStore> Leasing<'a, S> {
             !options.panic_at_fetch,
             "SHARDGATE_DEBUG_LEASE_TASK_PANIC: the lease task panics at its first fetch"
         );
-        let count = self
-            .engine
-            .shards
-            .get(&want.bucket.entity, &want.bucket.resource);
-        let mut limits: SmallVec<[LimitClaim; 2]> = SmallVec::new();
-        for w in &want.limits {
-            let share = w.claim.params.share(count);
-            let size =
-                size::lease_size(w.demand, options.lifetime_ms, share, options.share_divisor)
-                    .and_then(|s| match w.available {
-                        Some(a) => size::what_fits(s, a, w.demand.largest),
-                        None => Some(s),
-                    });
-            match size {
-                Some(amount) => limits.push(LimitClaim {
-                    amount,
-                    forced: false,
-                    ..w.claim.clone()
-                }),
-                None => {
-                    book.declined(&want.bucket, self.engine.clock.now_ms());
-                    return;
-                }
-            }
-        }
+        let Some(mut limits) = self.lease_claims(&want) else {
+            book.declined(&want.bucket, self.engine.clock.now_ms());
+            return;
+        };
         for attempt in 0..2 {
             let req = Acquire {
                 buckets: smallvec::smallvec![BucketClaim {

@@ -119,6 +119,30 @@ pub(super) fn debit_expression(
     (add, cond, e)
 }
 
+/// The clauses of an update expression and its condition, gathered while the names and
+/// values are bound.
+#[derive(Default)]
+struct Clauses {
+    set: Vec<String>,
+    add: Vec<String>,
+    remove: Vec<String>,
+    cond: Vec<String>,
+}
+
+impl Clauses {
+    /// The update expression and the condition, as DynamoDB takes them.
+    fn into_expressions(self) -> (String, String) {
+        let mut update = format!("SET {}", self.set.join(", "));
+        if !self.add.is_empty() {
+            update.push_str(&format!(" ADD {}", self.add.join(", ")));
+        }
+        if !self.remove.is_empty() {
+            update.push_str(&format!(" REMOVE {}", self.remove.join(", ")));
+        }
+        (update, self.cond.join(" AND "))
+    }
+}
+
 /// The update and condition of a slow-path write under the `rf` lock.
 pub(super) fn update_expression(
     expected_rf: i64,
@@ -132,89 +156,90 @@ pub(super) fn update_expression(
     let rf_val = e.value(":rf".into(), n(rf));
     let erf = e.value(":erf".into(), n(expected_rf));
     let ttl_name = e.name("#ttl".into(), "ttl".into());
-    let mut set = vec![format!("{rf_name} = {rf_val}")];
-    let mut add = Vec::new();
-    let mut remove = Vec::new();
-    let mut cond = vec![format!("{rf_name} = {erf}")];
+    let mut x = Clauses {
+        set: vec![format!("{rf_name} = {rf_val}")],
+        cond: vec![format!("{rf_name} = {erf}")],
+        ..Clauses::default()
+    };
     match ttl {
         Some(t) => {
             let v = e.value(":ttl".into(), n(t));
-            set.push(format!("{ttl_name} = {v}"));
+            x.set.push(format!("{ttl_name} = {v}"));
             // The stored expiry is never moved earlier; a missing `ttl` (the item never
             // expires) fails the comparison too.
-            cond.push(format!("{ttl_name} <= {v}"));
+            x.cond.push(format!("{ttl_name} <= {v}"));
         }
-        None => remove.push(ttl_name),
+        None => x.remove.push(ttl_name),
     }
     if let Some(change) = shard_count {
         let sc = e.name("#sc".into(), "shard_count".into());
         let read = e.value(":scr".into(), n(i64::from(change.read)));
         let new = e.value(":scn".into(), n(i64::from(change.new)));
-        set.push(format!("{sc} = {new}"));
-        cond.push(format!("{sc} = {read}"));
+        x.set.push(format!("{sc} = {new}"));
+        x.cond.push(format!("{sc} = {read}"));
     }
     for (i, w) in limits.iter().enumerate() {
-        match w {
-            LimitWrite::Add {
-                limit,
-                tk_delta,
-                tc_delta,
-                floor,
-                cap,
-                ..
-            } => {
-                let t = e.name(format!("#t{i}"), attr(limit, "tk"));
-                let c = e.name(format!("#c{i}"), attr(limit, "tc"));
-                let dv = e.value(format!(":d{i}"), n(*tk_delta));
-                let cv = e.value(format!(":u{i}"), n(*tc_delta));
-                add.push(format!("{t} {dv}, {c} {cv}"));
-                cond.push(format!("attribute_exists({t})"));
-                if let Some(f) = floor {
-                    let fv = e.value(format!(":f{i}"), n(*f));
-                    cond.push(format!("{t} >= {fv}"));
-                }
-                if let Some(cp) = cap {
-                    let kv = e.value(format!(":k{i}"), n(*cp));
-                    cond.push(format!("{t} <= {kv}"));
-                }
+        limit_clauses(&mut e, &mut x, i, w);
+    }
+    let (update, cond) = x.into_expressions();
+    (update, cond, e)
+}
+
+/// The clauses of the `i`th limit's write: an additive delta with its floor and bound,
+/// or the limit set whole on condition that it is as read.
+fn limit_clauses(e: &mut Expr, x: &mut Clauses, i: usize, w: &LimitWrite) {
+    match w {
+        LimitWrite::Add {
+            limit,
+            tk_delta,
+            tc_delta,
+            floor,
+            cap,
+            ..
+        } => {
+            let t = e.name(format!("#t{i}"), attr(limit, "tk"));
+            let c = e.name(format!("#c{i}"), attr(limit, "tc"));
+            let dv = e.value(format!(":d{i}"), n(*tk_delta));
+            let cv = e.value(format!(":u{i}"), n(*tc_delta));
+            x.add.push(format!("{t} {dv}, {c} {cv}"));
+            x.cond.push(format!("attribute_exists({t})"));
+            if let Some(f) = floor {
+                let fv = e.value(format!(":f{i}"), n(*f));
+                x.cond.push(format!("{t} >= {fv}"));
             }
-            LimitWrite::Set {
-                limit,
-                state,
-                read_tc,
-                ..
-            } => {
-                // As read: `tc` unmoved by a concurrent debit, or the limit still absent.
-                let c = e.name(format!("#c{i}"), attr(limit, "tc"));
-                match read_tc {
-                    Some(tc) => {
-                        let v = e.value(format!(":r{i}"), n(*tc));
-                        cond.push(format!("{c} = {v}"));
-                    }
-                    None => cond.push(format!("attribute_not_exists({c})")),
+            if let Some(cp) = cap {
+                let kv = e.value(format!(":k{i}"), n(*cp));
+                x.cond.push(format!("{t} <= {kv}"));
+            }
+        }
+        LimitWrite::Set {
+            limit,
+            state,
+            read_tc,
+            ..
+        } => {
+            // As read: `tc` unmoved by a concurrent debit, or the limit still absent.
+            let c = e.name(format!("#c{i}"), attr(limit, "tc"));
+            match read_tc {
+                Some(tc) => {
+                    let v = e.value(format!(":r{i}"), n(*tc));
+                    x.cond.push(format!("{c} = {v}"));
                 }
-                for (field, v) in [
-                    ("tk", state.tk),
-                    ("cp", state.cp),
-                    ("ra", state.ra),
-                    ("rp", state.rp),
-                    ("tc", state.tc),
-                ] {
-                    let name = e.name(format!("#{field}{i}"), attr(limit, field));
-                    let val = e.value(format!(":{field}{i}"), n(v));
-                    set.push(format!("{name} = {val}"));
-                }
+                None => x.cond.push(format!("attribute_not_exists({c})")),
+            }
+            for (field, v) in [
+                ("tk", state.tk),
+                ("cp", state.cp),
+                ("ra", state.ra),
+                ("rp", state.rp),
+                ("tc", state.tc),
+            ] {
+                let name = e.name(format!("#{field}{i}"), attr(limit, field));
+                let val = e.value(format!(":{field}{i}"), n(v));
+                x.set.push(format!("{name} = {val}"));
             }
         }
     }
-    let mut update = format!("SET {}", set.join(", "));
-    if !add.is_empty() {
-        update.push_str(&format!(" ADD {}", add.join(", ")));
-    }
-    if !remove.is_empty() {
-        update.push_str(&format!(" REMOVE {}", remove.join(", ")));
-    }
-    (update, cond.join(" AND "), e)
 }
 
 /// The update and condition expressions of a slow-path update or a retry-only debit
