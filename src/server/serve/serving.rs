@@ -12,8 +12,8 @@ use tokio::sync::watch;
 use super::shutdown::{shutdown_signal, Running};
 use super::stores::{StoreSetup, WarmUp};
 use super::tasks::{
-    spawn_health, spawn_leases, spawn_prune, spawn_upstream_prometheus, spawn_xds, watch_config,
-    UpstreamPort,
+    spawn_health, spawn_leases, spawn_prune, spawn_statsd, spawn_upstream_prometheus, spawn_xds,
+    watch_config, UpstreamPort,
 };
 use super::{ServeError, ServeOptions};
 use crate::config::reload::ConfigWatch;
@@ -21,7 +21,7 @@ use crate::config::Config;
 use crate::engine::{Engine, EngineOptions};
 use crate::server::grpc::PortOptions;
 use crate::server::tls::TlsState;
-use crate::server::{grpc, http, statsd};
+use crate::server::{grpc, http};
 use crate::service::metrics::Metrics;
 use crate::service::RateLimiter;
 use crate::store::metered::Metered;
@@ -109,12 +109,7 @@ pub(super) async fn serve_on<S: BucketStore>(
         stopped(),
     ));
     let http_task = tokio::spawn(http::serve(limiter, http_listener, stopped()));
-    // statsd gets a last flush once the calls have finished.
-    let (statsd_stop_tx, statsd_stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let statsd_task = options
-        .statsd
-        .clone()
-        .map(|statsd| tokio::spawn(statsd::run(metrics.clone(), statsd, statsd_stop_rx)));
+    let (statsd_stop_tx, statsd_task) = spawn_statsd(options, &metrics);
     let upstream_prometheus_task =
         upstream_prometheus.map(|port| spawn_upstream_prometheus(port, &metrics, stopped()));
 

@@ -15,8 +15,8 @@ use crate::config::reload::{self, ReloadTiming};
 use crate::config::LoadOptions;
 use crate::engine::Engine;
 use crate::server::grpc::HealthWatch;
-use crate::server::upstream_prometheus;
 use crate::server::xds::{self, XdsOptions};
+use crate::server::{statsd, upstream_prometheus};
 use crate::service::metrics::statsd_mapping::StatsdMapping;
 use crate::service::metrics::Metrics;
 use crate::service::RateLimiter;
@@ -53,6 +53,23 @@ pub(super) fn spawn_upstream_prometheus(
             tracing::error!(error = %e, "envoyproxy/ratelimit's Prometheus port failed");
         }
     })
+}
+
+/// Sends the stats to statsd when asked; the sender asks for a last flush, once the
+/// calls have finished.
+pub(super) fn spawn_statsd(
+    options: &ServeOptions,
+    metrics: &Arc<Metrics>,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    Option<tokio::task::JoinHandle<()>>,
+) {
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let task = options
+        .statsd
+        .clone()
+        .map(|statsd| tokio::spawn(statsd::run(metrics.clone(), statsd, stop_rx)));
+    (stop_tx, task)
 }
 
 /// Watches the config for changes: each good load is put in force and counted, each bad
