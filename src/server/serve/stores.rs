@@ -22,6 +22,8 @@ use crate::store::dynamodb::{DynamoOptions, DynamoStore};
 use crate::store::memory::MemoryStore;
 #[cfg(feature = "redis")]
 use crate::store::redis::{RedisOptions, RedisStore, DEFAULT_KEY_WRITE_BUDGET};
+#[cfg(any(feature = "dynamodb", feature = "redis"))]
+use crate::store::BucketStore;
 
 /// How often the memory store drops expired buckets (its bound needs no sweep: it is
 /// kept as each item is written).
@@ -107,20 +109,12 @@ pub(super) async fn dynamodb(
         let store = breaker.clone();
         metrics.attach_capacity(move || store.inner().ledger().totals());
     }
-    let warm_up: WarmUp = Box::pin(warm_up(breaker.clone()));
-    // Each call in a task of its own: a caller's deadline never cancels a call
-    // that is resolving credentials or opening a connection (see `detached.rs`).
-    let store = Arc::new(Detached::new(breaker));
-    metrics.attach_pressure(store.pressure().clone());
-    let budget = options
-        .partition_write_budget
-        .unwrap_or(DEFAULT_PARTITION_WRITE_BUDGET);
-    StoreSetup {
-        store,
-        engine: engine_options(budget, options.leases.unwrap_or(true)),
+    let shared = SharedStore {
         name: "dynamodb",
-        warm_up: Some(warm_up),
-    }
+        default_budget: DEFAULT_PARTITION_WRITE_BUDGET,
+        warm_up: Box::pin(warm_up(breaker.clone())),
+    };
+    detached(breaker, shared, options, metrics)
 }
 
 /// Redis behind a breaker, its pressure in the metrics; ready once it has answered.
@@ -135,19 +129,46 @@ pub(super) fn redis(
     let store = RedisStore::new(redis);
     tracing::info!(?store, mode = ?store.options().mode(), "Redis store");
     let breaker = Arc::new(Breaker::new(store, BREAKER_THRESHOLD, BREAKER_COOL_OFF));
-    let warm_up: WarmUp = Box::pin(redis_warm_up(breaker.clone()));
-    // As on DynamoDB: a caller's deadline never cancels a call mid-way (a
-    // connection being opened, a script being loaded).
+    let shared = SharedStore {
+        name: "redis",
+        default_budget: DEFAULT_KEY_WRITE_BUDGET,
+        warm_up: Box::pin(redis_warm_up(breaker.clone())),
+    };
+    detached(breaker, shared, options, metrics)
+}
+
+/// What differs between the shared stores once behind their breaker.
+#[cfg(any(feature = "dynamodb", feature = "redis"))]
+struct SharedStore {
+    /// Its name in the log.
+    name: &'static str,
+    /// The partition write budget unless `--partition-write-budget` says otherwise.
+    default_budget: u64,
+    /// Resolves once the store has answered.
+    warm_up: WarmUp,
+}
+
+/// A shared store's setup: each call in a task of its own, so that a caller's deadline
+/// never cancels a call mid-way (resolving credentials, opening a connection, loading a
+/// script; see `detached.rs`), its pressure in the metrics, leases on unless told
+/// otherwise, ready once it has answered.
+#[cfg(any(feature = "dynamodb", feature = "redis"))]
+fn detached<S: BucketStore>(
+    breaker: Arc<Breaker<S>>,
+    shared: SharedStore,
+    options: &ServeOptions,
+    metrics: &Metrics,
+) -> StoreSetup<Detached<Breaker<S>>> {
     let store = Arc::new(Detached::new(breaker));
     metrics.attach_pressure(store.pressure().clone());
     let budget = options
         .partition_write_budget
-        .unwrap_or(DEFAULT_KEY_WRITE_BUDGET);
+        .unwrap_or(shared.default_budget);
     StoreSetup {
         store,
         engine: engine_options(budget, options.leases.unwrap_or(true)),
-        name: "redis",
-        warm_up: Some(warm_up),
+        name: shared.name,
+        warm_up: Some(shared.warm_up),
     }
 }
 
