@@ -135,22 +135,15 @@ pub(super) fn connection_age(r: &mut Reader) {
 
 /// TLS on the gRPC port, only when upstream would use it (`GRPC_SERVER_USE_TLS=true`).
 pub(super) fn grpc_tls(r: &mut Reader) {
-    let tls_files = [
-        "GRPC_SERVER_TLS_CERT",
-        "GRPC_SERVER_TLS_KEY",
-        "GRPC_CLIENT_TLS_CACERT",
-    ];
     match r.get("GRPC_SERVER_USE_TLS").map(go_bool) {
         Some(Some(true)) => {
-            for (upstream, ours) in tls_files.into_iter().zip([
-                "SHARDGATE_TLS_CERT",
-                "SHARDGATE_TLS_KEY",
-                "SHARDGATE_TLS_CLIENT_CA",
-            ]) {
-                match r.get(upstream) {
-                    Some(path) if !path.is_empty() => r.alias(ours, upstream, path.into()),
-                    _ if upstream == "GRPC_CLIENT_TLS_CACERT" => {}
-                    _ => r.refuse(format!("GRPC_SERVER_USE_TLS=true needs {upstream}")),
+            for file in GRPC_TLS_FILES {
+                match r.get(file.upstream) {
+                    Some(path) if !path.is_empty() => {
+                        r.alias(file.ours, file.upstream, path.into())
+                    }
+                    _ if !file.required => {}
+                    _ => r.refuse(format!("GRPC_SERVER_USE_TLS=true needs {}", file.upstream)),
                 }
             }
             if r.get("GRPC_CLIENT_TLS_SAN").is_some_and(|s| !s.is_empty()) {
@@ -163,7 +156,8 @@ pub(super) fn grpc_tls(r: &mut Reader) {
         }
         Some(None) => r.refuse("GRPC_SERVER_USE_TLS: not a boolean".into()),
         _ => {
-            for name in tls_files.into_iter().chain(["GRPC_CLIENT_TLS_SAN"]) {
+            let names = GRPC_TLS_FILES.iter().map(|file| file.upstream);
+            for name in names.chain(["GRPC_CLIENT_TLS_SAN"]) {
                 if r.env.contains_key(name) {
                     r.t.ignored
                         .push(format!("{name} (GRPC_SERVER_USE_TLS is not true)"));
@@ -172,6 +166,34 @@ pub(super) fn grpc_tls(r: &mut Reader) {
         }
     }
 }
+
+/// One of upstream's gRPC TLS files and the variable it becomes.
+struct GrpcTlsFile {
+    upstream: &'static str,
+    ours: &'static str,
+    /// Whether `GRPC_SERVER_USE_TLS=true` is refused without it (the client CA is not:
+    /// without it, clients are not asked for a certificate).
+    required: bool,
+}
+
+/// upstream's gRPC TLS files, in the order they are read.
+const GRPC_TLS_FILES: &[GrpcTlsFile] = &[
+    GrpcTlsFile {
+        upstream: "GRPC_SERVER_TLS_CERT",
+        ours: "SHARDGATE_TLS_CERT",
+        required: true,
+    },
+    GrpcTlsFile {
+        upstream: "GRPC_SERVER_TLS_KEY",
+        ours: "SHARDGATE_TLS_KEY",
+        required: true,
+    },
+    GrpcTlsFile {
+        upstream: "GRPC_CLIENT_TLS_CACERT",
+        ours: "SHARDGATE_TLS_CLIENT_CA",
+        required: false,
+    },
+];
 
 /// The gRPC socket's kind (`GRPC_UDS`: TCP only).
 pub(super) fn grpc_socket(r: &mut Reader) {
