@@ -12,7 +12,7 @@
 //! is open: when they changed, the stream is opened again with them.
 //!
 //! This file owns the stream only: what a push means is `config/xds.rs`'s, what applying
-//! one does is the caller's (`serve.rs`).
+//! one does is the caller's (`serve/tasks.rs`).
 
 use std::path::PathBuf;
 use std::time::Duration;

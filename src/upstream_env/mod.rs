@@ -55,6 +55,7 @@ pub struct Alias {
     pub value: String,
     pub from: &'static str,
 }
+
 impl Translation {
     /// Sets `ours` from upstream's `from`, unless `env` sets `ours` already (ours win).
     fn alias(
