@@ -21,7 +21,7 @@ use shardgate::store::redis::{RedisMode, RedisOptions, RedisStore, RedisTls};
 #[cfg(any(feature = "dynamodb", feature = "redis"))]
 use shardgate::store::{inspect, InspectedShard, Name};
 
-use crate::parse_duration;
+use super::values::parse_duration;
 #[cfg(any(feature = "dynamodb", feature = "redis"))]
 use crate::{fail, runtime_with};
 

@@ -12,7 +12,7 @@
 //! is open: when they changed, the stream is opened again with them.
 //!
 //! This file owns the stream only: what a push means is `config/xds.rs`'s, what applying
-//! one does is the caller's (`serve.rs`).
+//! one does is the caller's (`serve/tasks.rs`).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -141,39 +141,20 @@ async fn session(
     applied: &mut String,
     on_push: &mut impl FnMut(Push),
 ) -> Result<Progress, String> {
-    let tls_on = options.server.starts_with("https://")
-        && [&options.tls.ca, &options.tls.cert, &options.tls.key]
-            .iter()
-            .any(|p| p.is_some());
     // Read before connecting: a change in between is seen at the first check.
-    let used = if tls_on {
-        TlsFiles::read(&options.tls)
-    } else {
-        None
-    };
+    let used = tls_files_in_use(options);
     let channel = connect(options).await?;
     let mut client =
         AggregatedDiscoveryServiceClient::new(channel).max_decoding_message_size(MAX_PUSH_BYTES);
     let (requests, outgoing) = tokio::sync::mpsc::channel(4);
-    let ask = |version: &str, nonce: &str, error: Option<Status>| DiscoveryRequest {
-        version_info: version.to_string(),
-        node: Some(Node {
-            id: options.node_id.clone(),
-            ..Default::default()
-        }),
-        type_url: RATE_LIMIT_CONFIG_TYPE.to_string(),
-        response_nonce: nonce.to_string(),
-        error_detail: error,
-        ..Default::default()
-    };
     requests
-        .send(ask(applied, "", None))
+        .send(request(options, applied, "", None))
         .await
         .map_err(|_| "the request stream closed".to_string())?;
     let mut responses = client
         .stream_aggregated_resources(ReceiverStream::new(outgoing))
         .await
-        .map_err(|s| format!("{}: {}", s.code(), elide(s.message(), 256)))?
+        .map_err(|s| status_text(&s))?
         .into_inner();
     let mut progress = Progress::Nothing;
     let mut check = tokio::time::interval_at(
@@ -196,36 +177,88 @@ async fn session(
         let response = match message {
             Ok(Some(r)) => r,
             Ok(None) => return Ok(progress),
-            Err(s) => return Err(format!("{}: {}", s.code(), elide(s.message(), 256))),
+            Err(s) => return Err(status_text(&s)),
         };
         progress = Progress::Pushed;
         let push = rules(&response, load);
-        let reply = match &push {
-            Ok(config) => {
-                tracing::info!(version = %response.version_info, domains = config.domains().count(), "xDS rules pushed");
-                *applied = response.version_info.clone();
-                ask(applied, &response.nonce, None)
-            }
-            Err(errors) => {
-                tracing::error!(version = %response.version_info, %errors, "xDS rules refused (NACK); the rules in force stay");
-                ask(
-                    applied,
-                    &response.nonce,
-                    Some(Status {
-                        // INVALID_ARGUMENT
-                        code: 3,
-                        message: elide(errors, NACK_DETAIL_BYTES).into_owned(),
-                        details: Vec::new(),
-                    }),
-                )
-            }
-        };
+        let answer = reply(options, &response, &push, applied);
         on_push(push);
         requests
-            .send(reply)
+            .send(answer)
             .await
             .map_err(|_| "the request stream closed".to_string())?;
     }
+}
+
+/// The TLS files the stream is opened with, when TLS to the control plane names any
+/// (`None`: nothing to watch for rotation).
+fn tls_files_in_use(options: &XdsOptions) -> Option<TlsFiles> {
+    let tls_on = options.server.starts_with("https://")
+        && [&options.tls.ca, &options.tls.cert, &options.tls.key]
+            .iter()
+            .any(|p| p.is_some());
+    if tls_on {
+        TlsFiles::read(&options.tls)
+    } else {
+        None
+    }
+}
+
+/// A request for the rules as this node: `version` the last applied, `nonce` the
+/// response answered (ACK), `error` why it was refused (NACK).
+fn request(
+    options: &XdsOptions,
+    version: &str,
+    nonce: &str,
+    error: Option<Status>,
+) -> DiscoveryRequest {
+    DiscoveryRequest {
+        version_info: version.to_string(),
+        node: Some(Node {
+            id: options.node_id.clone(),
+            ..Default::default()
+        }),
+        type_url: RATE_LIMIT_CONFIG_TYPE.to_string(),
+        response_nonce: nonce.to_string(),
+        error_detail: error,
+        ..Default::default()
+    }
+}
+
+/// The answer to a push: an ACK of its version once applied (`applied` moves to it), or
+/// a NACK with the errors' text and the version in force.
+fn reply(
+    options: &XdsOptions,
+    response: &DiscoveryResponse,
+    push: &Push,
+    applied: &mut String,
+) -> DiscoveryRequest {
+    match push {
+        Ok(config) => {
+            tracing::info!(version = %response.version_info, domains = config.domains().count(), "xDS rules pushed");
+            *applied = response.version_info.clone();
+            request(options, applied, &response.nonce, None)
+        }
+        Err(errors) => {
+            tracing::error!(version = %response.version_info, %errors, "xDS rules refused (NACK); the rules in force stay");
+            request(
+                options,
+                applied,
+                &response.nonce,
+                Some(Status {
+                    // INVALID_ARGUMENT
+                    code: 3,
+                    message: elide(errors, NACK_DETAIL_BYTES).into_owned(),
+                    details: Vec::new(),
+                }),
+            )
+        }
+    }
+}
+
+/// A gRPC status as the reason a stream failed: its code and (elided) message.
+fn status_text(s: &tonic::Status) -> String {
+    format!("{}: {}", s.code(), elide(s.message(), 256))
 }
 
 /// The rules a response carries, or why there are none.

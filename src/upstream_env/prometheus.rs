@@ -6,7 +6,8 @@
 
 use std::collections::BTreeMap;
 
-use super::{go_bool, listen_addr, Alias, Translation};
+use super::go_values::{go_bool, listen_addr};
+use super::Translation;
 
 /// upstream's default `PROMETHEUS_ADDR`.
 const DEFAULT_ADDR: &str = ":9090";
@@ -48,19 +49,6 @@ pub(super) fn prometheus(env: &BTreeMap<String, String>, t: &mut Translation) ->
     read
 }
 
-/// Sets `ours` from upstream's `from`, unless `ours` is set already (ours win).
-fn alias(
-    env: &BTreeMap<String, String>,
-    t: &mut Translation,
-    ours: &'static str,
-    from: &'static str,
-    value: String,
-) {
-    if !env.contains_key(ours) {
-        t.set.push(Alias { ours, value, from });
-    }
-}
-
 /// `PROMETHEUS_ADDR` and `PROMETHEUS_PATH` (empty: upstream's defaults).
 fn port(env: &BTreeMap<String, String>, t: &mut Translation) -> Vec<&'static str> {
     let non_empty = |k: &str| env.get(k).map(String::as_str).filter(|v| !v.is_empty());
@@ -69,7 +57,7 @@ fn port(env: &BTreeMap<String, String>, t: &mut Translation) -> Vec<&'static str
         None => ("USE_PROMETHEUS", DEFAULT_ADDR),
     };
     match go_listen_addr(addr) {
-        Ok(addr) => alias(env, t, "SHARDGATE_UPSTREAM_PROMETHEUS_ADDR", from, addr),
+        Ok(addr) => t.alias(env, "SHARDGATE_UPSTREAM_PROMETHEUS_ADDR", from, addr),
         Err(e) => t.refused.push(format!(
             "PROMETHEUS_ADDR={}: {e}",
             crate::support::text::elide(addr, 64)
@@ -77,9 +65,8 @@ fn port(env: &BTreeMap<String, String>, t: &mut Translation) -> Vec<&'static str
     }
     if let Some(path) = non_empty("PROMETHEUS_PATH") {
         if path.starts_with('/') {
-            alias(
+            t.alias(
                 env,
-                t,
                 "SHARDGATE_UPSTREAM_PROMETHEUS_PATH",
                 "PROMETHEUS_PATH",
                 path.into(),
@@ -101,9 +88,8 @@ fn mapping(env: &BTreeMap<String, String>, t: &mut Translation) -> Vec<&'static 
         .get("PROMETHEUS_MAPPER_YAML")
         .filter(|path| !path.is_empty());
     if let Some(path) = file {
-        alias(
+        t.alias(
             env,
-            t,
             "SHARDGATE_UPSTREAM_PROMETHEUS_MAPPING",
             "PROMETHEUS_MAPPER_YAML",
             path.clone(),
@@ -114,9 +100,8 @@ fn mapping(env: &BTreeMap<String, String>, t: &mut Translation) -> Vec<&'static 
         Some((_, Some(true))) if file.is_some() => t.ignored.push(format!(
             "{MS} (PROMETHEUS_MAPPER_YAML is set: the file says the unit)"
         )),
-        Some((_, Some(true))) => alias(
+        Some((_, Some(true))) => t.alias(
             env,
-            t,
             "SHARDGATE_UPSTREAM_PROMETHEUS_RESPONSE_TIME_MS",
             MS,
             "true".into(),
@@ -138,4 +123,110 @@ fn go_listen_addr(addr: &str) -> Result<String, String> {
         .ok_or_else(|| "not host:port (e.g. :19001)".to_string())?;
     let host = host.trim_start_matches('[').trim_end_matches(']');
     listen_addr(if host.is_empty() { "0.0.0.0" } else { host }, port)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_env::{env, set};
+    use super::super::translate;
+
+    #[test]
+    fn the_prometheus_port_is_served_where_upstream_would_serve_it() {
+        // Envoy Gateway's generated Deployment.
+        let t = translate(&env(&[
+            ("USE_STATSD", "false"),
+            ("USE_PROMETHEUS", "true"),
+            ("PROMETHEUS_ADDR", ":19001"),
+            ("PROMETHEUS_MAPPER_YAML", "/etc/statsd-exporter/conf.yaml"),
+        ]));
+        assert_eq!(
+            set(&t),
+            vec![
+                ("SHARDGATE_UPSTREAM_PROMETHEUS_ADDR", "0.0.0.0:19001"),
+                (
+                    "SHARDGATE_UPSTREAM_PROMETHEUS_MAPPING",
+                    "/etc/statsd-exporter/conf.yaml"
+                ),
+            ]
+        );
+        assert!(t.ignored.is_empty() && t.refused.is_empty(), "{t:?}");
+        assert_eq!(t.read.len(), 4, "{t:?}");
+
+        // Upstream's defaults; its own mapping, in milliseconds when asked.
+        let t = translate(&env(&[
+            ("USE_PROMETHEUS", "1"),
+            ("PROMETHEUS_ADDR", ""),
+            ("PROMETHEUS_PATH", "/stats"),
+            ("PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", "true"),
+        ]));
+        assert_eq!(
+            set(&t),
+            vec![
+                ("SHARDGATE_UPSTREAM_PROMETHEUS_ADDR", "0.0.0.0:9090"),
+                ("SHARDGATE_UPSTREAM_PROMETHEUS_PATH", "/stats"),
+                ("SHARDGATE_UPSTREAM_PROMETHEUS_RESPONSE_TIME_MS", "true"),
+            ]
+        );
+        assert!(t.ignored.is_empty() && t.refused.is_empty(), "{t:?}");
+        let t = translate(&env(&[
+            ("USE_PROMETHEUS", "true"),
+            ("PROMETHEUS_ADDR", "[::1]:9091"),
+            ("PROMETHEUS_MAPPER_YAML", "/m.yaml"),
+            ("PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", "true"),
+        ]));
+        assert_eq!(
+            set(&t)[0],
+            ("SHARDGATE_UPSTREAM_PROMETHEUS_ADDR", "[::1]:9091")
+        );
+        // With a file of its own, upstream does not look at the millisecond switch.
+        assert_eq!(
+            t.ignored,
+            ["PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS (PROMETHEUS_MAPPER_YAML is set: the file says the unit)"]
+        );
+        assert!(
+            !t.read.iter().any(|r| r.starts_with("PROMETHEUS_RESPONSE")),
+            "{t:?}"
+        );
+
+        // Off: USE_PROMETHEUS=false is what shardgate does; the rest means nothing.
+        let t = translate(&env(&[
+            ("USE_PROMETHEUS", "false"),
+            ("PROMETHEUS_ADDR", ":1"),
+        ]));
+        assert!(t.set.is_empty(), "{t:?}");
+        assert_eq!(
+            (t.read, t.ignored),
+            (
+                vec!["USE_PROMETHEUS".to_string()],
+                vec!["PROMETHEUS_ADDR".to_string()]
+            )
+        );
+        // Stats disabled: upstream runs no sink; nothing is served.
+        let t = translate(&env(&[
+            ("USE_PROMETHEUS", "true"),
+            ("DISABLE_STATS", "true"),
+        ]));
+        assert!(t.set.is_empty() && t.refused.is_empty(), "{t:?}");
+
+        // One sink at a time, as upstream; and malformed values.
+        for (bad, named) in [
+            (
+                ("USE_STATSD", "true"),
+                "USE_STATSD=true and USE_PROMETHEUS=true",
+            ),
+            (("PROMETHEUS_ADDR", "19001"), "PROMETHEUS_ADDR=19001"),
+            (("PROMETHEUS_ADDR", ":port"), "PROMETHEUS_ADDR=:port"),
+            (("PROMETHEUS_PATH", "metrics"), "PROMETHEUS_PATH=metrics"),
+            (
+                ("PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", "yes"),
+                "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS=yes",
+            ),
+        ] {
+            let t = translate(&env(&[("USE_PROMETHEUS", "true"), bad]));
+            assert_eq!(t.refused.len(), 1, "{t:?}");
+            assert!(t.refused[0].contains(named), "{named}: {:?}", t.refused);
+        }
+        let t = translate(&env(&[("USE_PROMETHEUS", "sometimes")]));
+        assert_eq!(t.refused, vec!["USE_PROMETHEUS: not a boolean".to_string()]);
+    }
 }

@@ -5,7 +5,8 @@
 //! Upstream's default backend is Redis, so `REDIS_URL` alone (or `BACKEND_TYPE=redis`)
 //! selects the Redis store; without either the store stays the embedded one.
 
-use super::{go_bool, go_duration, Reader};
+use super::go_values::{go_bool, go_duration};
+use super::reader::Reader;
 use crate::support::text::elide;
 
 /// upstream's defaults (`REDIS_SOCKET_TYPE`, `REDIS_URL`): twemproxy's socket.
@@ -13,7 +14,7 @@ const DEFAULT_SOCKET_TYPE: &str = "unix";
 const DEFAULT_URL: &str = "/var/run/nutcracker/ratelimit.sock";
 
 /// Settings of upstream's Redis client that have no counterpart here, with why.
-pub(super) const IGNORED: &[(&str, &str)] = &[
+const IGNORED: &[(&str, &str)] = &[
     (
         "REDIS_PIPELINE_WINDOW",
         "calls pipeline on multiplexed connections",
@@ -47,28 +48,59 @@ pub(super) const IGNORED: &[(&str, &str)] = &[
 
 /// Reads the Redis settings: with Redis the backend, sets the Redis store's variables.
 pub(super) fn redis(r: &mut Reader) {
+    if !backend_is_redis(r) || !per_second_off(r) {
+        return;
+    }
+    let Some(mode) = mode(r) else {
+        return;
+    };
+    let Some(tls) = tls_on(r) else {
+        return;
+    };
+    let Some(urls) = urls(r, mode, tls) else {
+        return;
+    };
+    r.alias("SHARDGATE_STORE", "BACKEND_TYPE", "redis".into());
+    r.alias("SHARDGATE_REDIS_URL", "REDIS_URL", urls.join(","));
+    r.alias("SHARDGATE_REDIS_MODE", "REDIS_TYPE", mode.into());
+    client_settings(r, tls);
+}
+
+/// Whether Redis is the backend (`BACKEND_TYPE=redis`, or unset with `REDIS_URL` given);
+/// another backend is refused.
+fn backend_is_redis(r: &mut Reader) -> bool {
     let backend = r.get("BACKEND_TYPE").map(str::to_ascii_lowercase);
     let url_given = r.env.contains_key("REDIS_URL");
     match backend.as_deref() {
         Some("redis") => {}
         None if url_given => {}
-        None => return,
+        None => return false,
         Some(other) => {
             r.refuse(format!(
                 "BACKEND_TYPE={}: shardgate's shared stores are Redis and DynamoDB (--store)",
                 elide(other, 32)
             ));
-            return;
+            return false;
         }
     }
+    true
+}
+
+/// Whether `REDIS_PERSECOND` is off; on (a second Redis for per-second limits) is refused.
+fn per_second_off(r: &mut Reader) -> bool {
     if r.get("REDIS_PERSECOND").and_then(go_bool) == Some(true) {
         r.refuse(
             "REDIS_PERSECOND=true: one store holds every bucket here (a per-second limit costs \
              no more than another); remove REDIS_PERSECOND_*"
                 .into(),
         );
-        return;
+        return false;
     }
+    true
+}
+
+/// `REDIS_TYPE` as our Redis mode; `None` when it is none of them (refused).
+fn mode(r: &mut Reader) -> Option<&'static str> {
     let kind = r
         .get("REDIS_TYPE")
         .map(str::to_ascii_lowercase)
@@ -82,17 +114,27 @@ pub(super) fn redis(r: &mut Reader) {
                 "REDIS_TYPE={}: not single, cluster or sentinel",
                 elide(other, 32)
             ));
-            return;
+            return None;
         }
     };
-    let tls = match r.get("REDIS_TLS").map(go_bool) {
+    Some(mode)
+}
+
+/// `REDIS_TLS`; `None` when it is not a boolean (refused).
+fn tls_on(r: &mut Reader) -> Option<bool> {
+    Some(match r.get("REDIS_TLS").map(go_bool) {
         None => false,
         Some(Some(on)) => on,
         Some(None) => {
             r.refuse("REDIS_TLS: not a boolean".into());
-            return;
+            return None;
         }
-    };
+    })
+}
+
+/// `REDIS_URL`'s addresses as our URLs, with `REDIS_AUTH` in them; with Sentinel, the
+/// master's name and password set first. `None` when one cannot be followed (refused).
+fn urls(r: &mut Reader, mode: &str, tls: bool) -> Option<Vec<String>> {
     let socket = r
         .get("REDIS_SOCKET_TYPE")
         .unwrap_or(DEFAULT_SOCKET_TYPE)
@@ -113,7 +155,7 @@ pub(super) fn redis(r: &mut Reader) {
                  addresses (mymaster,host:26379,...)"
                     .into(),
             );
-            return;
+            return None;
         }
         let master = addresses.remove(0);
         r.alias(
@@ -136,17 +178,20 @@ pub(super) fn redis(r: &mut Reader) {
             Ok(url) => urls.push(url),
             Err(e) => {
                 r.refuse(format!("REDIS_URL: {e}"));
-                return;
+                return None;
             }
         }
     }
     if urls.is_empty() {
         r.refuse("REDIS_URL: no address".into());
-        return;
+        return None;
     }
-    r.alias("SHARDGATE_STORE", "BACKEND_TYPE", "redis".into());
-    r.alias("SHARDGATE_REDIS_URL", "REDIS_URL", urls.join(","));
-    r.alias("SHARDGATE_REDIS_MODE", "REDIS_TYPE", mode.into());
+    Some(urls)
+}
+
+/// The Redis client's settings once the store is Redis: pool size, timeout, TLS files and
+/// hostname check, key prefix, and those with no counterpart (ignored).
+fn client_settings(r: &mut Reader, tls: bool) {
     if let Some(size) = r.get("REDIS_POOL_SIZE") {
         match size.parse::<usize>() {
             Ok(n) if n > 0 => r.alias(
@@ -198,11 +243,7 @@ pub(super) fn redis(r: &mut Reader) {
     if let Some(prefix) = r.get("CACHE_KEY_PREFIX").filter(|p| !p.is_empty()) {
         r.alias("SHARDGATE_NAMESPACE", "CACHE_KEY_PREFIX", prefix.into());
     }
-    for (name, why) in IGNORED {
-        if r.get(name).is_some() {
-            r.t.ignored.push(format!("{name} ({why})"));
-        }
-    }
+    r.ignore_with_reasons(IGNORED);
 }
 
 /// One of upstream's Redis addresses (`host:port` over TCP, a path over a Unix socket)
@@ -254,16 +295,12 @@ fn url_of(address: &str, socket: &str, tls: bool, auth: Option<&str>) -> Result<
 
 #[cfg(test)]
 mod tests {
+    use super::super::test_env::env;
     use super::super::translate;
     use super::*;
-    use std::collections::BTreeMap;
 
     fn translated(vars: &[(&str, &str)]) -> super::super::Translation {
-        let env: BTreeMap<String, String> = vars
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        translate(&env)
+        translate(&env(vars))
     }
 
     fn set(t: &super::super::Translation, ours: &str) -> Option<String> {

@@ -2,7 +2,8 @@
 //! `CONFIG_GRPC_XDS_*` (how Envoy Gateway's generated Deployment gets its rules), read as
 //! our `--xds-*` flags; `FILE` (the default) leaves the rule directory in charge.
 
-use super::{go_bool, Reader};
+use super::go_values::go_bool;
+use super::reader::Reader;
 use crate::support::text::elide;
 
 /// upstream's defaults.
@@ -34,6 +35,24 @@ const IGNORED: &[(&str, &str)] = &[
     (
         "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES",
         "pushes of up to 64 MiB are read",
+    ),
+];
+
+/// upstream's TLS files for the control plane and the flags they become (read only with
+/// `CONFIG_GRPC_XDS_SERVER_USE_TLS=true`).
+const TLS_FILES: &[(&str, &str)] = &[
+    ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "SHARDGATE_XDS_TLS_CA"),
+    (
+        "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
+        "SHARDGATE_XDS_TLS_CLIENT_CERT",
+    ),
+    (
+        "CONFIG_GRPC_XDS_CLIENT_TLS_KEY",
+        "SHARDGATE_XDS_TLS_CLIENT_KEY",
+    ),
+    (
+        "CONFIG_GRPC_XDS_SERVER_TLS_SAN",
+        "SHARDGATE_XDS_TLS_SERVER_NAME",
     ),
 ];
 
@@ -80,31 +99,7 @@ pub(super) fn rule_source(r: &mut Reader) {
         "CONFIG_GRPC_XDS_NODE_ID",
         node.into(),
     );
-    for (upstream, ours) in [
-        ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "SHARDGATE_XDS_TLS_CA"),
-        (
-            "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
-            "SHARDGATE_XDS_TLS_CLIENT_CERT",
-        ),
-        (
-            "CONFIG_GRPC_XDS_CLIENT_TLS_KEY",
-            "SHARDGATE_XDS_TLS_CLIENT_KEY",
-        ),
-        (
-            "CONFIG_GRPC_XDS_SERVER_TLS_SAN",
-            "SHARDGATE_XDS_TLS_SERVER_NAME",
-        ),
-    ] {
-        if let Some(v) = r.get(upstream).filter(|v| !v.is_empty()) {
-            if tls {
-                r.alias(ours, upstream, v.into());
-            } else {
-                r.t.ignored.push(format!(
-                    "{upstream} (CONFIG_GRPC_XDS_SERVER_USE_TLS is not true)"
-                ));
-            }
-        }
-    }
+    tls_files(r, tls);
     match r.get("FORCE_START_WITHOUT_INITIAL_CONFIG").map(go_bool) {
         Some(Some(on)) => r.alias(
             "SHARDGATE_XDS_START_WITHOUT_RULES",
@@ -124,9 +119,20 @@ pub(super) fn rule_source(r: &mut Reader) {
             ));
         }
     }
-    for (name, why) in IGNORED {
-        if r.get(name).is_some() {
-            r.t.ignored.push(format!("{name} ({why})"));
+    r.ignore_with_reasons(IGNORED);
+}
+
+/// The control plane's TLS files, each set one an alias with `tls` on, else ignored.
+fn tls_files(r: &mut Reader, tls: bool) {
+    for &(upstream, ours) in TLS_FILES {
+        if let Some(v) = r.get(upstream).filter(|v| !v.is_empty()) {
+            if tls {
+                r.alias(ours, upstream, v.into());
+            } else {
+                r.t.ignored.push(format!(
+                    "{upstream} (CONFIG_GRPC_XDS_SERVER_USE_TLS is not true)"
+                ));
+            }
         }
     }
 }

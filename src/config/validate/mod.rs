@@ -16,7 +16,7 @@ use super::model::{DescriptorModel, DocumentModel, Node, NodeKind, Pos, RateLimi
 use super::stats_key::child_key;
 use super::{EntityTemplate, FailureMode, RuleLimit};
 use crate::store::key::MAX_RESOURCE_BYTES;
-use fields::{to_json, Field};
+use fields::{to_json, Field, Fields};
 
 mod fields;
 mod rate_limit;
@@ -67,6 +67,25 @@ struct Scope {
     resource: String,
     /// The nearest ancestor with a `rate_limit`: its line and whether it is unlimited.
     nearest_limit: Option<(u32, bool)>,
+}
+
+/// The scope of a descriptor's children: its key added, its composite key, its
+/// `resource` if it sets one.
+fn child_scope(
+    parent: &Scope,
+    key: Option<&str>,
+    value: Option<&str>,
+    resource: Option<&String>,
+) -> Scope {
+    let mut scope = parent.clone();
+    scope.keys.extend(key.map(str::to_string));
+    if let Some(k) = key {
+        scope.composite = child_key(&parent.composite, k, value);
+    }
+    if let Some(r) = resource {
+        scope.resource = r.clone();
+    }
+    scope
 }
 
 struct Validator<'a> {
@@ -185,21 +204,11 @@ impl Validator<'_> {
         out
     }
 
+    /// One descriptor and its subtree; `None` when its key or its value could not be read
+    /// (reported).
     fn descriptor(&mut self, node: &Node, parent: &Scope) -> Option<DescriptorModel> {
         let fields = self.fields(node, "a descriptor", "descriptor", DESCRIPTOR_KEYS)?;
-        let key = match fields.get("key") {
-            Some(f) => self.required_text(f),
-            None => {
-                self.error(
-                    node.pos,
-                    K::MissingKey {
-                        key: "key",
-                        context: "descriptor",
-                    },
-                );
-                None
-            }
-        };
+        let key = self.descriptor_key(&fields, node);
         let errors_before = self.errors.len();
         let value = fields
             .get("value")
@@ -220,59 +229,10 @@ impl Validator<'_> {
             .and_then(|f| self.failure_mode(f));
         let metadata = fields.get("metadata").and_then(|f| self.metadata(f));
         let resource = fields.get("resource").and_then(|f| self.resource(f));
-
-        if let Some(f) = fields.get("share_threshold") {
-            if share_threshold && !value.as_deref().is_some_and(|v| v.contains('*')) {
-                let found = value
-                    .as_ref()
-                    .map_or("no value".into(), |v| format!("'{v}'"));
-                self.error(f.pos, K::ShareThresholdWithoutWildcard(found));
-            }
-        }
-
-        let mut scope = parent.clone();
-        scope.keys.extend(key.clone());
-        if let Some(k) = &key {
-            scope.composite = child_key(&parent.composite, k, value.as_deref());
-        }
-        if let Some(r) = &resource {
-            scope.resource = r.clone();
-        }
-
-        // A rate_limit that failed to validate was reported already; say nothing more.
-        let rate_limit_failed = rate_limit.is_none()
-            && fields
-                .get("rate_limit")
-                .is_some_and(|f| f.value.kind != NodeKind::Null);
-        if let Some(f) = fields
-            .get("cascade")
-            .filter(|_| cascade && !rate_limit_failed)
-        {
-            match (&rate_limit, parent.nearest_limit) {
-                (
-                    None
-                    | Some(RateLimitModel {
-                        limit: RuleLimit::Unlimited,
-                        ..
-                    }),
-                    _,
-                ) => self.error(f.pos, K::CascadeWithoutLimit),
-                (_, None) => self.error(f.pos, K::CascadeWithoutParent),
-                (_, Some((line, true))) => self.error(f.pos, K::CascadeToUnlimited(line)),
-                (_, Some((_, false))) => {}
-            }
-        }
-
-        let entity = fields
-            .get("entity")
-            .and_then(|f| self.entity(f, &scope.keys));
-        if let (Some(t), Some(rl)) = (&entity, &rate_limit) {
-            if let RuleLimit::Limited(params) = &rl.limit {
-                let name = rl.name.clone().unwrap_or_else(|| "rl".into());
-                self.check_shared_bucket(t, &scope.resource, name, params, node.pos);
-            }
-        }
-
+        self.check_share_threshold(&fields, share_threshold, value.as_deref());
+        let mut scope = child_scope(parent, key.as_deref(), value.as_deref(), resource.as_ref());
+        self.check_cascade(&fields, cascade, rate_limit.as_ref(), parent.nearest_limit);
+        let entity = self.descriptor_entity(&fields, &scope, rate_limit.as_ref(), node.pos);
         if let Some(rl) = &rate_limit {
             let line = fields
                 .get("rate_limit")
@@ -304,6 +264,92 @@ impl Validator<'_> {
             failure_mode,
             children,
         })
+    }
+
+    /// A descriptor's `key`, which it must have.
+    fn descriptor_key(&mut self, fields: &Fields, node: &Node) -> Option<String> {
+        match fields.get("key") {
+            Some(f) => self.required_text(f),
+            None => {
+                self.error(
+                    node.pos,
+                    K::MissingKey {
+                        key: "key",
+                        context: "descriptor",
+                    },
+                );
+                None
+            }
+        }
+    }
+
+    /// `share_threshold: true` needs a wildcard value to share.
+    fn check_share_threshold(
+        &mut self,
+        fields: &Fields,
+        share_threshold: bool,
+        value: Option<&str>,
+    ) {
+        if let Some(f) = fields.get("share_threshold") {
+            if share_threshold && !value.is_some_and(|v| v.contains('*')) {
+                let found = value.map_or("no value".into(), |v| format!("'{v}'"));
+                self.error(f.pos, K::ShareThresholdWithoutWildcard(found));
+            }
+        }
+    }
+
+    /// `cascade: true` needs a limit of its own and a limited ancestor
+    /// (`nearest_limit`).
+    fn check_cascade(
+        &mut self,
+        fields: &Fields,
+        cascade: bool,
+        rate_limit: Option<&RateLimitModel>,
+        nearest_limit: Option<(u32, bool)>,
+    ) {
+        // A rate_limit that failed to validate was reported already; say nothing more.
+        let rate_limit_failed = rate_limit.is_none()
+            && fields
+                .get("rate_limit")
+                .is_some_and(|f| f.value.kind != NodeKind::Null);
+        if let Some(f) = fields
+            .get("cascade")
+            .filter(|_| cascade && !rate_limit_failed)
+        {
+            match (rate_limit, nearest_limit) {
+                (
+                    None
+                    | Some(RateLimitModel {
+                        limit: RuleLimit::Unlimited,
+                        ..
+                    }),
+                    _,
+                ) => self.error(f.pos, K::CascadeWithoutLimit),
+                (_, None) => self.error(f.pos, K::CascadeWithoutParent),
+                (_, Some((line, true))) => self.error(f.pos, K::CascadeToUnlimited(line)),
+                (_, Some((_, false))) => {}
+            }
+        }
+    }
+
+    /// A descriptor's `entity`, its bucket checked against the rules that share it.
+    fn descriptor_entity(
+        &mut self,
+        fields: &Fields,
+        scope: &Scope,
+        rate_limit: Option<&RateLimitModel>,
+        pos: Pos,
+    ) -> Option<EntityTemplate> {
+        let entity = fields
+            .get("entity")
+            .and_then(|f| self.entity(f, &scope.keys));
+        if let (Some(t), Some(rl)) = (&entity, rate_limit) {
+            if let RuleLimit::Limited(params) = &rl.limit {
+                let name = rl.name.clone().unwrap_or_else(|| "rl".into());
+                self.check_shared_bucket(t, &scope.resource, name, params, pos);
+            }
+        }
+        entity
     }
 
     fn metadata(&mut self, f: &Field) -> Option<serde_json::Value> {

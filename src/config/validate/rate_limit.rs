@@ -2,7 +2,7 @@
 //! overdraft, lease, `replaces`), turned into the rule's limit. Knows nothing of the
 //! tree around the node; the rules that span nodes are `mod.rs`'s and `shared_bucket.rs`'s.
 
-use super::fields::Field;
+use super::fields::{Field, Fields};
 use super::Validator;
 use crate::config::error::ConfigErrorKind as K;
 use crate::config::model::{NodeKind, RateLimitModel};
@@ -39,63 +39,24 @@ impl Validator<'_> {
             .filter(|l| l.value.kind != NodeKind::Null)
             .is_none_or(|l| self.boolean(Some(l)));
         let unit_field = fields.get("unit");
-        let unit = unit_field.and_then(|u| {
-            let text = self.text(u)?;
-            let unit = Unit::parse(&text);
-            if unit.is_none() {
-                self.error(u.value.pos, K::InvalidUnit(text));
-            }
-            unit
-        });
-        let multiplier = fields.get("unit_multiplier").and_then(|m| {
-            let n = self.integer(m, 1, MAX_PERIOD_SECONDS)?;
-            let period = unit.map(|u| u.seconds().saturating_mul(n));
-            if period.is_some_and(|p| p > MAX_PERIOD_SECONDS) {
-                self.error(
-                    m.value.pos,
-                    K::PeriodTooLong {
-                        multiplier: n,
-                        unit: unit.map_or("", Unit::name),
-                    },
-                );
-                return None;
-            }
-            u32::try_from(n).ok()
-        });
+        let unit = unit_field.and_then(|u| self.unit(u));
+        let multiplier = fields
+            .get("unit_multiplier")
+            .and_then(|m| self.unit_multiplier(m, unit));
         let rpu = fields
             .get("requests_per_unit")
             .and_then(|n| self.integer(n, 0, u64::from(u32::MAX)));
         let burst = fields
             .get("burst")
             .and_then(|n| self.integer(n, 1, MAX_TOKENS));
-        let name = fields.get("name").and_then(|n| {
-            let text = self.text(n)?;
-            match limit_name_problem(&text) {
-                Some(reason) => {
-                    self.error(n.value.pos, K::InvalidLimitName { name: text, reason });
-                    None
-                }
-                None => Some(text),
-            }
-        });
+        let name = fields.get("name").and_then(|n| self.limit_name(n));
         let replaces = fields
             .get("replaces")
             .map(|r| self.replaces(r, name.as_deref()))
             .unwrap_or_default();
 
         let limit = if unlimited {
-            // `overdraft: false` is harmless; the others would give an unlimited rule a bucket.
-            for (key, set) in [
-                ("unit", true),
-                ("unit_multiplier", true),
-                ("burst", true),
-                ("overdraft", overdraft),
-                ("lease", !lease),
-            ] {
-                if let Some(k) = fields.get(key).filter(|_| set) {
-                    self.error(k.pos, K::UnlimitedWith(k.name));
-                }
-            }
+            self.check_unlimited(&fields, overdraft, lease);
             RuleLimit::Unlimited
         } else {
             if unit_field.is_none() {
@@ -121,6 +82,61 @@ impl Validator<'_> {
             name,
             replaces,
         })
+    }
+
+    /// `unit`, one of the units' names.
+    fn unit(&mut self, u: &Field) -> Option<Unit> {
+        let text = self.text(u)?;
+        let unit = Unit::parse(&text);
+        if unit.is_none() {
+            self.error(u.value.pos, K::InvalidUnit(text));
+        }
+        unit
+    }
+
+    /// `unit_multiplier`, whose period (with `unit`) must not pass the longest one.
+    fn unit_multiplier(&mut self, m: &Field, unit: Option<Unit>) -> Option<u32> {
+        let n = self.integer(m, 1, MAX_PERIOD_SECONDS)?;
+        let period = unit.map(|u| u.seconds().saturating_mul(n));
+        if period.is_some_and(|p| p > MAX_PERIOD_SECONDS) {
+            self.error(
+                m.value.pos,
+                K::PeriodTooLong {
+                    multiplier: n,
+                    unit: unit.map_or("", Unit::name),
+                },
+            );
+            return None;
+        }
+        u32::try_from(n).ok()
+    }
+
+    /// The limit's `name` (see [`limit_name_problem`]).
+    fn limit_name(&mut self, n: &Field) -> Option<String> {
+        let text = self.text(n)?;
+        match limit_name_problem(&text) {
+            Some(reason) => {
+                self.error(n.value.pos, K::InvalidLimitName { name: text, reason });
+                None
+            }
+            None => Some(text),
+        }
+    }
+
+    /// An unlimited rule must not set what would give it a bucket.
+    fn check_unlimited(&mut self, fields: &Fields, overdraft: bool, lease: bool) {
+        // `overdraft: false` is harmless; the others would give an unlimited rule a bucket.
+        for (key, set) in [
+            ("unit", true),
+            ("unit_multiplier", true),
+            ("burst", true),
+            ("overdraft", overdraft),
+            ("lease", !lease),
+        ] {
+            if let Some(k) = fields.get(key).filter(|_| set) {
+                self.error(k.pos, K::UnlimitedWith(k.name));
+            }
+        }
     }
 
     fn replaces(&mut self, f: &Field, own_name: Option<&str>) -> Vec<String> {

@@ -123,76 +123,87 @@ impl Metrics {
             tls_handshake_failures: Family::default(),
             grpc_accept_failures: Counter::default(),
         };
-        registry.register(
-            "domain_not_found",
-            "Requests for a domain no config defines",
-            m.domain_not_found.clone(),
-        );
-        registry.register(
-            "global_shadow_mode",
-            "Requests over their limits answered OK by global shadow mode",
-            m.global_shadow_mode.clone(),
-        );
-        registry.register(
-            "config_load_success",
-            "Configs loaded and put in force",
-            m.config_load_success.clone(),
-        );
-        registry.register(
-            "config_load_error",
-            "Config loads rejected (the previous config stays)",
-            m.config_load_error.clone(),
-        );
-        registry.register(
-            "config_info",
-            "The config in force, by content hash (value 1)",
-            m.config_info.clone(),
-        );
-        registry.register(
-            "store_calls",
-            "Store calls by operation and outcome",
-            m.store_calls.clone(),
-        );
-        registry.register(
-            "store_call_duration_seconds",
-            "Store call latency by operation",
-            m.store_latency.clone(),
-        );
-        registry.register(
-            "request_duration_seconds",
-            "ShouldRateLimit answer latency",
-            m.request_latency.clone(),
-        );
-        registry.register(
-            "requests_in_flight",
-            "ShouldRateLimit calls being answered",
-            m.in_flight.clone(),
-        );
-        registry.register(
-            "store_failure_answers",
-            "Requests answered by failure_mode because the store failed, gave no answer by the call's deadline, or its circuit was open",
-            m.store_failures.clone(),
-        );
-        registry.register(
-            "store_refused_requests",
-            "Requests answered INVALID_ARGUMENT because the store refused their bucket (a key or item it cannot hold)",
-            m.store_refused_requests.clone(),
-        );
-        registry.register(
-            "tls_handshake_failures",
-            "TLS handshakes refused or failed on the gRPC port, by reason",
-            m.tls_handshake_failures.clone(),
-        );
-        registry.register(
-            "grpc_accept_failures",
-            "Connections the gRPC port failed to accept (out of file descriptors, most often); each pauses accepting",
-            m.grpc_accept_failures.clone(),
-        );
+        m.register_requests_and_config(&mut registry);
+        m.register_calls_and_ports(&mut registry);
         registry.register_collector(Box::new(m.rule_hits.clone()));
         Metrics {
             registry: Mutex::new(registry),
             ..m
         }
+    }
+
+    /// Registers the answers' and the config's metrics (the first on the page).
+    fn register_requests_and_config(&self, registry: &mut Registry) {
+        registry.register(
+            "domain_not_found",
+            "Requests for a domain no config defines",
+            self.domain_not_found.clone(),
+        );
+        registry.register(
+            "global_shadow_mode",
+            "Requests over their limits answered OK by global shadow mode",
+            self.global_shadow_mode.clone(),
+        );
+        registry.register(
+            "config_load_success",
+            "Configs loaded and put in force",
+            self.config_load_success.clone(),
+        );
+        registry.register(
+            "config_load_error",
+            "Config loads rejected (the previous config stays)",
+            self.config_load_error.clone(),
+        );
+        registry.register(
+            "config_info",
+            "The config in force, by content hash (value 1)",
+            self.config_info.clone(),
+        );
+    }
+
+    /// Registers the store calls', the latencies', the failure answers' and the gRPC
+    /// port's metrics, after [`Self::register_requests_and_config`]'s.
+    fn register_calls_and_ports(&self, registry: &mut Registry) {
+        registry.register(
+            "store_calls",
+            "Store calls by operation and outcome",
+            self.store_calls.clone(),
+        );
+        registry.register(
+            "store_call_duration_seconds",
+            "Store call latency by operation",
+            self.store_latency.clone(),
+        );
+        registry.register(
+            "request_duration_seconds",
+            "ShouldRateLimit answer latency",
+            self.request_latency.clone(),
+        );
+        registry.register(
+            "requests_in_flight",
+            "ShouldRateLimit calls being answered",
+            self.in_flight.clone(),
+        );
+        registry.register(
+            "store_failure_answers",
+            "Requests answered by failure_mode because the store failed, gave no answer by the call's deadline, or its circuit was open",
+            self.store_failures.clone(),
+        );
+        registry.register(
+            "store_refused_requests",
+            "Requests answered INVALID_ARGUMENT because the store refused their bucket (a key or item it cannot hold)",
+            self.store_refused_requests.clone(),
+        );
+        registry.register(
+            "tls_handshake_failures",
+            "TLS handshakes refused or failed on the gRPC port, by reason",
+            self.tls_handshake_failures.clone(),
+        );
+        registry.register(
+            "grpc_accept_failures",
+            "Connections the gRPC port failed to accept (out of file descriptors, most often); each pauses accepting",
+            self.grpc_accept_failures.clone(),
+        );
     }
 
     /// What statsd is sent at a flush (`statsd.rs`): the totals under upstream's names.
