@@ -214,6 +214,11 @@ pub(crate) fn inspect_bucket(args: InspectArgs) -> ExitCode {
         entity,
         resource,
     } = args;
+    // A build with one store reads only that store's arguments.
+    #[cfg(not(feature = "redis"))]
+    let _ = redis;
+    #[cfg(not(feature = "dynamodb"))]
+    let _ = dynamo;
     let (entity, resource) = (entity.as_str(), resource.as_str());
     let rt = match runtime_with(None) {
         Ok(rt) => rt,

@@ -117,8 +117,8 @@ pub async fn subscribe(options: XdsOptions, load: LoadOptions, mut on_push: impl
     let mut backoff = FIRST_BACKOFF;
     loop {
         match session(&options, &load, &mut applied, &mut on_push).await {
-            Ok(Progress::Pushed) => backoff = FIRST_BACKOFF,
-            Ok(Progress::Nothing) => {}
+            Ok(SessionEnd::AfterPush) => backoff = FIRST_BACKOFF,
+            Ok(SessionEnd::BeforePush) => {}
             Err(reason) => {
                 tracing::warn!(server = %options.server, %reason, retry_in = ?backoff, "xDS stream failed; the rules in force stay");
             }
@@ -129,9 +129,9 @@ pub async fn subscribe(options: XdsOptions, load: LoadOptions, mut on_push: impl
 }
 
 /// Whether a session got a push before it ended.
-enum Progress {
-    Pushed,
-    Nothing,
+enum SessionEnd {
+    AfterPush,
+    BeforePush,
 }
 
 /// One stream, until it fails or the control plane closes it.
@@ -140,7 +140,7 @@ async fn session(
     load: &LoadOptions,
     applied: &mut String,
     on_push: &mut impl FnMut(Push),
-) -> Result<Progress, String> {
+) -> Result<SessionEnd, String> {
     // Read before connecting: a change in between is seen at the first check.
     let used = tls_files_in_use(options);
     let channel = connect(options).await?;
@@ -156,7 +156,7 @@ async fn session(
         .await
         .map_err(|s| status_text(&s))?
         .into_inner();
-    let mut progress = Progress::Nothing;
+    let mut progress = SessionEnd::BeforePush;
     let mut check = tokio::time::interval_at(
         tokio::time::Instant::now() + options.tls.rotation_check,
         options.tls.rotation_check,
@@ -179,7 +179,7 @@ async fn session(
             Ok(None) => return Ok(progress),
             Err(s) => return Err(status_text(&s)),
         };
-        progress = Progress::Pushed;
+        progress = SessionEnd::AfterPush;
         let push = rules(&response, load);
         let answer = reply(options, &response, &push, applied);
         on_push(push);

@@ -56,7 +56,7 @@ pub struct LeaseOptions {
     /// A fault for tests of a running server: the lease task panics at its first fetch,
     /// so that its supervision (leasing off, leases given back, the death counted and
     /// alerted on) can be seen end to end. Only debug builds set it
-    /// (`SHARDGATE_DEBUG_LEASE_TASK_PANIC`, read in `server/serve.rs`).
+    /// (`SHARDGATE_DEBUG_LEASE_TASK_PANIC`, read in `server/serve/stores.rs`).
     pub panic_at_fetch: bool,
 }
 
