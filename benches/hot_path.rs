@@ -92,9 +92,9 @@ fn item(tokens: i64) -> BucketItem {
     );
     let mut limits = shardgate::store::Limits::new();
     limits.insert("rps", LimitState::new(p, tokens, 0));
-    limits.insert(WCU_LIMIT, LimitState::new(wcu, wcu.cp, 0));
+    limits.insert(WCU_LIMIT, LimitState::new(wcu, wcu.capacity, 0));
     BucketItem {
-        rf: 0,
+        refilled_at: 0,
         shard_count: 1,
         ttl: None,
         limits,

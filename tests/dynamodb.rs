@@ -210,12 +210,12 @@ async fn s44_expired_item_is_refreshed_not_reset() {
     let wcu = LimitParams::new(1_000, 1_000, 1_000);
     let mut limits = Limits::new();
     limits.insert("rpm", LimitState::new(p, 4_000, 6_000));
-    limits.insert(WCU_LIMIT, LimitState::new(wcu, wcu.cp, 0));
+    limits.insert(WCU_LIMIT, LimitState::new(wcu, wcu.capacity, 0));
     common::put(
         &*f.store,
         BucketKey::new("u1", "api", 0),
         BucketItem {
-            rf: T0,
+            refilled_at: T0,
             shard_count: 1,
             ttl: Some(T0 / 1_000 - 1),
             limits,
@@ -242,7 +242,10 @@ async fn s44_expired_item_is_refreshed_not_reset() {
         .clone()
         .unwrap();
     assert_eq!(it.ttl, Some(T0 / 1_000 + 420));
-    assert_eq!((it.limits["rpm"].tk, it.limits["rpm"].cp), (3_000, 10_000));
+    assert_eq!(
+        (it.limits["rpm"].balance, it.limits["rpm"].capacity),
+        (3_000, 10_000)
+    );
 }
 
 /// A config change reaches every existing shard on its next request: the stored
@@ -259,12 +262,12 @@ async fn changed_limit_reaches_every_existing_shard() {
     for s in 0..4 {
         let mut limits = Limits::new();
         limits.insert("rpm", LimitState::new(old, 25_000, 0));
-        limits.insert(WCU_LIMIT, LimitState::new(wcu, wcu.cp, 0));
+        limits.insert(WCU_LIMIT, LimitState::new(wcu, wcu.capacity, 0));
         common::put(
             &*f.store,
             BucketKey::new("u1", "api", s),
             BucketItem {
-                rf: T0,
+                refilled_at: T0,
                 shard_count: 4,
                 ttl: None,
                 limits,
@@ -281,12 +284,12 @@ async fn changed_limit_reaches_every_existing_shard() {
     for InspectedShard { shard: s, image } in inspect(&*f.store, "u1", "api").await.unwrap() {
         let rpm = image.unwrap().limits["rpm"];
         assert_eq!(
-            (rpm.cp, rpm.ra, rpm.rp),
+            (rpm.capacity, rpm.refill_amount, rpm.refill_period_ms),
             (40_000, 40_000, 60_000),
             "shard {s}"
         );
         assert_eq!(
-            rpm.tk,
+            rpm.balance,
             10_000 - 1_000,
             "shard {s}: clamped to the new share, then debited"
         );
@@ -374,16 +377,20 @@ async fn hot_entity_shards_itself() {
     for InspectedShard { shard: s, image } in &shards {
         let Some(image) = image else { continue };
         let l = image.limits["rps"];
-        assert_eq!(l.cp, cap as i64 * 1_000, "stored undivided on shard {s}");
+        assert_eq!(
+            l.capacity,
+            cap as i64 * 1_000,
+            "stored undivided on shard {s}"
+        );
         if *s > 0 {
             // Shard s was created by a doubling to at least the next power of two above
             // s, at that count's share; a later doubling only lowers its ceiling at its
             // next slow pass (the documented transient), never raises its balance.
             let created_with = i64::from((*s + 1).next_power_of_two());
             assert!(
-                l.tk <= l.cp / created_with,
+                l.balance <= l.capacity / created_with,
                 "shard {s} holds {} over the share it was created with",
-                l.tk
+                l.balance
             );
         }
     }
@@ -396,7 +403,7 @@ async fn hot_entity_shards_itself() {
     let consumed: i64 = shards
         .iter()
         .filter_map(|s| s.image.as_ref())
-        .map(|i| i.limits["rps"].tc)
+        .map(|i| i.limits["rps"].taken)
         .sum();
     assert_eq!(consumed, admitted as i64 * 1_000, "no debit lost");
 }

@@ -41,7 +41,7 @@ fn runtime() -> tokio::runtime::Runtime {
 fn consumed(store: &MemoryStore, entity: &str, limit: &str) -> i64 {
     (0..MAX_SHARD_COUNT)
         .filter_map(|s| store.get(&BucketKey::new(entity, "api", s)))
-        .map(|it| it.limits.get(limit).map_or(0, |l| l.tc))
+        .map(|it| it.limits.get(limit).map_or(0, |l| l.taken))
         .sum()
 }
 
@@ -69,7 +69,7 @@ proptest! {
                 }
             }
             let elapsed = clock.now_ms() - T0;
-            let bound = params.cp as i128 + elapsed as i128 * params.ra as i128 / params.rp as i128;
+            let bound = params.capacity as i128 + elapsed as i128 * params.refill_amount as i128 / params.refill_period_ms as i128;
             prop_assert!(admitted as i128 <= bound, "admitted {admitted} > bound {bound}");
             prop_assert_eq!(consumed(&store, "e", "rps"), admitted, "tc counts exactly what was admitted");
             Ok(())
@@ -176,7 +176,7 @@ fn hot_bucket_shards_under_concurrency_without_losing_debits() {
         for s in 1..count {
             if let Some(it) = store.get(&BucketKey::new("hot", "api", s)) {
                 assert!(
-                    it.limits["rps"].cp == params.cp,
+                    it.limits["rps"].capacity == params.capacity,
                     "parameters stored undivided"
                 );
             }

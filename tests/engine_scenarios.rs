@@ -100,7 +100,7 @@ async fn item<S: BucketStore>(
 }
 
 async fn tk<S: BucketStore>(rig: &Rig<S>, shard: u32, limit: &str) -> i64 {
-    item(rig, "u1", "api", shard).await.limits[limit].tk
+    item(rig, "u1", "api", shard).await.limits[limit].balance
 }
 
 async fn exists<S: BucketStore>(rig: &Rig<S>, entity: &str, shard: u32) -> bool {
@@ -118,7 +118,7 @@ fn rpm_item(count: u32, rate: u64, tk: i64, wcu_tk: i64) -> BucketItem {
     limits.insert("rpm", LimitState::new(p, tk, 0));
     limits.insert(WCU_LIMIT, LimitState::new(wcu, wcu_tk, 0));
     BucketItem {
-        rf: T0,
+        refilled_at: T0,
         shard_count: count,
         ttl: Some(T0 / 1_000 + 3_600),
         limits,
@@ -179,13 +179,13 @@ cross_store! {
         assert_eq!(l.remaining / 1_000, 0);
         assert_eq!(l.share.ceiling, 10_000);
         let it = item(&rig, "u1", "api", 0).await;
-        assert_eq!(it.limits["rpm"].tk, 0);
-        assert_eq!(it.limits["rpm"].tc, 10_000);
+        assert_eq!(it.limits["rpm"].balance, 0);
+        assert_eq!(it.limits["rpm"].taken, 10_000);
         // The creating slow path does not debit `wcu`; nine fast-path writes did.
-        assert_eq!(it.limits[WCU_LIMIT].tk, 991_000);
-        assert_eq!(it.limits[WCU_LIMIT].tc, 9_000);
+        assert_eq!(it.limits[WCU_LIMIT].balance, 991_000);
+        assert_eq!(it.limits[WCU_LIMIT].taken, 9_000);
         assert_eq!(
-            (it.rf, it.shard_count, it.ttl),
+            (it.refilled_at, it.shard_count, it.ttl),
             (T0, 1, Some(1_800_000_420))
         );
     }
@@ -238,10 +238,10 @@ cross_store! {
             }
         );
         let it = item(&rig, "u1", "api", 0).await;
-        assert_eq!(it.limits["rpm"].tk, 0);
-        assert_eq!(it.limits["rpm"].tc, 11_000);
-        assert_eq!(it.rf, T0 + 6_001);
-        assert_eq!(it.limits[WCU_LIMIT].tk, 1_000_000);
+        assert_eq!(it.limits["rpm"].balance, 0);
+        assert_eq!(it.limits["rpm"].taken, 11_000);
+        assert_eq!(it.refilled_at, T0 + 6_001);
+        assert_eq!(it.limits[WCU_LIMIT].balance, 1_000_000);
         assert_eq!(it.ttl, Some(1_800_000_426));
     }
 }
@@ -262,10 +262,10 @@ cross_store! {
         let it = item(&rig, "u1", "api", 0).await;
         let tpm = it.limits["tpm"];
         assert_eq!(
-            (tpm.cp, tpm.ra, tpm.rp, tpm.tk),
+            (tpm.capacity, tpm.refill_amount, tpm.refill_period_ms, tpm.balance),
             (15_000_000, 10_000_000, 60_000, 14_990_000)
         );
-        assert_eq!(it.limits["rpm"].tk, 99_000);
+        assert_eq!(it.limits["rpm"].balance, 99_000);
         assert_eq!(it.ttl, Some(1_800_000_000 + 630));
     }
 }
@@ -342,13 +342,13 @@ cross_store! {
             ]
         );
         let s1 = item(&rig, "u1", "api", 1).await;
-        assert_eq!(s1.limits["rpm"].tk, 50_000_000 - 1_000);
+        assert_eq!(s1.limits["rpm"].balance, 50_000_000 - 1_000);
         assert_eq!(s1.shard_count, 2);
-        assert_eq!(s1.limits[WCU_LIMIT].tk, 1_000_000);
+        assert_eq!(s1.limits[WCU_LIMIT].balance, 1_000_000);
         let s0 = item(&rig, "u1", "api", 0).await;
         assert_eq!(s0.shard_count, 2);
         assert_eq!(
-            s0.limits["rpm"].tk, 50_000_000,
+            s0.limits["rpm"].balance, 50_000_000,
             "the doubling clamps shard 0 to its new share (the reference leaves 98,999 tokens)"
         );
         assert_eq!(rig.engine.known_shard_count("u1", "api"), 2);
@@ -375,12 +375,12 @@ cross_store! {
             })
         );
         let s0 = item(&rig, "u1", "api", 0).await;
-        assert_eq!(s0.limits[WCU_LIMIT].tk, 1_000, "1 ms of refill");
+        assert_eq!(s0.limits[WCU_LIMIT].balance, 1_000, "1 ms of refill");
         assert_eq!(
-            s0.limits["rpm"].tk, 49_999_000,
+            s0.limits["rpm"].balance, 49_999_000,
             "clamped to the new share, then debited"
         );
-        assert_eq!(s0.rf, T0 + 1);
+        assert_eq!(s0.refilled_at, T0 + 1);
     }
 }
 
@@ -449,7 +449,7 @@ cross_store! {
         assert_eq!(EngineStats::get(&rig.engine.stats().shard_doublings), 0);
         let s0 = item(&rig, "u1", "api", 0).await;
         assert_eq!(s0.shard_count, 16);
-        assert_eq!(s0.limits["rpm"].tk, 250, "1.25 tokens, one taken");
+        assert_eq!(s0.limits["rpm"].balance, 250, "1.25 tokens, one taken");
         assert!(!exists(&rig, "u1", 16).await, "no shard beyond the 16");
     }
 }
@@ -464,8 +464,8 @@ async fn double_elsewhere<S: BucketStore>(s: &S, old: u32, new: u32) {
     assert_eq!(zero.shard_count, old);
     let w = Write::Update {
         key,
-        expected_rf: zero.rf,
-        rf: zero.rf + 1,
+        expected_refilled_at: zero.refilled_at,
+        refilled_at: zero.refilled_at + 1,
         ttl: zero.ttl,
         shard_count: Some(CountChange { read: old, new }),
         limits: vec![],
@@ -538,7 +538,7 @@ cross_store! {
         for shard in [0, 1] {
             let it = item(&rig, "u1", "api", shard).await;
             assert_eq!(it.shard_count, 4);
-            assert_eq!(it.limits["rpm"].tk, 25_000_000, "clamped to a quarter");
+            assert_eq!(it.limits["rpm"].balance, 25_000_000, "clamped to a quarter");
         }
         // The request itself went to one brand-new shard (2 here), created at a quarter.
         assert_eq!(tk(&rig, 2, "rpm").await, 25_000_000 - 1_000);
@@ -594,7 +594,7 @@ cross_store! {
             .all(|c| matches!(c, Call::Debit { applied: false, .. })));
         let l = d.buckets[0].limits[0];
         assert_eq!(l.wait_ms, Some(2_401));
-        assert_eq!((l.share.ceiling, l.share.ra), (25_000, 25_000));
+        assert_eq!((l.share.ceiling, l.share.refill_amount), (25_000, 25_000));
         assert_eq!(l.remaining, 0);
     }
 }
@@ -632,7 +632,7 @@ cross_store! {
             ]
         );
         let s3 = item(&rig, "u1", "api", 3).await;
-        assert_eq!((s3.limits["rpm"].tk, s3.shard_count), (24_000, 4));
+        assert_eq!((s3.limits["rpm"].balance, s3.shard_count), (24_000, 4));
     }
 }
 
@@ -756,7 +756,7 @@ cross_store! {
         let s3 = item(&rig, "u1", "api", 3).await;
         assert_eq!(s3.shard_count, 4);
         assert_eq!(
-            s3.limits["rpm"].tk,
+            s3.limits["rpm"].balance,
             25_000 - 1_000,
             "a quarter, not the whole 100"
         );
@@ -785,7 +785,7 @@ cross_store! {
         );
         assert!(stale.acquire(&rpm(100, 1)).await.unwrap().admitted);
         let s0 = item(&rig, "u1", "api", 0).await;
-        assert_eq!((s0.shard_count, s0.limits["rpm"].tk), (1, 99_000));
+        assert_eq!((s0.shard_count, s0.limits["rpm"].balance), (1, 99_000));
         // A server that knows four draws shard 0.
         rig.engine.learn_shard_count("u1", "api", 4);
         rig.draw.push(0);
@@ -793,7 +793,7 @@ cross_store! {
         assert!(acquire(&rig, &rpm(100, 1)).await.admitted);
         let s0 = item(&rig, "u1", "api", 0).await;
         assert_eq!(s0.shard_count, 4, "repaired: {:?}", rig.store.calls());
-        assert_eq!(s0.limits["rpm"].tk, 25_000 - 1_000, "clamped to a quarter");
+        assert_eq!(s0.limits["rpm"].balance, 25_000 - 1_000, "clamped to a quarter");
         // The stale server learns four from shard 0's refusal of its count.
         assert!(stale.acquire(&rpm(100, 1)).await.unwrap().admitted);
         assert_eq!(stale.known_shard_count("u1", "api"), 4);
@@ -815,7 +815,7 @@ cross_store! {
         let s1 = item(&rig, "u1", "api", 1).await;
         assert_eq!(s1.shard_count, 4, "created for shard 0's count: {:?}", rig.store.calls());
         assert_eq!(
-            s1.limits["rpm"].tk,
+            s1.limits["rpm"].balance,
             25_000 - 1_000,
             "a quarter less the request, not half"
         );
@@ -851,9 +851,15 @@ async fn s29_case<S: BucketStore>(store: S, winner_tk: i64, admitted: bool) {
     }));
     let s1 = item(&rig, "u1", "api", 1).await;
     if admitted {
-        assert_eq!((s1.limits["rpm"].tk, s1.limits["rpm"].tc), (48_000, 2_000));
+        assert_eq!(
+            (s1.limits["rpm"].balance, s1.limits["rpm"].taken),
+            (48_000, 2_000)
+        );
     } else {
-        assert_eq!(s1.limits["rpm"].tk, 1_000, "a refused retry writes nothing");
+        assert_eq!(
+            s1.limits["rpm"].balance, 1_000,
+            "a refused retry writes nothing"
+        );
     }
 }
 
@@ -878,7 +884,7 @@ cross_store! {
         let rig = rig(store);
         // Empty a minute ago: the refill that makes the request fit needs a slow pass.
         let mut it = rpm_item(1, 100, 0, 1_000_000);
-        it.rf = T0 - 60_000;
+        it.refilled_at = T0 - 60_000;
         rig.store.put(BucketKey::new("u1", "api", 0), it).await;
         let raised = T0 / 1_000 + 1_000_000;
         let overdraft: Hook<S> = Box::new(move |s| {
@@ -957,8 +963,8 @@ cross_store! {
         assert!(child.fits && !parent.fits);
         assert_eq!(parent.remaining, 0);
         assert_eq!(parent.wait_ms, Some(20_001));
-        assert_eq!(item(&rig, "key1", "api", 0).await.limits["rpm"].tk, 7_000);
-        assert_eq!(item(&rig, "org", "api", 0).await.limits["rpm"].tk, 0);
+        assert_eq!(item(&rig, "key1", "api", 0).await.limits["rpm"].balance, 7_000);
+        assert_eq!(item(&rig, "org", "api", 0).await.limits["rpm"].balance, 0);
     }
 }
 
@@ -969,7 +975,7 @@ cross_store! {
         let req = cascade(10, 2);
         assert!(acquire(&rig, &req).await.admitted);
         assert!(acquire(&rig, &req).await.admitted);
-        assert_eq!(item(&rig, "org", "api", 0).await.limits["rpm"].tk, 0);
+        assert_eq!(item(&rig, "org", "api", 0).await.limits["rpm"].balance, 0);
         rig.clock.set(T0 + 30_000);
         rig.store.clear();
         assert!(acquire(&rig, &req).await.admitted);
@@ -981,8 +987,8 @@ cross_store! {
             committed: true
         }));
         let org = item(&rig, "org", "api", 0).await;
-        assert_eq!((org.limits["rpm"].tk, org.rf), (0, T0 + 30_000));
-        assert_eq!(item(&rig, "key1", "api", 0).await.limits["rpm"].tk, 7_000);
+        assert_eq!((org.limits["rpm"].balance, org.refilled_at), (0, T0 + 30_000));
+        assert_eq!(item(&rig, "key1", "api", 0).await.limits["rpm"].balance, 7_000);
     }
 }
 
@@ -1041,8 +1047,8 @@ cross_store! {
             committed: true
         }));
         assert_eq!(d.buckets[0].shard, 1);
-        assert!(item(&rig, "key1", "api", 1).await.limits["rpm"].tc > 0);
-        assert_eq!(item(&rig, "org", "api", 0).await.limits["rpm"].tc, 1_000);
+        assert!(item(&rig, "key1", "api", 1).await.limits["rpm"].taken > 0);
+        assert_eq!(item(&rig, "org", "api", 0).await.limits["rpm"].taken, 1_000);
     }
 }
 
@@ -1219,13 +1225,13 @@ cross_store! {
             "{calls:?}"
         );
         let it = item(&rig, "u1", "api", 0).await;
-        assert_eq!(it.limits["rpm"].tc, 3_000, "three debits, none overwritten");
-        assert_eq!(it.limits["rpm"].tk, 7_000);
+        assert_eq!(it.limits["rpm"].taken, 3_000, "three debits, none overwritten");
+        assert_eq!(it.limits["rpm"].balance, 7_000);
         // The next request rewrites the parameters, keeping every debit.
         assert!(acquire(&rig, &rpm(20, 1)).await.admitted);
         let it = item(&rig, "u1", "api", 0).await;
         assert_eq!(it.limits["rpm"].params(), LimitParams::new(20, 20, 60_000));
-        assert_eq!((it.limits["rpm"].tk, it.limits["rpm"].tc), (6_000, 4_000));
+        assert_eq!((it.limits["rpm"].balance, it.limits["rpm"].taken), (6_000, 4_000));
     }
 }
 
@@ -1284,7 +1290,7 @@ cross_store! {
     async fn x08_a_refund_after_a_refill_is_not_credited<S: BucketStore>(store: S) {
         let rig = rig(store);
         let mut a = rpm_item(1, 10, 10_000, 1_000_000);
-        a.rf = T0 - 60_000;
+        a.refilled_at = T0 - 60_000;
         rig.store.put(BucketKey::new("u1", "api", 0), a).await;
         // The sibling: a bucket with nothing left, refused from its image.
         rig.store
@@ -1353,8 +1359,8 @@ cross_store! {
         let rig = rig_again(&rig);
         sixteen_shards_hot_on_zero(&rig, "u2", 100, |it| {
             let w = it.limits.get_mut(WCU_LIMIT).unwrap();
-            w.tc = 1_000_000; // a thousand writes...
-            it.limits.get_mut("rpm").unwrap().tc = 5_000_000; // ...of 5 tokens each
+            w.taken = 1_000_000; // a thousand writes...
+            it.limits.get_mut("rpm").unwrap().taken = 5_000_000; // ...of 5 tokens each
         })
         .await;
         let req = one(bucket("u2", "api", vec![per_minute("rpm", 100, None, 1)]));

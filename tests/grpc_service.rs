@@ -49,7 +49,7 @@ fn stored_tk(server: &TestServer, entity: &str, resource: &str, limit: &str) -> 
         .unwrap_or_else(|| panic!("no bucket item {entity}#{resource}#0"));
     item.limit(limit)
         .unwrap_or_else(|| panic!("item {entity}#{resource}#0 has no limit {limit}: {item:?}"))
-        .tk
+        .balance
 }
 
 // ---------------------------------------------------------------------------------------

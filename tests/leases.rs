@@ -94,7 +94,7 @@ async fn tc<S: BucketStore>(rig: &Rig<S>, entity: &str) -> i64 {
     let mut sum = 0;
     for shard in 0..32 {
         if let Some(item) = rig.store.get(&BucketKey::new(entity, "api", shard)).await {
-            sum += item.limits["rps"].tc;
+            sum += item.limits["rps"].taken;
         }
     }
     sum
@@ -146,7 +146,7 @@ cross_store! {
         assert_eq!(stat(&rig, |s| &s.lease_returns_dropped), 0);
         assert_eq!(tc(&rig, "rest").await, 40_000, "tc = tokens admitted");
         let item = rig.store.get(&BucketKey::new("rest", "api", 0)).await.unwrap();
-        assert_eq!(item.limits["rps"].tk, 960_000);
+        assert_eq!(item.limits["rps"].balance, 960_000);
     }
 }
 
@@ -292,7 +292,7 @@ cross_store! {
         }];
         // A refill stamp that no longer matches: a refund is refused, a return applied.
         let moved = Stamp {
-            rf: before.rf - 1,
+            refilled_at: before.refilled_at - 1,
             shard_count: 1,
         };
         let s = &rig.store.inner;
@@ -300,8 +300,8 @@ cross_store! {
         assert_eq!(s.credit(&key, CreditGuard::SameCount(1), &credit).await.unwrap(), credit);
         assert_eq!(s.credit(&key, CreditGuard::SameCount(2), &credit).await.unwrap(), vec![]);
         let after = rig.store.get(&key).await.unwrap();
-        assert_eq!(after.limits["rps"].tk, before.limits["rps"].tk + 5_000);
-        assert_eq!(after.limits["rps"].tc, before.limits["rps"].tc - 5_000);
+        assert_eq!(after.limits["rps"].balance, before.limits["rps"].balance + 5_000);
+        assert_eq!(after.limits["rps"].taken, before.limits["rps"].taken - 5_000);
         // Never above the ceiling.
         let over = [Credit {
             amount: 100_000,
@@ -380,7 +380,7 @@ fn item_of(limits: &[(&str, LimitParams, i64)], count: u32, wcu_tk: i64) -> Buck
         LimitState::new(LimitParams::new(1_000, 1_000, 1_000), wcu_tk, 0),
     );
     BucketItem {
-        rf: T0,
+        refilled_at: T0,
         shard_count: count,
         ttl: Some(T0 / 1_000 + 3_600),
         limits: l,
@@ -421,9 +421,9 @@ async fn within_shares<S: BucketStore>(rig: &Rig<S>, entity: &str) {
             };
             let ceiling = st.params().share(count).ceiling;
             assert!(
-                st.tk <= ceiling,
+                st.balance <= ceiling,
                 "shard {shard} limit {name}: {} millitokens above a share of {ceiling} at {count} shards",
-                st.tk
+                st.balance
             );
         }
     }

@@ -45,10 +45,10 @@ fn wcu() -> LimitParams {
 /// A bucket as the engine creates it at `now_s` for a request of one hit.
 fn created(now_s: i64) -> BucketItem {
     let mut limits = Limits::new();
-    limits.insert("day", LimitState::new(day(), day().cp - 1_000, 1_000));
-    limits.insert(WCU_LIMIT, LimitState::new(wcu(), wcu().cp, 0));
+    limits.insert("day", LimitState::new(day(), day().capacity - 1_000, 1_000));
+    limits.insert(WCU_LIMIT, LimitState::new(wcu(), wcu().capacity, 0));
     BucketItem {
-        rf: now_s * 1_000,
+        refilled_at: now_s * 1_000,
         shard_count: 1,
         ttl: Some(now_s + 7 * 864),
         limits,

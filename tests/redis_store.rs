@@ -33,7 +33,7 @@ fn item() -> BucketItem {
     let rpm = LimitParams::new(10, 10, 60_000);
     let wcu = LimitParams::new(1_000, 1_000, 1_000);
     BucketItem {
-        rf: NOW_S * 1_000,
+        refilled_at: NOW_S * 1_000,
         shard_count: 1,
         ttl: Some(NOW_S + 600),
         limits: [
@@ -198,7 +198,10 @@ async fn a_full_redis_refuses_writes_as_an_outage_and_writes_nothing() {
         .read(&[key("before", 0), key("after", 0)])
         .await
         .unwrap();
-    assert_eq!(images[0].as_ref().unwrap().limits["rpm"].tk, 10 * MILLI);
+    assert_eq!(
+        images[0].as_ref().unwrap().limits["rpm"].balance,
+        10 * MILLI
+    );
     assert_eq!(images[1], None);
 }
 
@@ -439,7 +442,7 @@ async fn under_sentinel_a_failover_moves_the_store_to_the_promoted_replica() {
             Err(e) => panic!("not served after the failover: {e}"),
         }
     };
-    assert!(image.limits["rpm"].tk <= 8 * MILLI, "{image:?}");
+    assert!(image.limits["rpm"].balance <= 8 * MILLI, "{image:?}");
 }
 
 /// A Cluster of the test's own: three masters, each with a replica, that fails a master

@@ -31,7 +31,7 @@ fn item(tk: i64, wcu_tk: i64) -> BucketItem {
     limits.insert("rpm", LimitState::new(rpm(), tk, 0));
     limits.insert(WCU_LIMIT, LimitState::new(wcu(), wcu_tk, 0));
     BucketItem {
-        rf: NOW_S * 1_000,
+        refilled_at: NOW_S * 1_000,
         shard_count: 1,
         ttl: Some(NOW_S + 420),
         limits,
@@ -57,7 +57,7 @@ const RF: i64 = NOW_S * 1_000;
 
 /// The stamp of every item of [`item`].
 const STAMP: Stamp = Stamp {
-    rf: RF,
+    refilled_at: RF,
     shard_count: 1,
 };
 
@@ -75,10 +75,10 @@ cross_store! {
         let DebitOutcome::Applied(after) = s.debit(&key(0), &debit(1_000), FAST).await.unwrap() else {
             panic!("should apply");
         };
-        assert_eq!(after.limits["rpm"].tk, 4_000);
-        assert_eq!(after.limits["rpm"].tc, 1_000);
-        assert_eq!(after.limits[WCU_LIMIT].tk, 999_000);
-        assert_eq!(after.limits[WCU_LIMIT].tc, 1_000);
+        assert_eq!(after.limits["rpm"].balance, 4_000);
+        assert_eq!(after.limits["rpm"].taken, 1_000);
+        assert_eq!(after.limits[WCU_LIMIT].balance, 999_000);
+        assert_eq!(after.limits[WCU_LIMIT].taken, 1_000);
     }
 }
 
@@ -171,8 +171,8 @@ cross_store! {
         else {
             panic!("retry-only ignores wcu and ttl");
         };
-        assert_eq!(after.limits["rpm"].tk, 3_000);
-        assert_eq!(after.limits[WCU_LIMIT].tk, 0, "no wcu debit");
+        assert_eq!(after.limits["rpm"].balance, 3_000);
+        assert_eq!(after.limits[WCU_LIMIT].balance, 0, "no wcu debit");
         assert!(matches!(
             s.debit(&key(0), &debit(4_000), DebitMode::RetryOnly)
                 .await
@@ -195,7 +195,7 @@ cross_store! {
         else {
             panic!("ungated");
         };
-        assert_eq!(after.limits["rpm"].tk, -4_000);
+        assert_eq!(after.limits["rpm"].balance, -4_000);
     }
 }
 
@@ -222,14 +222,14 @@ cross_store! {
         let rf = NOW_S * 1_000;
         let upd = |expected_rf| Write::Update {
             key: key(0),
-            expected_rf,
-            rf: rf + 10,
+            expected_refilled_at: expected_rf,
+            refilled_at: rf + 10,
             ttl: Some(NOW_S + 500),
             shard_count: None,
             limits: vec![LimitWrite::Add {
                 limit: "rpm".into(),
-                tk_delta: -2_000,
-                tc_delta: 2_000,
+                balance_delta: -2_000,
+                taken_delta: 2_000,
                 floor: Some(2_000),
                 cap: None,
                 claimed: 2_000,
@@ -245,9 +245,9 @@ cross_store! {
             "lock held"
         );
         let after = s.read(&[key(0)]).await.unwrap()[0].clone().unwrap();
-        assert_eq!((after.rf, after.ttl), (rf + 10, Some(NOW_S + 500)));
+        assert_eq!((after.refilled_at, after.ttl), (rf + 10, Some(NOW_S + 500)));
         assert_eq!(
-            (after.limits["rpm"].tk, after.limits["rpm"].tc),
+            (after.limits["rpm"].balance, after.limits["rpm"].taken),
             (3_000, 2_000)
         );
     }
@@ -259,14 +259,14 @@ cross_store! {
         let rf = NOW_S * 1_000;
         let upd = |floor, cap| Write::Update {
             key: key(0),
-            expected_rf: rf,
-            rf,
+            expected_refilled_at: rf,
+            refilled_at: rf,
             ttl: None,
             shard_count: None,
             limits: vec![LimitWrite::Add {
                 limit: "rpm".into(),
-                tk_delta: 0,
-                tc_delta: 0,
+                balance_delta: 0,
+                taken_delta: 0,
                 floor,
                 cap,
                 claimed: 0,
@@ -293,8 +293,8 @@ cross_store! {
         let tpm = LimitState::new(LimitParams::new(100, 100, 60_000), 90_000, 10_000);
         let w = Write::Update {
             key: key(0),
-            expected_rf: NOW_S * 1_000,
-            rf: NOW_S * 1_000,
+            expected_refilled_at: NOW_S * 1_000,
+            refilled_at: NOW_S * 1_000,
             ttl: Some(NOW_S + 420),
             shard_count: None,
             limits: vec![LimitWrite::Set {
@@ -324,8 +324,8 @@ cross_store! {
         let rewritten = LimitState::new(LimitParams::new(20, 20, 60_000), 9_000, 1_000);
         let set = |limit: &str, read_tc| Write::Update {
             key: key(0),
-            expected_rf: NOW_S * 1_000,
-            rf: NOW_S * 1_000,
+            expected_refilled_at: NOW_S * 1_000,
+            refilled_at: NOW_S * 1_000,
             ttl: Some(NOW_S + 420),
             shard_count: None,
             limits: vec![LimitWrite::Set {
@@ -342,7 +342,7 @@ cross_store! {
             let CommitOutcome::Conflict(failed) = s.commit(&[stale]).await.unwrap() else {
                 panic!("a rewrite of a limit that moved since the read must fail");
             };
-            assert_eq!(failed[0].1.as_ref().unwrap().limits["rpm"].tk, 4_000);
+            assert_eq!(failed[0].1.as_ref().unwrap().limits["rpm"].balance, 4_000);
         }
         assert!(matches!(
             s.commit(&[set("rpm", Some(1_000))]).await.unwrap(),
@@ -365,8 +365,8 @@ cross_store! {
             },
             Write::Update {
                 key: key(0),
-                expected_rf: 0,
-                rf: 0,
+                expected_refilled_at: 0,
+                refilled_at: 0,
                 ttl: None,
                 shard_count: None,
                 limits: vec![],
@@ -411,7 +411,7 @@ cross_store! {
         assert_eq!(s.credit(&key(0), STAMP.into(), &c(1_000)).await.unwrap(), c(1_000));
         let image = s.read(&[key(0)]).await.unwrap()[0].clone().unwrap();
         assert_eq!(
-            (image.limits["rpm"].tk, image.limits["rpm"].tc),
+            (image.limits["rpm"].balance, image.limits["rpm"].taken),
             (5_000, -1_000)
         );
         assert_eq!(
@@ -447,8 +447,8 @@ cross_store! {
         create(&s, key(0), item(5_000, 1_000_000)).await;
         let raise = |read| Write::Update {
             key: key(0),
-            expected_rf: RF,
-            rf: RF,
+            expected_refilled_at: RF,
+            refilled_at: RF,
             ttl: Some(NOW_S + 420),
             shard_count: Some(CountChange { read, new: 4 }),
             limits: vec![],
@@ -478,7 +478,7 @@ cross_store! {
             params: rpm(),
         }];
         let refilled = Stamp {
-            rf: RF - 1,
+            refilled_at: RF - 1,
             ..STAMP
         };
         let doubled = Stamp {
@@ -489,7 +489,7 @@ cross_store! {
             assert_eq!(s.credit(&key(0), other.into(), &c).await.unwrap(), vec![]);
         }
         let image = s.read(&[key(0)]).await.unwrap()[0].clone().unwrap();
-        assert_eq!(image.limits["rpm"].tk, 4_000, "nothing credited");
+        assert_eq!(image.limits["rpm"].balance, 4_000, "nothing credited");
         assert_eq!(s.credit(&key(0), STAMP.into(), &c).await.unwrap(), c);
     }
 }
@@ -519,9 +519,9 @@ cross_store! {
         else {
             panic!("down to the lowest balance");
         };
-        assert_eq!(after.limits["rpm"].tk, MIN_BALANCE);
+        assert_eq!(after.limits["rpm"].balance, MIN_BALANCE);
         assert_eq!(
-            s.read(&[key(0)]).await.unwrap()[0].clone().unwrap().limits["rpm"].tk,
+            s.read(&[key(0)]).await.unwrap()[0].clone().unwrap().limits["rpm"].balance,
             MIN_BALANCE,
             "stored and read back exactly"
         );
@@ -545,7 +545,7 @@ cross_store! {
         assert_eq!(s.commit(&[w]).await.unwrap(), CommitOutcome::Committed);
         let image = s.read(&[key(0)]).await.unwrap()[0].clone().unwrap();
         assert_eq!(
-            (image.limits["rpm"].tk, image.ttl),
+            (image.limits["rpm"].balance, image.ttl),
             (-4_000, Some(NOW_S + 9_000))
         );
     }
@@ -633,7 +633,7 @@ cross_store! {
             credit(rpm())
         );
         let image = s.read(&[key(0)]).await.unwrap()[0].clone().unwrap();
-        assert_eq!(image.limits["rpm"].tk, 5_000);
+        assert_eq!(image.limits["rpm"].balance, 5_000);
     }
 }
 
@@ -644,8 +644,8 @@ cross_store! {
         create(&s, key(0), item(5_000, 1_000_000)).await;
         let update = |ttl| Write::Update {
             key: key(0),
-            expected_rf: RF,
-            rf: RF,
+            expected_refilled_at: RF,
+            refilled_at: RF,
             ttl,
             shard_count: None,
             limits: vec![],

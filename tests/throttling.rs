@@ -217,9 +217,9 @@ async fn put_shard(store: &Throttling, entity: &str, shard: u32, count: u32, rat
     let wcu = LimitParams::new(1_000, 1_000, 1_000);
     let mut limits = Limits::new();
     limits.insert("rpm", LimitState::new(p, p.share(count).ceiling, 0));
-    limits.insert(WCU_LIMIT, LimitState::new(wcu, wcu.cp, 0));
+    limits.insert(WCU_LIMIT, LimitState::new(wcu, wcu.capacity, 0));
     let item = BucketItem {
-        rf: T0,
+        refilled_at: T0,
         shard_count: count,
         ttl: Some(T0 / 1_000 + 3_600),
         limits,
@@ -276,14 +276,14 @@ async fn a_throttled_debit_doubles_its_bucket_and_is_decided_on_a_new_shard() {
     let zero = shard(&store, "hot", 0).await.unwrap();
     assert_eq!(zero.shard_count, 2);
     assert_eq!(
-        zero.limits["rpm"].tk, 50_000_000,
+        zero.limits["rpm"].balance, 50_000_000,
         "clamped to its new share"
     );
     let one = shard(&store, "hot", 1)
         .await
         .expect("created by the slow pass");
     assert_eq!(
-        (one.shard_count, one.limits["rpm"].tk),
+        (one.shard_count, one.limits["rpm"].balance),
         (2, 50_000_000 - 1_000)
     );
     assert_eq!(engine.known_shard_count("hot", "api"), 2);
@@ -313,7 +313,7 @@ async fn a_throttled_bucket_that_cannot_double_is_refused_for_itself_alone() {
     assert!(d.buckets[0].limits[0].fits, "{d:?}");
     let cold = shard(&store, "cold", 0).await.unwrap();
     assert_eq!(
-        cold.limits["rpm"].tk, 100_000,
+        cold.limits["rpm"].balance, 100_000,
         "the cold debit was refunded"
     );
     let stats = engine.stats();

@@ -10,9 +10,9 @@ impl LimitParams {
     /// A limit of `capacity` tokens refilled by `refill` tokens every `period_ms`.
     pub fn new(capacity: u64, refill: u64, period_ms: u64) -> LimitParams {
         LimitParams {
-            cp: to_milli(capacity),
-            ra: to_milli(refill),
-            rp: period_ms.max(1).min(i64::MAX as u64) as i64,
+            capacity: to_milli(capacity),
+            refill_amount: to_milli(refill),
+            refill_period_ms: period_ms.max(1).min(i64::MAX as u64) as i64,
         }
     }
 
@@ -24,19 +24,22 @@ impl LimitParams {
     /// item TTL: an item expired after this long would be re-created exactly as it is.
     pub fn full_again_ms(&self, balance: i64) -> Option<i64> {
         let balance = balance.min(0);
-        if self.ra <= 0 {
-            return (self.cp <= 0 && balance == 0).then_some(0);
+        if self.refill_amount <= 0 {
+            return (self.capacity <= 0 && balance == 0).then_some(0);
         }
         // Shares floor their ceiling and rate, so each count is measured as it divides.
         let mut longest = 0i128;
         let mut count = 1;
         while count <= crate::store::MAX_SHARD_COUNT {
             let share = self.share(count);
-            if share.ra <= 0 {
+            if share.refill_amount <= 0 {
                 return None;
             }
             let missing = i128::from(share.ceiling) - i128::from(balance);
-            let ms = div_ceil_i128(missing * i128::from(share.rp), i128::from(share.ra));
+            let ms = div_ceil_i128(
+                missing * i128::from(share.refill_period_ms),
+                i128::from(share.refill_amount),
+            );
             longest = longest.max(ms);
             count *= 2;
         }
@@ -46,12 +49,12 @@ impl LimitParams {
     /// Seconds until an empty bucket is full again (the basis of the item TTL); `None`
     /// for a limit that never refills.
     pub fn seconds_to_full(&self) -> Option<i64> {
-        if self.ra <= 0 {
+        if self.refill_amount <= 0 {
             return None;
         }
         let ms = div_ceil_i128(
-            i128::from(self.cp) * i128::from(self.rp),
-            i128::from(self.ra),
+            i128::from(self.capacity) * i128::from(self.refill_period_ms),
+            i128::from(self.refill_amount),
         );
         Some(saturate(div_ceil_i128(ms, 1000)))
     }
@@ -82,22 +85,22 @@ fn div_ceil_i128(a: i128, b: i128) -> i128 {
 /// with no elapsed time, and never raises debt), and the refill baseline advanced by the
 /// time that produced the added tokens (drift compensation: the fraction is kept, and the
 /// same interval is never counted twice).
-pub fn refill(tk: i64, rf: i64, now: i64, share: ShardShare) -> (i64, i64) {
-    let elapsed = now.saturating_sub(rf);
-    if elapsed <= 0 || share.ra <= 0 || share.rp <= 0 {
-        return (tk.min(share.ceiling), rf);
+pub fn refill(balance: i64, refilled_at: i64, now: i64, share: ShardShare) -> (i64, i64) {
+    let elapsed = now.saturating_sub(refilled_at);
+    if elapsed <= 0 || share.refill_amount <= 0 || share.refill_period_ms <= 0 {
+        return (balance.min(share.ceiling), refilled_at);
     }
-    let ra = i128::from(share.ra);
-    let rp = i128::from(share.rp);
-    let add = i128::from(elapsed) * ra / rp;
+    let amount = i128::from(share.refill_amount);
+    let period = i128::from(share.refill_period_ms);
+    let add = i128::from(elapsed) * amount / period;
     if add == 0 {
-        return (tk.min(share.ceiling), rf);
+        return (balance.min(share.ceiling), refilled_at);
     }
     // Rounded up: when the rate exceeds one millitoken per ms, flooring could report
     // zero time used and let the same interval be counted twice.
-    let used = (add * rp + ra - 1) / ra;
-    let refilled = (i128::from(tk) + add).min(i128::from(share.ceiling));
-    (saturate(refilled), saturate(i128::from(rf) + used))
+    let used = (add * period + amount - 1) / amount;
+    let refilled = (i128::from(balance) + add).min(i128::from(share.ceiling));
+    (saturate(refilled), saturate(i128::from(refilled_at) + used))
 }
 
 /// How long after a shard's last refill (`rf`) a refused request may not count the
@@ -116,54 +119,71 @@ pub const REFILL_HOLD_MS: i64 = 5;
 /// for the first request after the hold: refusals come at most that much early and no
 /// token is lost — the hold never applies when the share would reach its ceiling within
 /// it (a small bucket with a fast rate refills every millisecond, as before).
-pub fn held_refill(tk: i64, rf: i64, now: i64, share: ShardShare) -> (i64, Option<i64>) {
-    let refilled = refill(tk, rf, now, share).0;
-    let since = now.saturating_sub(rf);
-    if !(0..REFILL_HOLD_MS).contains(&since) || refilled <= tk {
+pub fn held_refill(
+    balance: i64,
+    refilled_at: i64,
+    now: i64,
+    share: ShardShare,
+) -> (i64, Option<i64>) {
+    let refilled = refill(balance, refilled_at, now, share).0;
+    let since = now.saturating_sub(refilled_at);
+    if !(0..REFILL_HOLD_MS).contains(&since) || refilled <= balance {
         return (refilled, None);
     }
-    let (at_hold_end, _) = refill(tk, rf, rf.saturating_add(REFILL_HOLD_MS), share);
+    let (at_hold_end, _) = refill(
+        balance,
+        refilled_at,
+        refilled_at.saturating_add(REFILL_HOLD_MS),
+        share,
+    );
     if at_hold_end >= share.ceiling {
         return (refilled, None);
     }
-    (tk.min(share.ceiling), Some(rf + REFILL_HOLD_MS))
+    (
+        balance.min(share.ceiling),
+        Some(refilled_at + REFILL_HOLD_MS),
+    )
 }
 
 /// Whole tokens in a balance, floored (a debt of 1.5 tokens is -2).
-pub fn whole_tokens(tk: i64) -> i64 {
-    tk.div_euclid(MILLI)
+pub fn whole_tokens(balance: i64) -> i64 {
+    balance.div_euclid(MILLI)
 }
 
 /// Milliseconds until a balance `tk` (already refilled to now) covers `amount`
 /// millitokens at the share's rate, plus one millisecond of rounding guard; `Some(0)` if
 /// it already does, `None` if it never will (no refill, or above the ceiling).
-pub fn wait_for(tk: i64, amount: i64, share: ShardShare, undivided_ra: i64) -> Option<i64> {
-    if tk >= amount {
+pub fn wait_for(balance: i64, amount: i64, share: ShardShare, undivided_ra: i64) -> Option<i64> {
+    if balance >= amount {
         return Some(0);
     }
     if amount > share.ceiling {
         return None;
     }
     // A share whose rate floors to zero refills at the undivided rate (as the reference).
-    let rate = if share.ra > 0 { share.ra } else { undivided_ra };
+    let rate = if share.refill_amount > 0 {
+        share.refill_amount
+    } else {
+        undivided_ra
+    };
     if rate <= 0 {
         return None;
     }
-    let deficit = i128::from(amount) - i128::from(tk);
+    let deficit = i128::from(amount) - i128::from(balance);
     Some(saturate(
-        deficit * i128::from(share.rp) / i128::from(rate) + 1,
+        deficit * i128::from(share.refill_period_ms) / i128::from(rate) + 1,
     ))
 }
 
 /// Milliseconds until a balance `tk` is back at the ceiling (0 if it is already there).
-pub fn time_to_full(tk: i64, share: ShardShare) -> i64 {
-    if tk >= share.ceiling || share.ra <= 0 || share.rp <= 0 {
+pub fn time_to_full(balance: i64, share: ShardShare) -> i64 {
+    if balance >= share.ceiling || share.refill_amount <= 0 || share.refill_period_ms <= 0 {
         return 0;
     }
-    let missing = i128::from(share.ceiling) - i128::from(tk);
+    let missing = i128::from(share.ceiling) - i128::from(balance);
     saturate(div_ceil_i128(
-        missing * i128::from(share.rp),
-        i128::from(share.ra),
+        missing * i128::from(share.refill_period_ms),
+        i128::from(share.refill_amount),
     ))
 }
 
@@ -172,8 +192,12 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn share(ceiling: i64, ra: i64, rp: i64) -> ShardShare {
-        ShardShare { ceiling, ra, rp }
+    fn share(ceiling: i64, amount: i64, period: i64) -> ShardShare {
+        ShardShare {
+            ceiling,
+            refill_amount: amount,
+            refill_period_ms: period,
+        }
     }
 
     #[test]
@@ -227,11 +251,11 @@ mod tests {
     #[test]
     fn retry_after_formula() {
         let p = LimitParams {
-            cp: 10_000,
-            ra: 10_000,
-            rp: 60_000,
+            capacity: 10_000,
+            refill_amount: 10_000,
+            refill_period_ms: 60_000,
         };
-        assert_eq!(wait_for(0, 1_000, p.share(1), p.ra), Some(6_001));
+        assert_eq!(wait_for(0, 1_000, p.share(1), p.refill_amount), Some(6_001));
     }
 
     #[test]
@@ -243,18 +267,18 @@ mod tests {
     #[test]
     fn per_shard_ceiling_never_fits() {
         let p = LimitParams {
-            cp: 10_000,
-            ra: 10_000,
-            rp: 60_000,
+            capacity: 10_000,
+            refill_amount: 10_000,
+            refill_period_ms: 60_000,
         };
-        assert_eq!(wait_for(2_500, 3_000, p.share(4), p.ra), None);
+        assert_eq!(wait_for(2_500, 3_000, p.share(4), p.refill_amount), None);
     }
 
     #[test]
     fn huge_elapsed_does_not_overflow() {
         let s = share(i64::MAX / 2, i64::MAX / 4, 1);
-        let (tk, _) = refill(0, 0, i64::MAX / 2, s);
-        assert_eq!(tk, i64::MAX / 2);
+        let (balance, _) = refill(0, 0, i64::MAX / 2, s);
+        assert_eq!(balance, i64::MAX / 2);
     }
 
     #[test]
@@ -301,24 +325,24 @@ mod tests {
     proptest! {
         #[test]
         fn a_held_refill_is_never_more_than_the_refill_nor_loses_to_the_ceiling(
-            tk in -1_000_000i64..2_000_000,
-            rf in 0i64..1_000,
+            balance in -1_000_000i64..2_000_000,
+            refilled_at in 0i64..1_000,
             dt in 0i64..20,
             ceiling in 1i64..2_000_000,
-            ra in 1i64..10_000_000,
-            rp in 1i64..100_000,
+            amount in 1i64..10_000_000,
+            period in 1i64..100_000,
         ) {
-            let s = share(ceiling, ra, rp);
-            let (full, _) = refill(tk, rf, rf + dt, s);
-            let (held, until) = held_refill(tk, rf, rf + dt, s);
+            let s = share(ceiling, amount, period);
+            let (full, _) = refill(balance, refilled_at, refilled_at + dt, s);
+            let (held, until) = held_refill(balance, refilled_at, refilled_at + dt, s);
             prop_assert!(held <= full);
             match until {
                 None => prop_assert_eq!(held, full),
                 Some(t) => {
-                    prop_assert_eq!(t, rf + REFILL_HOLD_MS);
+                    prop_assert_eq!(t, refilled_at + REFILL_HOLD_MS);
                     prop_assert!(dt < REFILL_HOLD_MS);
                     // Nothing refilled by the hold's end would have been capped away.
-                    prop_assert!(refill(tk, rf, t, s).0 < ceiling);
+                    prop_assert!(refill(balance, refilled_at, t, s).0 < ceiling);
                 }
             }
         }
@@ -337,8 +361,8 @@ mod tests {
             let share = p.share(1 << shards);
             let start = balance.min(share.ceiling);
             let ms = p.full_again_ms(start).expect("refills");
-            let (tk, _) = refill(start, 0, ms, share);
-            prop_assert_eq!(tk, share.ceiling);
+            let (balance, _) = refill(start, 0, ms, share);
+            prop_assert_eq!(balance, share.ceiling);
         }
 
         /// The store's own statement of "full again" (`LimitParams::refilled_full`, which
@@ -347,48 +371,48 @@ mod tests {
         #[test]
         fn the_stores_full_again_is_the_refills(
             cp in 0i64..1_000_000_000,
-            ra in -1i64..1_000_000_000,
-            rp in 1i64..100_000_000,
-            tk in -1_000_000_000i64..1_100_000_000,
-            rf in 0i64..1_000_000,
+            amount in -1i64..1_000_000_000,
+            period in 1i64..100_000_000,
+            balance in -1_000_000_000i64..1_100_000_000,
+            refilled_at in 0i64..1_000_000,
             dt in -1_000i64..10_000_000_000,
             shards in 0u32..6,
         ) {
-            let p = LimitParams { cp, ra, rp };
+            let p = LimitParams { capacity: cp, refill_amount: amount, refill_period_ms: period };
             let count = 1 << shards;
             let share = p.share(count);
-            let (refilled, _) = refill(tk, rf, rf + dt, share);
+            let (refilled, _) = refill(balance, refilled_at, refilled_at + dt, share);
             prop_assert_eq!(
-                p.refilled_full(tk, rf, rf + dt, count),
+                p.refilled_full(balance, refilled_at, refilled_at + dt, count),
                 refilled >= share.ceiling
             );
         }
 
         #[test]
         fn refill_never_exceeds_the_ceiling(
-            tk in -1_000_000_000i64..1_000_000_000,
-            rf in 0i64..1_000_000,
+            balance in -1_000_000_000i64..1_000_000_000,
+            refilled_at in 0i64..1_000_000,
             dt in 0i64..10_000_000_000,
             ceiling in 0i64..1_000_000_000,
-            ra in 0i64..1_000_000_000,
-            rp in 1i64..100_000_000,
+            amount in 0i64..1_000_000_000,
+            period in 1i64..100_000_000,
         ) {
-            let (out, _) = refill(tk, rf, rf + dt, share(ceiling, ra, rp));
-            prop_assert!(out <= ceiling.max(tk.min(ceiling)));
+            let (out, _) = refill(balance, refilled_at, refilled_at + dt, share(ceiling, amount, period));
+            prop_assert!(out <= ceiling.max(balance.min(ceiling)));
             prop_assert!(out <= ceiling);
         }
 
         #[test]
         fn refill_is_never_faster_than_the_rate(
-            tk in -1_000_000_000i64..0,
+            balance in -1_000_000_000i64..0,
             dt in 0i64..10_000_000,
-            ra in 1i64..1_000_000,
-            rp in 1i64..100_000,
+            amount in 1i64..1_000_000,
+            period in 1i64..100_000,
         ) {
             // Debt repays at exactly the refill rate, never faster.
-            let (out, rf2) = refill(tk, 0, dt, share(i64::MAX / 4, ra, rp));
-            let added = i128::from(out) - i128::from(tk);
-            prop_assert!(added * i128::from(rp) <= i128::from(dt) * i128::from(ra));
+            let (out, rf2) = refill(balance, 0, dt, share(i64::MAX / 4, amount, period));
+            let added = i128::from(out) - i128::from(balance);
+            prop_assert!(added * i128::from(period) <= i128::from(dt) * i128::from(amount));
             prop_assert!(rf2 <= dt && rf2 >= 0);
         }
 
@@ -396,10 +420,10 @@ mod tests {
         fn splitting_time_never_adds_tokens(
             dt1 in 0i64..1_000_000,
             dt2 in 0i64..1_000_000,
-            ra in 1i64..1_000_000,
-            rp in 1i64..100_000,
+            amount in 1i64..1_000_000,
+            period in 1i64..100_000,
         ) {
-            let s = share(i64::MAX / 4, ra, rp);
+            let s = share(i64::MAX / 4, amount, period);
             let (a, rf_a) = refill(0, 0, dt1, s);
             let (b, _) = refill(a, rf_a, dt1 + dt2, s);
             let (c, _) = refill(0, 0, dt1 + dt2, s);
@@ -417,20 +441,20 @@ mod tests {
         ) {
             let p = LimitParams::new(cap, rate, period);
             let s = p.share(1);
-            let (mut tk, mut rf, mut now) = (p.cp, 0i64, 0i64);
+            let (mut balance, mut refilled_at, mut now) = (p.capacity, 0i64, 0i64);
             let mut admitted: i128 = 0;
             for (dt, want) in steps {
                 now += dt;
-                let (t, r) = refill(tk, rf, now, s);
-                tk = t;
-                rf = r;
+                let (t, r) = refill(balance, refilled_at, now, s);
+                balance = t;
+                refilled_at = r;
                 let amount = (want as i64) * MILLI;
-                if tk >= amount {
-                    tk -= amount;
+                if balance >= amount {
+                    balance -= amount;
                     admitted += i128::from(amount);
                 }
             }
-            let bound = i128::from(p.cp) + i128::from(now) * i128::from(p.ra) / i128::from(p.rp);
+            let bound = i128::from(p.capacity) + i128::from(now) * i128::from(p.refill_amount) / i128::from(p.refill_period_ms);
             prop_assert!(admitted <= bound, "admitted {} > bound {}", admitted, bound);
         }
     }

@@ -19,7 +19,7 @@ pub struct LimitOutcome {
     /// The shard's share of the limit.
     pub share: ShardShare,
     /// Undivided refill amount (the fallback rate for a share that floors to zero).
-    pub ra: i64,
+    pub refill_amount: i64,
     /// Milliseconds until the claimed amount fits (`Some(0)` if it fits, `None` if never:
     /// the per-shard request ceiling or a limit that does not refill).
     pub wait_ms: Option<i64>,

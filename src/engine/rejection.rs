@@ -107,7 +107,10 @@ impl RejectionCache {
         self.images.with(key, |e| {
             for c in credits {
                 if let Some(st) = e.image.limits.get_mut(&c.limit) {
-                    st.tk = st.tk.saturating_add(c.amount).min(c.ceiling.max(st.tk));
+                    st.balance = st
+                        .balance
+                        .saturating_add(c.amount)
+                        .min(c.ceiling.max(st.balance));
                 }
             }
         });
@@ -180,7 +183,7 @@ mod tests {
 
     fn image() -> BucketItem {
         BucketItem {
-            rf: 0,
+            refilled_at: 0,
             shard_count: 1,
             ttl: None,
             limits: Limits::new(),
@@ -220,9 +223,16 @@ mod tests {
         assert!(cache.fresh(&key, 1).is_none());
         cache.remember_admitted(&key, &image(), 0, true);
         assert!(cache.fresh(&key, 1).is_some(), "a short image is kept");
-        let newer = BucketItem { rf: 7, ..image() };
+        let newer = BucketItem {
+            refilled_at: 7,
+            ..image()
+        };
         cache.remember_admitted(&key, &newer, 2, true);
-        assert_eq!(cache.fresh(&key, 3).map(|i| i.rf), Some(7), "replaced");
+        assert_eq!(
+            cache.fresh(&key, 3).map(|i| i.refilled_at),
+            Some(7),
+            "replaced"
+        );
         cache.remember_admitted(&key, &image(), 4, false);
         assert!(
             cache.fresh(&key, 5).is_none() && cache.latest(&key).is_none(),

@@ -23,15 +23,15 @@ impl InspectedShard {
             .iter()
             .map(|(name, l)| {
                 let state = serde_json::json!({
-                    "tokens": l.tk as f64 / MILLI as f64,
-                    "tk": l.tk, "cp": l.cp, "ra": l.ra, "rp": l.rp, "tc": l.tc,
+                    "tokens": l.balance as f64 / MILLI as f64,
+                    "tk": l.balance, "cp": l.capacity, "ra": l.refill_amount, "rp": l.refill_period_ms, "tc": l.taken,
                 });
                 (name.to_string(), state)
             })
             .collect();
         serde_json::json!({
             "shard": self.shard, "exists": true, "shard_count": item.shard_count,
-            "rf": item.rf, "ttl": item.ttl, "limits": limits,
+            "rf": item.refilled_at, "ttl": item.ttl, "limits": limits,
         })
     }
 }

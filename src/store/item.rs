@@ -19,9 +19,12 @@ pub const MAX_SHARD_COUNT: u32 = 32;
 /// token-bucket arithmetic on them is the engine's (`engine/bucket.rs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct LimitParams {
-    pub cp: i64,
-    pub ra: i64,
-    pub rp: i64,
+    /// Most millitokens the bucket holds (stored `cp`).
+    pub capacity: i64,
+    /// Millitokens added per refill period (stored `ra`).
+    pub refill_amount: i64,
+    /// The refill period in milliseconds (stored `rp`).
+    pub refill_period_ms: i64,
 }
 
 /// The view one shard has of a limit: its ceiling and refill rate.
@@ -29,9 +32,9 @@ pub struct LimitParams {
 pub struct ShardShare {
     /// Most millitokens this shard may hold.
     pub ceiling: i64,
-    /// Millitokens added per `rp` milliseconds on this shard.
-    pub ra: i64,
-    pub rp: i64,
+    /// Millitokens added per `refill_period_ms` on this shard.
+    pub refill_amount: i64,
+    pub refill_period_ms: i64,
 }
 
 impl LimitParams {
@@ -43,16 +46,16 @@ impl LimitParams {
         if shard_count <= 1 {
             // Most buckets have one shard: spare the two divisions.
             return ShardShare {
-                ceiling: self.cp,
-                ra: self.ra,
-                rp: self.rp,
+                ceiling: self.capacity,
+                refill_amount: self.refill_amount,
+                refill_period_ms: self.refill_period_ms,
             };
         }
         let s = i64::from(shard_count);
         ShardShare {
-            ceiling: self.cp / s,
-            ra: self.ra / s,
-            rp: self.rp,
+            ceiling: self.capacity / s,
+            refill_amount: self.refill_amount / s,
+            refill_period_ms: self.refill_period_ms,
         }
     }
 
@@ -68,12 +71,13 @@ impl LimitParams {
             return true;
         }
         let elapsed = now.saturating_sub(rf);
-        if elapsed <= 0 || share.ra <= 0 || share.rp <= 0 {
+        if elapsed <= 0 || share.refill_amount <= 0 || share.refill_period_ms <= 0 {
             return false;
         }
         // ⌊elapsed × ra / rp⌋ ≥ missing  ⇔  elapsed × ra ≥ missing × rp (rp > 0).
         let missing = i128::from(share.ceiling) - i128::from(tk);
-        i128::from(elapsed) * i128::from(share.ra) >= missing * i128::from(share.rp)
+        i128::from(elapsed) * i128::from(share.refill_amount)
+            >= missing * i128::from(share.refill_period_ms)
     }
 }
 
@@ -120,30 +124,34 @@ impl std::fmt::Display for BucketKey {
 /// counter in millitokens, parameters undivided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LimitState {
-    pub tk: i64,
-    pub cp: i64,
-    pub ra: i64,
-    pub rp: i64,
-    pub tc: i64,
+    /// Millitokens held (stored `tk`); below zero only after an overdraft.
+    pub balance: i64,
+    /// The limit's parameters (stored `cp`, `ra`, `rp`; see [`LimitParams`]).
+    pub capacity: i64,
+    pub refill_amount: i64,
+    pub refill_period_ms: i64,
+    /// Millitokens taken since the item was created, folded back near overflow (stored
+    /// `tc`): what a condition on "nothing debited since" compares.
+    pub taken: i64,
 }
 
 impl LimitState {
     /// A limit with these parameters holding `tk`, having consumed `tc`.
     pub fn new(params: LimitParams, tk: i64, tc: i64) -> LimitState {
         LimitState {
-            tk,
-            cp: params.cp,
-            ra: params.ra,
-            rp: params.rp,
-            tc,
+            balance: tk,
+            capacity: params.capacity,
+            refill_amount: params.refill_amount,
+            refill_period_ms: params.refill_period_ms,
+            taken: tc,
         }
     }
 
     pub fn params(&self) -> LimitParams {
         LimitParams {
-            cp: self.cp,
-            ra: self.ra,
-            rp: self.rp,
+            capacity: self.capacity,
+            refill_amount: self.refill_amount,
+            refill_period_ms: self.refill_period_ms,
         }
     }
 }
@@ -228,7 +236,9 @@ impl<N: AsRef<str>> FromIterator<(N, LimitState)> for Limits {
 /// lock `rf` (epoch ms), the shard count it knows, and its expiry `ttl` (epoch s).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BucketItem {
-    pub rf: i64,
+    /// When the item's limits were last refilled, epoch ms (stored `rf`): the baseline
+    /// of every refill and the slow path's optimistic lock.
+    pub refilled_at: i64,
     pub shard_count: u32,
     pub ttl: Option<i64>,
     pub limits: Limits,

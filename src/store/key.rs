@@ -92,7 +92,7 @@ pub fn item_bytes(key: &BucketKey, item: &BucketItem) -> usize {
     bytes += "SK".len() + "#STATE".len();
     bytes += "entity_id".len() + key.entity.len();
     bytes += "resource".len() + key.resource.len();
-    bytes += "rf".len() + number_bytes(item.rf);
+    bytes += "rf".len() + number_bytes(item.refilled_at);
     bytes += "shard_count".len() + number_bytes(i64::from(item.shard_count));
     if let Some(ttl) = item.ttl {
         bytes += "ttl".len() + number_bytes(ttl);
@@ -100,7 +100,13 @@ pub fn item_bytes(key: &BucketKey, item: &BucketItem) -> usize {
     for (name, st) in item.limits.iter() {
         // `b_{name}_{field}`: two underscores, a two-letter field.
         let attribute = name.len() + 6;
-        for v in [st.tk, st.cp, st.ra, st.rp, st.tc] {
+        for v in [
+            st.balance,
+            st.capacity,
+            st.refill_amount,
+            st.refill_period_ms,
+            st.taken,
+        ] {
             bytes += attribute + number_bytes(v);
         }
     }

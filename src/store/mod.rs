@@ -72,13 +72,13 @@ pub enum LimitWrite {
     /// Additive change, commutative with concurrent debits.
     Add {
         limit: Name,
-        tk_delta: i64,
-        tc_delta: i64,
-        /// Require `tk >= floor` (the debit still fits after concurrent debits).
+        balance_delta: i64,
+        taken_delta: i64,
+        /// Require `balance >= floor` (the debit still fits after concurrent debits).
         floor: Option<i64>,
-        /// Require `tk <= cap` (no credit landed since the read that a refill would stack on).
+        /// Require `balance <= cap` (no credit landed since the read that a refill would stack on).
         cap: Option<i64>,
-        /// Millitokens of `tk_delta` that the request takes (the rest refills or clamps):
+        /// Millitokens of `balance_delta` that the request takes (the rest refills or clamps):
         /// what a store that cannot commit several items atomically gives back, as a
         /// credit, when the commit fails on another item (a Redis Cluster, `redis/spread.rs`).
         claimed: i64,
@@ -92,7 +92,7 @@ pub enum LimitWrite {
         limit: Name,
         state: LimitState,
         read_tc: Option<i64>,
-        /// Millitokens of `state.tk` the request took (see [`LimitWrite::Add`]'s).
+        /// Millitokens of `state.balance` the request took (see [`LimitWrite::Add`]'s).
         claimed: i64,
     },
 }
@@ -110,15 +110,15 @@ impl LimitWrite {
 pub enum Write {
     /// Create the item if it does not exist (`attribute_not_exists(PK)`).
     Create { key: BucketKey, item: BucketItem },
-    /// Update an existing item under the optimistic lock `rf == expected_rf`; `ttl` is
+    /// Update an existing item under the optimistic lock `refilled_at == expected_refilled_at`; `ttl` is
     /// set (`None`: removed, the item never expires), on condition that the stored `ttl`
     /// is not later than it: an item's expiry only ever moves later (a consumption-only
     /// retry raises it without moving `rf`, and an update planned before must not lower
     /// it again).
     Update {
         key: BucketKey,
-        expected_rf: i64,
-        rf: i64,
+        expected_refilled_at: i64,
+        refilled_at: i64,
         ttl: Option<i64>,
         /// Raise the item's shard count, on condition that it still holds the count read
         /// (another doubling since would otherwise be undone).
@@ -165,7 +165,7 @@ pub enum CommitOutcome {
 /// millisecond) refilled nothing, and a doubling moved the count.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Stamp {
-    pub rf: i64,
+    pub refilled_at: i64,
     pub shard_count: u32,
 }
 
@@ -173,7 +173,7 @@ impl Stamp {
     /// The stamp of `item` as it is.
     pub fn of(item: &BucketItem) -> Stamp {
         Stamp {
-            rf: item.rf,
+            refilled_at: item.refilled_at,
             shard_count: item.shard_count,
         }
     }
@@ -204,7 +204,9 @@ impl CreditGuard {
     /// Whether an item with this refill baseline and shard count meets the guard.
     pub fn admits(&self, rf: i64, shard_count: u32) -> bool {
         match *self {
-            CreditGuard::Unrefilled(stamp) => stamp.rf == rf && stamp.shard_count == shard_count,
+            CreditGuard::Unrefilled(stamp) => {
+                stamp.refilled_at == rf && stamp.shard_count == shard_count
+            }
             CreditGuard::SameCount(count) => count == shard_count,
         }
     }

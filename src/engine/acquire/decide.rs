@@ -339,10 +339,11 @@ impl<S: BucketStore> Deciding<'_, S> {
                 self.engine
                     .shards
                     .learn(&b.entity, &b.resource, image.shard_count);
-                let short = b
-                    .limits
-                    .iter()
-                    .any(|c| image.limit(&c.limit).is_some_and(|st| st.tk < c.amount));
+                let short = b.limits.iter().any(|c| {
+                    image
+                        .limit(&c.limit)
+                        .is_some_and(|st| st.balance < c.amount)
+                });
                 self.engine
                     .rejections
                     .remember_admitted(&key, image, now, short);

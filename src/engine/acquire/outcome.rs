@@ -74,8 +74,13 @@ impl<S: BucketStore> Deciding<'_, S> {
                         fits: share.ceiling >= c.amount,
                         remaining: share.ceiling,
                         share,
-                        ra: c.params.ra,
-                        wait_ms: bucket::wait_for(share.ceiling, c.amount, share, c.params.ra),
+                        refill_amount: c.params.refill_amount,
+                        wait_ms: bucket::wait_for(
+                            share.ceiling,
+                            c.amount,
+                            share,
+                            c.params.refill_amount,
+                        ),
                     }
                 })
                 .collect(),
@@ -95,7 +100,7 @@ impl<S: BucketStore> Deciding<'_, S> {
         let mut after = image.clone();
         for c in &b.limits {
             if let Some(st) = after.limits.get_mut(&c.limit) {
-                st.tk = st.tk.saturating_sub(c.amount);
+                st.balance = st.balance.saturating_sub(c.amount);
             }
         }
         self.outcome_from_image(b, shard, &after, now, true)
@@ -119,23 +124,28 @@ impl<S: BucketStore> Deciding<'_, S> {
             .iter()
             .map(|c| {
                 let share = c.params.share(count);
-                let tk = image.limit(&c.limit).map_or(share.ceiling, |s| s.tk);
-                let (now_tk, _) = refill(tk, image.rf, now, share);
+                let balance = image.limit(&c.limit).map_or(share.ceiling, |s| s.balance);
+                let (now_balance, _) = refill(balance, image.refilled_at, now, share);
                 if debited {
                     LimitOutcome {
                         fits: true,
-                        remaining: now_tk,
+                        remaining: now_balance,
                         share,
-                        ra: c.params.ra,
+                        refill_amount: c.params.refill_amount,
                         wait_ms: Some(0),
                     }
                 } else {
                     LimitOutcome {
-                        fits: now_tk >= c.amount,
-                        remaining: now_tk,
+                        fits: now_balance >= c.amount,
+                        remaining: now_balance,
                         share,
-                        ra: c.params.ra,
-                        wait_ms: bucket::wait_for(now_tk, c.amount, share, c.params.ra),
+                        refill_amount: c.params.refill_amount,
+                        wait_ms: bucket::wait_for(
+                            now_balance,
+                            c.amount,
+                            share,
+                            c.params.refill_amount,
+                        ),
                     }
                 }
             })
@@ -166,8 +176,10 @@ impl<S: BucketStore> Deciding<'_, S> {
             if !l.fits {
                 continue;
             }
-            let tk = image.limit(&c.limit).map_or(l.share.ceiling, |s| s.tk);
-            if let (held, Some(until)) = bucket::held_refill(tk, image.rf, now, l.share) {
+            let balance = image.limit(&c.limit).map_or(l.share.ceiling, |s| s.balance);
+            if let (held, Some(until)) =
+                bucket::held_refill(balance, image.refilled_at, now, l.share)
+            {
                 if held < c.amount {
                     l.fits = false;
                     l.remaining = held;

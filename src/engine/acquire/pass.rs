@@ -102,19 +102,19 @@ impl Outcomes {
         } else {
             before
         };
-        let wait_ms = wait_for(before, c.amount, share, c.params.ra);
+        let wait_ms = wait_for(before, c.amount, share, c.params.refill_amount);
         self.admitted.push(LimitOutcome {
             fits: covers,
             remaining: after,
             share,
-            ra: c.params.ra,
+            refill_amount: c.params.refill_amount,
             wait_ms: if covers { Some(0) } else { wait_ms },
         });
         self.refused.push(LimitOutcome {
             fits: covers,
             remaining: before,
             share,
-            ra: c.params.ra,
+            refill_amount: c.params.refill_amount,
             wait_ms,
         });
         after
@@ -150,8 +150,8 @@ struct Stamps {
 }
 
 /// How much of a limit's `tc` to fold back (see [`TC_FOLD`]).
-fn tc_fold(tc: i64) -> i64 {
-    if tc >= TC_FOLD {
+fn tc_fold(taken: i64) -> i64 {
+    if taken >= TC_FOLD {
         -TC_FOLD
     } else {
         0
@@ -202,7 +202,7 @@ pub(crate) fn plan_bucket(
 fn plan_create(b: &BucketClaim, key: &BucketKey, count: u32, ctx: &PassContext) -> BucketPlan {
     let mut out = Outcomes::new();
     let mut item = BucketItem {
-        rf: ctx.now,
+        refilled_at: ctx.now,
         shard_count: count,
         ttl: None,
         limits: Default::default(),
@@ -218,8 +218,8 @@ fn plan_create(b: &BucketClaim, key: &BucketKey, count: u32, ctx: &PassContext) 
         horizons.push(c.params.full_again_ms(after));
     }
     item.limits
-        .insert(WCU_LIMIT, LimitState::new(ctx.wcu, ctx.wcu.cp, 0));
-    horizons.push(ctx.wcu.full_again_ms(ctx.wcu.cp));
+        .insert(WCU_LIMIT, LimitState::new(ctx.wcu, ctx.wcu.capacity, 0));
+    horizons.push(ctx.wcu.full_again_ms(ctx.wcu.capacity));
     item.ttl = expiry(ctx.now, ctx.ttl_multiplier, horizons);
     let stamp = Stamp::of(&item);
     let stamps = Stamps {
@@ -242,13 +242,13 @@ fn plan_update(
 ) -> BucketPlan {
     let now = ctx.now;
     let count = count.max(item.shard_count);
-    let rf = item.rf;
+    let refilled_at = item.refilled_at;
     let mut out = Outcomes::new();
     let mut writes = Vec::new();
     let mut horizons: SmallVec<[Option<i64>; 3]> = SmallVec::new();
     for c in &b.limits {
         let stored = item.limit(&c.limit);
-        let claimed = claimed_write(c, stored, rf, count, now, &mut out);
+        let claimed = claimed_write(c, stored, refilled_at, count, now, &mut out);
         writes.push(claimed.write);
         horizons.push(claimed.full_again);
     }
@@ -259,34 +259,34 @@ fn plan_update(
             continue;
         }
         let share = st.params().share(if name == WCU_LIMIT { 1 } else { count });
-        let (now_tk, _) = refill(st.tk, rf, now, share);
-        let fold = tc_fold(st.tc);
-        if now_tk != st.tk || fold != 0 {
+        let (now_balance, _) = refill(st.balance, refilled_at, now, share);
+        let fold = tc_fold(st.taken);
+        if now_balance != st.balance || fold != 0 {
             writes.push(LimitWrite::Add {
                 limit: Name::new(name),
-                tk_delta: now_tk - st.tk,
-                tc_delta: fold,
+                balance_delta: now_balance - st.balance,
+                taken_delta: fold,
                 floor: None,
-                cap: assumed_balance(st.tk, now_tk),
+                cap: assumed_balance(st.balance, now_balance),
                 claimed: 0,
             });
         }
-        horizons.push(st.params().full_again_ms(now_tk));
+        horizons.push(st.params().full_again_ms(now_balance));
     }
     if item.limit(WCU_LIMIT).is_none() {
         writes.push(LimitWrite::Set {
             limit: Name::const_new(WCU_LIMIT),
-            state: LimitState::new(ctx.wcu, ctx.wcu.cp, 0),
+            state: LimitState::new(ctx.wcu, ctx.wcu.capacity, 0),
             read_tc: None,
             claimed: 0,
         });
-        horizons.push(ctx.wcu.full_again_ms(ctx.wcu.cp));
+        horizons.push(ctx.wcu.full_again_ms(ctx.wcu.capacity));
     }
-    let written_rf = now.max(rf);
+    let written_refilled_at = now.max(refilled_at);
     let write = Write::Update {
         key: key.clone(),
-        expected_rf: rf,
-        rf: written_rf,
+        expected_refilled_at: refilled_at,
+        refilled_at: written_refilled_at,
         ttl: later_ttl(expiry(now, ctx.ttl_multiplier, horizons), item.ttl),
         // A shard that knows fewer shards than the bucket has holds a share sized for
         // that smaller count: the balance is clamped above, the count raised here.
@@ -299,7 +299,7 @@ fn plan_update(
     let stamps = Stamps {
         read: Stamp::of(item),
         written: Stamp {
-            rf: written_rf,
+            refilled_at: written_refilled_at,
             shard_count: count,
         },
     };
@@ -320,7 +320,7 @@ struct ClaimedWrite {
 fn claimed_write(
     c: &LimitClaim,
     stored: Option<&LimitState>,
-    rf: i64,
+    refilled_at: i64,
     count: u32,
     now: i64,
     out: &mut Outcomes,
@@ -328,27 +328,27 @@ fn claimed_write(
     let share = c.params.share(count);
     match stored {
         Some(st) if st.params() == c.params => {
-            let (before, _) = refill(st.tk, rf, now, share);
+            let (before, _) = refill(st.balance, refilled_at, now, share);
             let after = out.take(c, before, share);
             let taken = before - after;
-            let tk_delta = after - st.tk;
+            let tk_delta = after - st.balance;
             // The balance after the write must stay at or above the claim's floor
             // whatever concurrent debits land first: zero for a gated claim, the
             // lowest balance for an overdraft.
             let lowest = if c.forced { MIN_BALANCE } else { 0 };
             // A concurrent gated debit may take what the shard held before ours.
             let lowest_after = if c.forced {
-                after.saturating_sub(st.tk.max(0))
+                after.saturating_sub(st.balance.max(0))
             } else {
                 after
             };
             ClaimedWrite {
                 write: LimitWrite::Add {
                     limit: c.limit.clone(),
-                    tk_delta,
-                    tc_delta: taken + tc_fold(st.tc),
+                    balance_delta: tk_delta,
+                    taken_delta: taken + tc_fold(st.taken),
                     floor: (tk_delta < 0).then(|| lowest - tk_delta),
-                    cap: assumed_balance(st.tk, before),
+                    cap: assumed_balance(st.balance, before),
                     claimed: taken,
                 },
                 full_again: c.params.full_again_ms(lowest_after),
@@ -357,18 +357,18 @@ fn claimed_write(
         Some(st) => {
             // The rule changed: keep what the shard held (refilled under the old
             // parameters), clamped to the new share.
-            let (old, _) = refill(st.tk, rf, now, st.params().share(count));
+            let (old, _) = refill(st.balance, refilled_at, now, st.params().share(count));
             let before = old.min(share.ceiling);
             let after = out.take(c, before, share);
-            let tc = st
-                .tc
-                .saturating_add(tc_fold(st.tc))
+            let taken = st
+                .taken
+                .saturating_add(tc_fold(st.taken))
                 .saturating_add(before - after);
             ClaimedWrite {
                 write: LimitWrite::Set {
                     limit: c.limit.clone(),
-                    state: LimitState::new(c.params, after, tc),
-                    read_tc: Some(st.tc),
+                    state: LimitState::new(c.params, after, taken),
+                    read_tc: Some(st.taken),
                     claimed: before - after,
                 },
                 full_again: c.params.full_again_ms(after),
@@ -413,9 +413,9 @@ pub(crate) fn retry_debit(
         let horizons = current.limits.iter().map(|(name, st)| {
             let lowest = match b.limits.iter().find(|c| c.limit == name) {
                 // Concurrent gated debits may take what it holds first.
-                Some(c) if c.forced => st.tk.min(0).saturating_sub(c.amount),
-                Some(c) => st.tk - c.amount,
-                None => st.tk,
+                Some(c) if c.forced => st.balance.min(0).saturating_sub(c.amount),
+                Some(c) => st.balance - c.amount,
+                None => st.balance,
             };
             st.params().full_again_ms(lowest)
         });
@@ -534,12 +534,16 @@ mod tests {
             Write::Create { item, .. } => item,
             _ => unreachable!(),
         };
-        item.limits.get_mut("l").unwrap().tc = TC_FOLD + 5;
+        item.limits.get_mut("l").unwrap().taken = TC_FOLD + 5;
         let plan = plan_bucket(&claim(p, 1, false), &key(), Some(&item), 1, &ctx());
         let Write::Update { limits, .. } = plan.write else {
             panic!("an update")
         };
-        let LimitWrite::Add { tc_delta, .. } = &limits[0] else {
+        let LimitWrite::Add {
+            taken_delta: tc_delta,
+            ..
+        } = &limits[0]
+        else {
             panic!("an add")
         };
         assert_eq!(*tc_delta, MILLI - TC_FOLD);
@@ -552,7 +556,7 @@ mod tests {
             Write::Create { item, .. } => item,
             _ => unreachable!(),
         };
-        item.limits.get_mut("l").unwrap().tk = 100 * MILLI;
+        item.limits.get_mut("l").unwrap().balance = 100 * MILLI;
         let plan = plan_bucket(&claim(p, 1, false), &key(), Some(&item), 4, &ctx());
         let Write::Update {
             shard_count,
@@ -563,7 +567,11 @@ mod tests {
             panic!("an update")
         };
         assert_eq!(*shard_count, Some(CountChange { read: 1, new: 4 }));
-        let LimitWrite::Add { tk_delta, .. } = &limits[0] else {
+        let LimitWrite::Add {
+            balance_delta: tk_delta,
+            ..
+        } = &limits[0]
+        else {
             panic!("an add")
         };
         assert_eq!(

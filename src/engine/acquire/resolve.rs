@@ -85,13 +85,13 @@ impl<S: BucketStore> Deciding<'_, S> {
         let mut short = false;
         for c in &b.limits {
             match image.limit(&c.limit) {
-                Some(st) if st.params() == c.params => short |= st.tk < c.amount,
+                Some(st) if st.params() == c.params => short |= st.balance < c.amount,
                 _ => return Refusal::Stale,
             }
         }
         match image.limit(WCU_LIMIT) {
             None => Refusal::Stale,
-            Some(w) if w.tk < MILLI => {
+            Some(w) if w.balance < MILLI => {
                 if short {
                     Refusal::BothExhausted
                 } else {
@@ -170,7 +170,12 @@ impl<S: BucketStore> Deciding<'_, S> {
             return Ok(seen.rejected());
         }
         let wcu = seen.image.limit(WCU_LIMIT).expect("classified with wcu");
-        let (projected, _) = refill(wcu.tk, seen.image.rf, now, wcu.params().share(1));
+        let (projected, _) = refill(
+            wcu.balance,
+            seen.image.refilled_at,
+            now,
+            wcu.params().share(1),
+        );
         if projected >= MILLI {
             return Ok(seen.slow_on(shard, count));
         }
@@ -412,9 +417,9 @@ pub(super) const MIN_CLAIMS_PER_SHARD: i64 = 4;
 /// cannot spread a bucket until its ordinary requests no longer fit a shard's share.
 fn usual_claim(amount: i64, limit: &str, hot: Option<&BucketItem>) -> i64 {
     let average = hot.map_or(0, |hot| {
-        let writes = hot.limit(WCU_LIMIT).map_or(0, |w| w.tc / MILLI);
+        let writes = hot.limit(WCU_LIMIT).map_or(0, |w| w.taken / MILLI);
         match hot.limit(limit) {
-            Some(st) if writes > 0 && st.tc > 0 => st.tc / writes,
+            Some(st) if writes > 0 && st.taken > 0 => st.taken / writes,
             _ => 0,
         }
     });

@@ -63,8 +63,8 @@ mod tests {
     fn share(ceiling: i64) -> ShardShare {
         ShardShare {
             ceiling,
-            ra: ceiling,
-            rp: 1_000,
+            refill_amount: ceiling,
+            refill_period_ms: 1_000,
         }
     }
 

@@ -83,16 +83,16 @@ pub(super) fn decode(item: &Item) -> Result<BucketItem, String> {
         limits.insert(
             limit,
             LimitState {
-                tk,
-                cp,
-                ra: ra.unwrap_or(0),
-                rp,
-                tc: tc.unwrap_or(0),
+                balance: tk,
+                capacity: cp,
+                refill_amount: ra.unwrap_or(0),
+                refill_period_ms: rp,
+                taken: tc.unwrap_or(0),
             },
         );
     }
     Ok(BucketItem {
-        rf,
+        refilled_at: rf,
         shard_count,
         ttl,
         limits,
@@ -134,18 +134,18 @@ impl DynamoStore {
         let mut out = self.key_of(key);
         out.insert("entity_id".into(), s(key.entity.clone()));
         out.insert("resource".into(), s(key.resource.clone()));
-        out.insert("rf".into(), n(item.rf));
+        out.insert("rf".into(), n(item.refilled_at));
         out.insert("shard_count".into(), n(i64::from(item.shard_count)));
         if let Some(t) = item.ttl {
             out.insert("ttl".into(), n(t));
         }
         for (limit, st) in item.limits.iter() {
             for (field, v) in [
-                ("tk", st.tk),
-                ("cp", st.cp),
-                ("ra", st.ra),
-                ("rp", st.rp),
-                ("tc", st.tc),
+                ("tk", st.balance),
+                ("cp", st.capacity),
+                ("ra", st.refill_amount),
+                ("rp", st.refill_period_ms),
+                ("tc", st.taken),
             ] {
                 out.insert(attr(limit, field), n(v));
             }
@@ -168,11 +168,11 @@ mod tests {
         assert_eq!(
             *it.limits.get("my_limit").unwrap(),
             LimitState {
-                tk: 1,
-                cp: 2,
-                ra: 3,
-                rp: 4,
-                tc: 5
+                balance: 1,
+                capacity: 2,
+                refill_amount: 3,
+                refill_period_ms: 4,
+                taken: 5
             }
         );
         assert_eq!(it.shard_count, 1);

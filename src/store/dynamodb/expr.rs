@@ -87,7 +87,11 @@ pub(super) fn debit_expression(
             let _ = write!(cond, " AND {t} >= {floor}");
         }
         if let (DebitMode::Fast { .. }, Some(p)) = (mode, d.params) {
-            for (field, v) in [("cp", p.cp), ("ra", p.ra), ("rp", p.rp)] {
+            for (field, v) in [
+                ("cp", p.capacity),
+                ("ra", p.refill_amount),
+                ("rp", p.refill_period_ms),
+            ] {
                 let name = e.name(format!("#{field}{i}"), attr(&d.limit, field));
                 let val = e.value(format!(":{field}{i}"), n(v));
                 let _ = write!(cond, " AND {name} = {val}");
@@ -191,8 +195,8 @@ fn limit_clauses(e: &mut Expr, x: &mut Clauses, i: usize, w: &LimitWrite) {
     match w {
         LimitWrite::Add {
             limit,
-            tk_delta,
-            tc_delta,
+            balance_delta: tk_delta,
+            taken_delta: tc_delta,
             floor,
             cap,
             ..
@@ -228,11 +232,11 @@ fn limit_clauses(e: &mut Expr, x: &mut Clauses, i: usize, w: &LimitWrite) {
                 None => x.cond.push(format!("attribute_not_exists({c})")),
             }
             for (field, v) in [
-                ("tk", state.tk),
-                ("cp", state.cp),
-                ("ra", state.ra),
-                ("rp", state.rp),
-                ("tc", state.tc),
+                ("tk", state.balance),
+                ("cp", state.capacity),
+                ("ra", state.refill_amount),
+                ("rp", state.refill_period_ms),
+                ("tc", state.taken),
             ] {
                 let name = e.name(format!("#{field}{i}"), attr(limit, field));
                 let val = e.value(format!(":{field}{i}"), n(v));
@@ -248,8 +252,8 @@ pub(super) fn update_of(w: &Write) -> Option<(String, String, Expr)> {
     match w {
         Write::Create { .. } => None,
         Write::Update {
-            expected_rf,
-            rf,
+            expected_refilled_at: expected_rf,
+            refilled_at: rf,
             ttl,
             shard_count,
             limits,
@@ -278,7 +282,7 @@ pub(super) fn credit_expression(guard: CreditGuard, credits: &[Credit]) -> (Stri
     let count = match guard {
         CreditGuard::Unrefilled(stamp) => {
             let rf = e.name("#rf".into(), "rf".into());
-            let erf = e.value(":erf".into(), n(stamp.rf));
+            let erf = e.value(":erf".into(), n(stamp.refilled_at));
             cond.push(format!("{rf} = {erf}"));
             stamp.shard_count
         }
@@ -296,9 +300,9 @@ pub(super) fn credit_expression(guard: CreditGuard, credits: &[Credit]) -> (Stri
         add.push(format!("{t} {a}, {tc} {na}"));
         cond.push(format!("{t} <= {lim}"));
         for (field, v) in [
-            ("cp", c.params.cp),
-            ("ra", c.params.ra),
-            ("rp", c.params.rp),
+            ("cp", c.params.capacity),
+            ("ra", c.params.refill_amount),
+            ("rp", c.params.refill_period_ms),
         ] {
             let name = e.name(format!("#{field}{i}"), attr(&c.limit, field));
             let val = e.value(format!(":{field}{i}"), n(v));

@@ -527,7 +527,7 @@ impl BucketStore for DynamoStore {
             match self.update(key, || credit_expression(guard, &todo)).await? {
                 Ok(_) => return Ok(todo),
                 Err(None) => return Ok(Vec::new()),
-                Err(Some(image)) if !guard.admits(image.rf, image.shard_count) => {
+                Err(Some(image)) if !guard.admits(image.refilled_at, image.shard_count) => {
                     return Ok(Vec::new())
                 }
                 Err(Some(image)) => {
@@ -535,7 +535,7 @@ impl BucketStore for DynamoStore {
                     todo.retain(|c| {
                         image
                             .limit(&c.limit)
-                            .is_some_and(|st| st.tk.saturating_add(c.amount) <= c.ceiling)
+                            .is_some_and(|st| st.balance.saturating_add(c.amount) <= c.ceiling)
                     });
                 }
             }

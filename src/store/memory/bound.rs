@@ -118,7 +118,7 @@ impl Moment {
                 } else {
                     slot.shard_count
                 };
-                params.refilled_full(b.tk, slot.rf, now_ms, count)
+                params.refilled_full(b.balance, slot.refilled_at, now_ms, count)
             });
         if full {
             Class::Full

@@ -15,18 +15,18 @@ use crate::store::{LimitParams, LimitState};
 /// 100 a day, the rule of the issue: one token back every 864 s.
 fn day() -> LimitParams {
     LimitParams {
-        cp: 100_000,
-        ra: 100_000,
-        rp: 86_400_000,
+        capacity: 100_000,
+        refill_amount: 100_000,
+        refill_period_ms: 86_400_000,
     }
 }
 
 /// The memory store's default `wcu`: refilled within the second.
 fn wcu() -> LimitParams {
     LimitParams {
-        cp: 1_000_000_000_000_000,
-        ra: 1_000_000_000_000_000,
-        rp: 1_000,
+        capacity: 1_000_000_000_000_000,
+        refill_amount: 1_000_000_000_000_000,
+        refill_period_ms: 1_000,
     }
 }
 
@@ -36,7 +36,7 @@ const T0_S: i64 = 1_800_000_000;
 /// `touched_s`, of a bucket of `shard_count` shards.
 fn slot(tk: i64, rf_s: i64, touched_s: i64, shard_count: u32) -> CompactItem {
     CompactItem {
-        rf: rf_s * 1_000,
+        refilled_at: rf_s * 1_000,
         ttl: NO_TTL,
         shard_count,
         touched: bound::mark_of(touched_s),
@@ -44,10 +44,13 @@ fn slot(tk: i64, rf_s: i64, touched_s: i64, shard_count: u32) -> CompactItem {
             vec![("rps".into(), day()), (WCU_LIMIT.into(), wcu())].into_boxed_slice(),
         )),
         balances: smallvec![
-            Balance { tk, tc: 0 },
             Balance {
-                tk: wcu().cp,
-                tc: 0
+                balance: tk,
+                taken: 0
+            },
+            Balance {
+                balance: wcu().capacity,
+                taken: 0
             }
         ],
     }
@@ -120,9 +123,9 @@ fn a_partly_refilled_limit_or_an_empty_wcu_keeps_an_item_in_use() {
     assert_eq!(moment.class(0, &refilled), bound::Class::Full);
     // The limit full, `wcu` drained at this very second: in use.
     let mut hot = refilled.clone();
-    hot.balances[1].tk = 0;
-    hot.rf = now_s * 1_000;
-    hot.balances[0].tk = day().cp;
+    hot.balances[1].balance = 0;
+    hot.refilled_at = now_s * 1_000;
+    hot.balances[0].balance = day().capacity;
     assert_eq!(moment.class(0, &hot), bound::Class::Active);
     assert_eq!(
         bound::Moment { now_s: now_s + 1 }.class(0, &hot),
@@ -146,9 +149,9 @@ fn a_limit_that_never_refills_is_full_only_at_its_ceiling_and_shard_zero_of_seve
             (
                 "lifetime".into(),
                 LimitParams {
-                    cp: 3_000,
-                    ra: 0,
-                    rp: 1_000,
+                    capacity: 3_000,
+                    refill_amount: 0,
+                    refill_period_ms: 1_000,
                 },
             ),
             (WCU_LIMIT.into(), wcu()),
@@ -156,7 +159,7 @@ fn a_limit_that_never_refills_is_full_only_at_its_ceiling_and_shard_zero_of_seve
         .into_boxed_slice(),
     ));
     assert_eq!(moment.class(1, &spent), bound::Class::Active);
-    spent.balances[0].tk = 3_000;
+    spent.balances[0].balance = 3_000;
     assert_eq!(moment.class(1, &spent), bound::Class::Full);
     // Shard 0 carries the bucket's count: dropped, it could come back holding it all.
     let sharded = slot(50_000, T0_S, T0_S, 4);
@@ -258,12 +261,12 @@ fn a_debited_or_refused_bucket_outlives_older_ones_in_the_store() {
         .unwrap()
     };
     let item = |tk: i64, now_s: i64| BucketItem {
-        rf: now_s * 1_000,
+        refilled_at: now_s * 1_000,
         shard_count: 1,
         ttl: Some(now_s + 7 * 86_400),
         limits: [
             ("rps", LimitState::new(day(), tk, 0)),
-            (WCU_LIMIT, LimitState::new(wcu(), wcu().cp, 0)),
+            (WCU_LIMIT, LimitState::new(wcu(), wcu().capacity, 0)),
         ]
         .into_iter()
         .collect(),

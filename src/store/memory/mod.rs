@@ -155,7 +155,7 @@ impl MemoryStore {
             _ => self.intern(&item.limits),
         };
         CompactItem {
-            rf: item.rf,
+            refilled_at: item.refilled_at,
             ttl: item.ttl.unwrap_or(NO_TTL),
             shard_count: item.shard_count,
             touched: self.clock.mark(),
@@ -164,8 +164,8 @@ impl MemoryStore {
                 .limits
                 .values()
                 .map(|st| Balance {
-                    tk: st.tk,
-                    tc: st.tc,
+                    balance: st.balance,
+                    taken: st.taken,
                 })
                 .collect(),
         }
@@ -252,7 +252,10 @@ fn debit_allowed(slot: &CompactItem, debits: &[Debit], mode: DebitMode) -> bool 
             if slot.ttl <= now_s || slot.shard_count != shard_count {
                 return false;
             }
-            if slot.balance(WCU_LIMIT).is_none_or(|(_, w)| w.tk < MILLI) {
+            if slot
+                .balance(WCU_LIMIT)
+                .is_none_or(|(_, w)| w.balance < MILLI)
+            {
                 return false;
             }
             true
@@ -264,9 +267,10 @@ fn debit_allowed(slot: &CompactItem, debits: &[Debit], mode: DebitMode) -> bool 
         Some((params, b)) => {
             let params_match = !fast || d.params.is_none_or(|p| *params == p);
             let floor = if d.gated { 0 } else { MIN_BALANCE };
-            let covered =
-                b.tk.checked_sub(d.amount)
-                    .is_some_and(|after| after >= floor);
+            let covered = b
+                .balance
+                .checked_sub(d.amount)
+                .is_some_and(|after| after >= floor);
             params_match && covered
         }
     })
@@ -276,14 +280,14 @@ fn debit_allowed(slot: &CompactItem, debits: &[Debit], mode: DebitMode) -> bool 
 fn apply_debit(slot: &mut CompactItem, debits: &[Debit], mode: DebitMode) {
     for d in debits {
         if let Some(b) = slot.balance_mut(&d.limit) {
-            b.tk -= d.amount;
-            b.tc = b.tc.saturating_add(d.amount);
+            b.balance -= d.amount;
+            b.taken = b.taken.saturating_add(d.amount);
         }
     }
     if matches!(mode, DebitMode::Fast { .. }) {
         if let Some(w) = slot.balance_mut(WCU_LIMIT) {
-            w.tk -= MILLI;
-            w.tc += MILLI;
+            w.balance -= MILLI;
+            w.taken += MILLI;
         }
     }
 }
@@ -297,7 +301,7 @@ fn apply_update(
     shard_count: Option<CountChange>,
     limits: &[LimitWrite],
 ) -> Option<BucketItem> {
-    if cur.rf != expected_rf {
+    if cur.refilled_at != expected_rf {
         return None;
     }
     // The stored expiry is never moved earlier (`None`: never expires, the latest).
@@ -310,7 +314,7 @@ fn apply_update(
         return None;
     }
     let mut next = cur.clone();
-    next.rf = rf;
+    next.refilled_at = rf;
     next.ttl = ttl;
     if let Some(change) = shard_count {
         if cur.shard_count != change.read {
@@ -322,18 +326,18 @@ fn apply_update(
         match lw {
             LimitWrite::Add {
                 limit,
-                tk_delta,
-                tc_delta,
+                balance_delta: tk_delta,
+                taken_delta: tc_delta,
                 floor,
                 cap,
                 ..
             } => {
                 let st = next.limits.get_mut(limit)?;
-                if floor.is_some_and(|f| st.tk < f) || cap.is_some_and(|c| st.tk > c) {
+                if floor.is_some_and(|f| st.balance < f) || cap.is_some_and(|c| st.balance > c) {
                     return None;
                 }
-                st.tk = st.tk.checked_add(*tk_delta)?;
-                st.tc = st.tc.saturating_add(*tc_delta);
+                st.balance = st.balance.checked_add(*tk_delta)?;
+                st.taken = st.taken.saturating_add(*tc_delta);
             }
             LimitWrite::Set {
                 limit,
@@ -341,7 +345,7 @@ fn apply_update(
                 read_tc,
                 ..
             } => {
-                if next.limits.get(limit).map(|st| st.tc) != *read_tc {
+                if next.limits.get(limit).map(|st| st.taken) != *read_tc {
                     return None;
                 }
                 next.limits.insert(limit, *state);
@@ -366,8 +370,8 @@ impl MemoryStore {
             }
             Write::Update {
                 key,
-                expected_rf,
-                rf,
+                expected_refilled_at: expected_rf,
+                refilled_at: rf,
                 ttl,
                 shard_count,
                 limits,
@@ -481,7 +485,7 @@ impl BucketStore for MemoryStore {
     ) -> Result<Vec<Credit>, StoreError> {
         check_key(key)?;
         let mut g = self.part(key);
-        let bears = |slot: &&mut CompactItem| guard.admits(slot.rf, slot.shard_count);
+        let bears = |slot: &&mut CompactItem| guard.admits(slot.refilled_at, slot.shard_count);
         let Some(slot) = g.get_mut(key).filter(bears) else {
             return Ok(Vec::new());
         };
@@ -495,9 +499,9 @@ impl BucketStore for MemoryStore {
                 continue;
             }
             if let Some(b) = slot.balance_mut(&c.limit) {
-                if b.tk.saturating_add(c.amount) <= c.ceiling {
-                    b.tk += c.amount;
-                    b.tc -= c.amount;
+                if b.balance.saturating_add(c.amount) <= c.ceiling {
+                    b.balance += c.amount;
+                    b.taken -= c.amount;
                     applied.push(c.clone());
                 }
             }
@@ -529,7 +533,7 @@ mod tests {
         let store = MemoryStore::new();
         let params = LimitParams::new(10, 10, 1_000);
         let item = |ttl| BucketItem {
-            rf: 1,
+            refilled_at: 1,
             shard_count: 1,
             ttl: Some(ttl),
             limits: [("a", LimitState::new(params, 5, 0))].into_iter().collect(),
@@ -547,7 +551,7 @@ mod tests {
     fn an_item_without_ttl_round_trips_and_never_expires() {
         let store = MemoryStore::new();
         let item = BucketItem {
-            rf: 7,
+            refilled_at: 7,
             shard_count: 4,
             ttl: None,
             limits: Limits::new(),

@@ -90,14 +90,14 @@ impl Equivalent<Arc<Shape>> for ShapeOf<'_> {
 /// Balance and consumed counter of one limit, in its shape's order.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Balance {
-    pub(super) tk: i64,
-    pub(super) tc: i64,
+    pub(super) balance: i64,
+    pub(super) taken: i64,
 }
 
 /// One stored item in compact form.
 #[derive(Debug, Clone)]
 pub(super) struct CompactItem {
-    pub(super) rf: i64,
+    pub(super) refilled_at: i64,
     /// Epoch seconds; [`NO_TTL`] when the item does not expire.
     pub(super) ttl: i64,
     pub(super) shard_count: u32,
@@ -112,7 +112,7 @@ impl CompactItem {
     /// The item this slot holds, as the contract's type.
     pub(super) fn image(&self) -> BucketItem {
         BucketItem {
-            rf: self.rf,
+            refilled_at: self.refilled_at,
             shard_count: self.shard_count,
             ttl: (self.ttl != NO_TTL).then_some(self.ttl),
             limits: Limits(
@@ -120,7 +120,9 @@ impl CompactItem {
                     .0
                     .iter()
                     .zip(&self.balances)
-                    .map(|((name, params), b)| (name.clone(), LimitState::new(*params, b.tk, b.tc)))
+                    .map(|((name, params), b)| {
+                        (name.clone(), LimitState::new(*params, b.balance, b.taken))
+                    })
                     .collect(),
             ),
         }

@@ -108,10 +108,19 @@ pub(super) fn decode(flat: &[String]) -> Result<Option<BucketItem>, DecodeError>
         let [Some(tk), Some(cp), Some(ra), Some(rp), Some(tc)] = parts else {
             return Err(format!("limit '{name}' lacks a field"));
         };
-        limits.insert(name, LimitState { tk, cp, ra, rp, tc });
+        limits.insert(
+            name,
+            LimitState {
+                balance: tk,
+                capacity: cp,
+                refill_amount: ra,
+                refill_period_ms: rp,
+                taken: tc,
+            },
+        );
     }
     Ok(Some(BucketItem {
-        rf: rf.ok_or("no field 'rf'")?,
+        refilled_at: rf.ok_or("no field 'rf'")?,
         shard_count: sc.ok_or("no field 'sc'")?,
         ttl,
         limits,
@@ -121,7 +130,7 @@ pub(super) fn decode(flat: &[String]) -> Result<Option<BucketItem>, DecodeError>
 /// The hash fields of a new item, flat (`rf`, `sc`, then five per limit).
 pub(super) fn fields_of(item: &BucketItem) -> Vec<String> {
     let mut out = Vec::with_capacity(4 + 10 * item.limits.len());
-    out.extend(["rf".into(), item.rf.to_string()]);
+    out.extend(["rf".into(), item.refilled_at.to_string()]);
     out.extend(["sc".into(), item.shard_count.to_string()]);
     for (name, st) in item.limits.iter() {
         push_limit(&mut out, name, st);
@@ -131,11 +140,11 @@ pub(super) fn fields_of(item: &BucketItem) -> Vec<String> {
 
 fn push_limit(out: &mut Vec<String>, name: &str, st: &LimitState) {
     for (part, v) in [
-        ("tk", st.tk),
-        ("cp", st.cp),
-        ("ra", st.ra),
-        ("rp", st.rp),
-        ("tc", st.tc),
+        ("tk", st.balance),
+        ("cp", st.capacity),
+        ("ra", st.refill_amount),
+        ("rp", st.refill_period_ms),
+        ("tc", st.taken),
     ] {
         out.push(format!("b:{name}:{part}"));
         out.push(v.to_string());
@@ -177,7 +186,11 @@ pub(super) fn debit_args(debits: &[Debit], mode: DebitMode) -> Vec<String> {
         args.push((-i128::from(d.amount)).to_string());
         args.push(turn(d.amount).0.to_string());
         match d.params {
-            Some(p) => args.extend([p.cp.to_string(), p.ra.to_string(), p.rp.to_string()]),
+            Some(p) => args.extend([
+                p.capacity.to_string(),
+                p.refill_amount.to_string(),
+                p.refill_period_ms.to_string(),
+            ]),
             None => args.extend([String::new(), String::new(), String::new()]),
         }
     }
@@ -189,7 +202,7 @@ pub(super) fn credit_args(guard: CreditGuard, credits: &[Credit]) -> Vec<String>
     let mut args = Vec::with_capacity(2 + 8 * credits.len());
     match guard {
         CreditGuard::Unrefilled(stamp) => {
-            args.push(stamp.rf.to_string());
+            args.push(stamp.refilled_at.to_string());
             args.push(stamp.shard_count.to_string());
         }
         CreditGuard::SameCount(count) => {
@@ -205,9 +218,9 @@ pub(super) fn credit_args(guard: CreditGuard, credits: &[Credit]) -> Vec<String>
         args.push((-i128::from(c.amount)).to_string());
         args.push(turn(c.amount.saturating_neg()).0.to_string());
         args.extend([
-            c.params.cp.to_string(),
-            c.params.ra.to_string(),
-            c.params.rp.to_string(),
+            c.params.capacity.to_string(),
+            c.params.refill_amount.to_string(),
+            c.params.refill_period_ms.to_string(),
         ]);
     }
     args
@@ -274,8 +287,8 @@ pub(super) fn script_write(w: &Write) -> ScriptWrite {
             ttl: item.ttl.map(|t| t.to_string()),
         },
         Write::Update {
-            expected_rf,
-            rf,
+            expected_refilled_at: expected_rf,
+            refilled_at: rf,
             ttl,
             shard_count,
             limits,
@@ -311,8 +324,8 @@ fn script_limit(lw: &LimitWrite) -> ScriptLimit {
     match lw {
         LimitWrite::Add {
             limit,
-            tk_delta,
-            tc_delta,
+            balance_delta: tk_delta,
+            taken_delta: tc_delta,
             floor,
             cap,
             ..
@@ -389,7 +402,7 @@ mod tests {
     #[test]
     fn an_item_round_trips_through_its_fields() {
         let item = BucketItem {
-            rf: 1_700_000_000_123,
+            refilled_at: 1_700_000_000_123,
             shard_count: 4,
             ttl: None,
             limits: [
@@ -405,7 +418,7 @@ mod tests {
         assert_eq!(decode(&fields_of(&item)), Ok(Some(item.clone())));
         // A consumed counter saturated at i64::MIN is a value like any other.
         let mut saturated = item;
-        saturated.limits.get_mut("rpm").unwrap().tc = i64::MIN;
+        saturated.limits.get_mut("rpm").unwrap().taken = i64::MIN;
         assert_eq!(decode(&fields_of(&saturated)), Ok(Some(saturated)));
         assert_eq!(decode(&[]), Ok(None));
     }

@@ -131,7 +131,7 @@ fn claimed(w: &Write) -> Vec<(Name, i64)> {
             .limits
             .iter()
             .filter(|(name, _)| *name != WCU_LIMIT)
-            .map(|(name, st)| (Name::new(name), st.tc))
+            .map(|(name, st)| (Name::new(name), st.taken))
             .collect(),
         Write::Update { limits, .. } => limits
             .iter()
@@ -171,7 +171,7 @@ mod tests {
     fn the_claim_is_what_the_request_took_never_the_refill_or_wcu() {
         let params = LimitParams::new(10, 10, 1_000);
         let item = BucketItem {
-            rf: 5,
+            refilled_at: 5,
             shard_count: 2,
             ttl: None,
             limits: [
@@ -192,23 +192,23 @@ mod tests {
 
         let update = Write::Update {
             key: key.clone(),
-            expected_rf: 1,
-            rf: 5,
+            expected_refilled_at: 1,
+            refilled_at: 5,
             ttl: None,
             shard_count: None,
             limits: vec![
                 LimitWrite::Add {
                     limit: "rps".into(),
-                    tk_delta: 4_000,
-                    tc_delta: 1_000,
+                    balance_delta: 4_000,
+                    taken_delta: 1_000,
                     floor: None,
                     cap: Some(0),
                     claimed: 1_000,
                 },
                 LimitWrite::Add {
                     limit: WCU_LIMIT.into(),
-                    tk_delta: 500,
-                    tc_delta: 0,
+                    balance_delta: 500,
+                    taken_delta: 0,
                     floor: None,
                     cap: Some(0),
                     claimed: 0,

@@ -328,7 +328,7 @@ pub(super) fn take(lease: &mut ShardLease, b: &BucketClaim) -> BucketOutcome {
                     .min(h.share.ceiling.saturating_sub(c.amount))
                     .max(0),
                 share: h.share,
-                ra: c.params.ra,
+                refill_amount: c.params.refill_amount,
                 wait_ms: Some(0),
             }
         })

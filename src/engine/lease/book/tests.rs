@@ -65,7 +65,7 @@ fn stored(b: &BucketClaim, remaining: i64) -> Decision {
                     fits: true,
                     remaining,
                     share,
-                    ra: share.ra,
+                    refill_amount: share.refill_amount,
                     wait_ms: Some(0),
                 })
                 .collect(),
@@ -94,7 +94,7 @@ fn grant(book: &LeaseBook, want: &Want, now: i64) {
                 fits: true,
                 remaining: 500_000,
                 share,
-                ra: share.ra,
+                refill_amount: share.refill_amount,
                 wait_ms: Some(0),
             })
             .collect(),
