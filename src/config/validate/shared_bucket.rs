@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::Validator;
+use super::walk::Validator;
 use crate::config::error::ConfigErrorKind as K;
 use crate::config::model::Pos;
 use crate::config::{EntityTemplate, RateLimit, MAX_LIMITS_PER_BUCKET};

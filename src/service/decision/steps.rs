@@ -20,7 +20,7 @@ use crate::service::wire::RequestView;
 use crate::store::BucketStore;
 
 use super::call::{CallError, CallState, RuleKeys, StoreFailure};
-use super::{RateLimiter, Snapshot};
+use super::limiter::{RateLimiter, Snapshot};
 
 /// A plan of some of a request's descriptors, with where each one's limit sits in it.
 struct Planned {

@@ -12,7 +12,7 @@ use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::ThrottlingReason;
 
 use super::codec::Item;
-use super::{DynamoStore, CONFLICT};
+use super::store::{DynamoStore, CONFLICT};
 use crate::store::{BucketItem, BucketKey, StoreError};
 use crate::support::text::elide;
 

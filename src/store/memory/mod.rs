@@ -55,6 +55,7 @@ mod table;
 use bound::{Clock, Evicted, Evictions};
 use partition::Partition;
 use slot::{Balance, CompactItem, Shape, ShapeOf, NO_TTL};
+use table::Hasher;
 
 const PARTITIONS: usize = 64;
 
@@ -89,10 +90,6 @@ pub struct MemoryStats {
     /// Items dropped by the expiry sweep.
     pub expired: u64,
 }
-
-/// Keys hold request values, so the hash is seeded per process (foldhash's quality
-/// variant, as hashbrown uses by default): fast, and not predictable from outside.
-pub(super) type Hasher = foldhash::quality::RandomState;
 
 /// Chooses a key's partition; seeded once, independently of the partitions' own maps.
 static PARTITION_HASH: LazyLock<Hasher> = LazyLock::new(Hasher::default);

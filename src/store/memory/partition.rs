@@ -17,8 +17,7 @@ use hashbrown::HashMap;
 
 use super::bound::{is_full_rank, Evicted, Histogram, Moment, Rank};
 use super::slot::{Balance, CompactItem};
-use super::table::{Address, Table};
-use super::Hasher;
+use super::table::{Address, Hasher, Table};
 use crate::store::{BucketKey, Name};
 
 /// What one item takes in its table at worst: key, slot and control byte, at the load

@@ -15,8 +15,11 @@ use std::hash::Hash;
 use hashbrown::{Equivalent, HashMap};
 
 use super::slot::CompactItem;
-use super::Hasher;
 use crate::store::{BucketKey, Name};
+
+/// Keys hold request values, so the hash is seeded per process (foldhash's quality
+/// variant, as hashbrown uses by default): fast, and not predictable from outside.
+pub(super) type Hasher = foldhash::quality::RandomState;
 
 /// Where an item sits within its resource's map.
 #[derive(Debug, PartialEq, Eq)]

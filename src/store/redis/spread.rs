@@ -39,7 +39,7 @@ use crate::store::{
 };
 
 use super::codec::slot;
-use super::{Applied, RedisStore, Written, UNDO};
+use super::store::{Applied, RedisStore, Written, UNDO};
 
 impl RedisStore {
     /// `writes` (whose Redis keys are `keys`) slot by slot; see the module comment.

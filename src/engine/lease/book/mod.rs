@@ -14,6 +14,7 @@
 
 mod demand;
 mod entry;
+mod moves;
 mod part;
 
 use crate::engine::partitioned::Hasher;
@@ -23,17 +24,18 @@ use std::time::Duration;
 use crossbeam_utils::CachePadded;
 use parking_lot::{Mutex, MutexGuard};
 use smallvec::SmallVec;
-use tokio::sync::{watch, Notify};
+use tokio::sync::Notify;
 
 use super::super::{Acquire, Decision, LimitClaim};
-use super::size::Demand;
 use super::LeaseOptions;
 use crate::engine::{BucketClaim, BucketOutcome};
-use crate::store::{BucketKey, LimitParams, Name};
+use crate::store::BucketKey;
 #[cfg(test)]
 use entry::Entry;
 use entry::{note_available, return_of, take, HeldLimit, ShardLease};
 use part::Part;
+
+pub(super) use moves::{Landing, Return, Served, Want, WantedLimit};
 
 /// The demand window: rates are measured over at least this long.
 pub(super) const WINDOW_MS: i64 = 250;
@@ -47,60 +49,6 @@ const PARTS: usize = 32;
 
 /// Buckets tracked per partition, at most.
 const PER_PART: usize = MAX_TRACKED.div_ceil(PARTS);
-
-/// One limit a lease is wanted for.
-#[derive(Debug, Clone)]
-pub(super) struct WantedLimit {
-    /// The limit, its parameters and the amount of the last request.
-    pub claim: LimitClaim,
-    pub demand: Demand,
-    /// What the store last said the shard holds (`None`: not known yet).
-    pub available: Option<i64>,
-}
-
-/// A bucket that wants a lease: what a fetch sizes and asks for.
-#[derive(Debug, Clone)]
-pub(super) struct Want {
-    /// The bucket (shard 0 stands for all of them).
-    pub bucket: BucketKey,
-    pub limits: SmallVec<[WantedLimit; 2]>,
-}
-
-/// The unused rest of a lease, to be credited back to its shard.
-#[derive(Debug, Clone)]
-pub(super) struct Return {
-    pub key: BucketKey,
-    pub shard_count: u32,
-    /// Per limit: name, parameters, millitokens.
-    pub rest: SmallVec<[(Name, LimitParams, i64); 2]>,
-}
-
-/// What the book answers a request.
-// The decision is returned by value, as the engine returns it: boxing it would allocate
-// on every request served from a lease.
-#[allow(clippy::large_enum_variant)]
-#[derive(Debug)]
-pub(super) enum Served {
-    /// Every bucket was covered: answered, nothing to do on the store.
-    Answered(Decision),
-    /// Not covered: these leases were short for the request and must go back to their
-    /// shards before the store decides it (their tokens would otherwise be refused).
-    Missed(Vec<Return>),
-    /// Not covered while a lease of one of its buckets is in flight: ask again once it
-    /// has landed.
-    Wait(Landing),
-}
-
-/// A move of a bucket's tokens under way, which a request may wait for.
-#[derive(Debug)]
-pub(super) struct Landing {
-    /// Changes when the move lands.
-    pub landed: watch::Receiver<u64>,
-    /// The store might refuse the request only because of the tokens on the move (see
-    /// [`entry::Entry::tight_for`]); otherwise waiting only makes the `remaining` it reports
-    /// exact.
-    pub tight: bool,
-}
 
 /// Where a bucket is filed: its hash (computed once a request) and its partition.
 #[derive(Debug, Clone, Copy)]

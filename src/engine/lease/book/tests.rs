@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::engine::LimitOutcome;
-use crate::store::Stamp;
+use crate::store::{LimitParams, Stamp};
 
 const T0: i64 = 1_800_000_000_000;
 

@@ -1,0 +1,226 @@
+//! The rate limiter ([`RateLimiter`]): the rules in force (a [`Snapshot`] swapped whole on
+//! reload), the answer options, readiness, and a call's entry points with its span. The
+//! steps it runs are `steps.rs`'s.
+
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use super::call::{CallError, CallState};
+use crate::config::Config;
+use crate::engine::Engine;
+use crate::service::answer_options::AnswerOptions;
+use crate::service::metrics::{Metrics, RuleCounters};
+use crate::service::request::RequestLimits;
+use crate::service::response_encoding::Reply;
+use crate::service::wire::RequestView;
+use crate::store::{calls, BucketKey, BucketStore, DEFAULT_STORE_TIMEOUT};
+use crate::support::throttle::LogThrottle;
+
+/// A config in force with the metric counters of its rules.
+pub(super) struct Snapshot {
+    pub(super) config: Arc<Config>,
+    pub(super) counters: Vec<Option<RuleCounters>>,
+}
+
+impl Snapshot {
+    fn new(config: Arc<Config>, metrics: &Metrics) -> Snapshot {
+        Snapshot {
+            counters: metrics.rule_counters(&config),
+            config,
+        }
+    }
+}
+
+/// The rate limiter behind the gRPC service: a config snapshot and the engine.
+pub struct RateLimiter<S: BucketStore> {
+    pub(super) snapshot: ArcSwap<Snapshot>,
+    pub(super) engine: Arc<Engine<S>>,
+    pub(super) limits: RequestLimits,
+    /// The deployment's switches around the decision (global shadow mode, metadata,
+    /// headers).
+    pub(super) answer: AnswerOptions,
+    /// Every rule decided in quota mode (`--global-quota-mode`).
+    pub(super) global_quota: bool,
+    /// The longest a call may wait for the store, and the deadline of a caller that sets
+    /// none (`--store-timeout`).
+    pub(super) store_timeout: std::time::Duration,
+    pub(super) metrics: Arc<Metrics>,
+    pub(super) store_failure_log: LogThrottle,
+    /// The store has answered since start-up (the server's warm-up); health says
+    /// NOT_SERVING until it has.
+    pub(super) ready: std::sync::atomic::AtomicBool,
+}
+
+impl<S: BucketStore> RateLimiter<S> {
+    pub fn new(config: Arc<Config>, engine: Arc<Engine<S>>) -> RateLimiter<S> {
+        let metrics = Arc::new(Metrics::new());
+        RateLimiter {
+            snapshot: ArcSwap::from_pointee(Snapshot::new(config, &metrics)),
+            engine,
+            limits: RequestLimits::default(),
+            answer: AnswerOptions::default(),
+            global_quota: false,
+            store_timeout: DEFAULT_STORE_TIMEOUT,
+            metrics,
+            store_failure_log: LogThrottle::new(std::time::Duration::from_secs(10)),
+            ready: std::sync::atomic::AtomicBool::new(true),
+        }
+    }
+
+    /// Records into these metrics (shared with the store wrapper and the HTTP surface).
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        let config = self.config();
+        self.snapshot
+            .store(Arc::new(Snapshot::new(config, &metrics)));
+        self.metrics = metrics;
+        self
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// Marks whether the store has answered since start-up (see [`Self::readiness`]).
+    pub fn set_ready(&self, ready: bool) {
+        self.ready
+            .store(ready, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Whether this server is ready for calls: once its store has answered after
+    /// start-up (the server warms it up), and from then on whatever the store does. A
+    /// store outage is answered by each rule's `failure_mode`, which only a server that
+    /// stays in its callers' endpoints can give; a server taken out instead would leave
+    /// Envoy's filter-level failure mode to answer for every rule alike.
+    pub fn readiness(&self) -> Result<(), String> {
+        if self.ready.load(std::sync::atomic::Ordering::Acquire) {
+            Ok(())
+        } else {
+            Err("warming up: the store has not answered yet".to_string())
+        }
+    }
+
+    /// Whether the store answers: not before it has since start-up, then one read of a
+    /// key no bucket uses, bounded in time.
+    pub async fn check_store(&self) -> Result<(), String> {
+        self.readiness()?;
+        let probe = [BucketKey::new("%health", "%health", 0)];
+        match tokio::time::timeout(
+            std::time::Duration::from_secs(2),
+            self.engine.store().read(&probe),
+        )
+        .await
+        {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err("store did not answer within 2 s".to_string()),
+        }
+    }
+
+    /// The deployment's switches: global shadow mode (the overall code is OK, each
+    /// descriptor keeps its own), dynamic metadata and `RateLimit-*` headers.
+    pub fn with_answer(mut self, answer: AnswerOptions) -> Self {
+        self.answer = answer;
+        self
+    }
+
+    /// Decides every rule in quota mode: the request is refused only when every quota
+    /// descriptor is over (envoyproxy/ratelimit's `QUOTA_MODE`).
+    pub fn with_global_quota(mut self, on: bool) -> Self {
+        self.global_quota = on;
+        self
+    }
+
+    pub fn with_request_limits(mut self, limits: RequestLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// The bounds on what one request may carry.
+    pub fn request_limits(&self) -> &RequestLimits {
+        &self.limits
+    }
+
+    /// The longest a call waits for the store (and a caller without a deadline's).
+    pub fn with_store_timeout(mut self, timeout: std::time::Duration) -> Self {
+        self.store_timeout = timeout;
+        self
+    }
+
+    pub fn store_timeout(&self) -> std::time::Duration {
+        self.store_timeout
+    }
+
+    pub fn engine(&self) -> &Arc<Engine<S>> {
+        &self.engine
+    }
+
+    /// The config snapshot in force.
+    pub fn config(&self) -> Arc<Config> {
+        self.snapshot.load().config.clone()
+    }
+
+    /// Swaps in a new config snapshot; requests in flight finish on the old one.
+    pub fn replace_config(&self, config: Arc<Config>) {
+        self.snapshot
+            .store(Arc::new(Snapshot::new(config, &self.metrics)));
+    }
+
+    /// Answers one request from a caller that set no deadline (the store timeout is).
+    pub async fn should_rate_limit(
+        &self,
+        req: &RateLimitRequest,
+    ) -> Result<RateLimitResponse, CallError> {
+        let deadline = Instant::now() + self.store_timeout;
+        self.should_rate_limit_by(&RequestView::from(req), deadline)
+            .await
+            .map(|reply| reply.to_response())
+    }
+
+    /// Answers one request; the store must have answered by `deadline`, else the request
+    /// is answered by its rules' `failure_mode` (see `deadline.rs`).
+    ///
+    /// Each call is a `decision` span at debug level (docs/operations.md, Tracing) with
+    /// the domain, the matched rules' stats keys, the outcome, the number of store calls
+    /// the call made (`store/calls.rs`: a decision answered from a lease or the rejection
+    /// cache makes none) and the cause of a `failure_mode` answer. Disabled, as it is by
+    /// default, the span costs a check of the level filter: the fields are recorded and
+    /// the store calls counted only when it is enabled, and nothing is formatted or
+    /// allocated otherwise (`tests/decision_alloc.rs`).
+    pub async fn should_rate_limit_by(
+        &self,
+        req: &RequestView<'_>,
+        deadline: Instant,
+    ) -> Result<Reply, CallError> {
+        let span = tracing::debug_span!(
+            "decision",
+            domain = req.domain,
+            rules = tracing::field::Empty,
+            outcome = tracing::field::Empty,
+            store_calls = tracing::field::Empty,
+            failure_mode = tracing::field::Empty,
+        );
+        let progress = CallState::new(deadline);
+        if span.is_disabled() {
+            // The usual case: the decision awaited as it is, with no wrapper to move it
+            // through (each would copy its few KB once more on every request).
+            return self.decide(req, &progress, &span).await;
+        }
+        // Traced: the span entered on every poll and the store calls counted, in a box of
+        // its own so that this rarer path does not grow the usual one's future.
+        let (result, store_calls) =
+            Box::pin(calls::counted(self.decide(req, &progress, &span)).instrument(span.clone()))
+                .await;
+        span.record("outcome", progress.outcome(&result));
+        // As a signed integer: OpenTelemetry has no unsigned one, and tracing-opentelemetry
+        // would export an unsigned value as text.
+        span.record("store_calls", i64::from(store_calls));
+        if let Some(cause) = progress.failure.get() {
+            span.record("failure_mode", *cause);
+        }
+        result
+    }
+}

@@ -1,0 +1,58 @@
+//! The store contract itself: the [`BucketStore`] trait every store implements, and the
+//! bounds every caller of it keeps (the default call timeout, the most items a commit
+//! carries). The shapes it passes are `write.rs`, `credit.rs`, `error.rs` and `item.rs`.
+
+use std::future::Future;
+
+use super::{
+    BucketItem, BucketKey, CommitOutcome, Credit, CreditGuard, Debit, DebitMode, DebitOutcome,
+    StoreError, Write,
+};
+
+/// How long one store call may take by default (`--store-timeout`), and the deadline of a
+/// caller that sets none: long enough for what a cold or briefly slow store needs
+/// (credentials, a first TLS connection, the SDK's retries) to finish rather than fail as
+/// an outage, short enough that a hung store opens the circuit within about a second and
+/// a caller without a deadline of its own waits no longer. A caller with a deadline
+/// (Envoy sends one) is answered within it whatever this is.
+pub const DEFAULT_STORE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Most items one commit may carry (DynamoDB's transaction limit).
+pub const MAX_COMMIT_ITEMS: usize = 100;
+
+/// The store contract. Every method is atomic on its own; see each type for the exact
+/// conditions.
+pub trait BucketStore: Send + Sync + 'static {
+    /// Fast path or consumption-only retry on one item.
+    fn debit(
+        &self,
+        key: &BucketKey,
+        debits: &[Debit],
+        mode: DebitMode,
+    ) -> impl Future<Output = Result<DebitOutcome, StoreError>> + Send;
+
+    /// Images of several items in one call (`None` for a missing item), in key order.
+    fn read(
+        &self,
+        keys: &[BucketKey],
+    ) -> impl Future<Output = Result<Vec<Option<BucketItem>>, StoreError>> + Send;
+
+    /// Up to [`MAX_COMMIT_ITEMS`] writes, all or nothing.
+    fn commit(
+        &self,
+        writes: &[Write],
+    ) -> impl Future<Output = Result<CommitOutcome, StoreError>> + Send;
+
+    /// Gives millitokens back (best effort; see [`Credit`]), only while the item meets
+    /// `guard`. A refund of voided debits requires the stamp the debit's image showed: a
+    /// slow pass since then refilled from that baseline, which may already have given the
+    /// voided tokens back (the clamp at the ceiling had removed them), and a refund on
+    /// top would mint them; a doubling since shrank the share the ceilings were computed
+    /// for. A lease's return requires the shard count only. Returns the credits applied.
+    fn credit(
+        &self,
+        key: &BucketKey,
+        guard: CreditGuard,
+        credits: &[Credit],
+    ) -> impl Future<Output = Result<Vec<Credit>, StoreError>> + Send;
+}

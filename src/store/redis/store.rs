@@ -1,0 +1,296 @@
+//! The Redis store itself ([`RedisStore`]): the contract's calls as Lua scripts run on
+//! the item's node (a debit, a read, a credit, a commit — over several Cluster slots by
+//! `spread.rs`), their replies decoded, their failures classified. The connection is
+//! `link.rs`'s, the item format and script arguments `codec.rs`'s.
+
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use redis::{Script, Value};
+
+use super::codec::{credit_args, debit_args, decode, redis_key, script_write, slot};
+use super::failure::classify;
+use super::link::{redact, Link, RedisMode, RedisOptions};
+
+use super::super::key::{check_commit, check_key};
+use super::super::{
+    BucketItem, BucketKey, BucketStore, CommitOutcome, Credit, CreditGuard, Debit, DebitMode,
+    DebitOutcome, StoreError, Write,
+};
+
+/// The write budget of one shard item on Redis (`wcu` per second, `--partition-write-budget`):
+/// a Redis node is one thread, and measured here it runs about 60,000 debit scripts a
+/// second (`redis-benchmark`, `EVALSHA` of `lua/debit.lua` pipelined; 44,000 unpipelined;
+/// `bench/README.md`). A key taking a twelfth of that is hot: its bucket doubles, and the
+/// new shards' keys hash to other slots, so a hot bucket spreads over the masters instead
+/// of filling one.
+pub const DEFAULT_KEY_WRITE_BUDGET: u64 = 5_000;
+
+/// The scripts, each prefixed with what they share.
+macro_rules! script {
+    ($file:literal) => {
+        LazyLock::new(|| Script::new(concat!(include_str!("lua/lib.lua"), include_str!($file))))
+    };
+}
+
+static DEBIT: LazyLock<Script> = script!("lua/debit.lua");
+static CREDIT: LazyLock<Script> = script!("lua/credit.lua");
+static COMMIT: LazyLock<Script> = script!("lua/commit.lua");
+pub(super) static UNDO: LazyLock<Script> = script!("lua/undo.lua");
+
+/// One item a commit script wrote, as it was and as it left it (its hash fields, flat).
+pub(super) struct Written {
+    pub(super) before: Vec<String>,
+    pub(super) after: Vec<String>,
+    /// `after`, decoded.
+    pub(super) image: BucketItem,
+}
+
+/// What one commit script did.
+pub(super) enum Applied {
+    /// Every write applied; each item before and after (when asked for).
+    Committed(Vec<Written>),
+    /// Nothing written: the refused writes (positions in the script's list) and their
+    /// items as they are.
+    Refused(Vec<(usize, Option<BucketItem>)>),
+}
+
+/// Bucket items in Redis.
+pub struct RedisStore {
+    pub(super) link: Link,
+    pub(super) namespace: String,
+    /// The deadline of one contract call.
+    pub(super) timeout: Duration,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field(
+                "urls",
+                &self
+                    .link
+                    .options()
+                    .urls
+                    .iter()
+                    .map(|u| redact(u))
+                    .collect::<Vec<_>>(),
+            )
+            .field("namespace", &self.namespace)
+            .finish()
+    }
+}
+
+impl RedisStore {
+    /// A store on the Redis `options` name; connects on first use.
+    pub fn new(options: RedisOptions) -> RedisStore {
+        RedisStore {
+            namespace: options.namespace.clone(),
+            timeout: options.timeout,
+            link: Link::new(options),
+        }
+    }
+
+    /// Where the store connects.
+    pub fn options(&self) -> &RedisOptions {
+        self.link.options()
+    }
+
+    /// The prefix of every key this store writes.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// Whether one atomic script may write every key: one server, or one Cluster slot.
+    fn one_node(&self, keys: &[String]) -> bool {
+        match self.link.options().mode() {
+            RedisMode::Single | RedisMode::Sentinel { .. } => true,
+            RedisMode::Cluster => {
+                let slots: BTreeSet<u16> = keys.iter().map(|k| slot(k)).collect();
+                slots.len() <= 1
+            }
+        }
+    }
+
+    /// Connects (once) and answers a `PING`: what the server waits for before it reports
+    /// ready.
+    pub async fn warm_up(&self) -> Result<(), StoreError> {
+        self.call("PING", self.link.query(&redis::cmd("PING")))
+            .await
+            .map(|_| ())
+    }
+
+    /// `call` under the store's deadline, its failure classified for the item `key`.
+    pub(super) async fn call<T>(
+        &self,
+        key: &str,
+        call: impl Future<Output = redis::RedisResult<T>>,
+    ) -> Result<T, StoreError> {
+        match tokio::time::timeout(self.timeout, call).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(classify(key, &e)),
+            Err(_) => Err(StoreError::Unavailable {
+                key: key.to_string(),
+                reason: format!("no answer from Redis within {:?}", self.timeout),
+            }),
+        }
+    }
+
+    fn corrupt(key: &str, reason: impl Into<String>) -> StoreError {
+        StoreError::Corrupt {
+            key: key.to_string(),
+            reason: reason.into(),
+        }
+    }
+
+    fn image(key: &str, v: &Value) -> Result<Option<BucketItem>, StoreError> {
+        let flat: Vec<String> =
+            redis::from_redis_value_ref(v).map_err(|e| Self::corrupt(key, e.to_string()))?;
+        decode(&flat).map_err(|reason| Self::corrupt(key, reason))
+    }
+
+    /// One commit script over `writes`, whose keys are `keys`; `images`: answer the
+    /// items as the commit left them.
+    pub(super) async fn commit_together(
+        &self,
+        writes: &[Write],
+        keys: &[String],
+        images: bool,
+    ) -> Result<Applied, StoreError> {
+        let json: Vec<_> = writes.iter().map(script_write).collect();
+        let json = serde_json::to_string(&json).expect("plain strings and booleans");
+        let mut invocation = COMMIT.prepare_invoke();
+        for k in keys {
+            invocation.key(k.as_str());
+        }
+        invocation.arg(json);
+        if images {
+            invocation.arg("images");
+        }
+        let out = self.call(&keys[0], self.link.run(&invocation)).await?;
+        let bad = |what: &str| Self::corrupt(&keys[0], format!("commit answered {what}"));
+        let Value::Array(parts) = &out else {
+            return Err(bad("no array"));
+        };
+        match parts.first() {
+            Some(Value::Int(1)) => {
+                let mut written = Vec::with_capacity(keys.len());
+                for (i, pair) in parts[1..].chunks(2).enumerate() {
+                    let key = keys.get(i).ok_or_else(|| bad("too many items"))?;
+                    let [before, after] = pair else {
+                        return Err(bad("an odd list of images"));
+                    };
+                    let flat = |v| -> Result<Vec<String>, StoreError> {
+                        redis::from_redis_value_ref(v)
+                            .map_err(|e| Self::corrupt(key, e.to_string()))
+                    };
+                    let (before, after) = (flat(before)?, flat(after)?);
+                    let image = decode(&after)
+                        .map_err(|reason| Self::corrupt(key, reason))?
+                        .ok_or_else(|| bad("a missing item"))?;
+                    written.push(Written {
+                        before,
+                        after,
+                        image,
+                    });
+                }
+                Ok(Applied::Committed(written))
+            }
+            Some(Value::Int(0)) => {
+                let mut failed = Vec::new();
+                for pair in parts[1..].chunks(2) {
+                    let [Value::Int(i), image] = pair else {
+                        return Err(bad("a malformed refusal"));
+                    };
+                    let i = usize::try_from(*i)
+                        .ok()
+                        .filter(|i| *i < writes.len())
+                        .ok_or_else(|| bad("a refusal out of range"))?;
+                    failed.push((i, Self::image(&keys[i], image)?));
+                }
+                Ok(Applied::Refused(failed))
+            }
+            _ => Err(bad("an unknown status")),
+        }
+    }
+}
+
+impl BucketStore for RedisStore {
+    async fn debit(
+        &self,
+        key: &BucketKey,
+        debits: &[Debit],
+        mode: DebitMode,
+    ) -> Result<DebitOutcome, StoreError> {
+        check_key(key)?;
+        let rk = redis_key(&self.namespace, key);
+        let mut invocation = DEBIT.key(rk.as_str());
+        for a in debit_args(debits, mode) {
+            invocation.arg(a);
+        }
+        let out = self.call(&rk, self.link.run(&invocation)).await?;
+        match &out {
+            Value::Array(parts) => match parts.as_slice() {
+                [Value::Int(0)] => Ok(DebitOutcome::Refused(None)),
+                [Value::Int(0), image] => Ok(DebitOutcome::Refused(Self::image(&rk, image)?)),
+                [Value::Int(1), image] => Self::image(&rk, image)?
+                    .map(DebitOutcome::Applied)
+                    .ok_or_else(|| Self::corrupt(&rk, "debit applied to no item")),
+                _ => Err(Self::corrupt(&rk, format!("debit answered {out:?}"))),
+            },
+            _ => Err(Self::corrupt(&rk, format!("debit answered {out:?}"))),
+        }
+    }
+
+    async fn read(&self, keys: &[BucketKey]) -> Result<Vec<Option<BucketItem>>, StoreError> {
+        for k in keys {
+            check_key(k)?;
+        }
+        let reads = keys.iter().map(|k| async move {
+            let rk = redis_key(&self.namespace, k);
+            let v = self
+                .call(&rk, self.link.query(redis::cmd("HGETALL").arg(&rk)))
+                .await?;
+            Self::image(&rk, &v)
+        });
+        futures::future::try_join_all(reads).await
+    }
+
+    async fn commit(&self, writes: &[Write]) -> Result<CommitOutcome, StoreError> {
+        check_commit(writes, |k| redis_key(&self.namespace, k))?;
+        let keys: Vec<String> = writes
+            .iter()
+            .map(|w| redis_key(&self.namespace, w.key()))
+            .collect();
+        if !self.one_node(&keys) {
+            return self.commit_spread(writes, &keys).await;
+        }
+        Ok(match self.commit_together(writes, &keys, false).await? {
+            Applied::Committed(_) => CommitOutcome::Committed,
+            Applied::Refused(failed) => CommitOutcome::Conflict(failed),
+        })
+    }
+
+    async fn credit(
+        &self,
+        key: &BucketKey,
+        guard: CreditGuard,
+        credits: &[Credit],
+    ) -> Result<Vec<Credit>, StoreError> {
+        check_key(key)?;
+        let rk = redis_key(&self.namespace, key);
+        let mut invocation = CREDIT.key(rk.as_str());
+        for a in credit_args(guard, credits) {
+            invocation.arg(a);
+        }
+        let out = self.call(&rk, self.link.run(&invocation)).await?;
+        let applied: Vec<usize> =
+            redis::from_redis_value_ref(&out).map_err(|e| Self::corrupt(&rk, e.to_string()))?;
+        Ok(applied
+            .into_iter()
+            .filter_map(|i| credits.get(i).cloned())
+            .collect())
+    }
+}
