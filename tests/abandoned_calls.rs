@@ -12,6 +12,7 @@
 //! attempts fit.
 
 #[cfg(feature = "dynamodb")]
+#[path = "common/stub_dynamo.rs"]
 mod stub_dynamo;
 
 use std::sync::atomic::{AtomicU64, Ordering};

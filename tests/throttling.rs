@@ -4,10 +4,11 @@
 //! before and the circuit breaker never counts it. Throttling of the whole table (its
 //! reasons name the table's or the account's limit) is still the store failing.
 //!
-//! The store level runs against a stand-in for DynamoDB (`stub_dynamo`), the engine and
+//! The store level runs against a stand-in for DynamoDB (`common/stub_dynamo.rs`), the engine and
 //! the service against a memory store that throttles chosen buckets.
 
 #[cfg(feature = "dynamodb")]
+#[path = "common/stub_dynamo.rs"]
 mod stub_dynamo;
 
 use std::sync::atomic::{AtomicU32, Ordering};

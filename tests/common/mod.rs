@@ -9,7 +9,10 @@
 //! - [`h2_call`]: one gRPC call over the `h2` crate, its bytes and stream under the test's
 //!   control;
 //! - [`raw_h2`]: a raw HTTP/2 client that may flood, stall and lie;
-//! - [`tls`]: a TLS server and the certificates for it.
+//! - [`tls`]: a TLS server and the certificates for it;
+//! - `stub_dynamo.rs`: a stand-in for DynamoDB's JSON API that answers by the test's rule
+//!   (throttling, slow conflicts, 500s), included by path by the two suites that use it
+//!   (`abandoned_calls.rs`, `throttling.rs`) so that no other test binary builds it.
 
 #![allow(dead_code)]
 

@@ -4,7 +4,7 @@
 
 use super::super::error::ConfigErrorKind as K;
 use super::super::model::{Node, NodeKind, Pos};
-use super::walk::Validator;
+use super::validator::Validator;
 
 /// A known key of a mapping: where the key is written, and its value.
 pub(super) struct Field<'n> {

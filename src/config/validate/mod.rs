@@ -11,6 +11,7 @@
 mod fields;
 mod rate_limit;
 mod shared_bucket;
+mod validator;
 mod walk;
 
 pub(crate) use shared_bucket::SharedBuckets;

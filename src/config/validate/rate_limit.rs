@@ -3,7 +3,7 @@
 //! tree around the node; the rules that span nodes are `mod.rs`'s and `shared_bucket.rs`'s.
 
 use super::fields::{Field, Fields};
-use super::walk::Validator;
+use super::validator::Validator;
 use crate::config::error::ConfigErrorKind as K;
 use crate::config::model::{NodeKind, RateLimitModel};
 use crate::config::{RateLimit, RuleLimit, Unit, MAX_PERIOD_SECONDS, MAX_TOKENS};

@@ -5,7 +5,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::walk::Validator;
+use smallvec::SmallVec;
+
 use crate::config::error::ConfigErrorKind as K;
 use crate::config::model::Pos;
 use crate::config::{EntityTemplate, RateLimit, MAX_LIMITS_PER_BUCKET};
@@ -27,21 +28,25 @@ pub(crate) struct SharedBuckets {
     limits_per_bucket: HashMap<(String, String), usize>,
 }
 
-impl Validator<'_> {
+impl SharedBuckets {
     /// Rules with the same template and resource share one bucket item: a limit name
-    /// there must mean one set of parameters.
-    pub(super) fn check_shared_bucket(
+    /// there must mean one set of parameters, and the item holds at most
+    /// `MAX_LIMITS_PER_BUCKET` names. Remembers the rule declared in `file` at `pos`; returns
+    /// what it breaks, in the order they are reported.
+    pub(super) fn check(
         &mut self,
+        file: &Arc<str>,
         template: &EntityTemplate,
         resource: &str,
         name: String,
         params: &RateLimit,
         pos: Pos,
-    ) {
+    ) -> SmallVec<[K; 2]> {
+        let mut broken = SmallVec::new();
         let id = (template.as_str().to_string(), resource.to_string(), name);
-        if !self.shared.bucket_limits.contains_key(&id) {
+        if !self.bucket_limits.contains_key(&id) {
             let bucket = (id.0.clone(), id.1.clone());
-            let count = self.shared.limits_per_bucket.entry(bucket).or_default();
+            let count = self.limits_per_bucket.entry(bucket).or_default();
             *count += 1;
             if *count == MAX_LIMITS_PER_BUCKET + 1 {
                 let kind = K::TooManyLimits {
@@ -50,12 +55,12 @@ impl Validator<'_> {
                     count: *count,
                     max: MAX_LIMITS_PER_BUCKET,
                 };
-                self.error(pos, kind);
+                broken.push(kind);
             }
         }
-        match self.shared.bucket_limits.get(&id) {
+        match self.bucket_limits.get(&id) {
             Some(first) if first.params != *params => {
-                let other = if first.file == self.file {
+                let other = if first.file == *file {
                     format!("line {}", first.line)
                 } else {
                     format!("{}:{}", first.file, first.line)
@@ -66,19 +71,20 @@ impl Validator<'_> {
                     resource: id.1.clone(),
                     other,
                 };
-                self.error(pos, kind);
+                broken.push(kind);
             }
             Some(_) => {}
             None => {
-                self.shared.bucket_limits.insert(
+                self.bucket_limits.insert(
                     id,
                     BucketLimit {
                         params: params.clone(),
-                        file: Arc::clone(&self.file),
+                        file: Arc::clone(file),
                         line: pos.line,
                     },
                 );
             }
         }
+        broken
     }
 }

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use super::fields::{to_json, Field, Fields};
 use super::shared_bucket::SharedBuckets;
+use super::validator::Validator;
 use crate::config::error::{ConfigError, ConfigErrorKind as K};
 use crate::config::model::{DescriptorModel, DocumentModel, Node, NodeKind, Pos, RateLimitModel};
 use crate::config::stats_key::child_key;
@@ -78,19 +79,7 @@ fn child_scope(
     scope
 }
 
-/// Every error of one document, gathered while it is walked, and what rules sharing a
-/// bucket across documents have said so far.
-pub(super) struct Validator<'a> {
-    pub(super) file: Arc<str>,
-    pub(super) errors: Vec<ConfigError>,
-    pub(super) shared: &'a mut SharedBuckets,
-}
-
 impl Validator<'_> {
-    pub(super) fn error(&mut self, pos: Pos, kind: K) {
-        self.errors.push(ConfigError::new(&self.file, pos, kind));
-    }
-
     fn top(&mut self, root: &Node) -> Option<DocumentModel> {
         if root.kind == NodeKind::Null {
             self.error(
@@ -338,7 +327,12 @@ impl Validator<'_> {
         if let (Some(t), Some(rl)) = (&entity, rate_limit) {
             if let RuleLimit::Limited(params) = &rl.limit {
                 let name = rl.name.clone().unwrap_or_else(|| "rl".into());
-                self.check_shared_bucket(t, &scope.resource, name, params, pos);
+                let broken = self
+                    .shared
+                    .check(&self.file, t, &scope.resource, name, params, pos);
+                for kind in broken {
+                    self.error(pos, kind);
+                }
             }
         }
         entity

@@ -13,7 +13,7 @@ use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetri
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 
-use super::registry::OperationLabel;
+use super::labels::OperationLabel;
 use crate::engine::EngineView;
 use crate::store::detached::Pressure;
 use crate::store::memory::MemoryStats;

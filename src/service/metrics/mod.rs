@@ -16,6 +16,7 @@
 //! scrape time is collected then (`collectors.rs`).
 
 mod collectors;
+mod labels;
 mod registry;
 mod rule_hits;
 pub mod statsd;

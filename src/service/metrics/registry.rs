@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 
-use prometheus_client::encoding::EncodeLabelSet;
+use super::labels::{FailureLabels, HashLabel, OperationLabel, ReasonLabel, StoreLabels};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -24,22 +24,6 @@ use crate::store::memory::MemoryStats;
 use crate::store::metered::CallObserver;
 use crate::store::metered::{CallKind, CallTotals};
 use crate::support::striped::{StripedCounter, StripedGauge, StripedHistogram};
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct StoreLabels {
-    operation: &'static str,
-    outcome: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub(super) struct OperationLabel {
-    pub(super) operation: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct HashLabel {
-    hash: String,
-}
 
 /// Every metric shardgate exports.
 #[derive(Debug)]
@@ -62,21 +46,6 @@ pub struct Metrics {
     store_refused_requests: Counter,
     tls_handshake_failures: Family<ReasonLabel, Counter>,
     grpc_accept_failures: Counter,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ReasonLabel {
-    reason: &'static str,
-}
-
-/// Labels of a request answered without the store: why, and how.
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct FailureLabels {
-    /// `store` (it failed), `deadline` (no answer in time), `circuit_open`, `shed` (not
-    /// sent: too many calls whose callers gave up were still running).
-    cause: &'static str,
-    /// `unavailable` (a `deny` rule: UNAVAILABLE) or `allowed` (OK, nothing counted).
-    answer: &'static str,
 }
 
 impl Metrics {

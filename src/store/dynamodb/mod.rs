@@ -14,6 +14,7 @@
 //! and keys, `ledger.rs` the call accounting. Table: `PK` (S) + `SK` (S), on-demand, TTL on `ttl`.
 //! This module decides nothing about limits.
 
+mod calls;
 mod client;
 mod codec;
 mod expr;
