@@ -96,8 +96,9 @@ fn the_default_deployment_variable_by_variable() {
         ("GRPC_SERVER_USE_TLS", Fate::Honoured),
         ("GRPC_SERVER_TLS_CERT", Fate::Honoured),
         ("GRPC_SERVER_TLS_KEY", Fate::Honoured),
-        // Not a variable upstream reads (its client CA is GRPC_CLIENT_TLS_CACERT).
-        ("GRPC_SERVER_TLS_CA_CERT", Fate::Ignored),
+        // Not a variable upstream reads: a client certificate presented is checked
+        // against it, none is required (Envoy Gateway's proxies present one).
+        ("GRPC_SERVER_TLS_CA_CERT", Fate::Honoured),
         // Redis, as upstream: the Redis store on the same Redis.
         ("REDIS_SOCKET_TYPE", Fate::Honoured),
         ("REDIS_URL", Fate::Honoured),
@@ -118,6 +119,27 @@ fn the_default_deployment_variable_by_variable() {
         );
         assert_eq!(fate(&t, var), want, "{var} in {t:#?}");
     }
+}
+
+#[test]
+fn the_server_ca_checks_client_certificates_without_requiring_one() {
+    let variants = variants();
+    let t = translate(&variants["default"].env);
+    let set: BTreeMap<&str, &str> = t.set.iter().map(|a| (a.ours, a.value.as_str())).collect();
+    assert_eq!(set.get("SHARDGATE_TLS_CLIENT_CA"), Some(&"/certs/ca.crt"));
+    assert_eq!(set.get("SHARDGATE_TLS_CLIENT_CERT_OPTIONAL"), Some(&"true"));
+
+    // Upstream's own client CA makes a certificate required, and wins.
+    let mut env = variants["default"].env.clone();
+    env.insert("GRPC_CLIENT_TLS_CACERT".into(), "/certs/clients.crt".into());
+    let t = translate(&env);
+    let set: BTreeMap<&str, &str> = t.set.iter().map(|a| (a.ours, a.value.as_str())).collect();
+    assert_eq!(
+        set.get("SHARDGATE_TLS_CLIENT_CA"),
+        Some(&"/certs/clients.crt")
+    );
+    assert_eq!(set.get("SHARDGATE_TLS_CLIENT_CERT_OPTIONAL"), None);
+    assert_eq!(fate(&t, "GRPC_SERVER_TLS_CA_CERT"), Fate::Ignored, "{t:#?}");
 }
 
 #[test]

@@ -1,12 +1,13 @@
 //! TLS on the gRPC port: mutual TLS refuses clients without a certificate from the
-//! configured CA and answers those with one; certificates are re-read when they change.
+//! configured CA and answers those with one (with the certificate optional, those without
+//! one too, never those with another CA's); certificates are re-read when they change.
 //! (Refused handshakes' counters and log lines: `tls_handshake_failures.rs`.)
 
 mod common;
 
 use std::time::{Duration, Instant};
 
-use common::tls::{call, request, start, start_mutual, write, MutualTls, Pki};
+use common::tls::{call, request, start, start_mutual, start_mutual_with, write, MutualTls, Pki};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use shardgate::server::tls::TlsFiles;
 
@@ -51,6 +52,35 @@ async fn mutual_tls_refuses_clients_without_a_valid_certificate() {
     assert!(plain.is_err(), "plain text must be refused");
 }
 
+/// Envoy Gateway's `GRPC_SERVER_TLS_CA_CERT` (`--tls-client-cert-optional`): a client
+/// without a certificate is served, one with a certificate from the CA too, and one with a
+/// certificate from another CA is refused.
+#[tokio::test]
+async fn an_optional_client_certificate_is_still_checked() {
+    let MutualTls {
+        server,
+        server_pki,
+        client_pki,
+        ..
+    } = &start_mutual_with(true).await;
+
+    call(server.port, &server_pki.ca_pem, None)
+        .await
+        .expect("a client without a certificate is served");
+    let (ccert, ckey) = client_pki.leaf(&["client-1"]);
+    call(server.port, &server_pki.ca_pem, Some((&ccert, &ckey)))
+        .await
+        .expect("a client with a certificate from the client CA is served");
+
+    let stranger = Pki::new("stranger");
+    let (scert, skey) = stranger.leaf(&["client-2"]);
+    let refused = call(server.port, &server_pki.ca_pem, Some((&scert, &skey))).await;
+    assert!(
+        refused.is_err(),
+        "a certificate from another CA must be refused, optional or not"
+    );
+}
+
 #[tokio::test]
 async fn server_only_tls_serves_any_client_that_trusts_it() {
     let dir = tempfile::tempdir().unwrap();
@@ -60,6 +90,7 @@ async fn server_only_tls_serves_any_client_that_trusts_it() {
         cert: write(dir.path(), "tls.crt", &cert),
         key: write(dir.path(), "tls.key", &key),
         client_ca: None,
+        client_cert_optional: false,
     };
     let server = start(files).await;
     call(server.port, &pki.ca_pem, None)
@@ -81,6 +112,7 @@ async fn certificates_are_reread_when_they_change() {
         cert: write(dir.path(), "tls.crt", &cert),
         key: write(dir.path(), "tls.key", &key),
         client_ca: None,
+        client_cert_optional: false,
     };
     let server = start(files).await;
     call(server.port, &old.ca_pem, None).await.unwrap();

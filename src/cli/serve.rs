@@ -150,6 +150,14 @@ pub(crate) struct Serve {
     /// Require client certificates issued by this PEM CA (mutual TLS).
     #[arg(long, env = "SHARDGATE_TLS_CLIENT_CA", requires = "tls_cert")]
     pub(crate) tls_client_ca: Option<PathBuf>,
+    /// With --tls-client-ca: let clients connect without a certificate too (one presented
+    /// must still be issued by that CA).
+    #[arg(
+        long,
+        env = "SHARDGATE_TLS_CLIENT_CERT_OPTIONAL",
+        requires = "tls_client_ca"
+    )]
+    pub(crate) tls_client_cert_optional: bool,
     #[command(flatten)]
     pub(crate) grpc: GrpcPort,
 }

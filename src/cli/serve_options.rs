@@ -41,6 +41,7 @@ pub(crate) fn serve_options(args: Serve, trace_context: bool) -> Result<ServeOpt
                 cert,
                 key,
                 client_ca: args.tls_client_ca,
+                client_cert_optional: args.tls_client_cert_optional,
             }),
             _ => None,
         },

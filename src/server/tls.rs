@@ -45,8 +45,12 @@ const FAILURE_LOG_INTERVAL: Duration = Duration::from_secs(10);
 pub struct TlsFiles {
     pub cert: PathBuf,
     pub key: PathBuf,
-    /// Require client certificates issued by this CA (mTLS).
+    /// Check client certificates against this CA (mTLS).
     pub client_ca: Option<PathBuf>,
+    /// With `client_ca`: a client may also connect without a certificate (one it presents
+    /// must still be issued by the CA). Envoy Gateway's `GRPC_SERVER_TLS_CA_CERT`: its
+    /// proxies present one, and upstream, which reads no such variable, never asked.
+    pub client_cert_optional: bool,
 }
 
 /// Why TLS material could not be used; names the file.
@@ -92,9 +96,13 @@ pub fn load(files: &TlsFiles) -> Result<Arc<ServerConfig>, TlsError> {
             if roots.is_empty() {
                 return Err(file_error(ca, "no CA certificate found"));
             }
-            let verifier = WebPkiClientVerifier::builder(Arc::new(roots))
-                .build()
-                .map_err(|e| file_error(ca, e))?;
+            let verifier = WebPkiClientVerifier::builder(Arc::new(roots));
+            let verifier = if files.client_cert_optional {
+                verifier.allow_unauthenticated()
+            } else {
+                verifier
+            };
+            let verifier = verifier.build().map_err(|e| file_error(ca, e))?;
             builder.with_client_cert_verifier(verifier)
         }
         None => builder.with_no_client_auth(),

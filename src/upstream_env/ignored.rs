@@ -15,10 +15,6 @@ const IGNORED: &[&str] = &[
     "EXPIRATION_JITTER_MAX_SECONDS",
     "EXTRA_TAGS",
     "FORCE_START_WITHOUT_INITIAL_CONFIG",
-    // Envoy Gateway sets it beside GRPC_SERVER_TLS_CERT/_KEY, but upstream reads no such
-    // variable (its client CA is GRPC_CLIENT_TLS_CACERT): clients are not asked for a
-    // certificate, here as there.
-    "GRPC_SERVER_TLS_CA_CERT",
     "GRPC_MAX_CONNECTION_AGE_GRACE",
     "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
     "LOCAL_CACHE_SIZE_IN_BYTES",

@@ -146,6 +146,7 @@ pub(super) fn grpc_tls(r: &mut Reader) {
                     _ => r.refuse(format!("GRPC_SERVER_USE_TLS=true needs {}", file.upstream)),
                 }
             }
+            server_ca_cert(r);
             if r.get("GRPC_CLIENT_TLS_SAN").is_some_and(|s| !s.is_empty()) {
                 r.refuse(
                     "GRPC_CLIENT_TLS_SAN: client certificates are checked against \
@@ -157,7 +158,8 @@ pub(super) fn grpc_tls(r: &mut Reader) {
         Some(None) => r.refuse("GRPC_SERVER_USE_TLS: not a boolean".into()),
         _ => {
             let names = GRPC_TLS_FILES.iter().map(|file| file.upstream);
-            for name in names.chain(["GRPC_CLIENT_TLS_SAN"]) {
+            let others = ["GRPC_SERVER_TLS_CA_CERT", "GRPC_CLIENT_TLS_SAN"];
+            for name in names.chain(others) {
                 if r.env.contains_key(name) {
                     r.t.ignored
                         .push(format!("{name} (GRPC_SERVER_USE_TLS is not true)"));
@@ -165,6 +167,37 @@ pub(super) fn grpc_tls(r: &mut Reader) {
             }
         }
     }
+}
+
+/// Envoy Gateway's `GRPC_SERVER_TLS_CA_CERT`, set beside the server's pair: upstream reads
+/// no such variable (its client CA is `GRPC_CLIENT_TLS_CACERT`, which makes a certificate
+/// required), while Envoy Gateway's proxies present one issued by that CA. shardgate checks
+/// a certificate a client presents against it, and serves one that presents none, as
+/// upstream does (`--tls-client-cert-optional`). `GRPC_CLIENT_TLS_CACERT` wins when both
+/// are set.
+fn server_ca_cert(r: &mut Reader) {
+    let Some(ca) = r.get("GRPC_SERVER_TLS_CA_CERT").filter(|ca| !ca.is_empty()) else {
+        return;
+    };
+    let client_ca = r
+        .get("GRPC_CLIENT_TLS_CACERT")
+        .is_some_and(|c| !c.is_empty());
+    if client_ca || r.env.contains_key("SHARDGATE_TLS_CLIENT_CA") {
+        r.t.ignored.push(
+            "GRPC_SERVER_TLS_CA_CERT (the client CA is already set: certificates required)".into(),
+        );
+        return;
+    }
+    r.alias(
+        "SHARDGATE_TLS_CLIENT_CA",
+        "GRPC_SERVER_TLS_CA_CERT",
+        ca.into(),
+    );
+    r.alias(
+        "SHARDGATE_TLS_CLIENT_CERT_OPTIONAL",
+        "GRPC_SERVER_TLS_CA_CERT",
+        "true".into(),
+    );
 }
 
 /// One of upstream's gRPC TLS files and the variable it becomes.

@@ -150,6 +150,12 @@ pub struct MutualTls {
 
 /// A memory-store server that requires a client certificate from [`MutualTls::client_pki`].
 pub async fn start_mutual() -> MutualTls {
+    start_mutual_with(false).await
+}
+
+/// [`start_mutual`], or with `optional`, a server that also serves clients presenting no
+/// certificate (one presented is still checked against the client CA).
+pub async fn start_mutual_with(optional: bool) -> MutualTls {
     let dir = tempfile::tempdir().unwrap();
     let server_pki = Pki::new("server");
     let client_pki = Pki::new("client");
@@ -158,6 +164,7 @@ pub async fn start_mutual() -> MutualTls {
         cert: write(dir.path(), "tls.crt", &cert),
         key: write(dir.path(), "tls.key", &key),
         client_ca: Some(write(dir.path(), "client-ca.crt", &client_pki.ca_pem)),
+        client_cert_optional: optional,
     };
     MutualTls {
         server: start(files).await,
