@@ -1,5 +1,5 @@
 //! How big a lease is: pure arithmetic on the local demand, the lease lifetime and the
-//! shard's share. No clock, no store, no lock: `book.rs` measures the demand and
+//! shard's share. No clock, no store, no lock: `book/` measures the demand and
 //! `mod.rs` asks the store for the size chosen here.
 
 use super::super::bucket::ShardShare;
