@@ -1,5 +1,6 @@
 """Concurrency across processes (issue 6, item 2): three `shardgate serve` processes share
-one store — a DynamoDB table, and a three-master Redis Cluster (issue 29) — and one hot
+one store — a DynamoDB table, one Redis server and a three-master Redis Cluster (issue 29) —
+and one hot
 bucket while its shard count doubles (a low `--partition-write-budget` makes a few dozen
 writes per second a hot partition) and while every server's config is reloaded again and
 again. On the Cluster, the hot bucket's calls spread over all three masters once it has
@@ -14,8 +15,9 @@ Checked after a bounded run:
 - the bucket doubled at least once, never to a count whose share is less than one request,
   and every server reloaded its config several times.
 
-Needs DynamoDB Local (SHARDGATE_TEST_DYNAMODB_ENDPOINT) and a Redis Cluster
-(SHARDGATE_TEST_REDIS_CLUSTER): scripts/test starts both. Without them the tests fail: a
+Needs DynamoDB Local (SHARDGATE_TEST_DYNAMODB_ENDPOINT), a Redis server
+(SHARDGATE_TEST_REDIS_URL) and a Redis Cluster (SHARDGATE_TEST_REDIS_CLUSTER): scripts/test
+starts them. Without them the tests fail: a
 skipped store test would prove nothing.
 """
 import json
@@ -35,8 +37,9 @@ from conftest import binary
 
 ENDPOINT = os.environ.get("SHARDGATE_TEST_DYNAMODB_ENDPOINT")
 CLUSTER = os.environ.get("SHARDGATE_TEST_REDIS_CLUSTER")
+REDIS = os.environ.get("SHARDGATE_TEST_REDIS_URL")
 TABLE = "shardgate_process_tests"
-STORES = ["dynamodb", "redis-cluster"]
+STORES = ["dynamodb", "redis", "redis-cluster"]
 
 
 class SharedStore:
@@ -55,6 +58,12 @@ class SharedStore:
                          "--region", "us-east-1", "--namespace", namespace]
             cli("table", "create", "--table", TABLE, "--dynamodb-endpoint", ENDPOINT,
                 "--region", "us-east-1")
+        elif kind == "redis":
+            if not REDIS:
+                pytest.fail("SHARDGATE_TEST_REDIS_URL is not set (scripts/test starts a "
+                            "Redis server and sets it)")
+            self.store = "redis"
+            self.args = ["--redis-url", REDIS, "--namespace", namespace]
         else:
             if not CLUSTER:
                 pytest.fail("SHARDGATE_TEST_REDIS_CLUSTER is not set (scripts/test starts "
