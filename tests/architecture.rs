@@ -8,6 +8,10 @@
 //!
 //! A file's uses are the `crate::`, `super::` and `self::` paths in its non-test code,
 //! resolved to the longest module they name.
+//!
+//! And two house rules the same reading keeps: a module with children defines no type
+//! they use (its file is their table of contents), and no function outside tests is
+//! longer than [`MAX_FUNCTION_LINES`].
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -273,4 +277,115 @@ fn only_the_transport_and_the_stores_open_sockets() {
     );
     // The check sees what it looks for.
     assert!(modules()["server::statsd"].contains("UdpSocket"));
+}
+
+/// The identifiers a source mentions.
+fn words(code: &str) -> BTreeSet<&str> {
+    code.split(|c: char| !(c.is_alphanumeric() || c == '_'))
+        .filter(|w| !w.is_empty())
+        .collect()
+}
+
+/// The types a source defines at its top level (`struct`, `enum`, `type`, `trait`).
+fn top_level_types(code: &str) -> Vec<&str> {
+    code.lines()
+        .filter(|l| !l.starts_with(' '))
+        .filter_map(|l| {
+            let rest = match l.strip_prefix("pub") {
+                Some(r) if r.starts_with('(') => r.split_once(')')?.1.trim_start(),
+                Some(r) => r.trim_start(),
+                None => l,
+            };
+            let (kind, rest) = rest.split_once(' ')?;
+            matches!(kind, "struct" | "enum" | "type" | "trait").then(|| {
+                rest.split(|c: char| !(c.is_alphanumeric() || c == '_'))
+                    .next()
+                    .unwrap_or_default()
+            })
+        })
+        .filter(|name| !name.is_empty())
+        .collect()
+}
+
+#[test]
+fn a_parent_module_defines_no_type_its_children_use() {
+    // A module with children is their table of contents: what they share lives in a
+    // file named for it, which they import, never in the parent they hang from.
+    let modules = modules();
+    // Guards the reading: a type a sibling uses must be seen as defined and as used.
+    assert!(top_level_types(&modules["engine::acquire::state"]).contains(&"Deciding"));
+    assert!(words(&modules["engine::acquire::decide"]).contains("Deciding"));
+    let mut wrong = Vec::new();
+    for (parent, code) in &modules {
+        if parent.is_empty() || parent == "<main>" {
+            continue;
+        }
+        let prefix = format!("{parent}::");
+        let children: Vec<(&Module, &String)> = modules
+            .iter()
+            .filter(|(m, _)| m.starts_with(&prefix) && !m.ends_with("tests"))
+            .collect();
+        for ty in top_level_types(code) {
+            for (child, child_code) in &children {
+                if words(child_code).contains(ty) {
+                    wrong.push(format!("{parent} defines {ty}, which {child} uses"));
+                }
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "types to move into files of their own: {wrong:#?}"
+    );
+}
+
+/// Longest a function of `src/` may be outside tests, in lines, signature to brace.
+const MAX_FUNCTION_LINES: usize = 80;
+
+#[test]
+fn no_function_is_longer_than_a_screen() {
+    let mut long = Vec::new();
+    let (mut functions, mut longest) = (0, 0);
+    for (module, code) in modules() {
+        if module.ends_with("tests") {
+            continue;
+        }
+        let lines: Vec<&str> = code.lines().collect();
+        for (i, line) in lines.iter().enumerate() {
+            let trimmed = line.trim_start();
+            let indent = line.len() - trimmed.len();
+            let signature = ["", "pub ", "pub(crate) ", "pub(super) "]
+                .iter()
+                .flat_map(|vis| ["fn ", "async fn ", "const fn "].map(|f| format!("{vis}{f}")))
+                .any(|start| trimmed.starts_with(&start));
+            if !signature {
+                continue;
+            }
+            // The body opens on the first line ending in `{`; a declaration ends in `;`.
+            let Some(open) = (i..lines.len()).find(|&j| {
+                let t = lines[j].trim_end();
+                t.ends_with('{') || t.ends_with(';')
+            }) else {
+                continue;
+            };
+            if lines[open].trim_end().ends_with(';') {
+                continue;
+            }
+            let close = format!("{}}}", " ".repeat(indent));
+            if let Some(end) = (open..lines.len()).find(|&j| lines[j].trim_end() == close) {
+                let n = end - i + 1;
+                functions += 1;
+                longest = longest.max(n);
+                if n > MAX_FUNCTION_LINES {
+                    long.push(format!("{module}: line {} ({n} lines)", i + 1));
+                }
+            }
+        }
+    }
+    // Guards the reading: every file's functions are found and measured.
+    assert!(
+        functions > 1_000 && longest > 40,
+        "{functions} functions, longest {longest}"
+    );
+    assert!(long.is_empty(), "functions to split: {long:#?}");
 }
