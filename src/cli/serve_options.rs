@@ -22,9 +22,9 @@ pub(crate) fn serve_options(args: Serve, trace_context: bool) -> Result<ServeOpt
     let store_timeout = args.dynamo.store_timeout;
     if args.dynamo.namespace.len() > MAX_NAMESPACE_BYTES {
         return Err(fail(format!(
-                "--namespace is {} bytes long, at most {MAX_NAMESPACE_BYTES} (it is part of every store key)",
-                args.dynamo.namespace.len()
-            )));
+            "--namespace is {} bytes long, at most {MAX_NAMESPACE_BYTES} (it is part of every store key)",
+            args.dynamo.namespace.len()
+        )));
     }
     let statsd = statsd_options(&args);
     let answer = answer_options(&args);

@@ -5,10 +5,9 @@
 //! methods of one request's [`Deciding`]), the lease task to `lease/` ([`Leasing`]).
 //! This is the only `impl Engine`: what the engine can be asked is all here.
 
-use std::sync::Arc;
-
 use std::future::Future;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use futures::future::join_all;
 
@@ -173,16 +172,12 @@ impl<S: BucketStore> Engine<S> {
                 .iter()
                 .zip(&decision.buckets)
                 .map(|(b, o)| async {
-                    match &leases {
-                        Some(leases) if o.from_lease => {
-                            leases.refund_to_lease(b, o.shard, o.shard_count).await;
-                        }
-                        // Answered from a lease while leases are off cannot happen.
-                        _ if o.from_lease => {}
-                        _ => {
-                            let credit = deciding.credit_bucket(b, o.shard, o.shard_count, o.stamp);
-                            credit.await;
-                        }
+                    if !o.from_lease {
+                        deciding
+                            .credit_bucket(b, o.shard, o.shard_count, o.stamp)
+                            .await;
+                    } else if let Some(leases) = &leases {
+                        leases.refund_to_lease(b, o.shard, o.shard_count).await;
                     }
                 }),
         )

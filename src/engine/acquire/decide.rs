@@ -208,7 +208,7 @@ impl<S: BucketStore> Deciding<'_, S> {
                 Err(e) => Err(wrap(b)(e)),
             };
             progress.push(next.unwrap_or_else(|e| {
-                first_error = first_error.take().or(Some(e));
+                first_error.get_or_insert(e);
                 Progress::Pending
             }));
         }

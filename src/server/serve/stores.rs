@@ -177,47 +177,50 @@ fn detached<S: BucketStore>(
 /// under [`WARM_UP_PATIENCE`]), then closes the circuit the calls made meanwhile may have
 /// opened.
 async fn warm_up(store: Arc<Breaker<DynamoStore>>) {
-    let started = std::time::Instant::now();
-    let mut attempts = 0u32;
-    loop {
-        attempts += 1;
-        match store
-            .inner()
-            .warm_up(WARM_UP_CONNECTIONS, WARM_UP_PATIENCE)
-            .await
-        {
-            Ok(()) => {
-                store.close();
-                tracing::info!(
-                    after = ?started.elapsed(),
-                    attempts,
-                    connections = WARM_UP_CONNECTIONS,
-                    "store answered: serving"
-                );
-                return;
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, attempts, "store not answering yet: health NOT_SERVING");
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
+    let (after, attempts) = until_answered(|| {
+        let store = store.clone();
+        async move {
+            let inner = store.inner();
+            inner.warm_up(WARM_UP_CONNECTIONS, WARM_UP_PATIENCE).await
         }
-    }
+    })
+    .await;
+    store.close();
+    tracing::info!(
+        ?after,
+        attempts,
+        connections = WARM_UP_CONNECTIONS,
+        "store answered: serving"
+    );
 }
 
 #[cfg(feature = "redis")]
 /// Resolves once Redis has answered a `PING` (the connections opened; retried each second
 /// until it does), then closes the circuit the calls made meanwhile may have opened.
 async fn redis_warm_up(store: Arc<Breaker<RedisStore>>) {
+    let (after, attempts) = until_answered(|| {
+        let store = store.clone();
+        async move { store.inner().warm_up().await }
+    })
+    .await;
+    store.close();
+    tracing::info!(?after, attempts, "store answered: serving");
+}
+
+#[cfg(any(feature = "dynamodb", feature = "redis"))]
+/// Runs `attempt` each second until it succeeds (each failure logged: health stays
+/// `NOT_SERVING` meanwhile); returns how long that took and how many attempts.
+async fn until_answered<F, Fut>(attempt: F) -> (Duration, u32)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<(), crate::store::StoreError>>,
+{
     let started = std::time::Instant::now();
     let mut attempts = 0u32;
     loop {
         attempts += 1;
-        match store.inner().warm_up().await {
-            Ok(()) => {
-                store.close();
-                tracing::info!(after = ?started.elapsed(), attempts, "store answered: serving");
-                return;
-            }
+        match attempt().await {
+            Ok(()) => return (started.elapsed(), attempts),
             Err(e) => {
                 tracing::warn!(error = %e, attempts, "store not answering yet: health NOT_SERVING");
                 tokio::time::sleep(Duration::from_secs(1)).await;
