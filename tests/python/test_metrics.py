@@ -414,10 +414,11 @@ def test_per_shard_ceiling_rejection(shardgate):
 
 
 def test_every_per_shard_ceiling_rejection_is_counted(shardgate):
-    """On a bucket spread over many shards, most of which were never written, the same
-    never-fitting request is refused each time but counted only when the drawn shard
-    exists and refuses the fast debit; a missing (or stale) drawn shard goes to the slow
-    path, which refuses without counting."""
+    """On a bucket spread over many shards, the same never-fitting request is refused each
+    time and counted each time, whichever path refused it: the fast debit of a written
+    shard, the slow path of a shard never written (no image to cache), or the rejection
+    cache once every shard has been written and refused (how many the burst wrote depends
+    on its draw, so the mix of paths varies from run to run; the count must not)."""
     server = shardgate(RULES, args=["--partition-write-budget", "5"])
     burst(server, 40)
     m0 = server.metrics()
@@ -428,7 +429,4 @@ def test_every_per_shard_ceiling_rejection_is_counted(shardgate):
         r = server.should_rate_limit(request("m", desc(("hot", "h"), hits=1000)))
         assert r.overall_code == OVER_LIMIT
     m1 = server.metrics()
-    # Most shards were never written: no cached image can prove them all short, so the
-    # store decided every refusal.
-    assert diff_engine(m0, m1, "rejection_cache_hits") == 0
     assert diff_engine(m0, m1, "per_shard_ceiling_rejections") == tries
