@@ -55,6 +55,16 @@ pub enum ConfigErrorKind {
     UnlimitedWith(&'static str),
     #[error("rate_limit needs '{0}' unless it is 'unlimited: true'")]
     MissingLimitField(&'static str),
+    #[error("a descriptor has 'rate_limit' and 'rate_limits': use one ('rate_limits' lists every limit)")]
+    RateLimitAndList,
+    #[error("'rate_limits' lists {count} limits, at most {max} (they share one bucket item)")]
+    TooManyListed { count: usize, max: usize },
+    #[error("a 'rate_limits' entry cannot be 'unlimited: true'; an unlimited node is 'rate_limit: {{unlimited: true}}'")]
+    UnlimitedInList,
+    #[error("'rate_limits' names limit '{0}' twice (each limit of a bucket needs its own name; an unnamed entry is called 'rl', 'rl2', ... by its place)")]
+    DuplicateLimitName(String),
+    #[error("'overdraft' must be the same on every entry of 'rate_limits' (its limits are debited together)")]
+    OverdraftDiffers,
     #[error("'replaces' entry needs a non-empty 'name'")]
     ReplacesWithoutName,
     #[error("'replaces' names this rule's own name '{0}'")]

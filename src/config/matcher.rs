@@ -183,6 +183,7 @@ impl Compiler<'_> {
                     limit: rl.limit.clone(),
                     name: rl.name.clone(),
                     replaces: rl.replaces.clone(),
+                    further_limits: rl.further.clone(),
                     shadow_mode: d.shadow_mode,
                     quota_mode: d.quota_mode,
                     detailed_metric: d.detailed_metric,

@@ -30,8 +30,8 @@ pub use entity::{encode_component, EntityTemplate, TemplateError};
 pub use error::{ConfigError, ConfigErrorKind, ConfigErrors};
 pub use matcher::DescriptorEntry;
 pub use rule::{
-    FailureMode, Level, RateLimit, Rule, RuleLimit, MAX_LIMITS_PER_BUCKET, MAX_PERIOD_SECONDS,
-    MAX_TOKENS,
+    FailureMode, FurtherLimit, Level, RateLimit, Rule, RuleLimit, StatedLimit,
+    MAX_LIMITS_PER_BUCKET, MAX_PERIOD_SECONDS, MAX_TOKENS,
 };
 pub use snapshot::{Config, Domain, LoadOptions};
 pub use stats_key::{entries_key, hit_key};

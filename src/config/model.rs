@@ -11,7 +11,7 @@ use std::sync::Arc;
 use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_saphyr::Spanned;
 
-use super::{EntityTemplate, FailureMode, RuleLimit};
+use super::{EntityTemplate, FailureMode, FurtherLimit, RuleLimit};
 
 /// A 1-based line and column in a source file (0 when unknown).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
@@ -251,12 +251,14 @@ pub(crate) struct DescriptorModel {
     pub children: Vec<DescriptorModel>,
 }
 
-/// A validated `rate_limit`.
+/// A validated `rate_limit` (or `rate_limits`: its first entry here, the others in
+/// `further`, the `replaces` of all of them together).
 #[derive(Debug, Clone)]
 pub(crate) struct RateLimitModel {
     pub limit: RuleLimit,
     pub name: Option<String>,
     pub replaces: Vec<String>,
+    pub further: Vec<FurtherLimit>,
 }
 
 #[cfg(test)]

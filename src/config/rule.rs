@@ -87,6 +87,30 @@ impl RateLimit {
     }
 }
 
+/// A limit of a node beyond its first (`rate_limits:`, an extension): another limit of
+/// the same bucket item, debited in the same write as the first, all or nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FurtherLimit {
+    /// Its entry's `name`: what the answer quotes when it speaks, and what `replaces`
+    /// may name.
+    pub name: Option<String>,
+    /// Its name inside the bucket item: `name`, else `rl` and its place in the list
+    /// (`rl2`, `rl3`, ...), so two unnamed limits of one node never share a balance.
+    pub item_name: String,
+    pub rate: RateLimit,
+}
+
+/// One limit a rule states, as the plan and the answer read it: the node's first
+/// (`rate_limit`, or the first entry of `rate_limits`) or a further one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StatedLimit<'a> {
+    /// What `current_limit.name` says (upstream answers an unnamed limit with none).
+    pub name: Option<&'a str>,
+    /// The limit's name inside its bucket item.
+    pub item_name: &'a str,
+    pub rate: &'a RateLimit,
+}
+
 /// What a matched rule does.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RuleLimit {
@@ -125,6 +149,9 @@ pub struct Rule {
     pub name: Option<String>,
     /// Names of rules this rule replaces.
     pub replaces: Vec<String>,
+    /// `rate_limits:` beyond its first entry, in the order written; empty for
+    /// `rate_limit:`. See [`Rule::stated_limits`].
+    pub further_limits: Vec<FurtherLimit>,
     pub shadow_mode: bool,
     pub quota_mode: bool,
     /// `detailed_metric` on this (the leaf) node: the stats key carries every request value.
@@ -155,6 +182,33 @@ impl Rule {
             (None, Some(_)) => "rl",
             (None, None) => "override",
         }
+    }
+
+    /// Every limit the rule states, its first one first; none for an unlimited rule.
+    pub fn stated_limits(&self) -> impl Iterator<Item = StatedLimit<'_>> {
+        let first = match &self.limit {
+            RuleLimit::Limited(rate) => Some(StatedLimit {
+                name: self.name.as_deref(),
+                item_name: self.limit_name(),
+                rate,
+            }),
+            RuleLimit::Unlimited => None,
+        };
+        first
+            .into_iter()
+            .chain(self.further_limits.iter().map(|f| StatedLimit {
+                name: f.name.as_deref(),
+                item_name: &f.item_name,
+                rate: &f.rate,
+            }))
+    }
+
+    /// Whether any of the rule's names (its first limit's and its further limits') is in
+    /// `names`: a rule `replaces` names is dropped whole.
+    pub fn is_named_in(&self, names: &[&str]) -> bool {
+        self.stated_limits()
+            .filter_map(|l| l.name)
+            .any(|n| names.contains(&n))
     }
 
     /// Whether the stats key a hit is counted under depends on the request's values

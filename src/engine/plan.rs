@@ -13,13 +13,20 @@ use crate::config::{DescriptorEntry, RateLimit, Rule, RuleLimit, MAX_TOKENS};
 use crate::store::key::stored_entity;
 use crate::store::Name;
 
-/// Where one descriptor's limit sits in the plan.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LimitPosition {
+/// Where one rule's limits sit in the plan: its bucket and the index of each of its
+/// limits there, in the order the rule states them (`Rule::stated_limits`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BucketSlots {
     pub bucket: usize,
-    pub limit: usize,
-    /// The cascade parent's limit, if the rule cascades.
-    pub parent: Option<(usize, usize)>,
+    pub limits: SmallVec<[usize; 2]>,
+}
+
+/// Where one descriptor's limits sit in the plan.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LimitPosition {
+    pub own: BucketSlots,
+    /// The cascade parent's limits, if the rule cascades.
+    pub parent: Option<BucketSlots>,
 }
 
 /// A request amount beyond what one descriptor may take ([`MAX_TOKENS`]), or (summed over
@@ -65,45 +72,57 @@ impl Plan {
         let RuleLimit::Limited(limit) = &rule.limit else {
             unreachable!("unlimited rules never reach a plan");
         };
-        let entity = rule.entity_for(entries);
         // Usage under an overdraft rule already happened: it is recorded on the parent too.
         let forced = limit.overdraft && hits > 0;
-        let cascades = rule.cascade_parent.is_some();
-        let strict = !limit.lease;
-        let (bucket, idx) = self.claim(
-            entity,
-            &rule.resource,
-            rule.limit_name(),
-            limit,
-            hits,
-            forced,
-            cascades,
-            strict,
-        )?;
+        let own = self.claim_rule(rule, rule.entity_for(entries), hits, forced, true)?;
         let parent = match &rule.cascade_parent {
-            Some(parent) => match &parent.limit {
-                RuleLimit::Limited(pl) => {
-                    let pe = parent.entity_for(&entries[..parent.depth()]);
-                    Some(self.claim(
-                        pe,
-                        &parent.resource,
-                        parent.limit_name(),
-                        pl,
-                        hits,
-                        forced,
-                        false,
-                        !pl.lease,
-                    )?)
-                }
-                RuleLimit::Unlimited => None,
-            },
-            None => None,
+            Some(parent) if matches!(parent.limit, RuleLimit::Limited(_)) => {
+                let entity = parent.entity_for(&entries[..parent.depth()]);
+                Some(self.claim_rule(parent, entity, hits, forced, false)?)
+            }
+            _ => None,
         };
-        Ok(LimitPosition {
-            bucket,
-            limit: idx,
-            parent,
-        })
+        Ok(LimitPosition { own, parent })
+    }
+
+    /// Claims `hits` of every limit `rule` states, in the bucket of `entity`; `child`:
+    /// the descriptor matched this rule itself (not a cascade parent).
+    fn claim_rule(
+        &mut self,
+        rule: &Rule,
+        entity: Name,
+        hits: u64,
+        forced: bool,
+        child: bool,
+    ) -> Result<BucketSlots, AmountOverflow> {
+        let cascades = child && rule.cascade_parent.is_some();
+        let mut slots = BucketSlots {
+            bucket: 0,
+            limits: SmallVec::new(),
+        };
+        let last = rule.further_limits.len();
+        let mut entity = Some(entity);
+        for (i, stated) in rule.stated_limits().enumerate() {
+            // Moved into the last claim: a long entity is not copied for a one-limit rule.
+            let entity = if i == last {
+                entity.take()
+            } else {
+                entity.clone()
+            };
+            let (bucket, idx) = self.claim(
+                entity.expect("taken only by the last limit"),
+                &rule.resource,
+                stated.item_name,
+                stated.rate,
+                hits,
+                forced,
+                cascades,
+                !stated.rate.lease,
+            )?;
+            slots.bucket = bucket;
+            slots.limits.push(idx);
+        }
+        Ok(slots)
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -17,7 +17,7 @@ use axum::Router;
 use tokio::net::TcpListener;
 
 use super::json;
-use crate::config::{RuleLimit, Unit};
+use crate::config::{RateLimit, RuleLimit, Unit};
 use crate::service::decision::{CallError, RateLimiter};
 use crate::store::BucketStore;
 use crate::support::text::{elide, MESSAGE_BYTES};
@@ -76,6 +76,21 @@ async fn store_check<S: BucketStore>(State(limiter): State<Arc<RateLimiter<S>>>)
     }
 }
 
+/// One limit as `/rlconfig` lists it: "100/minute", "100/5 minutes burst 20 overdraft".
+fn rate_text(l: &RateLimit) -> String {
+    let mut s = match l.unit_multiplier {
+        0 | 1 => format!("{}/{}", l.requests_per_unit, Unit::name(l.unit)),
+        m => format!("{}/{m} {}s", l.requests_per_unit, Unit::name(l.unit)),
+    };
+    if let Some(b) = l.burst {
+        let _ = write!(s, " burst {b}");
+    }
+    if l.overdraft {
+        s.push_str(" overdraft");
+    }
+    s
+}
+
 async fn rlconfig<S: BucketStore>(State(limiter): State<Arc<RateLimiter<S>>>) -> Response {
     let config = limiter.config();
     let mut out = format!("config hash: {}\n", config.hash());
@@ -86,19 +101,13 @@ async fn rlconfig<S: BucketStore>(State(limiter): State<Arc<RateLimiter<S>>>) ->
         for r in d.rules() {
             let limit = match &r.limit {
                 RuleLimit::Unlimited => "unlimited".to_string(),
-                RuleLimit::Limited(l) => {
-                    let mut s = match l.unit_multiplier {
-                        0 | 1 => format!("{}/{}", l.requests_per_unit, Unit::name(l.unit)),
-                        m => format!("{}/{m} {}s", l.requests_per_unit, Unit::name(l.unit)),
-                    };
-                    if let Some(b) = l.burst {
-                        let _ = write!(s, " burst {b}");
-                    }
-                    if l.overdraft {
-                        s.push_str(" overdraft");
-                    }
-                    s
-                }
+                // Several limits (`rate_limits`): each with its name in the bucket item.
+                RuleLimit::Limited(_) if !r.further_limits.is_empty() => r
+                    .stated_limits()
+                    .map(|l| format!("{} [{}]", rate_text(l.rate), l.item_name))
+                    .collect::<Vec<_>>()
+                    .join(" + "),
+                RuleLimit::Limited(l) => rate_text(l),
             };
             let mut flags = Vec::new();
             if r.shadow_mode {
@@ -110,7 +119,8 @@ async fn rlconfig<S: BucketStore>(State(limiter): State<Arc<RateLimiter<S>>>) ->
             if let Some(p) = &r.cascade_parent {
                 flags.push(format!("cascade to {}", p.stats_key));
             }
-            if let Some(n) = &r.name {
+            // A list's names are in its limits' text already.
+            if let Some(n) = r.name.as_ref().filter(|_| r.further_limits.is_empty()) {
                 flags.push(format!("name {n}"));
             }
             let _ = writeln!(

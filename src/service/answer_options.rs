@@ -303,7 +303,7 @@ mod tests {
     fn the_headers_speak_for_any_descriptor_with_a_limit() {
         let rule = limited_rule();
         let limited = |remaining| StatusLine {
-            limit: Some(&rule),
+            limit: rule.stated_limits().next(),
             remaining,
             ..StatusLine::ok(0)
         };
@@ -325,7 +325,7 @@ mod tests {
     fn reset_header_rounds_up_to_whole_seconds() {
         let rule = limited_rule();
         let status = |reset_ms| StatusLine {
-            limit: Some(&rule),
+            limit: rule.stated_limits().next(),
             remaining: 3,
             reset_ms: Some(reset_ms),
             ..StatusLine::ok(0)

@@ -9,24 +9,33 @@ use super::response_encoding::StatusLine;
 use super::treatment::{Group, PerDescriptor, Treatment};
 use crate::config::Rule;
 use crate::engine::bucket::{self, whole_tokens};
-use crate::engine::plan::LimitPosition;
+use crate::engine::plan::{BucketSlots, LimitPosition};
 use crate::engine::{Decision, LimitOutcome};
 
-/// Outcome of one descriptor: its own limit and its cascade parent's.
+/// Outcome of one descriptor: each of its rule's limits, and its cascade parent's, in
+/// the order the rules state them.
 pub(super) struct Verdict {
-    pub own: LimitOutcome,
-    pub parent: Option<LimitOutcome>,
+    pub own: Outcomes,
+    pub parent: Option<Outcomes>,
 }
 
+/// The outcomes of one rule's limits, inline for the usual one or two.
+pub(super) type Outcomes = SmallVec<[LimitOutcome; 2]>;
+
 impl Verdict {
-    /// Both its own limit and its parent's covered the request.
+    /// Every limit of the rule, and of its parent, covered the request.
     pub(super) fn fits(&self) -> bool {
-        self.own.fits && self.parent.is_none_or(|p| p.fits)
+        self.all().all(|l| l.fits)
+    }
+
+    /// Every limit's outcome, its own first.
+    pub(super) fn all(&self) -> impl Iterator<Item = &LimitOutcome> {
+        self.own.iter().chain(self.parent.iter().flatten())
     }
 }
 
-/// A descriptor of the request and where its limit sits in a plan.
-#[derive(Debug, Clone, Copy)]
+/// A descriptor of the request and where its limits sit in a plan.
+#[derive(Debug, Clone)]
 pub(super) struct Placed {
     pub descriptor: usize,
     pub slot: LimitPosition,
@@ -35,14 +44,18 @@ pub(super) struct Placed {
 /// The planned descriptors of one engine call, inline for the usual few.
 pub(super) type Placements = SmallVec<[Placed; 4]>;
 
-/// Copies each placed descriptor's outcome out of a decision.
+/// Copies each placed descriptor's outcomes out of a decision.
 pub(super) fn record(decision: &Decision, placed: &[Placed], verdicts: &mut [Option<Verdict>]) {
     if decision.buckets.is_empty() {
         return; // failed open: no outcome to report
     }
+    let outcomes = |slots: &BucketSlots| -> Outcomes {
+        let bucket = &decision.buckets[slots.bucket];
+        slots.limits.iter().map(|&l| bucket.limits[l]).collect()
+    };
     for p in placed {
-        let own = decision.buckets[p.slot.bucket].limits[p.slot.limit];
-        let parent = p.slot.parent.map(|(b, l)| decision.buckets[b].limits[l]);
+        let own = outcomes(&p.slot.own);
+        let parent = p.slot.parent.as_ref().map(outcomes);
         verdicts[p.descriptor] = Some(Verdict { own, parent });
     }
 }
@@ -83,42 +96,35 @@ fn remaining_tokens(l: &LimitOutcome) -> u32 {
     whole_tokens(l.remaining).clamp(0, i64::from(u32::MAX)) as u32
 }
 
-/// The status of one descriptor: the tighter of its own limit and its cascade parent's.
+/// The status of one descriptor: its limits and its cascade parent's answer as one.
+/// The limit that speaks for it is one that refused, else the one with least left (the
+/// first stated, on a tie); the reset is when every limit is full again, or, refused,
+/// when every refused one fits (none, if one never will).
 fn status_of<'a>(rule: &'a Rule, v: &Verdict) -> StatusLine<'a> {
-    let parent_rule = rule.cascade_parent.as_deref();
-    // Which limit speaks for the descriptor: one that refused, else the one with less left.
-    let parent_speaks = match (&v.parent, parent_rule) {
-        (Some(p), Some(_)) => {
-            (!p.fits && v.own.fits) || (p.fits == v.own.fits && p.remaining < v.own.remaining)
-        }
-        _ => false,
-    };
-    let (speaker, speaker_rule) = if parent_speaks {
-        (
-            v.parent.as_ref().expect("checked"),
-            parent_rule.expect("checked"),
-        )
-    } else {
-        (&v.own, rule)
-    };
+    let parent_limits = rule.cascade_parent.as_deref().into_iter();
+    let stated = rule
+        .stated_limits()
+        .chain(parent_limits.flat_map(|p| p.stated_limits()));
+    let speaker = stated
+        .zip(v.all())
+        .min_by_key(|(_, l)| (l.fits, l.remaining))
+        .expect("a limited rule states a limit");
     let fits = v.fits();
     let reset_ms = if fits {
-        let full = |l: &LimitOutcome| bucket::time_to_full(l.remaining, l.share);
-        Some(full(&v.own).max(v.parent.as_ref().map_or(0, full)))
+        v.all()
+            .map(|l| bucket::time_to_full(l.remaining, l.share))
+            .max()
     } else {
         // A refused limit that can never fit (larger than a shard's share, or one that
         // never refills) quotes no reset: no wait would pay off.
-        let wait = |l: &LimitOutcome| if l.fits { Some(0) } else { l.wait_ms };
-        match (wait(&v.own), v.parent.as_ref().map(wait)) {
-            (Some(own), None) => Some(own),
-            (Some(own), Some(Some(parent))) => Some(own.max(parent)),
-            _ => None,
-        }
+        v.all()
+            .map(|l| if l.fits { Some(0) } else { l.wait_ms })
+            .try_fold(0, |most, wait| Some(most.max(wait?)))
     };
     StatusLine {
         code: if fits { Code::Ok } else { Code::OverLimit },
-        limit: Some(speaker_rule),
-        remaining: remaining_tokens(speaker),
+        limit: Some(speaker.0),
+        remaining: remaining_tokens(speaker.1),
         reset_ms,
     }
 }

@@ -17,7 +17,7 @@ use prost::encoding::{encode_key, encode_varint, encoded_len_varint, message, Wi
 use prost::Message;
 use smallvec::SmallVec;
 
-use crate::config::{Rule, RuleLimit};
+use crate::config::StatedLimit;
 
 /// One descriptor's status as the answer quotes it: its code, the limit that speaks for
 /// it (borrowed from the call's rules), what that limit has left and how long until it
@@ -25,7 +25,7 @@ use crate::config::{Rule, RuleLimit};
 #[derive(Debug, Clone, Copy)]
 pub(super) struct StatusLine<'a> {
     pub code: Code,
-    pub limit: Option<&'a Rule>,
+    pub limit: Option<StatedLimit<'a>>,
     pub remaining: u32,
     /// Milliseconds until reset; `None` leaves `duration_until_reset` out.
     pub reset_ms: Option<i64>,
@@ -160,8 +160,8 @@ fn message_field_len(tag: u32, len: usize) -> usize {
     key_len(tag) + encoded_len_varint(len as u64) + len
 }
 
-fn limit_len(rule: &Rule, rpu: u32, unit: i32) -> usize {
-    let name = rule.name.as_deref().unwrap_or("");
+fn limit_len(limit: StatedLimit<'_>, rpu: u32, unit: i32) -> usize {
+    let name = limit.name.unwrap_or("");
     let name_len = if name.is_empty() {
         0
     } else {
@@ -177,16 +177,11 @@ fn duration_len(ms: i64) -> usize {
     varint_field_len(DURATION_SECONDS, s as u64) + varint_field_len(DURATION_NANOS, n as i64 as u64)
 }
 
-/// The quoted limit's requests per unit and unit, if the rule is limited.
-fn quoted(rule: Option<&Rule>) -> Option<(&Rule, u32, i32)> {
-    let rule = rule?;
-    match &rule.limit {
-        RuleLimit::Limited(l) => {
-            let (rate, unit) = l.quoted();
-            Some((rule, rate, unit.proto_value()))
-        }
-        RuleLimit::Unlimited => None,
-    }
+/// The quoted limit's requests per unit and unit, if there is a limit to quote.
+fn quoted(limit: Option<StatedLimit<'_>>) -> Option<(StatedLimit<'_>, u32, i32)> {
+    let limit = limit?;
+    let (rate, unit) = limit.rate.quoted();
+    Some((limit, rate, unit.proto_value()))
 }
 
 fn status_len(s: &StatusLine<'_>) -> usize {
@@ -227,7 +222,7 @@ impl Wire<'_> {
             self.message_field(STATUS_CURRENT_LIMIT, limit_len(rule, rpu, unit), |w| {
                 w.varint_field(LIMIT_REQUESTS_PER_UNIT, u64::from(rpu));
                 w.varint_field(LIMIT_UNIT, unit as i64 as u64);
-                let name = rule.name.as_deref().unwrap_or("");
+                let name = rule.name.unwrap_or("");
                 if !name.is_empty() {
                     w.message_field(LIMIT_NAME, name.len(), |w| w.0.put_slice(name.as_bytes()));
                 }
@@ -254,7 +249,7 @@ mod tests {
     use proptest::prelude::*;
     use std::sync::Arc;
 
-    use crate::config::Config;
+    use crate::config::{Config, Rule};
 
     /// A named rule, an unnamed one and an unlimited one.
     fn rules() -> Vec<Arc<Rule>> {
@@ -281,7 +276,7 @@ descriptors:
                 .map(|s| DescriptorStatus {
                     code: s.code as i32,
                     current_limit: quoted(s.limit).map(|(rule, rpu, unit)| ProtoRateLimit {
-                        name: rule.name.clone().unwrap_or_default(),
+                        name: rule.name.unwrap_or_default().to_string(),
                         requests_per_unit: rpu,
                         unit,
                     }),
@@ -308,7 +303,7 @@ descriptors:
     ) -> StatusLine<'_> {
         StatusLine {
             code: if over { Code::OverLimit } else { Code::Ok },
-            limit: rules.get(pick).map(|r| &**r),
+            limit: rules.get(pick).and_then(|r| r.stated_limits().next()),
             remaining,
             reset_ms: reset,
         }

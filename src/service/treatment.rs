@@ -101,7 +101,7 @@ pub(super) fn treatments<'a>(
             let Some(rule) = rule else {
                 return Treatment::Free { unlimited: false };
             };
-            if rule.name.as_deref().is_some_and(|n| replaced.contains(&n)) {
+            if rule.is_named_in(&replaced) {
                 return Treatment::Free { unlimited: false };
             }
             let RuleLimit::Limited(limit) = &rule.limit else {
@@ -156,6 +156,7 @@ fn override_rule(domain: &Arc<str>, d: &Descriptor<'_>, rpu: u32, unit: i32) -> 
         // still called `override` (Rule::limit_name).
         name: None,
         replaces: Vec::new(),
+        further_limits: Vec::new(),
         shadow_mode: false,
         quota_mode: false,
         detailed_metric: false,

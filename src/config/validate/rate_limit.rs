@@ -1,12 +1,15 @@
-//! A node's `rate_limit`: its keys, numbers and names checked (units, periods, burst,
-//! overdraft, lease, `replaces`), turned into the rule's limit. Knows nothing of the
-//! tree around the node; the rules that span nodes are `mod.rs`'s and `shared_bucket.rs`'s.
+//! A node's `rate_limit`, or its `rate_limits` list (an extension: several limits of one
+//! bucket item): keys, numbers and names checked (units, periods, burst, overdraft,
+//! lease, `replaces`), turned into the rule's limits. Knows nothing of the tree around
+//! the node; the rules that span nodes are `walk.rs`'s and `shared_bucket.rs`'s.
 
 use super::fields::{Field, Fields};
 use super::validator::Validator;
 use crate::config::error::ConfigErrorKind as K;
-use crate::config::model::{NodeKind, RateLimitModel};
-use crate::config::{RateLimit, RuleLimit, Unit, MAX_PERIOD_SECONDS, MAX_TOKENS};
+use crate::config::model::{NodeKind, Pos, RateLimitModel};
+use crate::config::{
+    FurtherLimit, RateLimit, RuleLimit, Unit, MAX_LIMITS_PER_BUCKET, MAX_PERIOD_SECONDS, MAX_TOKENS,
+};
 
 const RATE_LIMIT_KEYS: &[&str] = &[
     "unit",
@@ -81,7 +84,93 @@ impl Validator<'_> {
             limit,
             name,
             replaces,
+            further: Vec::new(),
         })
+    }
+
+    /// `rate_limits`: a list of what `rate_limit` holds, every one a limit of the node's
+    /// bucket item (none unlimited, all with the same `overdraft`, names distinct).
+    /// `None` when the list or any entry is wrong (reported).
+    pub(super) fn rate_limit_list(&mut self, f: &Field) -> Option<RateLimitModel> {
+        let items = match &f.value.kind {
+            NodeKind::Seq(items) if items.is_empty() => {
+                self.error(f.value.pos, K::Empty { key: "rate_limits" });
+                return None;
+            }
+            NodeKind::Seq(items) => items,
+            _ => {
+                self.wrong_type(f, "a list of limits (each what 'rate_limit' holds)");
+                return None;
+            }
+        };
+        if items.len() > MAX_LIMITS_PER_BUCKET {
+            let kind = K::TooManyListed {
+                count: items.len(),
+                max: MAX_LIMITS_PER_BUCKET,
+            };
+            self.error(f.value.pos, kind);
+        }
+        let entries: Vec<_> = items
+            .iter()
+            .map(|item| {
+                let entry = Field {
+                    name: f.name,
+                    pos: item.pos,
+                    value: item,
+                };
+                let model = self.rate_limit(&entry)?;
+                if model.limit == RuleLimit::Unlimited {
+                    self.error(item.pos, K::UnlimitedInList);
+                    return None;
+                }
+                Some((item.pos, model))
+            })
+            .collect();
+        let entries: Vec<_> = entries.into_iter().collect::<Option<_>>()?;
+        self.joined(entries)
+    }
+
+    /// The entries of a valid `rate_limits` list as one model: the first entry's limit
+    /// and name, the others as further limits, every `replaces` together.
+    fn joined(&mut self, entries: Vec<(Pos, RateLimitModel)>) -> Option<RateLimitModel> {
+        let overdraft = |m: &RateLimitModel| match &m.limit {
+            RuleLimit::Limited(l) => l.overdraft,
+            RuleLimit::Unlimited => false,
+        };
+        let mut item_names: Vec<String> = Vec::with_capacity(entries.len());
+        let mut ok = true;
+        for (i, (pos, m)) in entries.iter().enumerate() {
+            let item_name = m.name.clone().unwrap_or_else(|| match i {
+                0 => "rl".to_string(),
+                _ => format!("rl{}", i + 1),
+            });
+            if item_names.contains(&item_name) {
+                self.error(*pos, K::DuplicateLimitName(item_name.clone()));
+                ok = false;
+            }
+            if overdraft(m) != overdraft(&entries[0].1) {
+                self.error(*pos, K::OverdraftDiffers);
+                ok = false;
+            }
+            item_names.push(item_name);
+        }
+        if !ok {
+            return None;
+        }
+        let mut entries = entries.into_iter().map(|(_, m)| m);
+        let mut first = entries.next()?;
+        for (m, item_name) in entries.zip(item_names.into_iter().skip(1)) {
+            first.replaces.extend(m.replaces);
+            let RuleLimit::Limited(rate) = m.limit else {
+                continue;
+            };
+            first.further.push(FurtherLimit {
+                name: m.name,
+                item_name,
+                rate,
+            });
+        }
+        Some(first)
     }
 
     /// `unit`, one of the units' names.

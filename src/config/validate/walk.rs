@@ -20,6 +20,7 @@ const DESCRIPTOR_KEYS: &[&str] = &[
     "key",
     "value",
     "rate_limit",
+    "rate_limits",
     "shadow_mode",
     "quota_mode",
     "detailed_metric",
@@ -77,6 +78,13 @@ fn child_scope(
         scope.resource = r.clone();
     }
     scope
+}
+
+/// The field that holds a node's limits, `rate_limit` or `rate_limits`.
+fn limit_field<'f, 'n>(fields: &'f Fields<'n>) -> Option<&'f Field<'n>> {
+    fields
+        .get("rate_limit")
+        .or_else(|| fields.get("rate_limits"))
 }
 
 impl Validator<'_> {
@@ -198,7 +206,7 @@ impl Validator<'_> {
         // A value that failed to read must not make the node look key-only (that would
         // report a bogus duplicate or match the wrong requests).
         let value_failed = self.errors.len() > errors_before;
-        let rate_limit = fields.get("rate_limit").and_then(|f| self.rate_limit(f));
+        let rate_limit = self.node_limits(&fields);
         let shadow_mode = self.boolean(fields.get("shadow_mode"));
         let quota_mode = self.boolean(fields.get("quota_mode"));
         let detailed_metric = self.boolean(fields.get("detailed_metric"));
@@ -215,9 +223,7 @@ impl Validator<'_> {
         self.check_cascade(&fields, cascade, rate_limit.as_ref(), parent.nearest_limit);
         let entity = self.descriptor_entity(&fields, &scope, rate_limit.as_ref(), node.pos);
         if let Some(rl) = &rate_limit {
-            let line = fields
-                .get("rate_limit")
-                .map_or(node.pos.line, |f| f.pos.line);
+            let line = limit_field(&fields).map_or(node.pos.line, |f| f.pos.line);
             scope.nearest_limit = Some((line, rl.limit == RuleLimit::Unlimited));
         }
         let children = match fields.get("descriptors") {
@@ -245,6 +251,19 @@ impl Validator<'_> {
             failure_mode,
             children,
         })
+    }
+
+    /// The node's limits: its `rate_limit`, or its `rate_limits` (never both).
+    fn node_limits(&mut self, fields: &Fields) -> Option<RateLimitModel> {
+        match (fields.get("rate_limit"), fields.get("rate_limits")) {
+            (Some(_), Some(list)) => {
+                self.error(list.pos, K::RateLimitAndList);
+                None
+            }
+            (Some(f), None) => self.rate_limit(f),
+            (None, Some(list)) => self.rate_limit_list(list),
+            (None, None) => None,
+        }
     }
 
     /// A descriptor's `key`, which it must have.
@@ -290,9 +309,7 @@ impl Validator<'_> {
     ) {
         // A rate_limit that failed to validate was reported already; say nothing more.
         let rate_limit_failed = rate_limit.is_none()
-            && fields
-                .get("rate_limit")
-                .is_some_and(|f| f.value.kind != NodeKind::Null);
+            && limit_field(fields).is_some_and(|f| f.value.kind != NodeKind::Null);
         if let Some(f) = fields
             .get("cascade")
             .filter(|_| cascade && !rate_limit_failed)
@@ -325,11 +342,15 @@ impl Validator<'_> {
             .get("entity")
             .and_then(|f| self.entity(f, &scope.keys));
         if let (Some(t), Some(rl)) = (&entity, rate_limit) {
-            if let RuleLimit::Limited(params) = &rl.limit {
-                let name = rl.name.clone().unwrap_or_else(|| "rl".into());
-                let broken = self
-                    .shared
-                    .check(&self.file, t, &scope.resource, name, params, pos);
+            let first = match &rl.limit {
+                RuleLimit::Limited(rate) => Some((rl.name.as_deref().unwrap_or("rl"), rate)),
+                RuleLimit::Unlimited => None,
+            };
+            let further = rl.further.iter().map(|f| (f.item_name.as_str(), &f.rate));
+            for (name, params) in first.into_iter().chain(further) {
+                let broken =
+                    self.shared
+                        .check(&self.file, t, &scope.resource, name.into(), params, pos);
                 for kind in broken {
                     self.error(pos, kind);
                 }

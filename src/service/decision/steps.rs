@@ -125,7 +125,7 @@ impl<S: BucketStore> RateLimiter<S> {
                     // 80 % or more of the capacity used after this request.
                     let near = |l: &LimitOutcome| l.remaining.saturating_mul(5) <= l.share.ceiling;
                     HitOutcome::Within {
-                        near: near(&v.own) || v.parent.as_ref().is_some_and(near),
+                        near: v.all().any(near),
                     }
                 } else if *group == Group::Shadow {
                     HitOutcome::ShadowOver
