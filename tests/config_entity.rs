@@ -11,6 +11,7 @@ fn key_only_levels(entries: &[(String, String)]) -> Vec<Level> {
         .map(|(k, _)| Level {
             key: k.clone(),
             value: None,
+            regex: false,
             share_threshold: false,
             value_to_metric: false,
         })

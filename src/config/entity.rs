@@ -48,14 +48,26 @@ fn push_pattern(out: &mut CompactString, pattern: &str) {
     }
 }
 
+/// A shared `value_regex`: `%RE` then the expression, encoded. Percent-encoding writes
+/// `%` only before two hex digits, so no request value and no wildcard pattern (whose
+/// parts are encoded) can read `%R`.
+fn push_regex_pattern(out: &mut CompactString, pattern: &str) {
+    out.push_str("%RE");
+    push_encoded(out, pattern);
+}
+
 /// The value a level contributes: the request's, or the pattern under `share_threshold`.
 fn push_level_value(out: &mut CompactString, level: Option<&Level>, value: &str) {
     match level {
         Some(Level {
             value: Some(pattern),
             share_threshold: true,
+            regex,
             ..
-        }) => push_pattern(out, pattern),
+        }) => match regex {
+            true => push_regex_pattern(out, pattern),
+            false => push_pattern(out, pattern),
+        },
         _ => push_encoded(out, value),
     }
 }
@@ -231,6 +243,7 @@ mod tests {
         Level {
             key: key.into(),
             value: value.map(str::to_string),
+            regex: false,
             share_threshold: share,
             value_to_metric: false,
         }

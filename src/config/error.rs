@@ -76,7 +76,13 @@ pub enum ConfigErrorKind {
         resource: String,
         reason: &'static str,
     },
-    #[error("'share_threshold: true' needs a value with a '*' wildcard, found {0}")]
+    #[error("a descriptor has 'value' and 'value_regex': use one")]
+    ValueAndRegex,
+    #[error("invalid value_regex '{pattern}': {reason}")]
+    InvalidValueRegex { pattern: String, reason: String },
+    #[error(
+        "'share_threshold: true' needs a value with a '*' wildcard or a 'value_regex', found {0}"
+    )]
     ShareThresholdWithoutWildcard(String),
     #[error("'cascade: true' on a descriptor without a limited rate_limit")]
     CascadeWithoutLimit,

@@ -1,6 +1,7 @@
 //! The compiled descriptor tree of one domain and the walk that matches a request
 //! descriptor to its rule (docs/configuration.md, "Matching"): exact child, else the
-//! first matching wildcard in file order, else the key-only child; no backtracking.
+//! first matching wildcard or `value_regex` in file order, else the key-only child; no
+//! backtracking.
 //!
 //! Compiling builds the [`Rule`]s (inherited resource, cascade parent, stats key); the
 //! walk is O(depth) and must not allocate, since it runs for every request descriptor.
@@ -14,7 +15,7 @@ use std::sync::Arc;
 
 use super::model::{DescriptorModel, DomainPart};
 use super::stats_key::child_key;
-use super::{FailureMode, Level, Rule};
+use super::{FailureMode, Level, Rule, ValueRegex};
 
 /// One entry of a request descriptor. The service implements it for Envoy's proto entry.
 pub trait DescriptorEntry {
@@ -52,12 +53,31 @@ impl<T: DescriptorEntry + ?Sized> DescriptorEntry for &T {
 /// Index of a node in [`Tree::nodes`].
 type NodeId = u32;
 
+/// A child's value that matches more than one request value.
+#[derive(Debug)]
+enum Pattern {
+    /// A `value` containing `*`.
+    Glob(Box<str>),
+    /// A `value_regex` (an extension), matched against the whole value.
+    Regex(ValueRegex),
+}
+
+impl Pattern {
+    fn matches(&self, value: &str) -> bool {
+        match self {
+            Pattern::Glob(glob) => glob_match(glob, value),
+            Pattern::Regex(regex) => regex.matches(value),
+        }
+    }
+}
+
 /// The children of one node that share a key.
 #[derive(Debug, Default)]
 struct KeyChildren {
     exact: FastMap<Box<str>, NodeId>,
-    /// Patterns containing `*`, in file order.
-    wildcards: Vec<(Box<str>, NodeId)>,
+    /// Wildcards and regular expressions together, in file order: the first that matches
+    /// wins, so a file's meaning does not depend on which kind a node is.
+    patterns: Vec<(Pattern, NodeId)>,
     key_only: Option<NodeId>,
 }
 
@@ -67,9 +87,9 @@ impl KeyChildren {
             .get(value)
             .copied()
             .or_else(|| {
-                self.wildcards
+                self.patterns
                     .iter()
-                    .find(|(pattern, _)| glob_match(pattern, value))
+                    .find(|(pattern, _)| pattern.matches(value))
                     .map(|(_, id)| *id)
             })
             .or(self.key_only)
@@ -165,13 +185,16 @@ impl Compiler<'_> {
     fn add_children(&mut self, parent: usize, descriptors: &[DescriptorModel], up: &Inherited) {
         for d in descriptors {
             let mut levels = up.levels.clone();
+            let regex = d.value_regex.as_ref().map(ValueRegex::as_str);
+            let value = d.value.as_deref().or(regex);
             levels.push(Level {
                 key: d.key.clone(),
-                value: d.value.clone(),
+                value: value.map(str::to_string),
+                regex: regex.is_some(),
                 share_threshold: d.share_threshold,
                 value_to_metric: d.value_to_metric,
             });
-            let stats_key = child_key(&up.stats_key, &d.key, d.value.as_deref());
+            let stats_key = child_key(&up.stats_key, &d.key, value);
             let resource = d.resource.as_deref().unwrap_or(up.resource);
             let rule = d.rate_limit.as_ref().map(|rl| {
                 let index = *self.next_rule;
@@ -211,10 +234,13 @@ impl Compiler<'_> {
                 .entry(d.key.as_str().into())
                 .or_default();
             // Validation rejected duplicate siblings, so nothing is overwritten here.
-            match &d.value {
-                None => siblings.key_only = Some(id),
-                Some(v) if v.contains('*') => siblings.wildcards.push((v.as_str().into(), id)),
-                Some(v) => {
+            match (&d.value, &d.value_regex) {
+                (None, Some(regex)) => siblings.patterns.push((Pattern::Regex(regex.clone()), id)),
+                (None, None) => siblings.key_only = Some(id),
+                (Some(v), _) if v.contains('*') => siblings
+                    .patterns
+                    .push((Pattern::Glob(v.as_str().into()), id)),
+                (Some(v), _) => {
                     siblings.exact.insert(v.as_str().into(), id);
                 }
             }

@@ -10,7 +10,7 @@
 //! (files and directories), `model.rs` (the YAML with its positions), `validate/` (every
 //! check, every error at once), `error.rs` (errors with file:line), `matcher.rs` (the
 //! compiled tree and the walk), `entity.rs` (`entity:` templates), `stats_key.rs`
-//! (upstream's stats keys), `xds.rs` (rules pushed over xDS, written as the documents they
+//! (upstream's stats keys), `value_regex.rs` (regular-expression values), `xds.rs` (rules pushed over xDS, written as the documents they
 //! stand for); and how one is replaced while serving — `reload.rs`.
 
 mod entity;
@@ -24,6 +24,7 @@ mod snapshot;
 mod stats_key;
 mod unit;
 mod validate;
+mod value_regex;
 pub mod xds;
 
 pub use entity::{encode_component, EntityTemplate, TemplateError};
@@ -36,3 +37,4 @@ pub use rule::{
 pub use snapshot::{Config, Domain, LoadOptions};
 pub use stats_key::{entries_key, hit_key};
 pub use unit::Unit;
+pub use value_regex::{ValueRegex, MAX_REGEX_BYTES};

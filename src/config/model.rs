@@ -11,7 +11,7 @@ use std::sync::Arc;
 use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_saphyr::Spanned;
 
-use super::{EntityTemplate, FailureMode, FurtherLimit, RuleLimit};
+use super::{EntityTemplate, FailureMode, FurtherLimit, RuleLimit, ValueRegex};
 
 /// A 1-based line and column in a source file (0 when unknown).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
@@ -236,6 +236,8 @@ pub(crate) struct DescriptorModel {
     pub key: String,
     /// `None` for a key-only node (an empty `value` means the same, as in envoyproxy).
     pub value: Option<String>,
+    /// `value_regex` (an extension), instead of `value`.
+    pub value_regex: Option<ValueRegex>,
     pub pos: Pos,
     pub rate_limit: Option<RateLimitModel>,
     pub shadow_mode: bool,

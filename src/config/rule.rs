@@ -123,8 +123,11 @@ pub enum RuleLimit {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Level {
     pub key: String,
-    /// The `value` of that node (`None` for a key-only node); may contain `*`.
+    /// The `value` of that node (`None` for a key-only node); may contain `*`. For a
+    /// `value_regex` node, the expression as written.
     pub value: Option<String>,
+    /// `value` is a `value_regex` expression (an extension), a pattern like a wildcard.
+    pub regex: bool,
     /// `share_threshold` on that node: the pattern stands in for the value in the entity
     /// (and in the stats key).
     pub share_threshold: bool,

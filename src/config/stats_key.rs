@@ -35,7 +35,7 @@ pub fn entries_key<E: DescriptorEntry>(domain: &str, entries: &[E]) -> String {
 /// - `detailed_metric` on the rule: every level as `key_value` with the request's value,
 ///   except a `share_threshold` level, which keeps its pattern (and then an empty value
 ///   leaves the level as its key alone);
-/// - otherwise, level by level: a literal value is kept, a wildcard keeps its pattern
+/// - otherwise, level by level: a literal value is kept, a wildcard (or a `value_regex`) keeps its pattern
 ///   unless the node has `value_to_metric` (then the request's value; `share_threshold`
 ///   wins over it), and a key-only node is its key alone, or `key_value` with the
 ///   request's value under `value_to_metric`. An empty value adds nothing.
@@ -61,7 +61,10 @@ pub fn hit_key<E: DescriptorEntry>(rule: &Rule, entries: &[E]) -> String {
 
 /// What one level adds after its key (`None`: the key alone).
 fn level_value<'a>(level: &'a Level, request: &'a str, detailed: bool) -> Option<&'a str> {
-    let pattern = level.value.as_deref().filter(|v| v.contains('*'));
+    let pattern = level
+        .value
+        .as_deref()
+        .filter(|v| level.regex || v.contains('*'));
     let chosen = match (&level.value, pattern) {
         (_, Some(p)) if level.share_threshold => Some(p),
         _ if detailed => Some(request),

@@ -135,6 +135,7 @@ fn override_rule(domain: &Arc<str>, d: &Descriptor<'_>, rpu: u32, unit: i32) -> 
         .map(|e| Level {
             key: e.key.to_string(),
             value: Some(e.value.to_string()),
+            regex: false,
             share_threshold: false,
             value_to_metric: false,
         })

@@ -12,13 +12,14 @@ use super::validator::Validator;
 use crate::config::error::{ConfigError, ConfigErrorKind as K};
 use crate::config::model::{DescriptorModel, DocumentModel, Node, NodeKind, Pos, RateLimitModel};
 use crate::config::stats_key::child_key;
-use crate::config::{EntityTemplate, FailureMode, RuleLimit};
+use crate::config::{EntityTemplate, FailureMode, RuleLimit, ValueRegex};
 use crate::store::key::MAX_RESOURCE_BYTES;
 
 const TOP_KEYS: &[&str] = &["domain", "descriptors", "failure_mode"];
 const DESCRIPTOR_KEYS: &[&str] = &[
     "key",
     "value",
+    "value_regex",
     "rate_limit",
     "rate_limits",
     "shadow_mode",
@@ -169,15 +170,21 @@ impl Validator<'_> {
                 return Vec::new();
             }
         };
-        let mut siblings: HashMap<(String, Option<String>), u32> = HashMap::new();
+        // A node is its key and its value, or its key and its expression.
+        let mut siblings: HashMap<(String, Option<String>, bool), u32> = HashMap::new();
         let mut out = Vec::with_capacity(items.len());
         for item in items {
             let Some(d) = self.descriptor(item, scope) else {
                 continue;
             };
-            let id = (d.key.clone(), d.value.clone());
+            let pattern = d.value_regex.as_ref().map(|r| r.as_str().to_string());
+            let id = (
+                d.key.clone(),
+                d.value.clone().or(pattern),
+                d.value_regex.is_some(),
+            );
             if let Some(first_line) = siblings.get(&id) {
-                let key = child_key(&scope.composite, &d.key, d.value.as_deref());
+                let key = child_key(&scope.composite, &d.key, id.1.as_deref());
                 self.error(
                     d.pos,
                     K::DuplicateCompositeKey {
@@ -199,10 +206,7 @@ impl Validator<'_> {
         let fields = self.fields(node, "a descriptor", "descriptor", DESCRIPTOR_KEYS)?;
         let key = self.descriptor_key(&fields, node);
         let errors_before = self.errors.len();
-        let value = fields
-            .get("value")
-            .and_then(|f| self.text(f))
-            .filter(|v| !v.is_empty());
+        let (value, value_regex) = self.node_value(&fields);
         // A value that failed to read must not make the node look key-only (that would
         // report a bogus duplicate or match the wrong requests).
         let value_failed = self.errors.len() > errors_before;
@@ -218,8 +222,10 @@ impl Validator<'_> {
             .and_then(|f| self.failure_mode(f));
         let metadata = fields.get("metadata").and_then(|f| self.metadata(f));
         let resource = fields.get("resource").and_then(|f| self.resource(f));
-        self.check_share_threshold(&fields, share_threshold, value.as_deref());
-        let mut scope = child_scope(parent, key.as_deref(), value.as_deref(), resource.as_ref());
+        let pattern = value_regex.as_ref().map(ValueRegex::as_str);
+        self.check_share_threshold(&fields, share_threshold, value.as_deref(), pattern);
+        let shown = value.as_deref().or(pattern);
+        let mut scope = child_scope(parent, key.as_deref(), shown, resource.as_ref());
         self.check_cascade(&fields, cascade, rate_limit.as_ref(), parent.nearest_limit);
         let entity = self.descriptor_entity(&fields, &scope, rate_limit.as_ref(), node.pos);
         if let Some(rl) = &rate_limit {
@@ -237,6 +243,7 @@ impl Validator<'_> {
         Some(DescriptorModel {
             key: key?,
             value,
+            value_regex,
             pos: node.pos,
             rate_limit,
             shadow_mode,
@@ -283,15 +290,42 @@ impl Validator<'_> {
         }
     }
 
-    /// `share_threshold: true` needs a wildcard value to share.
+    /// The node's `value` (an empty one is none), or its compiled `value_regex`; never
+    /// both.
+    fn node_value(&mut self, fields: &Fields) -> (Option<String>, Option<ValueRegex>) {
+        let value = fields
+            .get("value")
+            .and_then(|f| self.text(f))
+            .filter(|v| !v.is_empty());
+        let Some(f) = fields.get("value_regex") else {
+            return (value, None);
+        };
+        if value.is_some() {
+            self.error(f.pos, K::ValueAndRegex);
+            return (value, None);
+        }
+        let Some(pattern) = self.required_text(f) else {
+            return (None, None);
+        };
+        match ValueRegex::new(&pattern) {
+            Ok(regex) => (None, Some(regex)),
+            Err(reason) => {
+                self.error(f.value.pos, K::InvalidValueRegex { pattern, reason });
+                (None, None)
+            }
+        }
+    }
+
+    /// `share_threshold: true` needs a wildcard value (or a `value_regex`) to share.
     fn check_share_threshold(
         &mut self,
         fields: &Fields,
         share_threshold: bool,
         value: Option<&str>,
+        regex: Option<&str>,
     ) {
         if let Some(f) = fields.get("share_threshold") {
-            if share_threshold && !value.is_some_and(|v| v.contains('*')) {
+            if share_threshold && regex.is_none() && !value.is_some_and(|v| v.contains('*')) {
                 let found = value.map_or("no value".into(), |v| format!("'{v}'"));
                 self.error(f.pos, K::ShareThresholdWithoutWildcard(found));
             }
