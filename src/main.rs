@@ -1,4 +1,5 @@
-//! The `shardgate` command line: `serve`, `check-config`, `table create` and `inspect`.
+//! The `shardgate` command line: `serve`, `check-config`, `explain`, `table create` and
+//! `inspect`.
 //! Parsing and dispatch only: `serve`'s arguments are in `cli/serve.rs` (and the files
 //! it flattens in), their translation into the server's options in
 //! `cli/serve_options.rs`, the store arguments and the two store commands in
@@ -21,6 +22,7 @@ use shardgate::config::{Config, LoadOptions};
 use shardgate::server::serve;
 
 mod cli;
+use cli::explain::{explain, ExplainArgs};
 use cli::serve::{LogFormat, OtlpTransport, Serve};
 use cli::serve_options::serve_options;
 #[cfg(any(feature = "dynamodb", feature = "redis"))]
@@ -53,6 +55,9 @@ enum Command {
         #[arg(long, env = "SHARDGATE_MERGE_DOMAIN_CONFIG")]
         merge_domain_config: bool,
     },
+    /// Explain one descriptor: the rules it walks through, its bucket and balances, the
+    /// answer it would get now (reads the store, never writes).
+    Explain(Box<ExplainArgs>),
     /// Manage the DynamoDB table.
     #[cfg(feature = "dynamodb")]
     Table {
@@ -180,6 +185,7 @@ fn main() -> ExitCode {
         #[cfg(any(feature = "dynamodb", feature = "redis"))]
         Command::Inspect(args) => inspect_bucket(*args),
         Command::Serve(args) => serve(args, &upstream),
+        Command::Explain(args) => explain(*args),
     }
 }
 

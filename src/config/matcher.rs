@@ -51,11 +51,11 @@ impl<T: DescriptorEntry + ?Sized> DescriptorEntry for &T {
 }
 
 /// Index of a node in [`Tree::nodes`].
-type NodeId = u32;
+pub(super) type NodeId = u32;
 
 /// A child's value that matches more than one request value.
 #[derive(Debug)]
-enum Pattern {
+pub(super) enum Pattern {
     /// A `value` containing `*`.
     Glob(Box<str>),
     /// A `value_regex` (an extension), matched against the whole value.
@@ -63,7 +63,7 @@ enum Pattern {
 }
 
 impl Pattern {
-    fn matches(&self, value: &str) -> bool {
+    pub(super) fn matches(&self, value: &str) -> bool {
         match self {
             Pattern::Glob(glob) => glob_match(glob, value),
             Pattern::Regex(regex) => regex.matches(value),
@@ -73,12 +73,12 @@ impl Pattern {
 
 /// The children of one node that share a key.
 #[derive(Debug, Default)]
-struct KeyChildren {
-    exact: FastMap<Box<str>, NodeId>,
+pub(super) struct KeyChildren {
+    pub(super) exact: FastMap<Box<str>, NodeId>,
     /// Wildcards and regular expressions together, in file order: the first that matches
     /// wins, so a file's meaning does not depend on which kind a node is.
-    patterns: Vec<(Pattern, NodeId)>,
-    key_only: Option<NodeId>,
+    pub(super) patterns: Vec<(Pattern, NodeId)>,
+    pub(super) key_only: Option<NodeId>,
 }
 
 impl KeyChildren {
@@ -97,15 +97,17 @@ impl KeyChildren {
 }
 
 #[derive(Debug, Default)]
-struct TreeNode {
-    rule: Option<Arc<Rule>>,
-    children: FastMap<Box<str>, KeyChildren>,
+pub(super) struct TreeNode {
+    pub(super) rule: Option<Arc<Rule>>,
+    pub(super) children: FastMap<Box<str>, KeyChildren>,
+    /// `file:line` of the node (none for the root), for `explain`.
+    pub(super) source: Option<Arc<str>>,
 }
 
 /// A domain's descriptor tree; node 0 is the root.
 #[derive(Debug)]
 pub(crate) struct Tree {
-    nodes: Vec<TreeNode>,
+    pub(super) nodes: Vec<TreeNode>,
     /// Every rule, in file order.
     rules: Vec<Arc<Rule>>,
 }
@@ -196,6 +198,7 @@ impl Compiler<'_> {
             });
             let stats_key = child_key(&up.stats_key, &d.key, value);
             let resource = d.resource.as_deref().unwrap_or(up.resource);
+            let source: Arc<str> = format!("{}:{}", self.file, d.pos.line).into();
             let rule = d.rate_limit.as_ref().map(|rl| {
                 let index = *self.next_rule;
                 *self.next_rule += 1;
@@ -220,7 +223,7 @@ impl Compiler<'_> {
                     },
                     failure_mode: d.failure_mode.unwrap_or(self.failure_mode),
                     stats_key: stats_key.clone(),
-                    source: format!("{}:{}", self.file, d.pos.line).into(),
+                    source: Arc::clone(&source),
                 })
             });
 
@@ -228,6 +231,7 @@ impl Compiler<'_> {
             self.tree.nodes.push(TreeNode {
                 rule: rule.clone(),
                 children: FastMap::default(),
+                source: Some(source),
             });
             let siblings = self.tree.nodes[parent]
                 .children

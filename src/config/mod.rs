@@ -10,11 +10,12 @@
 //! (files and directories), `model.rs` (the YAML with its positions), `validate/` (every
 //! check, every error at once), `error.rs` (errors with file:line), `matcher.rs` (the
 //! compiled tree and the walk), `entity.rs` (`entity:` templates), `stats_key.rs`
-//! (upstream's stats keys), `value_regex.rs` (regular-expression values), `xds.rs` (rules pushed over xDS, written as the documents they
+//! (upstream's stats keys), `explain.rs` (the walk told step by step), `value_regex.rs` (regular-expression values), `xds.rs` (rules pushed over xDS, written as the documents they
 //! stand for); and how one is replaced while serving — `reload.rs`.
 
 mod entity;
 mod error;
+mod explain;
 mod load;
 mod matcher;
 mod model;
@@ -29,6 +30,7 @@ pub mod xds;
 
 pub use entity::{encode_component, EntityTemplate, TemplateError};
 pub use error::{ConfigError, ConfigErrorKind, ConfigErrors};
+pub use explain::{nearest, End as WalkEnd, How, Step, Walk};
 pub use matcher::DescriptorEntry;
 pub use rule::{
     FailureMode, FurtherLimit, Level, RateLimit, Rule, RuleLimit, StatedLimit,

@@ -3,6 +3,7 @@
 //! ([`FailureMode`]), and everything the engine and the policy need to decide for a
 //! descriptor that matches it ([`Rule`]). Built by the matcher at load; read-only after.
 
+use std::fmt;
 use std::sync::Arc;
 
 use super::{entity, DescriptorEntry, EntityTemplate, Unit};
@@ -84,6 +85,24 @@ impl RateLimit {
             let per_year = rpu * Unit::Year.seconds() / period;
             (u32::try_from(per_year).unwrap_or(u32::MAX), Unit::Year)
         })
+    }
+}
+
+/// "100/minute", "100/5 minutes burst 20 overdraft": as `/rlconfig` and `explain` list it.
+impl fmt::Display for RateLimit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let unit = self.unit.name();
+        match self.unit_multiplier {
+            0 | 1 => write!(f, "{}/{unit}", self.requests_per_unit)?,
+            m => write!(f, "{}/{m} {unit}s", self.requests_per_unit)?,
+        }
+        if let Some(b) = self.burst {
+            write!(f, " burst {b}")?;
+        }
+        if self.overdraft {
+            f.write_str(" overdraft")?;
+        }
+        Ok(())
     }
 }
 

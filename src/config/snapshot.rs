@@ -25,6 +25,11 @@ impl Domain {
         self.tree.lookup(entries)
     }
 
+    /// The same walk as [`Domain::match_descriptor`], told step by step (`explain`).
+    pub fn walk<E: DescriptorEntry>(&self, entries: &[E]) -> crate::config::Walk<'_> {
+        self.tree.walk(entries)
+    }
+
     /// Every rule of the domain, in file order (for listings and metrics).
     pub fn rules(&self) -> impl Iterator<Item = &Arc<Rule>> {
         self.tree.rules()

@@ -17,7 +17,7 @@ use axum::Router;
 use tokio::net::TcpListener;
 
 use super::json;
-use crate::config::{RateLimit, RuleLimit, Unit};
+use crate::config::RuleLimit;
 use crate::service::decision::{CallError, RateLimiter};
 use crate::store::BucketStore;
 use crate::support::text::{elide, MESSAGE_BYTES};
@@ -30,6 +30,7 @@ pub fn router<S: BucketStore>(limiter: Arc<RateLimiter<S>>) -> Router {
         .route("/healthcheck/store", get(store_check::<S>))
         .route("/rlconfig", get(rlconfig::<S>))
         .route("/json", post(json_call::<S>))
+        .route("/explain", post(explain::<S>))
         .with_state(limiter)
 }
 
@@ -76,21 +77,6 @@ async fn store_check<S: BucketStore>(State(limiter): State<Arc<RateLimiter<S>>>)
     }
 }
 
-/// One limit as `/rlconfig` lists it: "100/minute", "100/5 minutes burst 20 overdraft".
-fn rate_text(l: &RateLimit) -> String {
-    let mut s = match l.unit_multiplier {
-        0 | 1 => format!("{}/{}", l.requests_per_unit, Unit::name(l.unit)),
-        m => format!("{}/{m} {}s", l.requests_per_unit, Unit::name(l.unit)),
-    };
-    if let Some(b) = l.burst {
-        let _ = write!(s, " burst {b}");
-    }
-    if l.overdraft {
-        s.push_str(" overdraft");
-    }
-    s
-}
-
 async fn rlconfig<S: BucketStore>(State(limiter): State<Arc<RateLimiter<S>>>) -> Response {
     let config = limiter.config();
     let mut out = format!("config hash: {}\n", config.hash());
@@ -104,10 +90,10 @@ async fn rlconfig<S: BucketStore>(State(limiter): State<Arc<RateLimiter<S>>>) ->
                 // Several limits (`rate_limits`): each with its name in the bucket item.
                 RuleLimit::Limited(_) if !r.further_limits.is_empty() => r
                     .stated_limits()
-                    .map(|l| format!("{} [{}]", rate_text(l.rate), l.item_name))
+                    .map(|l| format!("{} [{}]", l.rate, l.item_name))
                     .collect::<Vec<_>>()
                     .join(" + "),
-                RuleLimit::Limited(l) => rate_text(l),
+                RuleLimit::Limited(l) => l.to_string(),
             };
             let mut flags = Vec::new();
             if r.shadow_mode {
@@ -135,6 +121,34 @@ async fn rlconfig<S: BucketStore>(State(limiter): State<Arc<RateLimiter<S>>>) ->
         }
     }
     ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], out).into_response()
+}
+
+/// `POST /explain`: `/json`'s request body, answered in words — each descriptor's walk
+/// through the rules, its bucket and balances, and what it would be answered now. Never
+/// debits.
+async fn explain<S: BucketStore>(
+    State(limiter): State<Arc<RateLimiter<S>>>,
+    body: Bytes,
+) -> Response {
+    let text = |status, t: String| {
+        (
+            status,
+            [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+            t,
+        )
+            .into_response()
+    };
+    let explained = match json::parse_request(&body) {
+        Ok(request) => limiter.explain_request(&request).await,
+        Err(m) => Err(m),
+    };
+    match explained {
+        Ok(t) => text(StatusCode::OK, t + "\n"),
+        Err(m) => text(
+            StatusCode::BAD_REQUEST,
+            format!("{}\n", elide(&m, MESSAGE_BYTES)),
+        ),
+    }
 }
 
 async fn json_call<S: BucketStore>(

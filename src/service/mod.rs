@@ -2,7 +2,7 @@
 //! as envoyproxy/ratelimit's contract has it — the request read in place
 //! (`wire`) and checked (`request`), each descriptor's treatment (`treatment`),
 //! the call's deadline (`deadline`), the decision through the engine (`decision`),
-//! each descriptor's status (`descriptor_status`), what a deployment switches on around
+//! each descriptor's status (`descriptor_status`), one descriptor explained in words (`explain`), what a deployment switches on around
 //! it (`answer_options`), and the answer's protobuf bytes (`response_encoding`); and
 //! the metrics a call records (`metrics`).
 //!
@@ -13,6 +13,7 @@ mod answer_options;
 pub(crate) mod deadline;
 pub(crate) mod decision;
 mod descriptor_status;
+mod explain;
 pub mod metrics;
 mod request;
 pub mod response_encoding;

@@ -1,0 +1,189 @@
+//! "Why did this request get this answer?": one descriptor explained in plain text, for
+//! `shardgate explain` and `POST /explain`. The walk through the descriptor tree (the
+//! config's, `config/explain.rs`), then the rule, its bucket (entity, resource, shard
+//! count), each limit and its balance now, and what a request of one hit would be
+//! answered — read through the engine's `peek`, which never debits.
+//!
+//! It decides nothing of its own: the words come from the same walk, plan and engine the
+//! service answers with, so the explanation cannot drift from the behaviour.
+
+use std::fmt::Write;
+use std::sync::Arc;
+
+use crate::config::{nearest, Rule, RuleLimit, WalkEnd};
+use crate::engine::bucket::whole_tokens;
+use crate::engine::plan::{BucketSlots, Plan};
+use crate::engine::{Decision, LimitOutcome};
+use crate::store::BucketStore;
+
+use super::decision::RateLimiter;
+use super::request::validate;
+use super::wire::RequestView;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+
+impl<S: BucketStore> RateLimiter<S> {
+    /// Every descriptor of `req` explained, a blank line between them; `Err` when the
+    /// request breaks the port's request limits or has no descriptor (the message `/json`
+    /// would give).
+    pub async fn explain_request(&self, req: &RateLimitRequest) -> Result<String, String> {
+        let view = RequestView::from(req);
+        validate(self.request_limits(), &view)?;
+        let mut parts = Vec::with_capacity(view.len());
+        for d in view.descriptors() {
+            let entries: Vec<(String, String)> = d
+                .entries
+                .iter()
+                .map(|e| (e.key.to_string(), e.value.to_string()))
+                .collect();
+            parts.push(self.explain(view.domain, &entries).await);
+        }
+        Ok(parts.join("\n\n"))
+    }
+
+    /// The explanation of descriptor `entries` in `domain` (several lines, no trailing
+    /// newline). Reads the store; never writes.
+    pub async fn explain(&self, domain: &str, entries: &[(String, String)]) -> String {
+        let config = self.config();
+        let shown: Vec<String> = entries.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let mut out = format!("descriptor ({}) in domain '{domain}':\n", shown.join(", "));
+        let Some(d) = config.domain(domain) else {
+            let mut names: Vec<String> = config.domains().map(|d| d.name.to_string()).collect();
+            names.sort();
+            let _ = write!(out, "no rule: domain '{domain}' is not in the config");
+            if let Some(n) = nearest(domain, &names) {
+                let _ = write!(out, "; the nearest is '{n}'");
+            }
+            let _ = write!(
+                out,
+                " (domains: {}); every descriptor is answered OK",
+                names.join(", ")
+            );
+            return out;
+        };
+        let walk = d.walk(entries);
+        let _ = write!(out, "{walk}");
+        if let WalkEnd::Rule(rule) = walk.end {
+            out.push('\n');
+            self.explain_rule(rule, entries, &mut out).await;
+        }
+        out
+    }
+
+    /// The matched rule's limits, bucket and balances, and the answer a request of one
+    /// hit would get now.
+    async fn explain_rule(&self, rule: &Arc<Rule>, entries: &[(String, String)], out: &mut String) {
+        let _ = write!(out, "{}", rule_flags(rule));
+        if rule.limit == RuleLimit::Unlimited {
+            out.push_str("unlimited: answered OK with no limit, without the store");
+            return;
+        }
+        let mut plan = Plan::new();
+        let slots = match plan.add(rule, entries, 1) {
+            Ok(slots) => slots,
+            Err(e) => {
+                let _ = write!(out, "cannot be planned: {e}");
+                return;
+            }
+        };
+        let decision = match self.engine().peek(&plan.acquire).await {
+            Ok(d) => d,
+            Err(e) => {
+                let _ = write!(out, "store: could not read the bucket: {e}");
+                return;
+            }
+        };
+        bucket_lines(&plan, &decision, rule, &slots.own, "bucket", out);
+        if let (Some(parent), Some(ps)) = (&rule.cascade_parent, &slots.parent) {
+            let what = format!("cascade parent {} ({})", parent.stats_key, parent.source);
+            bucket_lines(&plan, &decision, parent, ps, &what, out);
+        }
+        let verdict = if decision.admitted {
+            "admitted".to_string()
+        } else {
+            refusal(&decision, rule, &slots.own, slots.parent.as_ref())
+        };
+        let _ = write!(
+            out,
+            "a request of 1 hit now: {verdict} (read only: nothing was debited)"
+        );
+    }
+}
+
+/// The rule's switches that change its answer, one line, or nothing.
+fn rule_flags(rule: &Rule) -> String {
+    let mut flags = Vec::new();
+    if rule.shadow_mode {
+        flags.push("shadow_mode: counted, always answered OK".to_string());
+    }
+    if rule.quota_mode {
+        flags.push("quota_mode: over only if every quota descriptor is".to_string());
+    }
+    if !rule.replaces.is_empty() {
+        flags.push(format!(
+            "replaces {} when both match",
+            rule.replaces.join(", ")
+        ));
+    }
+    match flags.is_empty() {
+        true => String::new(),
+        false => format!("{}\n", flags.join("; ")),
+    }
+}
+
+/// "bucket: entity 'x', resource 'r', shard 0 of 1" and one line per limit.
+fn bucket_lines(
+    plan: &Plan,
+    decision: &Decision,
+    rule: &Rule,
+    slots: &BucketSlots,
+    what: &str,
+    out: &mut String,
+) {
+    let claim = &plan.acquire.buckets[slots.bucket];
+    let outcome = &decision.buckets[slots.bucket];
+    let _ = writeln!(
+        out,
+        "{what}: entity '{}', resource '{}', shard {} of {}",
+        claim.entity, claim.resource, outcome.shard, outcome.shard_count
+    );
+    for (stated, &l) in rule.stated_limits().zip(&slots.limits) {
+        let o = &outcome.limits[l];
+        let _ = writeln!(
+            out,
+            "  {} {}: {} of {} tokens left on this shard",
+            stated.item_name,
+            stated.rate,
+            whole_tokens(o.remaining),
+            whole_tokens(o.share.ceiling),
+        );
+    }
+}
+
+/// Which limit refuses, and when a request would fit.
+fn refusal(
+    decision: &Decision,
+    rule: &Rule,
+    own: &BucketSlots,
+    parent: Option<&BucketSlots>,
+) -> String {
+    let named = |r: &Rule, s: &BucketSlots| -> Vec<(String, LimitOutcome)> {
+        let b = &decision.buckets[s.bucket];
+        r.stated_limits()
+            .zip(&s.limits)
+            .map(|(st, &l)| (st.item_name.to_string(), b.limits[l]))
+            .collect()
+    };
+    let mut all = named(rule, own);
+    if let (Some(p), Some(ps)) = (rule.cascade_parent.as_deref(), parent) {
+        all.extend(named(p, ps));
+    }
+    let refusing: Vec<String> = all
+        .iter()
+        .filter(|(_, o)| !o.fits)
+        .map(|(name, o)| match o.wait_ms {
+            Some(ms) => format!("{name} (fits in {:.3} s)", ms as f64 / 1000.0),
+            None => format!("{name} (never: larger than a shard's share, or no refill)"),
+        })
+        .collect();
+    format!("refused by {}", refusing.join(", "))
+}
