@@ -13,14 +13,19 @@ bucket item. The recipe's rates are realistic, so balances refill during a test 
 6667 tokens/s, output 1667/s): balances read through `/json` are asserted within the
 refill since the debit. The DynamoDB half also reads the item itself (`shardgate
 inspect`), whose `tc` (millitokens taken, never refilled) is an exact ledger.
+
+docs/configuration.md's recipe section shows these rules and this route; a test keeps
+them the same.
 """
 import json
 import math
+import re
 import subprocess
 import time
 
 from envoy_e2e import (
-    LLM_RECIPE_DOMAIN, READY_TIMEOUT_S, http_get, http_post_json, unique, wait_until,
+    LLM_RECIPE_CONFIG, LLM_RECIPE_DOMAIN, READY_TIMEOUT_S, REPO, http_get, http_post_json,
+    llm_recipe_routes, unique, wait_until,
 )
 
 PATH = "/v1/chat/completions"
@@ -145,6 +150,32 @@ def taken(item):
 def within_refill(remaining, floor, rate, since):
     """`remaining` is `floor` plus at most what the refill added since `since`."""
     return floor <= remaining <= floor + math.ceil(rate * (time.monotonic() - since)) + 1
+
+
+def doc_recipe_blocks():
+    """The YAML blocks of docs/configuration.md's recipe section, parsed: the rules, then
+    the route."""
+    import yaml  # tests/envoy/requirements.txt
+
+    text = (REPO / "docs" / "configuration.md").read_text()
+    start = text.index("## Token budgets for LLM traffic (recipe)")
+    section = text[start:text.index("\n## ", start + 1)]
+    return [yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", section, re.S)]
+
+
+def test_docs_show_what_is_tested():
+    """The recipe's section shows the rules of config/llm-tokens.yaml and the route this
+    suite runs."""
+    import yaml
+
+    rules, routes = doc_recipe_blocks()
+    recipe = yaml.safe_load(LLM_RECIPE_CONFIG.read_text())
+    assert rules["domain"] == recipe["domain"] == LLM_RECIPE_DOMAIN
+    assert rules["descriptors"] == recipe["descriptors"]
+    per_route = "envoy.filters.http.ratelimit"
+    shown = routes["routes"][0]["typed_per_filter_config"][per_route]
+    tested = llm_recipe_routes()[0]["typed_per_filter_config"][per_route]
+    assert shown == tested
 
 
 def test_recipe_config_is_served(llm_recipe_stack):
