@@ -17,9 +17,9 @@ import subprocess
 import pytest
 
 from envoy_e2e import (
-    LIMITS_DIR, REPO, E2EError, Envoy, Shardgate, Store, backend_listener, bootstrap,
-    create_table, http_listener, main_routes, ratelimit_filter, static_cluster,
-    wait_rate_limited_path, ROUTER,
+    LIMITS_DIR, LLM_RECIPE_CONFIG, LLM_RECIPE_DOMAIN, REPO, E2EError, Envoy, Shardgate, Store,
+    backend_listener, bootstrap, create_table, http_listener, llm_recipe_routes, main_routes,
+    ratelimit_filter, static_cluster, wait_rate_limited_path, ROUTER,
 )
 
 ENVOY_MAJOR_MINOR = "1.40."
@@ -96,11 +96,12 @@ class Stack:
 
 
 def start_stack(shardgate_bin, envoy_bin, store, workdir, tag, build_envoy, extra_ports=(),
-                shardgate_args=()):
-    """Starts shardgate (on tests/envoy/limits, with `shardgate_args` added) and an Envoy
-    whose config `build_envoy(ports, shardgate_port)` returns, and waits until a request
-    through Envoy is rate limited."""
-    sg = Shardgate(shardgate_bin, LIMITS_DIR, store, workdir, tag, extra_args=shardgate_args)
+                shardgate_args=(), config=LIMITS_DIR, wait_ready=None):
+    """Starts shardgate (on `config`, tests/envoy/limits unless told, with `shardgate_args`
+    added) and an Envoy whose config `build_envoy(ports, shardgate_port)` returns, and waits
+    until a request through Envoy is rate limited: `wait_ready(stack)` if given, else a
+    request to /warmup (a rule of tests/envoy/limits)."""
+    sg = Shardgate(shardgate_bin, config, store, workdir, tag, extra_args=shardgate_args)
     envoy = None
     try:
         sg.start()
@@ -108,7 +109,10 @@ def start_stack(shardgate_bin, envoy_bin, store, workdir, tag, build_envoy, extr
                       extra_ports)
         envoy.start()
         stack = Stack(sg, envoy)
-        wait_rate_limited_path(envoy, detail=stack.logs)
+        if wait_ready is None:
+            wait_rate_limited_path(envoy, detail=stack.logs)
+        else:
+            wait_ready(stack)
         return stack
     except E2EError as e:
         if envoy is not None:
@@ -140,6 +144,37 @@ def stack(store, shardgate_bin, envoy_bin, tmp_path_factory):
     s.stop()
 
 
+def llm_recipe_envoy_config(ports, shardgate_port):
+    filters = [ratelimit_filter(LLM_RECIPE_DOMAIN, failure_mode_deny=True),
+               {"name": "envoy.filters.http.router", "typed_config": {"@type": ROUTER}}]
+    return bootstrap(
+        ports["admin"],
+        [http_listener("main", ports["main"], llm_recipe_routes(), filters),
+         backend_listener(ports["backend"])],
+        [static_cluster("shardgate", shardgate_port, http2=True),
+         static_cluster("backend", ports["backend"])],
+    )
+
+
+LLM_READY_HEADERS = {"x-tenant": "warmup", "x-model": "warmup",
+                     "x-simulate-input-tokens": "0", "x-simulate-output-tokens": "0"}
+
+
+@pytest.fixture(scope="session")
+def llm_recipe_stack(store, shardgate_bin, envoy_bin, tmp_path_factory):
+    """shardgate serving config/llm-tokens.yaml unedited, behind an Envoy with the recipe's
+    route (envoy_e2e.llm_recipe_routes); one per store. Ready once a request of tenant and
+    model `warmup` comes back rate limited (its bucket item exists from then on)."""
+    workdir = tmp_path_factory.mktemp(f"llm-recipe-{store.name}")
+    s = start_stack(shardgate_bin, envoy_bin, store, workdir, f"llm-recipe-{store.name}",
+                    llm_recipe_envoy_config, config=LLM_RECIPE_CONFIG,
+                    wait_ready=lambda st: wait_rate_limited_path(
+                        st.envoy, path="/v1/chat/completions", headers=LLM_READY_HEADERS,
+                        detail=st.logs))
+    yield s
+    s.stop()
+
+
 @pytest.fixture
 def stack_factory(store, shardgate_bin, envoy_bin, tmp_path):
     """Starts a private stack for a test that stops or restarts processes."""
@@ -161,7 +196,7 @@ def pytest_runtest_makereport(item, call):
     """A failed test that used a stack shows the tail of shardgate's and Envoy's logs."""
     report = yield
     if report.failed and call.when == "call":
-        s = item.funcargs.get("stack") if hasattr(item, "funcargs") else None
-        if isinstance(s, Stack):
-            report.sections.append(("shardgate and Envoy logs", s.logs()))
+        for s in getattr(item, "funcargs", {}).values():
+            if isinstance(s, Stack):
+                report.sections.append(("shardgate and Envoy logs", s.logs()))
     return report

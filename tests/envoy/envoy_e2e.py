@@ -107,9 +107,19 @@ class Response:
 
 
 def http_get(port: int, path: str, headers: dict | None = None) -> Response:
+    return http_call("GET", port, path, headers)
+
+
+def http_post_json(port: int, path: str, doc) -> Response:
+    return http_call("POST", port, path, {"content-type": "application/json"},
+                     json.dumps(doc).encode())
+
+
+def http_call(method: str, port: int, path: str, headers: dict | None = None,
+              body: bytes | None = None) -> Response:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=HTTP_TIMEOUT_S)
     try:
-        conn.request("GET", path, headers=headers or {})
+        conn.request(method, path, body=body, headers=headers or {})
         r = conn.getresponse()
         body = r.read()
         hdrs: dict = {}
@@ -388,15 +398,20 @@ def http_listener(name, port, routes, http_filters):
 
 def backend_listener(port):
     """The upstream every route proxies to: a second listener of the same Envoy answering
-    200 itself. It reports `x-tokens-used` (an LLM's usage) as the request's
-    `x-simulate-tokens` asks. Rate limiting needs a routed cluster: Envoy's ratelimit filter
-    skips `direct_response` routes, so the main listener cannot answer by itself."""
+    200 itself. It reports an LLM's usage as the request asks: `x-tokens-used` from
+    `x-simulate-tokens`, `x-input-tokens` and `x-output-tokens` from
+    `x-simulate-input-tokens` and `x-simulate-output-tokens` (a header not asked for is left
+    out). Rate limiting needs a routed cluster: Envoy's ratelimit filter skips
+    `direct_response` routes, so the main listener cannot answer by itself."""
+    usage = [("x-tokens-used", "x-simulate-tokens"),
+             ("x-input-tokens", "x-simulate-input-tokens"),
+             ("x-output-tokens", "x-simulate-output-tokens")]
     routes = [{
         "match": {"prefix": "/"},
         "direct_response": {"status": 200, "body": {"inline_string": "backend ok\n"}},
-        "response_headers_to_add": [{
-            "header": {"key": "x-tokens-used", "value": "%REQ(x-simulate-tokens)%"},
-        }],
+        "response_headers_to_add": [
+            {"header": {"key": reported, "value": f"%REQ({asked})%"}}
+            for reported, asked in usage],
     }]
     return http_listener("backend", port, routes, [{"name": "envoy.filters.http.router",
                                                    "typed_config": {"@type": ROUTER}}])
@@ -457,6 +472,33 @@ def main_routes():
              "hits_addend": {"format": "%RESP(x-tokens-used)%"}},
         ]),
     ]
+
+
+# The recipe of docs/configuration.md, "Token budgets for LLM traffic (recipe)": the rules
+# are config/llm-tokens.yaml (domain "llm"), run as they are.
+LLM_RECIPE_CONFIG = REPO / "config" / "llm-tokens.yaml"
+LLM_RECIPE_DOMAIN = "llm"
+
+
+def llm_recipe_routes():
+    """The recipe's route: every path, per (tenant, model) from the `x-tenant` and
+    `x-model` headers. Request path: one request, and a check (0 hits) of each token
+    budget. Stream end: the input and output tokens the upstream reported, each on its
+    own descriptor."""
+    who = [header("x-tenant", "tenant"), header("x-model", "model")]
+
+    def kind(value):
+        return [*who, {"generic_key": {"descriptor_key": "kind", "descriptor_value": value}}]
+
+    return [route_with_filter_rate_limits("/", [
+        {"actions": kind("requests")},
+        {"actions": kind("input_tokens"), "hits_addend": {"number": 0}},
+        {"actions": kind("output_tokens"), "hits_addend": {"number": 0}},
+        {"actions": kind("input_tokens"), "apply_on_stream_done": True,
+         "hits_addend": {"format": "%RESP(x-input-tokens)%"}},
+        {"actions": kind("output_tokens"), "apply_on_stream_done": True,
+         "hits_addend": {"format": "%RESP(x-output-tokens)%"}},
+    ])]
 
 
 def bootstrap(admin_port, listeners, clusters):
