@@ -239,7 +239,10 @@ pub fn check_answer(
         if rule.shadow_mode {
             assert_eq!(s.code, OK, "descriptors[{i}] is shadow mode");
         }
-        let is_replaced = rule.name.as_deref().is_some_and(|n| replaced.contains(n));
+        // Any of its names (a `rate_limits` list has several) replaced drops the rule.
+        let is_replaced = rule
+            .stated_limits()
+            .any(|l| l.name.is_some_and(|n| replaced.contains(n)));
         if matches!(rule.limit, RuleLimit::Unlimited) && !is_replaced {
             assert_eq!(s.code, OK, "descriptors[{i}] is unlimited");
             assert_eq!(s.limit_remaining, u32::MAX, "descriptors[{i}] is unlimited");
