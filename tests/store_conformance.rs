@@ -668,3 +668,65 @@ cross_store! {
         assert_eq!(image.ttl, None);
     }
 }
+
+/// [`BucketStore::debit_or_create`] of `debit(amount)` on `key(0)` with `seed`.
+async fn debit_seeded<S: BucketStore>(s: &S, amount: i64, seed: &BucketItem) -> DebitOutcome {
+    s.debit_or_create(&key(0), &debit(amount), FAST, &|| seed.clone())
+        .await
+        .unwrap()
+}
+
+cross_store! {
+    /// A missing item is created from the seed and debited in the same call, `wcu`
+    /// untouched (a create takes none); on DynamoDB, refused as missing, nothing written.
+    async fn debit_or_create_creates_a_missing_item_and_debits_it<S: BucketStore>(s: S) {
+        let out = debit_seeded(&s, 3_000, &item(10_000, 1_000_000)).await;
+        let stored = s.read(&[key(0)]).await.unwrap().pop().unwrap();
+        if !common::creates_on_debit::<S>() {
+            assert_eq!(out, DebitOutcome::Refused(None));
+            assert_eq!(stored, None);
+            return;
+        }
+        let mut expected = item(7_000, 1_000_000);
+        expected.limits.get_mut("rpm").unwrap().taken = 3_000;
+        assert_eq!(out, DebitOutcome::Applied(expected.clone()));
+        assert_eq!(stored, Some(expected));
+    }
+}
+
+cross_store! {
+    /// A seed the debit does not fit (short, or expired, or of another shard count) is
+    /// not written: refused as missing.
+    async fn debit_or_create_writes_nothing_the_debit_does_not_fit<S: BucketStore>(s: S) {
+        assert_eq!(debit_seeded(&s, 3_000, &item(2_000, 1_000_000)).await, DebitOutcome::Refused(None));
+        let mut expired = item(10_000, 1_000_000);
+        expired.ttl = Some(NOW_S);
+        assert_eq!(debit_seeded(&s, 3_000, &expired).await, DebitOutcome::Refused(None));
+        let mut other_count = item(10_000, 1_000_000);
+        other_count.shard_count = 2;
+        assert_eq!(debit_seeded(&s, 3_000, &other_count).await, DebitOutcome::Refused(None));
+        assert_eq!(s.read(&[key(0)]).await.unwrap(), vec![None]);
+    }
+}
+
+cross_store! {
+    /// An item that exists is debited as by `debit` (one `wcu` token), the seed unused;
+    /// one the fast path refuses (expired) is refused with its image, never replaced.
+    async fn debit_or_create_on_an_existing_item_is_a_debit<S: BucketStore>(s: S) {
+        create(&s, key(0), item(5_000, 1_000_000)).await;
+        let DebitOutcome::Applied(after) = debit_seeded(&s, 1_000, &item(10_000, 1_000_000)).await
+        else {
+            panic!("should apply");
+        };
+        assert_eq!(after.limits["rpm"].balance, 4_000);
+        assert_eq!(after.limits[WCU_LIMIT].balance, 999_000);
+        let mut expired = item(5_000, 1_000_000);
+        expired.ttl = Some(NOW_S);
+        create(&s, key(1), expired.clone()).await;
+        let out = s
+            .debit_or_create(&key(1), &debit(1_000), FAST, &|| item(10_000, 1_000_000))
+            .await
+            .unwrap();
+        assert_eq!(out, DebitOutcome::Refused(Some(expired)));
+    }
+}

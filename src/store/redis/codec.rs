@@ -166,9 +166,15 @@ fn turn(delta: i64) -> (i128, bool) {
     }
 }
 
-/// The debit script's arguments (`lua/debit.lua`).
-pub(super) fn debit_args(debits: &[Debit], mode: DebitMode) -> Vec<String> {
-    let mut args = Vec::with_capacity(2 + 8 * debits.len());
+/// The debit script's arguments (`lua/debit.lua`): the mode's, the item to create where
+/// there is none (`seed`: its fields and its `ttl`), then eight per debit.
+pub(super) fn debit_args(
+    debits: &[Debit],
+    mode: DebitMode,
+    seed: Option<&BucketItem>,
+) -> Vec<String> {
+    let seeded = seed.map(fields_of).unwrap_or_default();
+    let mut args = Vec::with_capacity(4 + seeded.len() + 8 * debits.len());
     match mode {
         DebitMode::Fast { now_s, shard_count } => {
             args.push(now_s.to_string());
@@ -179,6 +185,12 @@ pub(super) fn debit_args(debits: &[Debit], mode: DebitMode) -> Vec<String> {
             args.push(String::new());
         }
     }
+    args.push(seeded.len().to_string());
+    args.push(
+        seed.and_then(|s| s.ttl)
+            .map_or_else(String::new, |t| t.to_string()),
+    );
+    args.extend(seeded);
     for d in debits {
         args.push(d.limit.to_string());
         args.push(need(d).to_string());
@@ -446,11 +458,11 @@ mod tests {
             gated: false,
             params: None,
         };
-        let args = debit_args(&[d], DebitMode::RetryOnly);
+        let args = debit_args(&[d], DebitMode::RetryOnly, None);
         assert_eq!(
-            args[3],
+            args[5],
             (i128::from(MIN_BALANCE) + i128::from(i64::MAX)).to_string()
         );
-        assert_eq!(args[6], "0", "adding i64::MAX saturates past tc = 0");
+        assert_eq!(args[8], "0", "adding i64::MAX saturates past tc = 0");
     }
 }

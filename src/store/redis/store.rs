@@ -14,10 +14,10 @@ use super::codec::{credit_args, debit_args, decode, redis_key, script_write, slo
 use super::failure::classify;
 use super::link::{redact, Link, RedisMode, RedisOptions};
 
-use super::super::key::{check_commit, check_key};
+use super::super::key::{check_commit, check_item, check_key};
 use super::super::{
     BucketItem, BucketKey, BucketStore, CommitOutcome, Credit, CreditGuard, Debit, DebitMode,
-    DebitOutcome, StoreError, Write,
+    DebitOutcome, Seed, StoreError, Write,
 };
 
 /// The write budget of one shard item on Redis (`wcu` per second, `--partition-write-budget`):
@@ -217,17 +217,23 @@ impl RedisStore {
     }
 }
 
-impl BucketStore for RedisStore {
-    async fn debit(
+impl RedisStore {
+    /// One debit script; where the key holds no item and `seed` is given, the script
+    /// creates it and debits it (see [`BucketStore::debit_or_create`]).
+    async fn debit_seeded(
         &self,
         key: &BucketKey,
         debits: &[Debit],
         mode: DebitMode,
+        seed: Option<&BucketItem>,
     ) -> Result<DebitOutcome, StoreError> {
         check_key(key)?;
+        if let Some(seed) = seed {
+            check_item(key, seed)?;
+        }
         let rk = redis_key(&self.namespace, key);
         let mut invocation = DEBIT.key(rk.as_str());
-        for a in debit_args(debits, mode) {
+        for a in debit_args(debits, mode, seed) {
             invocation.arg(a);
         }
         let out = self.call(&rk, self.link.run(&invocation)).await?;
@@ -242,6 +248,30 @@ impl BucketStore for RedisStore {
             },
             _ => Err(Self::corrupt(&rk, format!("debit answered {out:?}"))),
         }
+    }
+}
+
+impl BucketStore for RedisStore {
+    async fn debit(
+        &self,
+        key: &BucketKey,
+        debits: &[Debit],
+        mode: DebitMode,
+    ) -> Result<DebitOutcome, StoreError> {
+        self.debit_seeded(key, debits, mode, None).await
+    }
+
+    /// One script: the seed goes with the debit (a script cannot ask back for it), so it
+    /// is built for every call, found item or not.
+    async fn debit_or_create(
+        &self,
+        key: &BucketKey,
+        debits: &[Debit],
+        mode: DebitMode,
+        seed: &Seed<'_>,
+    ) -> Result<DebitOutcome, StoreError> {
+        let item = seed();
+        self.debit_seeded(key, debits, mode, Some(&item)).await
     }
 
     async fn read(&self, keys: &[BucketKey]) -> Result<Vec<Option<BucketItem>>, StoreError> {

@@ -1,11 +1,25 @@
 -- A debit on one item (KEYS[1]): the fast path (ARGV[2], the shard count, set) or the
--- consumption-only retry (ARGV[2] empty). ARGV[1]: now, epoch seconds. Then 8 per debit:
--- limit name, the least balance that covers it, the amount, its negation, the `tc` past
--- which adding the amount saturates, and the parameters cp, ra, rp the fast path
--- requires (empty: none). Returns {0} (no item), {0, image} (refused), {1, image}.
+-- consumption-only retry (ARGV[2] empty). ARGV[1]: now, epoch seconds. ARGV[3]: how many
+-- field/value strings of a seed follow ARGV[4] (0: none), ARGV[4] the seed's `ttl`
+-- (empty: never expires): where the key holds no item, the seed is checked as if it were
+-- the item and, if the debit fits it, written and debited here, in the same script (no
+-- `wcu` token taken: a create takes none, as a slow pass's create). Then
+-- 8 per debit: limit name, the least balance that covers it, the amount, its negation,
+-- the `tc` past which adding the amount saturates, and the parameters cp, ra, rp the fast
+-- path requires (empty: none). Returns {0} (no item, nothing written), {0, image}
+-- (refused), {1, image}.
 local key = KEYS[1]
 local flat, f = fields(key)
-if not f then return {0} end
+local seeded = tonumber(ARGV[3])
+local first = 5 + seeded
+local created = false
+if not f then
+  if seeded == 0 then return {0} end
+  f = {}
+  for i = 5, first - 1, 2 do f[ARGV[i]] = ARGV[i + 1] end
+  if ARGV[4] ~= '' then f['ttl'] = ARGV[4] end
+  created = true
+end
 local fast = ARGV[2] ~= ''
 local ok = true
 if fast then
@@ -14,10 +28,10 @@ if fast then
   local w = f['b:wcu:tk']
   if not w or cmp(w, '1000') < 0 then ok = false end
 end
-local n = (#ARGV - 2) / 8
+local n = (#ARGV - first + 1) / 8
 for i = 0, n - 1 do
   if not ok then break end
-  local a = 3 + i * 8
+  local a = first + i * 8
   local p = 'b:' .. ARGV[a] .. ':'
   local tk = f[p .. 'tk']
   if not tk or not f[p .. 'tc'] then
@@ -28,14 +42,22 @@ for i = 0, n - 1 do
     ok = false
   end
 end
-if not ok then return {0, flat} end
+if created then
+  if not ok then return {0} end
+  local seed = {}
+  for i = 5, first - 1 do seed[#seed + 1] = ARGV[i] end
+  hset_all(key, seed)
+  if ARGV[4] ~= '' then expire_as(key, ARGV[4]) else expire_as(key, false) end
+elseif not ok then
+  return {0, flat}
+end
 for i = 0, n - 1 do
-  local a = 3 + i * 8
+  local a = first + i * 8
   local p = 'b:' .. ARGV[a] .. ':'
   redis.call('HINCRBY', key, p .. 'tk', ARGV[a + 3])
   add_saturating(key, p .. 'tc', f[p .. 'tc'], ARGV[a + 2], ARGV[a + 4], true)
 end
-if fast then
+if fast and not created then
   redis.call('HINCRBY', key, 'b:wcu:tk', '-1000')
   add_saturating(key, 'b:wcu:tc', f['b:wcu:tc'], '1000', '9223372036854774807', true)
 end
