@@ -228,9 +228,6 @@ impl RedisStore {
         seed: Option<&BucketItem>,
     ) -> Result<DebitOutcome, StoreError> {
         check_key(key)?;
-        if let Some(seed) = seed {
-            check_item(key, seed)?;
-        }
         let rk = redis_key(&self.namespace, key);
         let mut invocation = DEBIT.key(rk.as_str());
         for a in debit_args(debits, mode, seed) {
@@ -262,7 +259,9 @@ impl BucketStore for RedisStore {
     }
 
     /// One script: the seed goes with the debit (a script cannot ask back for it), so it
-    /// is built for every call, found item or not.
+    /// is built for every call, found item or not. A seed larger than an item may be is
+    /// not sent: a missing item is then refused as missing, and the create the caller
+    /// commits next is refused for its size, as the memory store refuses the seed.
     async fn debit_or_create(
         &self,
         key: &BucketKey,
@@ -271,7 +270,8 @@ impl BucketStore for RedisStore {
         seed: &Seed<'_>,
     ) -> Result<DebitOutcome, StoreError> {
         let item = seed();
-        self.debit_seeded(key, debits, mode, Some(&item)).await
+        let seed = check_item(key, &item).is_ok().then_some(&item);
+        self.debit_seeded(key, debits, mode, seed).await
     }
 
     async fn read(&self, keys: &[BucketKey]) -> Result<Vec<Option<BucketItem>>, StoreError> {
