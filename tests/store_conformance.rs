@@ -610,6 +610,43 @@ cross_store! {
 }
 
 cross_store! {
+    /// An update that would grow an item past DynamoDB's 400 KB (a limit seeded on an
+    /// item just under it) is refused by every store alike, and writes nothing.
+    async fn an_update_growing_an_item_too_large_is_refused<S: BucketStore>(s: S) {
+        let mut big = item(1_000, 1_000_000);
+        let name = "l".repeat(64);
+        let mut i = 0;
+        let seeded = LimitState::new(rpm(), 1_000, 0);
+        loop {
+            let mut next = big.clone();
+            next.limits.insert(format!("{name}{i}"), seeded);
+            if shardgate::store::key::item_bytes(&key(0), &next) > MAX_ITEM_BYTES {
+                break;
+            }
+            big = next;
+            i += 1;
+        }
+        create(&s, key(0), big.clone()).await;
+        let grow = Write::Update {
+            key: key(0),
+            expected_refilled_at: RF,
+            refilled_at: RF + 1,
+            ttl: big.ttl,
+            shard_count: None,
+            limits: vec![LimitWrite::Set {
+                limit: format!("{name}{i}").into(),
+                state: seeded,
+                read_tc: None,
+                claimed: 0,
+            }],
+        };
+        let out = s.commit(&[grow]).await;
+        assert!(matches!(out, Err(StoreError::Invalid { .. })), "{out:?}");
+        assert_eq!(s.read(&[key(0)]).await.unwrap(), vec![Some(big)]);
+    }
+}
+
+cross_store! {
     /// A credit lands only on a limit that still has the parameters its tokens were taken
     /// under: after a reload rewrote them (a lower limit), the old ceiling means nothing.
     async fn credit_needs_the_parameters_it_was_taken_under<S: BucketStore>(s: S) {

@@ -15,6 +15,7 @@
 
 use serde::Serialize;
 
+use crate::store::key::{key_attribute_bytes, MAX_ITEM_BYTES};
 use crate::store::{
     BucketItem, BucketKey, Credit, CreditGuard, Debit, DebitMode, LimitState, LimitWrite, Limits,
     Write, MIN_BALANCE,
@@ -259,6 +260,10 @@ pub(super) enum ScriptWrite {
 
 #[derive(Serialize)]
 pub(super) struct ScriptUpdate {
+    /// The bytes of the item's key attributes, and the most an item may have: the script
+    /// measures the item it leaves (`lib.lua`, `item_bytes`).
+    kb: String,
+    mx: String,
     erf: String,
     rf: String,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -299,14 +304,16 @@ pub(super) fn script_write(w: &Write) -> ScriptWrite {
             ttl: item.ttl.map(|t| t.to_string()),
         },
         Write::Update {
+            key,
             expected_refilled_at: expected_rf,
             refilled_at: rf,
             ttl,
             shard_count,
             limits,
-            ..
         } => ScriptWrite::Update {
             update: ScriptUpdate {
+                kb: key_attribute_bytes(key).to_string(),
+                mx: MAX_ITEM_BYTES.to_string(),
                 erf: expected_rf.to_string(),
                 rf: rf.to_string(),
                 ttl: ttl.map(|t| t.to_string()),

@@ -14,7 +14,7 @@ use super::codec::{credit_args, debit_args, decode, redis_key, script_write, slo
 use super::failure::classify;
 use super::link::{redact, Link, RedisMode, RedisOptions};
 
-use super::super::key::{check_commit, check_item, check_key};
+use super::super::key::{check_commit, check_item, check_key, MAX_ITEM_BYTES};
 use super::super::{
     BucketItem, BucketKey, BucketStore, CommitOutcome, Credit, CreditGuard, Debit, DebitMode,
     DebitOutcome, Seed, StoreError, Write,
@@ -211,6 +211,19 @@ impl RedisStore {
                     failed.push((i, Self::image(&keys[i], image)?));
                 }
                 Ok(Applied::Refused(failed))
+            }
+            Some(Value::Int(2)) => {
+                let [Value::Int(i), Value::Int(bytes)] = &parts[1..] else {
+                    return Err(bad("a malformed size refusal"));
+                };
+                let key = usize::try_from(*i)
+                    .ok()
+                    .and_then(|i| keys.get(i))
+                    .ok_or_else(|| bad("a size refusal out of range"))?;
+                Err(StoreError::Invalid {
+                    key: key.clone(),
+                    reason: format!("the item would be {bytes} bytes (at most {MAX_ITEM_BYTES})"),
+                })
             }
             _ => Err(bad("an unknown status")),
         }
