@@ -610,8 +610,10 @@ cross_store! {
 }
 
 cross_store! {
-    /// An update that would grow an item past DynamoDB's 400 KB (a limit seeded on an
-    /// item just under it) is refused by every store alike, and writes nothing.
+    /// An update that would grow an item past DynamoDB's 400 KB (twenty limits seeded on
+    /// an item just under it by `item_bytes`) is refused by every store alike, and writes
+    /// nothing. Twenty, not one: `item_bytes` counts a byte more per limit field than
+    /// DynamoDB's `b_{name}_{field}` spells, so DynamoDB Local takes one limit more.
     async fn an_update_growing_an_item_too_large_is_refused<S: BucketStore>(s: S) {
         let mut big = item(1_000, 1_000_000);
         let name = "l".repeat(64);
@@ -633,12 +635,14 @@ cross_store! {
             refilled_at: RF + 1,
             ttl: big.ttl,
             shard_count: None,
-            limits: vec![LimitWrite::Set {
-                limit: format!("{name}{i}").into(),
-                state: seeded,
-                read_tc: None,
-                claimed: 0,
-            }],
+            limits: (i..i + 20)
+                .map(|j| LimitWrite::Set {
+                    limit: format!("{name}{j}").into(),
+                    state: seeded,
+                    read_tc: None,
+                    claimed: 0,
+                })
+                .collect(),
         };
         let out = s.commit(&[grow]).await;
         assert!(matches!(out, Err(StoreError::Invalid { .. })), "{out:?}");
