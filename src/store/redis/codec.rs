@@ -18,7 +18,7 @@ use serde::Serialize;
 use crate::store::key::{key_attribute_bytes, MAX_ITEM_BYTES};
 use crate::store::{
     BucketItem, BucketKey, Credit, CreditGuard, Debit, DebitMode, LimitState, LimitWrite, Limits,
-    Write, MIN_BALANCE,
+    Write, MILLI, MIN_BALANCE, WCU_LIMIT,
 };
 
 /// The prefix that makes Cluster hash the whole key (see the module comment).
@@ -167,14 +167,48 @@ fn turn(delta: i64) -> (i128, bool) {
     }
 }
 
+/// The item a debit creates from `seed` where there is none: `seed` with `debits` applied
+/// (no `wcu` token taken: a create takes none), when the debit's conditions under `mode`
+/// hold on it — the very conditions `lua/debit.lua` checks on a stored item (expiry,
+/// shard count, a `wcu` token, each limit present with its parameters and covering its
+/// amount). `None`: they do not, and nothing is to be created. Checked here, where the
+/// seed is, so that the script only writes what it is sent.
+pub(super) fn created(seed: &BucketItem, debits: &[Debit], mode: DebitMode) -> Option<BucketItem> {
+    let fast = match mode {
+        DebitMode::Fast { now_s, shard_count } => {
+            let wcu = seed.limit(WCU_LIMIT).map_or(0, |w| w.balance);
+            if seed.ttl.is_some_and(|t| t <= now_s)
+                || seed.shard_count != shard_count
+                || wcu < MILLI
+            {
+                return None;
+            }
+            true
+        }
+        DebitMode::RetryOnly => false,
+    };
+    let mut item = seed.clone();
+    for d in debits {
+        let st = item.limits.get_mut(&d.limit)?;
+        let params_differ = d.params.is_some_and(|p| st.params() != p);
+        if i128::from(st.balance) < need(d) || (fast && params_differ) {
+            return None;
+        }
+        st.balance -= d.amount;
+        st.taken = st.taken.saturating_add(d.amount);
+    }
+    Some(item)
+}
+
 /// The debit script's arguments (`lua/debit.lua`): the mode's, the item to create where
-/// there is none (`seed`: its fields and its `ttl`), then eight per debit.
+/// there is none (`created`: its fields and its `ttl`, the debit already applied), then
+/// eight per debit.
 pub(super) fn debit_args(
     debits: &[Debit],
     mode: DebitMode,
-    seed: Option<&BucketItem>,
+    created: Option<&BucketItem>,
 ) -> Vec<String> {
-    let seeded = seed.map(fields_of).unwrap_or_default();
+    let seeded = created.map(fields_of).unwrap_or_default();
     let mut args = Vec::with_capacity(4 + seeded.len() + 8 * debits.len());
     match mode {
         DebitMode::Fast { now_s, shard_count } => {
@@ -188,7 +222,8 @@ pub(super) fn debit_args(
     }
     args.push(seeded.len().to_string());
     args.push(
-        seed.and_then(|s| s.ttl)
+        created
+            .and_then(|s| s.ttl)
             .map_or_else(String::new, |t| t.to_string()),
     );
     args.extend(seeded);
@@ -455,6 +490,45 @@ mod tests {
         assert!(decode(&s(&["rf", "1", "sc", "1", "zz", "5"]))
             .unwrap_err()
             .contains("'zz'"));
+    }
+
+    #[test]
+    fn a_created_item_is_the_seed_debited_when_the_debit_fits_it() {
+        let params = crate::store::LimitParams::new(10, 10, 60_000);
+        let wcu = crate::store::LimitParams::new(1_000, 1_000, 1_000);
+        let mut limits = Limits::new();
+        limits.insert("rpm", LimitState::new(params, 10_000, 0));
+        limits.insert(WCU_LIMIT, LimitState::new(wcu, 1_000_000, 0));
+        let seed = BucketItem {
+            refilled_at: 5_000,
+            shard_count: 1,
+            ttl: Some(100),
+            limits,
+        };
+        let debit = |amount| Debit {
+            limit: "rpm".into(),
+            amount,
+            gated: true,
+            params: Some(params),
+        };
+        let fast = |now_s, shard_count| DebitMode::Fast { now_s, shard_count };
+        let made = created(&seed, &[debit(3_000)], fast(5, 1)).unwrap();
+        assert_eq!(made.limits["rpm"], LimitState::new(params, 7_000, 3_000));
+        assert_eq!(
+            made.limits[WCU_LIMIT], seed.limits[WCU_LIMIT],
+            "no wcu token"
+        );
+        assert_eq!(created(&seed, &[debit(11_000)], fast(5, 1)), None, "short");
+        assert_eq!(
+            created(&seed, &[debit(1_000)], fast(100, 1)),
+            None,
+            "expired"
+        );
+        assert_eq!(
+            created(&seed, &[debit(1_000)], fast(5, 2)),
+            None,
+            "another count"
+        );
     }
 
     #[test]

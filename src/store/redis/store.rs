@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use redis::{Script, Value};
 
-use super::codec::{credit_args, debit_args, decode, redis_key, script_write, slot};
+use super::codec::{created, credit_args, debit_args, decode, redis_key, script_write, slot};
 use super::failure::classify;
 use super::link::{redact, Link, RedisMode, RedisOptions};
 
@@ -231,25 +231,30 @@ impl RedisStore {
 }
 
 impl RedisStore {
-    /// One debit script; where the key holds no item and `seed` is given, the script
-    /// creates it and debits it (see [`BucketStore::debit_or_create`]).
+    /// One debit script; where the key holds no item and `created` is given (the seed,
+    /// debited: `codec::created`), the script writes it (see
+    /// [`BucketStore::debit_or_create`]).
     async fn debit_seeded(
         &self,
         key: &BucketKey,
         debits: &[Debit],
         mode: DebitMode,
-        seed: Option<&BucketItem>,
+        created: Option<BucketItem>,
     ) -> Result<DebitOutcome, StoreError> {
         check_key(key)?;
         let rk = redis_key(&self.namespace, key);
         let mut invocation = DEBIT.key(rk.as_str());
-        for a in debit_args(debits, mode, seed) {
+        for a in debit_args(debits, mode, created.as_ref()) {
             invocation.arg(a);
         }
         let out = self.call(&rk, self.link.run(&invocation)).await?;
         match &out {
             Value::Array(parts) => match parts.as_slice() {
                 [Value::Int(0)] => Ok(DebitOutcome::Refused(None)),
+                // Created as sent.
+                [Value::Int(2)] => created
+                    .map(DebitOutcome::Applied)
+                    .ok_or_else(|| Self::corrupt(&rk, "created an item it was not sent")),
                 [Value::Int(0), image] => Ok(DebitOutcome::Refused(Self::image(&rk, image)?)),
                 [Value::Int(1), image] => Self::image(&rk, image)?
                     .map(DebitOutcome::Applied)
@@ -283,8 +288,12 @@ impl BucketStore for RedisStore {
         seed: &Seed<'_>,
     ) -> Result<DebitOutcome, StoreError> {
         let item = seed();
-        let seed = check_item(key, &item).is_ok().then_some(&item);
-        self.debit_seeded(key, debits, mode, seed).await
+        let created = if check_item(key, &item).is_ok() {
+            created(&item, debits, mode)
+        } else {
+            None
+        };
+        self.debit_seeded(key, debits, mode, created).await
     }
 
     async fn read(&self, keys: &[BucketKey]) -> Result<Vec<Option<BucketItem>>, StoreError> {
