@@ -39,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TARGET = pathlib.Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
@@ -65,6 +66,15 @@ def cpu_s(pid):
 def redis_cli(port, *args):
     return subprocess.run(["redis-cli", "-p", str(port), *args], capture_output=True,
                           text=True, timeout=30, check=True).stdout
+
+
+def scripts_run(port):
+    """EVALSHA and EVAL calls: each one round trip, whoever sent it."""
+    total = 0
+    for line in redis_cli(port, "INFO", "commandstats").splitlines():
+        if line.startswith(("cmdstat_evalsha:", "cmdstat_eval:")):
+            total += int(line.split("calls=")[1].split(",")[0])
+    return total
 
 
 def commands_run(port):
@@ -100,12 +110,14 @@ class Server:
     def __init__(self, name, redis_port, tmp):
         self.name, self.redis_port, self.tmp = name, redis_port, tmp
         self.port = free_port()
+        self.http_port = None
         url = f"redis://127.0.0.1:{redis_port}"
         if name == "shardgate":
+            self.http_port = free_port()
             cmd = [str(SHARDGATE), "serve", "--config", str(ROOT / "bench" / "config.yaml"),
                    "--store", "redis", "--redis-url", url,
                    "--grpc-addr", f"127.0.0.1:{self.port}",
-                   "--http-addr", f"127.0.0.1:{free_port()}"]
+                   "--http-addr", f"127.0.0.1:{self.http_port}"]
         else:
             storage = name.removeprefix("limitador-")
             cmd = [str(PEER), "--addr", f"127.0.0.1:{self.port}", "--redis", url,
@@ -117,6 +129,17 @@ class Server:
                                      env={**os.environ, "RUST_LOG": "warn"})
         wait_port(self.port, self.proc, name)
         time.sleep(0.5)
+
+    def store_calls(self):
+        """shardgate's store calls so far (its /metrics), each one round trip to Redis
+        (a script, or a read); None for limitador."""
+        if self.http_port is None:
+            return None
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}/metrics",
+                                    timeout=10) as r:
+            text = r.read().decode()
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("shardgate_store_calls_total{"))
 
     def stop(self):
         self.proc.terminate()
@@ -133,6 +156,7 @@ def run_case(server, scenario, frames, redis_pid, args):
     redis_cli(server.redis_port, "CONFIG", "RESETSTAT")
     memory_before = used_memory(server.redis_port)
     cpu0 = (cpu_s(server.proc.pid), cpu_s(redis_pid))
+    calls0 = server.store_calls()
     started = time.monotonic()
     load = subprocess.run(
         [str(RLS_LOAD), "--addr", f"127.0.0.1:{server.port}", "--frames",
@@ -152,10 +176,13 @@ def run_case(server, scenario, frames, redis_pid, args):
         "ok": out["overall_code"].get("OK", 0),
         "over_limit": out["overall_code"].get("OVER_LIMIT", 0),
         "redis_cmds_per_decision": commands_run(server.redis_port) / answers,
+        "scripts_per_decision": scripts_run(server.redis_port) / answers,
         "server_cpu_us_per_decision": (cpu1[0] - cpu0[0]) * 1e6 / answers,
         "redis_cpu_us_per_decision": (cpu1[1] - cpu0[1]) * 1e6 / answers,
         "window_s": out["window_s"], "elapsed_s": elapsed,
     }
+    if calls0 is not None:
+        case["store_calls_per_decision"] = (server.store_calls() - calls0) / answers
     if scenario == "distinct":
         keys = int(redis_cli(server.redis_port, "DBSIZE").strip())
         case["keys"] = keys
@@ -218,9 +245,14 @@ def write_results(cases, args):
     lines = [f"# shardgate vs limitador on one Redis ({stamp})", "",
              f"Medians of {args.rounds} alternating rounds, {args.duration} s per case, "
              f"{args.concurrency} streams over 2 connections (bench/redis_peer.py).", "",
-             "| scenario | server | decisions/s | p99 ms | Redis cmds/decision | server CPU µs/decision "
+             "Redis cmds/decision counts every command Redis ran, those inside scripts "
+             "included; scripts/decision the EVALSHA and EVAL calls (each a round trip); "
+             "store calls/decision shardgate's own count of its round trips (scripts and "
+             "reads, its /metrics).", "",
+             "| scenario | server | decisions/s | p99 ms | Redis cmds/decision | scripts/decision "
+             "| store calls/decision | server CPU µs/decision "
              "| Redis CPU µs/decision | admitted (bound) | bytes/key |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for scenario in SCENARIOS:
         for server in ["shardgate", "limitador-redis", "limitador-redis_cached"]:
             cs = [c for c in cases if c["server"] == server and c["scenario"] == scenario]
@@ -230,9 +262,12 @@ def write_results(cases, args):
             if scenario == "limited":
                 admitted = f"{median(cs, 'ok'):.0f} ({median(cs, 'bound'):.0f})"
             per_key = median(cs, "bytes_per_key")
+            calls = median(cs, "store_calls_per_decision")
             lines.append(
                 f"| {scenario} | {server} | {median(cs, 'req_per_s'):,.0f} | "
                 f"{median(cs, 'p99_us') / 1000:.2f} | {median(cs, 'redis_cmds_per_decision'):.3f} | "
+                f"{median(cs, 'scripts_per_decision'):.3f} | "
+                f"{'' if calls is None else f'{calls:.3f}'} | "
                 f"{median(cs, 'server_cpu_us_per_decision'):.1f} | "
                 f"{median(cs, 'redis_cpu_us_per_decision'):.1f} | {admitted} | "
                 f"{'' if per_key is None else f'{per_key:.0f}'} |")

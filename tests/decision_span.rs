@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::server::{desc, one, request, LogBuffer};
+use common::server::{desc, desc_hits, one, request, LogBuffer};
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use shardgate::config::Config;
 use shardgate::engine::{Engine, EngineOptions};
@@ -80,29 +80,31 @@ fn each_decision_is_a_span_with_its_rules_outcome_and_store_calls() {
             desc(&[("nothing", "y")]),
         ],
     );
-    // A new bucket: a debit finds it missing, then a create (no read: it is absent).
+    // A new bucket: one debit, which creates it.
     let (first, made) = decide(&two);
-    assert_eq!(made, 2);
+    assert_eq!(made, 1);
     assert!(first.contains(r#"domain="d""#), "{first}");
     assert!(first.contains("rules=d.tenant,unlimited,-"), "{first}");
     assert!(first.contains(r#"outcome="OK""#), "{first}");
-    assert!(first.contains("store_calls=2"), "{first}");
+    assert!(first.contains("store_calls=1"), "{first}");
     assert!(!first.contains("failure_mode"), "{first}");
     assert!(!first.contains("engine_calls"), "{first}");
     assert!(first.contains(" DEBUG "), "{first}");
 
-    // Refused by the store: one debit.
+    // Refused from the image that debit returned (it left the bucket short): the
+    // rejection cache answers, no call.
     let (second, made) = decide(&one("d", &[("tenant", "acme")]));
-    assert_eq!(made, 1);
+    assert_eq!(made, 0);
     assert!(second.contains(r#"outcome="OVER_LIMIT""#), "{second}");
     assert!(second.contains("rules=d.tenant "), "{second}");
-    assert!(second.contains("store_calls=1"), "{second}");
+    assert!(second.contains("store_calls=0"), "{second}");
 
-    // Refused again within the rejection cache's lifetime: answered from memory.
-    let (third, made) = decide(&one("d", &[("tenant", "acme")]));
-    assert_eq!(made, 0);
+    // A new bucket asked for two hits, more than a new shard holds: its debit creates
+    // nothing, and the slow path refuses without another call.
+    let (third, made) = decide(&request("d", vec![desc_hits(&[("tenant", "other")], 2)]));
     assert!(third.contains(r#"outcome="OVER_LIMIT""#), "{third}");
-    assert!(third.contains("store_calls=0"), "{third}");
+    assert_eq!(made, 1, "{third}");
+    assert!(third.contains("store_calls=1"), "{third}");
 
     let (unknown, made) = decide(&one("nowhere", &[("tenant", "acme")]));
     assert_eq!(made, 0);

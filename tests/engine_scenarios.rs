@@ -8,7 +8,7 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{Call, Hook, Recorder};
+use common::{creates_on_debit, Call, Hook, Recorder};
 use shardgate::engine::{
     Acquire, BucketClaim, Decision, Engine, EngineOptions, EngineStats, LimitClaim, LimitParams,
     ManualClock, ScriptedDraw,
@@ -103,6 +103,10 @@ async fn tk<S: BucketStore>(rig: &Rig<S>, shard: u32, limit: &str) -> i64 {
     item(rig, "u1", "api", shard).await.limits[limit].balance
 }
 
+async fn tk_of<S: BucketStore>(rig: &Rig<S>, entity: &str) -> i64 {
+    item(rig, entity, "api", 0).await.limits["rpm"].balance
+}
+
 async fn exists<S: BucketStore>(rig: &Rig<S>, entity: &str, shard: u32) -> bool {
     rig.store
         .get(&BucketKey::new(entity, "api", shard))
@@ -188,6 +192,79 @@ cross_store! {
             (it.refilled_at, it.shard_count, it.ttl),
             (T0, 1, Some(1_800_000_420))
         );
+    }
+}
+
+cross_store! {
+    /// Ours: a bucket's first request is one store call where the store creates the
+    /// missing shard with its debit (memory, Redis), a refused debit and a create on
+    /// DynamoDB; either way the item and the answer are the slow pass's create: the claim
+    /// taken, `wcu` untouched, the same `ttl`.
+    async fn a_new_buckets_first_request_is_one_call_and_admitted<S: BucketStore>(store: S) {
+        let rig = rig(store);
+        let d = acquire(&rig, &rpm(10, 3)).await;
+        assert!(d.admitted);
+        let l = d.buckets[0].limits[0];
+        assert_eq!((l.remaining, l.share.ceiling, l.wait_ms), (7_000, 10_000, Some(0)));
+        let calls = rig.store.calls();
+        let created = creates_on_debit::<S>();
+        let mut expected = vec![Call::Debit {
+            shard: 0,
+            retry_only: false,
+            applied: created,
+            missing: !created,
+        }];
+        if !created {
+            expected.push(Call::Commit {
+                kinds: vec!["create"],
+                committed: true,
+            });
+        }
+        assert_eq!(calls, expected);
+        let it = item(&rig, "u1", "api", 0).await;
+        assert_eq!((it.limits["rpm"].balance, it.limits["rpm"].taken), (7_000, 3_000));
+        assert_eq!((it.limits[WCU_LIMIT].balance, it.limits[WCU_LIMIT].taken), (1_000_000, 0));
+        assert_eq!(
+            (it.refilled_at, it.shard_count, it.ttl),
+            (T0, 1, Some(1_800_000_420))
+        );
+        // A claim larger than a new shard holds creates nothing, and is refused.
+        let d = acquire(&rig, &one(bucket("u2", "api", vec![per_minute("rpm", 10, None, 11)]))).await;
+        assert!(!d.admitted);
+        assert!(!exists(&rig, "u2", 0).await);
+    }
+}
+
+cross_store! {
+    /// Ours: a cascade whose parent has no item and whose child is short is refused
+    /// whole: the parent a debit created is given back (or, on DynamoDB, never created).
+    async fn a_cascade_refused_by_its_child_leaves_a_new_parent_full<S: BucketStore>(store: S) {
+        let rig = rig(store);
+        let mut drained = rpm_item(1, 10, 0, 1_000_000);
+        drained.ttl = None;
+        rig.store.put(BucketKey::new("key1", "api", 0), drained).await;
+        let d = acquire(&rig, &cascade(10, 100)).await;
+        assert!(!d.admitted);
+        assert_eq!(tk_of(&rig, "key1").await, 0);
+        let parent = rig
+            .store
+            .get(&BucketKey::new("org", "api", 0))
+            .await;
+        if let Some(parent) = parent {
+            assert!(creates_on_debit::<S>());
+            assert_eq!(
+                (parent.limits["rpm"].balance, parent.limits["rpm"].taken),
+                (100_000, 0),
+                "the parent's debit refunded"
+            );
+        } else {
+            assert!(!creates_on_debit::<S>());
+        }
+        // And then admitted once the child refills: the parent debited from full.
+        rig.clock.set(T0 + 6_000);
+        assert!(acquire(&rig, &cascade(10, 100)).await.admitted);
+        let parent = item(&rig, "org", "api", 0).await;
+        assert_eq!(parent.limits["rpm"].balance, 99_000);
     }
 }
 
@@ -941,10 +1018,17 @@ cross_store! {
         let rig = rig(store);
         let req = cascade(10, 3);
         assert!(acquire(&rig, &req).await.admitted);
-        assert!(rig.store.calls().contains(&Call::Commit {
-            kinds: vec!["create", "create"],
-            committed: true
-        }));
+        let calls = rig.store.calls();
+        if creates_on_debit::<S>() {
+            // Each debit created its bucket.
+            assert_eq!(commits(&calls), 0, "{calls:?}");
+            assert!(calls.iter().all(|c| matches!(c, Call::Debit { applied: true, .. })));
+        } else {
+            assert!(calls.contains(&Call::Commit {
+                kinds: vec!["create", "create"],
+                committed: true
+            }));
+        }
         for _ in 0..2 {
             rig.store.clear();
             assert!(acquire(&rig, &req).await.admitted);
@@ -1038,14 +1122,20 @@ cross_store! {
         assert_eq!(EngineStats::get(&rig.engine.stats().shard_retries), 0);
         // The parent has no item yet: the child (on the untried shard 1) is read, the
         // parent not (its fast debit found it absent; the reference read both), and both
-        // are committed in one transaction, as in the reference.
+        // are committed in one transaction, as in the reference. A store that creates
+        // with the debit created the parent there: the commit is the child's alone.
         let calls = rig.store.calls();
         assert!(calls.contains(&Call::Read { shards: vec![1] }), "{calls:?}");
         assert!(!calls.contains(&Call::Read { shards: vec![1, 0] }), "{calls:?}");
+        let kinds = if creates_on_debit::<S>() {
+            vec!["update"]
+        } else {
+            vec!["update", "create"]
+        };
         assert!(calls.contains(&Call::Commit {
-            kinds: vec!["update", "create"],
+            kinds,
             committed: true
-        }));
+        }), "{calls:?}");
         assert_eq!(d.buckets[0].shard, 1);
         assert!(item(&rig, "key1", "api", 1).await.limits["rpm"].taken > 0);
         assert_eq!(item(&rig, "org", "api", 0).await.limits["rpm"].taken, 1_000);

@@ -610,6 +610,47 @@ cross_store! {
 }
 
 cross_store! {
+    /// An update that would grow an item past DynamoDB's 400 KB (twenty limits seeded on
+    /// an item just under it by `item_bytes`) is refused by every store alike, and writes
+    /// nothing. Twenty, not one: `item_bytes` counts a byte more per limit field than
+    /// DynamoDB's `b_{name}_{field}` spells, so DynamoDB Local takes one limit more.
+    async fn an_update_growing_an_item_too_large_is_refused<S: BucketStore>(s: S) {
+        let mut big = item(1_000, 1_000_000);
+        let name = "l".repeat(64);
+        let mut i = 0;
+        let seeded = LimitState::new(rpm(), 1_000, 0);
+        loop {
+            let mut next = big.clone();
+            next.limits.insert(format!("{name}{i}"), seeded);
+            if shardgate::store::key::item_bytes(&key(0), &next) > MAX_ITEM_BYTES {
+                break;
+            }
+            big = next;
+            i += 1;
+        }
+        create(&s, key(0), big.clone()).await;
+        let grow = Write::Update {
+            key: key(0),
+            expected_refilled_at: RF,
+            refilled_at: RF + 1,
+            ttl: big.ttl,
+            shard_count: None,
+            limits: (i..i + 20)
+                .map(|j| LimitWrite::Set {
+                    limit: format!("{name}{j}").into(),
+                    state: seeded,
+                    read_tc: None,
+                    claimed: 0,
+                })
+                .collect(),
+        };
+        let out = s.commit(&[grow]).await;
+        assert!(matches!(out, Err(StoreError::Invalid { .. })), "{out:?}");
+        assert_eq!(s.read(&[key(0)]).await.unwrap(), vec![Some(big)]);
+    }
+}
+
+cross_store! {
     /// A credit lands only on a limit that still has the parameters its tokens were taken
     /// under: after a reload rewrote them (a lower limit), the old ceiling means nothing.
     async fn credit_needs_the_parameters_it_was_taken_under<S: BucketStore>(s: S) {
@@ -666,5 +707,67 @@ cross_store! {
         ));
         let image = s.read(&[key(0)]).await.unwrap()[0].clone().unwrap();
         assert_eq!(image.ttl, None);
+    }
+}
+
+/// [`BucketStore::debit_or_create`] of `debit(amount)` on `key(0)` with `seed`.
+async fn debit_seeded<S: BucketStore>(s: &S, amount: i64, seed: &BucketItem) -> DebitOutcome {
+    s.debit_or_create(&key(0), &debit(amount), FAST, &|| seed.clone())
+        .await
+        .unwrap()
+}
+
+cross_store! {
+    /// A missing item is created from the seed and debited in the same call, `wcu`
+    /// untouched (a create takes none); on DynamoDB, refused as missing, nothing written.
+    async fn debit_or_create_creates_a_missing_item_and_debits_it<S: BucketStore>(s: S) {
+        let out = debit_seeded(&s, 3_000, &item(10_000, 1_000_000)).await;
+        let stored = s.read(&[key(0)]).await.unwrap().pop().unwrap();
+        if !common::creates_on_debit::<S>() {
+            assert_eq!(out, DebitOutcome::Refused(None));
+            assert_eq!(stored, None);
+            return;
+        }
+        let mut expected = item(7_000, 1_000_000);
+        expected.limits.get_mut("rpm").unwrap().taken = 3_000;
+        assert_eq!(out, DebitOutcome::Applied(expected.clone()));
+        assert_eq!(stored, Some(expected));
+    }
+}
+
+cross_store! {
+    /// A seed the debit does not fit (short, or expired, or of another shard count) is
+    /// not written: refused as missing.
+    async fn debit_or_create_writes_nothing_the_debit_does_not_fit<S: BucketStore>(s: S) {
+        assert_eq!(debit_seeded(&s, 3_000, &item(2_000, 1_000_000)).await, DebitOutcome::Refused(None));
+        let mut expired = item(10_000, 1_000_000);
+        expired.ttl = Some(NOW_S);
+        assert_eq!(debit_seeded(&s, 3_000, &expired).await, DebitOutcome::Refused(None));
+        let mut other_count = item(10_000, 1_000_000);
+        other_count.shard_count = 2;
+        assert_eq!(debit_seeded(&s, 3_000, &other_count).await, DebitOutcome::Refused(None));
+        assert_eq!(s.read(&[key(0)]).await.unwrap(), vec![None]);
+    }
+}
+
+cross_store! {
+    /// An item that exists is debited as by `debit` (one `wcu` token), the seed unused;
+    /// one the fast path refuses (expired) is refused with its image, never replaced.
+    async fn debit_or_create_on_an_existing_item_is_a_debit<S: BucketStore>(s: S) {
+        create(&s, key(0), item(5_000, 1_000_000)).await;
+        let DebitOutcome::Applied(after) = debit_seeded(&s, 1_000, &item(10_000, 1_000_000)).await
+        else {
+            panic!("should apply");
+        };
+        assert_eq!(after.limits["rpm"].balance, 4_000);
+        assert_eq!(after.limits[WCU_LIMIT].balance, 999_000);
+        let mut expired = item(5_000, 1_000_000);
+        expired.ttl = Some(NOW_S);
+        create(&s, key(1), expired.clone()).await;
+        let out = s
+            .debit_or_create(&key(1), &debit(1_000), FAST, &|| item(10_000, 1_000_000))
+            .await
+            .unwrap();
+        assert_eq!(out, DebitOutcome::Refused(Some(expired)));
     }
 }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use super::{
     BucketItem, BucketKey, BucketStore, CommitOutcome, Credit, CreditGuard, Debit, DebitMode,
-    DebitOutcome, StoreError, Write,
+    DebitOutcome, Seed, StoreError, Write,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -173,6 +173,17 @@ impl<S: BucketStore> BucketStore for Breaker<S> {
         mode: DebitMode,
     ) -> Result<DebitOutcome, StoreError> {
         self.guarded(key, self.inner.debit(key, debits, mode)).await
+    }
+
+    async fn debit_or_create(
+        &self,
+        key: &BucketKey,
+        debits: &[Debit],
+        mode: DebitMode,
+        seed: &Seed<'_>,
+    ) -> Result<DebitOutcome, StoreError> {
+        self.guarded(key, self.inner.debit_or_create(key, debits, mode, seed))
+            .await
     }
 
     async fn read(&self, keys: &[BucketKey]) -> Result<Vec<Option<BucketItem>>, StoreError> {

@@ -6,7 +6,7 @@ use std::future::Future;
 
 use super::{
     BucketItem, BucketKey, CommitOutcome, Credit, CreditGuard, Debit, DebitMode, DebitOutcome,
-    StoreError, Write,
+    Seed, StoreError, Write,
 };
 
 /// How long one store call may take by default (`--store-timeout`), and the deadline of a
@@ -30,6 +30,31 @@ pub trait BucketStore: Send + Sync + 'static {
         debits: &[Debit],
         mode: DebitMode,
     ) -> impl Future<Output = Result<DebitOutcome, StoreError>> + Send;
+
+    /// [`Self::debit`] on an item that may not exist yet. Where `key` holds no item, a
+    /// store that can create one and debit it in the same atomic step writes the item
+    /// `seed` builds (the shard as a create would write it now, no claim taken) and
+    /// applies the debit to it under the same conditions, answering as if it had existed:
+    /// `Applied` with the image after the debit, except that no `wcu` token is taken (a
+    /// create takes none: the item is the one a slow pass would create, whatever the
+    /// store). When the conditions fail on the seed,
+    /// nothing is written and the answer is `Refused(None)`, as for any missing item. A
+    /// store calls `seed` only when the item is missing, or once per call if it must send
+    /// the seed ahead (Redis). The seed must be refused (as an error, nothing written)
+    /// exactly where a [`Write::Create`] of it would be.
+    ///
+    /// By default nothing is created: a missing item is `Refused(None)` and the caller
+    /// creates it by a commit, one call more.
+    fn debit_or_create(
+        &self,
+        key: &BucketKey,
+        debits: &[Debit],
+        mode: DebitMode,
+        seed: &Seed<'_>,
+    ) -> impl Future<Output = Result<DebitOutcome, StoreError>> + Send {
+        let _ = seed;
+        self.debit(key, debits, mode)
+    }
 
     /// Images of several items in one call (`None` for a missing item), in key order.
     fn read(

@@ -31,7 +31,7 @@ use std::sync::Arc;
 
 use super::{
     BucketItem, BucketKey, BucketStore, CommitOutcome, Credit, CreditGuard, Debit, DebitMode,
-    DebitOutcome, StoreError, Write,
+    DebitOutcome, Seed, StoreError, Write,
 };
 
 /// Calls whose callers gave up that may still be running before new calls are shed. Far
@@ -214,6 +214,22 @@ impl<S: BucketStore> BucketStore for Detached<S> {
             key,
             move |s| async move { s.debit(&k, &debits, mode).await },
         )
+        .await
+    }
+
+    /// The seed is built here, before the call leaves for its task: the task outlives
+    /// the caller's borrow.
+    async fn debit_or_create(
+        &self,
+        key: &BucketKey,
+        debits: &[Debit],
+        mode: DebitMode,
+        seed: &Seed<'_>,
+    ) -> Result<DebitOutcome, StoreError> {
+        let (k, debits, item) = (key.clone(), debits.to_vec(), seed());
+        self.run(key, move |s| async move {
+            s.debit_or_create(&k, &debits, mode, &|| item.clone()).await
+        })
         .await
     }
 

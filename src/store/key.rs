@@ -84,14 +84,25 @@ pub fn check_key(key: &BucketKey) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// What the attributes of `key` itself (`PK`, `SK`, `entity_id`, `resource`) add to the
+/// size of its item, [`item_bytes`]: a store that measures an item from its own fields
+/// (Redis, in its commit script) adds this.
+pub fn key_attribute_bytes(key: &BucketKey) -> usize {
+    "PK".len()
+        + partition_key_bytes(key)
+        + "SK".len()
+        + "#STATE".len()
+        + "entity_id".len()
+        + key.entity.len()
+        + "resource".len()
+        + key.resource.len()
+}
+
 /// The size DynamoDB counts for `item` stored under `key` (the longest namespace): the
 /// UTF-8 length of every attribute name plus its value — a string's UTF-8 length, a
 /// number's one byte per two significant digits plus one.
 pub fn item_bytes(key: &BucketKey, item: &BucketItem) -> usize {
-    let mut bytes = "PK".len() + partition_key_bytes(key);
-    bytes += "SK".len() + "#STATE".len();
-    bytes += "entity_id".len() + key.entity.len();
-    bytes += "resource".len() + key.resource.len();
+    let mut bytes = key_attribute_bytes(key);
     bytes += "rf".len() + number_bytes(item.refilled_at);
     bytes += "shard_count".len() + number_bytes(i64::from(item.shard_count));
     if let Some(ttl) = item.ttl {

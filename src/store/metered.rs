@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use super::calls;
 use super::{
     BucketItem, BucketKey, BucketStore, CommitOutcome, Credit, CreditGuard, Debit, DebitMode,
-    DebitOutcome, StoreError, Write,
+    DebitOutcome, Seed, StoreError, Write,
 };
 
 /// One call's operation and outcome, as a store names them (DynamoDB: its API's
@@ -79,6 +79,24 @@ impl<S: BucketStore> BucketStore for Metered<S> {
         calls::add(1);
         let started = Instant::now();
         let r = self.inner.debit(key, debits, mode).await;
+        self.record("debit", started, &r, |o| match o {
+            DebitOutcome::Applied(_) => "applied",
+            DebitOutcome::Refused(Some(_)) => "refused",
+            DebitOutcome::Refused(None) => "missing",
+        });
+        r
+    }
+
+    async fn debit_or_create(
+        &self,
+        key: &BucketKey,
+        debits: &[Debit],
+        mode: DebitMode,
+        seed: &Seed<'_>,
+    ) -> Result<DebitOutcome, StoreError> {
+        calls::add(1);
+        let started = Instant::now();
+        let r = self.inner.debit_or_create(key, debits, mode, seed).await;
         self.record("debit", started, &r, |o| match o {
             DebitOutcome::Applied(_) => "applied",
             DebitOutcome::Refused(Some(_)) => "refused",

@@ -33,4 +33,6 @@ pub use item::{
     BucketItem, BucketKey, LimitParams, LimitState, Limits, Name, ShardShare, MAX_SHARD_COUNT,
     MILLI, MIN_BALANCE, WCU_LIMIT,
 };
-pub use write::{CommitOutcome, CountChange, Debit, DebitMode, DebitOutcome, LimitWrite, Write};
+pub use write::{
+    CommitOutcome, CountChange, Debit, DebitMode, DebitOutcome, LimitWrite, Seed, Write,
+};

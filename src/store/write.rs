@@ -1,5 +1,6 @@
 //! What the engine asks a store to write: a debit of one item (the fast path's and the
-//! consumption-only retry's, [`Debit`] in a [`DebitMode`]), and the writes of an atomic
+//! consumption-only retry's, [`Debit`] in a [`DebitMode`], with the [`Seed`] of the item a
+//! fast debit may create where there is none), and the writes of an atomic
 //! commit (creates and locked updates, [`Write`], each limit's [`LimitWrite`]), with what
 //! each comes back as. Shapes and their conditions only: each store applies them.
 
@@ -31,6 +32,11 @@ pub enum DebitMode {
     /// every gated amount is covered. No `wcu`, no parameter or expiry terms.
     RetryOnly,
 }
+
+/// Builds the item a debit may create where its key holds none (see
+/// [`BucketStore::debit_or_create`](super::BucketStore::debit_or_create)): a closure, so a
+/// store that finds the item never pays for building one.
+pub type Seed<'a> = dyn Fn() -> BucketItem + Sync + 'a;
 
 /// Result of a debit.
 #[derive(Debug, Clone, PartialEq, Eq)]

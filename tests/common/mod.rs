@@ -97,6 +97,14 @@ macro_rules! cross_store {
     };
 }
 
+/// Whether a store of type `S` creates a missing shard with its debit
+/// ([`BucketStore::debit_or_create`]), a bucket's first request being one call: every
+/// store but DynamoDB (`src/store/dynamodb/calls.rs` says why), whatever wraps it. By
+/// type, not by trying: a store that should and does not must fail the tests.
+pub fn creates_on_debit<S: BucketStore>() -> bool {
+    !std::any::type_name::<S>().contains("DynamoStore")
+}
+
 /// A key prefix no other test uses (a shared store's tests never see each other's items).
 pub fn unique_namespace() -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
@@ -118,7 +126,7 @@ use std::sync::{Arc, Mutex};
 
 use shardgate::store::{
     BucketItem, BucketKey, BucketStore, CommitOutcome, Credit, CreditGuard, Debit, DebitMode,
-    DebitOutcome, StoreError, Write,
+    DebitOutcome, Seed, StoreError, Write,
 };
 
 /// One store call as the engine made it.
@@ -229,6 +237,27 @@ impl<S: BucketStore> BucketStore for Recorder<S> {
         mode: DebitMode,
     ) -> Result<DebitOutcome, StoreError> {
         let out = self.inner.debit(key, debits, mode).await?;
+        self.log(Call::Debit {
+            shard: key.shard,
+            retry_only: mode == DebitMode::RetryOnly,
+            applied: matches!(out, DebitOutcome::Applied(_)),
+            missing: matches!(out, DebitOutcome::Refused(None)),
+        });
+        let hook = self.after_debit.lock().unwrap().take();
+        if let Some(hook) = hook {
+            hook(self.inner.clone()).await;
+        }
+        Ok(out)
+    }
+
+    async fn debit_or_create(
+        &self,
+        key: &BucketKey,
+        debits: &[Debit],
+        mode: DebitMode,
+        seed: &Seed<'_>,
+    ) -> Result<DebitOutcome, StoreError> {
+        let out = self.inner.debit_or_create(key, debits, mode, seed).await?;
         self.log(Call::Debit {
             shard: key.shard,
             retry_only: mode == DebitMode::RetryOnly,

@@ -7,6 +7,7 @@
 use futures::future::join_all;
 use smallvec::SmallVec;
 
+use super::pass;
 use super::state::{wrap, Avoid, Deciding, Draw, PerBucket, Progress, SlowTarget};
 use crate::engine::bucket::now_s;
 use crate::engine::{BucketClaim, BucketOutcome, Decision, EngineError, EngineStats};
@@ -322,18 +323,23 @@ impl<S: BucketStore> Deciding<'_, S> {
                 params: Some(c.params),
             })
             .collect();
-        let out = self
-            .engine
-            .store
-            .debit(
-                &key,
-                &debits,
-                DebitMode::Fast {
-                    now_s: now_s(now),
-                    shard_count: draw.count,
-                },
-            )
-            .await?;
+        let mode = DebitMode::Fast {
+            now_s: now_s(now),
+            shard_count: draw.count,
+        };
+        // Shard 0 missing is created with the debit where the store can (one call for a
+        // bucket's first request), sized for the count drawn under, as a slow pass would
+        // create it. Any other shard is not: created, it must take the count shard 0
+        // holds, which a slow pass reads first (`slow.rs`).
+        let out = if draw.shard == 0 {
+            let seed = || pass::seed_item(b, draw.count, &self.pass_context(now));
+            self.engine
+                .store
+                .debit_or_create(&key, &debits, mode, &seed)
+                .await?
+        } else {
+            self.engine.store.debit(&key, &debits, mode).await?
+        };
         match &out {
             DebitOutcome::Applied(image) => {
                 self.engine

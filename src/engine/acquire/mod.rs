@@ -5,7 +5,8 @@
 //! 1. `decide.rs`, the driver. Rejection cache first (`cached.rs`): a fresh image proving
 //!    every shard of some bucket short refuses with no store call.
 //! 2. Fast path (`decide.rs`): one conditional debit per bucket, concurrently, on a drawn
-//!    shard.
+//!    shard; on shard 0 it carries the item a create would write (`pass::seed_item`), which
+//!    a store that can creates and debits in the same call when the shard is missing.
 //! 3. Each refused debit is classified from its old image and resolved on its own
 //!    (`resolve.rs`): fast rejection when a refill would not help, `wcu` projection and
 //!    doubling, retry on up to two other shards, or a slow path on a chosen shard.

@@ -199,14 +199,37 @@ pub(crate) fn plan_bucket(
     }
 }
 
-fn plan_create(b: &BucketClaim, key: &BucketKey, count: u32, ctx: &PassContext) -> BucketPlan {
-    let mut out = Outcomes::new();
+/// The item a create of `b`'s shard writes at `ctx.now`, sized for `count` shards, before
+/// any claim is taken: each claimed limit at its share's ceiling, `wcu` full, and the
+/// `ttl` the expiry rule gives any balance a gated claim leaves (at least zero, so the
+/// time from empty: [`LimitParams::full_again_ms`] counts debt only). What the fast path
+/// carries to a store that creates a missing shard and debits it in one step
+/// (`BucketStore::debit_or_create`); the item a slow pass creates is this one with its
+/// claims taken.
+pub(crate) fn seed_item(b: &BucketClaim, count: u32, ctx: &PassContext) -> BucketItem {
     let mut item = BucketItem {
         refilled_at: ctx.now,
         shard_count: count,
         ttl: None,
         limits: Default::default(),
     };
+    let mut horizons: SmallVec<[Option<i64>; 3]> = SmallVec::new();
+    for c in &b.limits {
+        let share = c.params.share(count);
+        item.limits
+            .insert(c.limit.clone(), LimitState::new(c.params, share.ceiling, 0));
+        horizons.push(c.params.full_again_ms(0));
+    }
+    item.limits
+        .insert(WCU_LIMIT, LimitState::new(ctx.wcu, ctx.wcu.capacity, 0));
+    horizons.push(ctx.wcu.full_again_ms(0));
+    item.ttl = expiry(ctx.now, ctx.ttl_multiplier, horizons);
+    item
+}
+
+fn plan_create(b: &BucketClaim, key: &BucketKey, count: u32, ctx: &PassContext) -> BucketPlan {
+    let mut out = Outcomes::new();
+    let mut item = seed_item(b, count, ctx);
     let mut horizons: SmallVec<[Option<i64>; 3]> = SmallVec::new();
     for c in &b.limits {
         let share = c.params.share(count);
@@ -217,8 +240,6 @@ fn plan_create(b: &BucketClaim, key: &BucketKey, count: u32, ctx: &PassContext) 
         );
         horizons.push(c.params.full_again_ms(after));
     }
-    item.limits
-        .insert(WCU_LIMIT, LimitState::new(ctx.wcu, ctx.wcu.capacity, 0));
     horizons.push(ctx.wcu.full_again_ms(ctx.wcu.capacity));
     item.ttl = expiry(ctx.now, ctx.ttl_multiplier, horizons);
     let stamp = Stamp::of(&item);

@@ -28,7 +28,7 @@ use super::super::key::{check_commit, check_key};
 use super::super::DEFAULT_STORE_TIMEOUT;
 use super::super::{
     BucketItem, BucketKey, BucketStore, CommitOutcome, Credit, CreditGuard, Debit, DebitMode,
-    DebitOutcome, StoreError, Write, MAX_COMMIT_ITEMS,
+    DebitOutcome, Seed, StoreError, Write, MAX_COMMIT_ITEMS,
 };
 use crate::support::text::elide;
 
@@ -302,6 +302,22 @@ impl BucketStore for DynamoStore {
                 Err(image) => DebitOutcome::Refused(image),
             },
         )
+    }
+
+    /// Creates nothing: a missing item is refused and created by the caller's commit, one
+    /// call more on a bucket's first request only. One `UpdateItem` cannot do both
+    /// honestly: on a missing item it may write every attribute (`if_not_exists`), but
+    /// an existing item that has no `ttl` (a limit that never refills) must keep having
+    /// none, while a new one must get the seed's, and no update expression both leaves an
+    /// attribute absent and sets it depending on the item.
+    async fn debit_or_create(
+        &self,
+        key: &BucketKey,
+        debits: &[Debit],
+        mode: DebitMode,
+        _seed: &Seed<'_>,
+    ) -> Result<DebitOutcome, StoreError> {
+        self.debit(key, debits, mode).await
     }
 
     async fn read(&self, keys: &[BucketKey]) -> Result<Vec<Option<BucketItem>>, StoreError> {

@@ -43,7 +43,7 @@ use thiserror::Error;
 use super::key::{check_commit, check_item, check_key};
 use super::{
     BucketItem, BucketKey, BucketStore, CommitOutcome, CountChange, Credit, CreditGuard, Debit,
-    DebitMode, DebitOutcome, LimitWrite, Limits, Name, StoreError, Write, MILLI, MIN_BALANCE,
+    DebitMode, DebitOutcome, LimitWrite, Limits, Name, Seed, StoreError, Write, MILLI, MIN_BALANCE,
     WCU_LIMIT,
 };
 
@@ -404,12 +404,15 @@ impl MemoryStore {
     }
 }
 
-impl BucketStore for MemoryStore {
-    async fn debit(
+impl MemoryStore {
+    /// A debit, and where the item is missing and `seed` is given, the seed created and
+    /// debited under the partition's lock (see [`BucketStore::debit_or_create`]).
+    fn debit_seeded(
         &self,
         key: &BucketKey,
         debits: &[Debit],
         mode: DebitMode,
+        seed: Option<&Seed<'_>>,
     ) -> Result<DebitOutcome, StoreError> {
         check_key(key)?;
         let mark = match mode {
@@ -420,19 +423,54 @@ impl BucketStore for MemoryStore {
             DebitMode::RetryOnly => self.clock.mark(),
         };
         let mut g = self.part(key);
-        let mut slot = g.get_mut(key);
         // A refused bucket is in use too: dropped, it would be re-created full.
-        if let Some(slot) = &mut slot {
-            slot.touched = mark;
-        }
-        Ok(match slot {
-            None => DebitOutcome::Refused(None),
-            Some(slot) if debit_allowed(slot, debits, mode) => {
-                apply_debit(slot, debits, mode);
-                DebitOutcome::Applied(slot.image())
+        let Some(slot) = g.get_mut(key) else {
+            let Some(seed) = seed else {
+                return Ok(DebitOutcome::Refused(None));
+            };
+            let item = seed();
+            check_item(key, &item)?;
+            let mut slot = self.slot(&item, None);
+            if !debit_allowed(&slot, debits, mode) {
+                return Ok(DebitOutcome::Refused(None));
             }
-            Some(slot) => DebitOutcome::Refused(Some(slot.image())),
+            slot.touched = mark;
+            // A create takes no `wcu` token (as a slow pass's create takes none).
+            apply_debit(&mut slot, debits, DebitMode::RetryOnly);
+            let image = slot.image();
+            let evicted = g.insert(key, slot, self.clock.now_s());
+            drop(g);
+            self.evictions.record(evicted, self.max_bytes);
+            return Ok(DebitOutcome::Applied(image));
+        };
+        slot.touched = mark;
+        Ok(if debit_allowed(slot, debits, mode) {
+            apply_debit(slot, debits, mode);
+            DebitOutcome::Applied(slot.image())
+        } else {
+            DebitOutcome::Refused(Some(slot.image()))
         })
+    }
+}
+
+impl BucketStore for MemoryStore {
+    async fn debit(
+        &self,
+        key: &BucketKey,
+        debits: &[Debit],
+        mode: DebitMode,
+    ) -> Result<DebitOutcome, StoreError> {
+        self.debit_seeded(key, debits, mode, None)
+    }
+
+    async fn debit_or_create(
+        &self,
+        key: &BucketKey,
+        debits: &[Debit],
+        mode: DebitMode,
+        seed: &Seed<'_>,
+    ) -> Result<DebitOutcome, StoreError> {
+        self.debit_seeded(key, debits, mode, Some(seed))
     }
 
     async fn read(&self, keys: &[BucketKey]) -> Result<Vec<Option<BucketItem>>, StoreError> {

@@ -15,9 +15,10 @@
 
 use serde::Serialize;
 
+use crate::store::key::{key_attribute_bytes, MAX_ITEM_BYTES};
 use crate::store::{
     BucketItem, BucketKey, Credit, CreditGuard, Debit, DebitMode, LimitState, LimitWrite, Limits,
-    Write, MIN_BALANCE,
+    Write, MILLI, MIN_BALANCE, WCU_LIMIT,
 };
 
 /// The prefix that makes Cluster hash the whole key (see the module comment).
@@ -166,9 +167,49 @@ fn turn(delta: i64) -> (i128, bool) {
     }
 }
 
-/// The debit script's arguments (`lua/debit.lua`).
-pub(super) fn debit_args(debits: &[Debit], mode: DebitMode) -> Vec<String> {
-    let mut args = Vec::with_capacity(2 + 8 * debits.len());
+/// The item a debit creates from `seed` where there is none: `seed` with `debits` applied
+/// (no `wcu` token taken: a create takes none), when the debit's conditions under `mode`
+/// hold on it — the very conditions `lua/debit.lua` checks on a stored item (expiry,
+/// shard count, a `wcu` token, each limit present with its parameters and covering its
+/// amount). `None`: they do not, and nothing is to be created. Checked here, where the
+/// seed is, so that the script only writes what it is sent.
+pub(super) fn created(seed: &BucketItem, debits: &[Debit], mode: DebitMode) -> Option<BucketItem> {
+    let fast = match mode {
+        DebitMode::Fast { now_s, shard_count } => {
+            let wcu = seed.limit(WCU_LIMIT).map_or(0, |w| w.balance);
+            if seed.ttl.is_some_and(|t| t <= now_s)
+                || seed.shard_count != shard_count
+                || wcu < MILLI
+            {
+                return None;
+            }
+            true
+        }
+        DebitMode::RetryOnly => false,
+    };
+    let mut item = seed.clone();
+    for d in debits {
+        let st = item.limits.get_mut(&d.limit)?;
+        let params_differ = d.params.is_some_and(|p| st.params() != p);
+        if i128::from(st.balance) < need(d) || (fast && params_differ) {
+            return None;
+        }
+        st.balance -= d.amount;
+        st.taken = st.taken.saturating_add(d.amount);
+    }
+    Some(item)
+}
+
+/// The debit script's arguments (`lua/debit.lua`): the mode's, the item to create where
+/// there is none (`created`: its fields and its `ttl`, the debit already applied), then
+/// eight per debit.
+pub(super) fn debit_args(
+    debits: &[Debit],
+    mode: DebitMode,
+    created: Option<&BucketItem>,
+) -> Vec<String> {
+    let seeded = created.map(fields_of).unwrap_or_default();
+    let mut args = Vec::with_capacity(4 + seeded.len() + 8 * debits.len());
     match mode {
         DebitMode::Fast { now_s, shard_count } => {
             args.push(now_s.to_string());
@@ -179,6 +220,13 @@ pub(super) fn debit_args(debits: &[Debit], mode: DebitMode) -> Vec<String> {
             args.push(String::new());
         }
     }
+    args.push(seeded.len().to_string());
+    args.push(
+        created
+            .and_then(|s| s.ttl)
+            .map_or_else(String::new, |t| t.to_string()),
+    );
+    args.extend(seeded);
     for d in debits {
         args.push(d.limit.to_string());
         args.push(need(d).to_string());
@@ -247,6 +295,10 @@ pub(super) enum ScriptWrite {
 
 #[derive(Serialize)]
 pub(super) struct ScriptUpdate {
+    /// The bytes of the item's key attributes, and the most an item may have: the script
+    /// measures the item it leaves (`lib.lua`, `item_bytes`).
+    kb: String,
+    mx: String,
     erf: String,
     rf: String,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -287,14 +339,16 @@ pub(super) fn script_write(w: &Write) -> ScriptWrite {
             ttl: item.ttl.map(|t| t.to_string()),
         },
         Write::Update {
+            key,
             expected_refilled_at: expected_rf,
             refilled_at: rf,
             ttl,
             shard_count,
             limits,
-            ..
         } => ScriptWrite::Update {
             update: ScriptUpdate {
+                kb: key_attribute_bytes(key).to_string(),
+                mx: MAX_ITEM_BYTES.to_string(),
                 erf: expected_rf.to_string(),
                 rf: rf.to_string(),
                 ttl: ttl.map(|t| t.to_string()),
@@ -439,6 +493,45 @@ mod tests {
     }
 
     #[test]
+    fn a_created_item_is_the_seed_debited_when_the_debit_fits_it() {
+        let params = crate::store::LimitParams::new(10, 10, 60_000);
+        let wcu = crate::store::LimitParams::new(1_000, 1_000, 1_000);
+        let mut limits = Limits::new();
+        limits.insert("rpm", LimitState::new(params, 10_000, 0));
+        limits.insert(WCU_LIMIT, LimitState::new(wcu, 1_000_000, 0));
+        let seed = BucketItem {
+            refilled_at: 5_000,
+            shard_count: 1,
+            ttl: Some(100),
+            limits,
+        };
+        let debit = |amount| Debit {
+            limit: "rpm".into(),
+            amount,
+            gated: true,
+            params: Some(params),
+        };
+        let fast = |now_s, shard_count| DebitMode::Fast { now_s, shard_count };
+        let made = created(&seed, &[debit(3_000)], fast(5, 1)).unwrap();
+        assert_eq!(made.limits["rpm"], LimitState::new(params, 7_000, 3_000));
+        assert_eq!(
+            made.limits[WCU_LIMIT], seed.limits[WCU_LIMIT],
+            "no wcu token"
+        );
+        assert_eq!(created(&seed, &[debit(11_000)], fast(5, 1)), None, "short");
+        assert_eq!(
+            created(&seed, &[debit(1_000)], fast(100, 1)),
+            None,
+            "expired"
+        );
+        assert_eq!(
+            created(&seed, &[debit(1_000)], fast(5, 2)),
+            None,
+            "another count"
+        );
+    }
+
+    #[test]
     fn bounds_are_exact_past_i64() {
         let d = Debit {
             limit: "l".into(),
@@ -446,11 +539,11 @@ mod tests {
             gated: false,
             params: None,
         };
-        let args = debit_args(&[d], DebitMode::RetryOnly);
+        let args = debit_args(&[d], DebitMode::RetryOnly, None);
         assert_eq!(
-            args[3],
+            args[5],
             (i128::from(MIN_BALANCE) + i128::from(i64::MAX)).to_string()
         );
-        assert_eq!(args[6], "0", "adding i64::MAX saturates past tc = 0");
+        assert_eq!(args[8], "0", "adding i64::MAX saturates past tc = 0");
     }
 }

@@ -6,7 +6,9 @@
 //! fast path's debit, a credit under its guard, a commit of every write of a slow pass.
 //! A read is one `HGETALL` per item, sent together (they pipeline on the connection).
 //! Every script checks all its conditions before its first write, so a refused call
-//! writes nothing. Expiry is the key's own: `EXPIREAT` the item's `ttl`, moved only
+//! writes nothing; the size of an item a commit's update leaves (refused past DynamoDB's
+//! 400 KB, as every store refuses it) is measured once written and undone in the same
+//! script. Expiry is the key's own: `EXPIREAT` the item's `ttl`, moved only
 //! later, as the `ttl` field is.
 //!
 //! Atomic commits need the items on one node: always so on one server, and on a Cluster

@@ -10,14 +10,14 @@ use std::time::Duration;
 
 use redis::{Script, Value};
 
-use super::codec::{credit_args, debit_args, decode, redis_key, script_write, slot};
+use super::codec::{created, credit_args, debit_args, decode, redis_key, script_write, slot};
 use super::failure::classify;
 use super::link::{redact, Link, RedisMode, RedisOptions};
 
-use super::super::key::{check_commit, check_key};
+use super::super::key::{check_commit, check_item, check_key, MAX_ITEM_BYTES};
 use super::super::{
     BucketItem, BucketKey, BucketStore, CommitOutcome, Credit, CreditGuard, Debit, DebitMode,
-    DebitOutcome, StoreError, Write,
+    DebitOutcome, Seed, StoreError, Write,
 };
 
 /// The write budget of one shard item on Redis (`wcu` per second, `--partition-write-budget`):
@@ -212,7 +212,56 @@ impl RedisStore {
                 }
                 Ok(Applied::Refused(failed))
             }
+            Some(Value::Int(2)) => {
+                let [Value::Int(i), Value::Int(bytes)] = &parts[1..] else {
+                    return Err(bad("a malformed size refusal"));
+                };
+                let key = usize::try_from(*i)
+                    .ok()
+                    .and_then(|i| keys.get(i))
+                    .ok_or_else(|| bad("a size refusal out of range"))?;
+                Err(StoreError::Invalid {
+                    key: key.clone(),
+                    reason: format!("the item would be {bytes} bytes (at most {MAX_ITEM_BYTES})"),
+                })
+            }
             _ => Err(bad("an unknown status")),
+        }
+    }
+}
+
+impl RedisStore {
+    /// One debit script; where the key holds no item and `created` is given (the seed,
+    /// debited: `codec::created`), the script writes it (see
+    /// [`BucketStore::debit_or_create`]).
+    async fn debit_seeded(
+        &self,
+        key: &BucketKey,
+        debits: &[Debit],
+        mode: DebitMode,
+        created: Option<BucketItem>,
+    ) -> Result<DebitOutcome, StoreError> {
+        check_key(key)?;
+        let rk = redis_key(&self.namespace, key);
+        let mut invocation = DEBIT.key(rk.as_str());
+        for a in debit_args(debits, mode, created.as_ref()) {
+            invocation.arg(a);
+        }
+        let out = self.call(&rk, self.link.run(&invocation)).await?;
+        match &out {
+            Value::Array(parts) => match parts.as_slice() {
+                [Value::Int(0)] => Ok(DebitOutcome::Refused(None)),
+                // Created as sent.
+                [Value::Int(2)] => created
+                    .map(DebitOutcome::Applied)
+                    .ok_or_else(|| Self::corrupt(&rk, "created an item it was not sent")),
+                [Value::Int(0), image] => Ok(DebitOutcome::Refused(Self::image(&rk, image)?)),
+                [Value::Int(1), image] => Self::image(&rk, image)?
+                    .map(DebitOutcome::Applied)
+                    .ok_or_else(|| Self::corrupt(&rk, "debit applied to no item")),
+                _ => Err(Self::corrupt(&rk, format!("debit answered {out:?}"))),
+            },
+            _ => Err(Self::corrupt(&rk, format!("debit answered {out:?}"))),
         }
     }
 }
@@ -224,24 +273,27 @@ impl BucketStore for RedisStore {
         debits: &[Debit],
         mode: DebitMode,
     ) -> Result<DebitOutcome, StoreError> {
-        check_key(key)?;
-        let rk = redis_key(&self.namespace, key);
-        let mut invocation = DEBIT.key(rk.as_str());
-        for a in debit_args(debits, mode) {
-            invocation.arg(a);
-        }
-        let out = self.call(&rk, self.link.run(&invocation)).await?;
-        match &out {
-            Value::Array(parts) => match parts.as_slice() {
-                [Value::Int(0)] => Ok(DebitOutcome::Refused(None)),
-                [Value::Int(0), image] => Ok(DebitOutcome::Refused(Self::image(&rk, image)?)),
-                [Value::Int(1), image] => Self::image(&rk, image)?
-                    .map(DebitOutcome::Applied)
-                    .ok_or_else(|| Self::corrupt(&rk, "debit applied to no item")),
-                _ => Err(Self::corrupt(&rk, format!("debit answered {out:?}"))),
-            },
-            _ => Err(Self::corrupt(&rk, format!("debit answered {out:?}"))),
-        }
+        self.debit_seeded(key, debits, mode, None).await
+    }
+
+    /// One script: the seed goes with the debit (a script cannot ask back for it), so it
+    /// is built for every call, found item or not. A seed larger than an item may be is
+    /// not sent: a missing item is then refused as missing, and the create the caller
+    /// commits next is refused for its size, as the memory store refuses the seed.
+    async fn debit_or_create(
+        &self,
+        key: &BucketKey,
+        debits: &[Debit],
+        mode: DebitMode,
+        seed: &Seed<'_>,
+    ) -> Result<DebitOutcome, StoreError> {
+        let item = seed();
+        let created = if check_item(key, &item).is_ok() {
+            created(&item, debits, mode)
+        } else {
+            None
+        };
+        self.debit_seeded(key, debits, mode, created).await
     }
 
     async fn read(&self, keys: &[BucketKey]) -> Result<Vec<Option<BucketItem>>, StoreError> {

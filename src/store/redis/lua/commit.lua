@@ -9,7 +9,11 @@
 -- ARGV[2] 'images': a commit answers every item as it was and as it left it ({1, before,
 -- after, before, after, ...}), to undo a commit spread over Cluster slots (`spread.rs`).
 -- Returns {1} (committed) or {0, i, image, j, image, ...}: each refused write's 0-based
--- position and its item as it is (an empty array: no item).
+-- position and its item as it is (an empty array: no item), or {2, i, bytes}: write i
+-- would leave an item of that many bytes, more than DynamoDB stores (`mx`), and nothing
+-- is written. That one condition is measured on the items written (each update carries
+-- `kb`, its key's own bytes) and, when it fails, every item is put back as it was,
+-- expiry included, before the script returns: no one sees the difference.
 local writes = cjson.decode(ARGV[1])
 local current = {}
 local before = {}
@@ -67,6 +71,14 @@ if #refused > 0 then
   table.insert(refused, 1, 0)
   return refused
 end
+-- Each key's expiry, to put back should an update leave an item too large (below).
+local expiry = {}
+for _, w in ipairs(writes) do
+  if w.update then
+    for i = 1, #writes do expiry[i] = redis.call('PEXPIRETIME', KEYS[i]) end
+    break
+  end
+end
 for i, w in ipairs(writes) do
   local key = KEYS[i]
   local f = current[i]
@@ -94,6 +106,21 @@ for i, w in ipairs(writes) do
       add_saturating(key, p .. 'tc', f[p .. 'tc'], d[3], d[5], true)
     end
     if w.ttl then expire_as(key, w.ttl) end
+  end
+end
+for i, w in ipairs(writes) do
+  if w.update then
+    local bytes = item_bytes(KEYS[i], tonumber(w.update.kb))
+    if bytes > tonumber(w.update.mx) then
+      for j = 1, #writes do
+        redis.call('DEL', KEYS[j])
+        if #before[j] > 0 then
+          hset_all(KEYS[j], before[j])
+          if expiry[j] > 0 then redis.call('PEXPIREAT', KEYS[j], expiry[j]) end
+        end
+      end
+      return {2, i - 1, bytes}
+    end
   end
 end
 if ARGV[2] == 'images' then

@@ -2,7 +2,9 @@
 -- canonical decimal strings (as Redis's HINCRBY writes them) and are compared here as
 -- strings, exactly: Lua's numbers are doubles, and balances reach 2^62. Sums are made by
 -- HINCRBY (exact 64-bit) after the caller checked they stay in range. Every condition of
--- a script is checked before its first write, so a refused call writes nothing.
+-- a script is checked before its first write, so a refused call writes nothing (the one
+-- exception, an item's size after a commit's update, is measured once written, and undone
+-- in the same script when too large: `commit.lua`).
 
 -- -1, 0 or 1 as a < b, a == b, a > b, for canonical decimal integers of any length.
 local function cmp(a, b)
@@ -48,6 +50,36 @@ local function add_saturating(key, field, current, delta, turn, up)
   else
     redis.call('HINCRBY', key, field, delta)
   end
+end
+
+-- The bytes DynamoDB counts for a number given as a canonical decimal string: one per two
+-- significant digits, plus one (`store/key.rs`, `number_bytes`).
+local function number_bytes(v)
+  local digits = v:gsub('^-', ''):gsub('0+$', '')
+  if digits == '' then return 2 end
+  return math.floor((#digits + 1) / 2) + 1
+end
+
+-- The bytes DynamoDB would count for the item at `key` (`store/key.rs`, `item_bytes`):
+-- `kb` for the key's own attributes, then each field's name as DynamoDB spells it and
+-- its value (a limit's `b:{name}:tk` is `b_{name}_tk` there, counted one byte longer).
+local function item_bytes(key, kb)
+  local flat = redis.call('HGETALL', key)
+  local bytes = kb
+  for i = 1, #flat, 2 do
+    local field = flat[i]
+    if field == 'rf' then
+      bytes = bytes + 2
+    elseif field == 'sc' then
+      bytes = bytes + 11
+    elseif field == 'ttl' then
+      bytes = bytes + 3
+    else
+      bytes = bytes + #field + 1
+    end
+    bytes = bytes + number_bytes(flat[i + 1])
+  end
+  return bytes
 end
 
 -- HSET of a flat field/value list, in chunks (Lua's unpack has a bounded stack).
