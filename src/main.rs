@@ -250,7 +250,7 @@ fn serve(args: Box<Serve>, upstream: &shardgate::upstream_env::Translation) -> E
     // is driven with one thread (the current-thread scheduler) too.
     #[cfg(feature = "otel")]
     if let Some(export) = export {
-        let _ = rt.block_on(tokio::task::spawn_blocking(move || export.shutdown()));
+        let _ = rt.block_on(rt.spawn_blocking(move || export.shutdown()));
     }
     match served {
         Ok(()) => ExitCode::SUCCESS,
