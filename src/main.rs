@@ -134,14 +134,26 @@ fn span_export(
     }
 }
 
-/// A multi-thread runtime of `workers` threads (default: tokio's, one per core).
+/// The runtime answering requests: a multi-thread runtime of `workers` threads (default:
+/// tokio's, one per core), or, for one thread, tokio's current-thread scheduler on the
+/// main thread. With one thread the current-thread scheduler costs less per call where
+/// Envoy sends many small calls on one HTTP/2 connection: the multi-thread scheduler runs
+/// a task woken by the running one next (its LIFO slot), so each call's answer wakes the
+/// connection's task, which writes that answer alone (a `writev` per call); the
+/// current-thread one queues the woken connection task behind the calls already read,
+/// and their answers go out in one write (bench/README.md, "Behind Envoy, one thread").
 fn runtime_with(
     workers: Option<std::num::NonZeroUsize>,
 ) -> Result<tokio::runtime::Runtime, ExitCode> {
-    let mut builder = tokio::runtime::Builder::new_multi_thread();
-    if let Some(n) = workers {
-        builder.worker_threads(n.get());
-    }
+    let mut builder = match workers {
+        Some(n) if n.get() == 1 => tokio::runtime::Builder::new_current_thread(),
+        Some(n) => {
+            let mut builder = tokio::runtime::Builder::new_multi_thread();
+            builder.worker_threads(n.get());
+            builder
+        }
+        None => tokio::runtime::Builder::new_multi_thread(),
+    };
     builder.enable_all().build().map_err(|e| {
         eprintln!("cannot start the runtime: {e}");
         ExitCode::FAILURE
@@ -239,11 +251,12 @@ fn serve(args: Box<Serve>, upstream: &shardgate::upstream_env::Translation) -> E
         Err(code) => return code,
     };
     let served = rt.block_on(serve::run(options));
-    // The calls have drained: the spans of the last ones are flushed now, from
-    // this thread, while the runtime's workers still drive the connection.
+    // The calls have drained: the spans of the last ones are flushed now, from a
+    // blocking thread while this one drives the runtime, so the exporter's connection
+    // is driven with one thread (the current-thread scheduler) too.
     #[cfg(feature = "otel")]
     if let Some(export) = export {
-        export.shutdown();
+        let _ = rt.block_on(rt.spawn_blocking(move || export.shutdown()));
     }
     match served {
         Ok(()) => ExitCode::SUCCESS,
