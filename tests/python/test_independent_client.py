@@ -382,6 +382,18 @@ def test_worker_threads_are_set_on_the_command_line(shardgate):
     assert "--worker-threads" in bad.stderr and "zero" in bad.stderr, bad.stderr
 
 
+def test_one_thread_serves_a_shared_store_and_stops_cleanly(shardgate, redis_server):
+    """`--worker-threads 1` runs tokio's current-thread scheduler: the store's calls, the
+    lease task and the shutdown all run on that one thread."""
+    one = shardgate(FIVE_PER_MINUTE, store="redis", args=[
+        "--worker-threads", "1", "--redis-url", f"redis://127.0.0.1:{redis_server.port}"])
+    codes = [one.should_rate_limit(request("api", desc(("user", "b")))).overall_code
+             for _ in range(8)]
+    assert codes == [OK] * 5 + [OVER_LIMIT] * 3, codes
+    one.proc.terminate()
+    assert one.proc.wait(timeout=30) == 0, one.log()
+
+
 def test_undecodable_bytes_are_invalid_argument_naming_the_field(shardgate):
     server = shardgate(FIVE_PER_MINUTE)
     raw = grpc.insecure_channel(f"127.0.0.1:{server.port}").unary_unary(
