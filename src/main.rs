@@ -136,12 +136,9 @@ fn span_export(
 
 /// The runtime answering requests: a multi-thread runtime of `workers` threads (default:
 /// tokio's, one per core), or, for one thread, tokio's current-thread scheduler on the
-/// main thread. With one thread the current-thread scheduler costs less per call where
-/// Envoy sends many small calls on one HTTP/2 connection: the multi-thread scheduler runs
-/// a task woken by the running one next (its LIFO slot), so each call's answer wakes the
-/// connection's task, which writes that answer alone (a `writev` per call); the
-/// current-thread one queues the woken connection task behind the calls already read,
-/// and their answers go out in one write (bench/README.md, "Behind Envoy, one thread").
+/// main thread (no worker thread beside it to wake). Either way a gRPC connection's
+/// calls run inside the connection's own task, so a burst of calls is answered in one
+/// write (`server/connection.rs`; bench/README.md, "One task per connection").
 fn runtime_with(
     workers: Option<std::num::NonZeroUsize>,
 ) -> Result<tokio::runtime::Runtime, ExitCode> {

@@ -138,9 +138,8 @@ pub(crate) struct Serve {
     /// Threads answering requests (default: one per CPU core). Fewer threads hop fewer
     /// tasks between cores: on a 2-core machine sharing its cores with DynamoDB Local,
     /// one thread cut shardgate's CPU per DynamoDB decision by a fifth (README,
-    /// Performance). 1 runs tokio's current-thread scheduler, which answers a batch of
-    /// calls on one connection with one write: behind one Envoy worker it takes about
-    /// half the CPU per call of the default (bench/README.md).
+    /// Performance). 1 runs tokio's current-thread scheduler: every connection on one
+    /// core, at the default's CPU per call (bench/README.md).
     #[arg(long, env = "SHARDGATE_WORKER_THREADS")]
     pub(crate) worker_threads: Option<std::num::NonZeroUsize>,
     /// Serve gRPC over TLS with this PEM certificate chain (re-read when it changes).

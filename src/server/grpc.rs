@@ -1,11 +1,12 @@
 //! The gRPC listener: Envoy's `RateLimitService` (`rls.rs`), `grpc.health.v1` health and
-//! gRPC reflection, served by tonic on one listener, over TLS when configured, each call
-//! in its caller's trace context when spans are exported (`trace_context.rs`). It
-//! assembles and serves; it decides nothing itself.
+//! gRPC reflection on one listener, over TLS when configured, each call in its caller's
+//! trace context when spans are exported (`trace_context.rs`). It assembles and serves;
+//! it decides nothing itself.
 //!
 //! The rate-limit service's calls go to it straight from the port ([`Port`]); only the
 //! others (health, reflection, any unknown service) go through tonic's router. The port's
-//! HTTP/2 limits are `port_limits.rs`'; its connections are accepted by `accept.rs`.
+//! HTTP/2 limits are `port_limits.rs`'; its connections are accepted by `accept.rs` and
+//! served, each by one task with its calls, by `connection.rs`.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -20,9 +21,10 @@ use tonic::body::Body;
 use tonic::codegen::http::{Request, Response};
 use tonic::service::Routes;
 use tonic_health::ServingStatus;
-use tower::Service;
+use tower::{Layer, Service};
 
 use super::accept::Accepting;
+use super::connection;
 use super::port_limits::PortLimits;
 use super::rls::{self, Rls, SERVICE_NAME};
 use super::tls::TlsState;
@@ -73,7 +75,7 @@ pub async fn serve<S: BucketStore>(
     limiter: Arc<RateLimiter<S>>,
     listener: TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send,
-) -> Result<(), tonic::transport::Error> {
+) {
     serve_with(limiter, listener, PortOptions::default(), shutdown).await
 }
 
@@ -83,7 +85,7 @@ pub async fn serve_tls<S: BucketStore>(
     listener: TcpListener,
     tls: Arc<TlsState>,
     shutdown: impl std::future::Future<Output = ()> + Send,
-) -> Result<(), tonic::transport::Error> {
+) {
     let options = PortOptions {
         tls: Some(tls),
         ..PortOptions::default()
@@ -91,32 +93,28 @@ pub async fn serve_tls<S: BucketStore>(
     serve_with(limiter, listener, options, shutdown).await
 }
 
-/// Serves gRPC on `listener` as `options` say until `shutdown` resolves.
+/// Serves gRPC on `listener` as `options` say until `shutdown` resolves, then until the
+/// calls in flight have finished.
 pub async fn serve_with<S: BucketStore>(
     limiter: Arc<RateLimiter<S>>,
     listener: TcpListener,
     options: PortOptions,
     shutdown: impl std::future::Future<Output = ()> + Send,
-) -> Result<(), tonic::transport::Error> {
+) {
     let metrics = limiter.metrics().clone();
     let limits = options.limits;
     let port = Port {
         rls: Rls::new(limiter).with_max_message_len(limits.max_message_len()),
         others: others(options.health, limits.max_message_len()).await,
     };
-    let server = limits.apply(server(options.trace_context));
+    let port = layers(options.trace_context).layer(port);
     let accepting = Accepting::new(listener, metrics.clone());
     match options.tls {
         Some(tls) => {
-            server
-                .serve_with_incoming_shutdown(port, tls.incoming(accepting, metrics), shutdown)
-                .await
+            let incoming = tls.incoming(accepting, metrics);
+            connection::serve(incoming, port, limits, shutdown).await
         }
-        None => {
-            server
-                .serve_with_incoming_shutdown(port, accepting, shutdown)
-                .await
-        }
+        None => connection::serve(accepting, port, limits, shutdown).await,
     }
 }
 
@@ -215,22 +213,14 @@ async fn follow(
 /// The layers around every gRPC service: the caller's trace context, when built with
 /// `otel`.
 #[cfg(feature = "otel")]
-type Layers = tower::layer::util::Stack<TraceContextLayer, tower::layer::util::Identity>;
-#[cfg(not(feature = "otel"))]
-type Layers = tower::layer::util::Identity;
-
-/// tonic's server (HTTP/2 settings, connection handling, the `grpc-timeout` header) with
-/// the caller's trace context around every call when built with `otel`.
-#[cfg(feature = "otel")]
-fn server(trace_context: bool) -> tonic::transport::Server<Layers> {
-    tonic::transport::Server::builder().layer(TraceContextLayer::new(trace_context))
+fn layers(trace_context: bool) -> TraceContextLayer {
+    TraceContextLayer::new(trace_context)
 }
 
-/// tonic's server (HTTP/2 settings, connection handling, the `grpc-timeout` header); no
-/// trace context is read without `otel`.
+/// No layer: no trace context is read without `otel`.
 #[cfg(not(feature = "otel"))]
-fn server(_trace_context: bool) -> tonic::transport::Server<Layers> {
-    tonic::transport::Server::builder()
+fn layers(_trace_context: bool) -> tower::layer::util::Identity {
+    tower::layer::util::Identity::new()
 }
 
 /// Readiness names: the server's own and [`HEALTH_SERVICES`].

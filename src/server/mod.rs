@@ -1,6 +1,7 @@
 //! The transport: the listeners and the bytes on them. Envoy's gRPC rate-limit API over
 //! HTTP/2 (`rls`, read by `framing`, answered in `unary_response`) with health and
-//! reflection (`grpc`), TLS (`tls`), accepting connections (`accept`, `socket`),
+//! reflection (`grpc`), TLS (`tls`), accepting connections (`accept`, `socket`) and
+//! serving each in one task with its calls (`connection`),
 //! the port's HTTP/2 limits (`port_limits`), the caller's trace context
 //! (`trace_context`), the HTTP port (`http`, with `/json` in `json`), and putting a
 //! server together (`serve`); the statsd socket and its flush timer (`statsd`);
@@ -11,6 +12,7 @@
 //! writes back.
 
 mod accept;
+mod connection;
 mod framing;
 pub mod grpc;
 pub mod http;

@@ -4,7 +4,8 @@
 //! many streams at a time, each request a message of a few hundred bytes sent with its
 //! headers.
 //!
-//! It owns the values and their application to tonic's server builder; it serves nothing.
+//! It owns the values and their application to hyper's HTTP/2 server builder; it serves
+//! nothing.
 
 use std::time::Duration;
 
@@ -48,7 +49,8 @@ pub const DEFAULT_MAX_MESSAGE_BYTES: u32 = 64 * 1024;
 
 /// Streams the server may reset itself (for a malformed request, a flow-control breach,
 /// a stream refused past the limit) on one connection before it sends GOAWAY
-/// ENHANCE_YOUR_CALM: h2's own default, which tonic turns off. Without it, a client
+/// ENHANCE_YOUR_CALM: h2's own default, which tonic's server turns off; set here so that no
+/// builder's default decides it. Without it, a client
 /// provoking resets while not reading makes the server queue them without end
 /// (RUSTSEC-2024-0003).
 const MAX_LOCAL_ERROR_RESET_STREAMS: usize = 1024;
@@ -82,7 +84,7 @@ impl Default for PortLimits {
             max_concurrent_streams: DEFAULT_MAX_CONCURRENT_STREAMS,
             keepalive_interval: Some(DEFAULT_KEEPALIVE_INTERVAL),
             keepalive_timeout: DEFAULT_KEEPALIVE_TIMEOUT,
-            // Off: Envoy's connections are meant to live long, and tonic ages every
+            // Off: Envoy's connections are meant to live long, and the port ages every
             // connection by the same amount, so connections opened together (a fleet's
             // restart) would all reconnect together, again at every age.
             max_connection_age: None,
@@ -92,25 +94,23 @@ impl Default for PortLimits {
 }
 
 impl PortLimits {
-    /// tonic's server builder with every HTTP/2 setting of the port. HTTP/1 stays refused
-    /// (tonic's default): the port speaks gRPC only.
-    pub fn apply<L>(&self, server: tonic::transport::Server<L>) -> tonic::transport::Server<L> {
-        let server = server
+    /// Every HTTP/2 setting of the port on hyper's server builder. The port speaks
+    /// HTTP/2 only: an HTTP/1 client's first bytes are not a connection preface, and the
+    /// connection is closed. The connection's age is kept by its task (`connection.rs`).
+    pub fn apply_http2<E>(&self, builder: &mut hyper::server::conn::http2::Builder<E>) {
+        builder
             .max_concurrent_streams(self.max_concurrent_streams)
-            .http2_keepalive_interval(self.keepalive_interval)
-            .http2_keepalive_timeout(Some(self.keepalive_timeout))
-            .http2_max_local_error_reset_streams(Some(MAX_LOCAL_ERROR_RESET_STREAMS))
-            .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_ACCEPT_RESET_STREAMS))
-            .http2_max_header_list_size(MAX_HEADER_LIST_BYTES)
+            .keep_alive_interval(self.keepalive_interval)
+            .keep_alive_timeout(self.keepalive_timeout)
+            .max_local_error_reset_streams(MAX_LOCAL_ERROR_RESET_STREAMS)
+            .max_pending_accept_reset_streams(MAX_PENDING_ACCEPT_RESET_STREAMS)
+            .max_header_list_size(MAX_HEADER_LIST_BYTES)
             .max_frame_size(MAX_FRAME_BYTES)
-            .http2_adaptive_window(Some(false))
+            .adaptive_window(false)
             .initial_stream_window_size(STREAM_WINDOW_BYTES)
             .initial_connection_window_size(CONNECTION_WINDOW_BYTES)
-            .accept_http1(false);
-        match self.max_connection_age {
-            Some(age) => server.max_connection_age(age),
-            None => server,
-        }
+            // gRPC has no use for a `date` header: 37 bytes and a clock read per answer.
+            .auto_date_header(false);
     }
 
     /// The message bound as a length.

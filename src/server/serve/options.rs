@@ -92,8 +92,6 @@ pub enum ServeError {
         #[source]
         source: notify::Error,
     },
-    #[error("gRPC server failed: {0}")]
-    Transport(#[from] tonic::transport::Error),
     #[error("HTTP server failed: {0}")]
     Http(#[source] std::io::Error),
     #[error("TLS: {0}")]

@@ -26,7 +26,7 @@ pub(super) struct Running {
     pub(super) prune_task: JoinHandle<()>,
     /// Tells the ports to stop accepting.
     pub(super) stop_tx: watch::Sender<bool>,
-    pub(super) grpc_task: JoinHandle<Result<(), tonic::transport::Error>>,
+    pub(super) grpc_task: JoinHandle<()>,
     pub(super) http_task: JoinHandle<Result<(), std::io::Error>>,
     /// How long the calls in flight may take to finish.
     pub(super) grace: Duration,
@@ -69,15 +69,15 @@ impl Running {
 
 /// Waits for both ports to finish their calls, at most `grace`.
 async fn drain(
-    grpc_task: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+    grpc_task: tokio::task::JoinHandle<()>,
     http_task: tokio::task::JoinHandle<Result<(), std::io::Error>>,
     grace: Duration,
 ) -> Result<(), ServeError> {
     let drained = tokio::time::timeout(grace, async { (grpc_task.await, http_task.await) }).await;
     match drained {
         Ok((grpc, http)) => {
-            if let Ok(Err(e)) = grpc {
-                return Err(e.into());
+            if let Err(e) = grpc {
+                tracing::warn!(error = %e, "the gRPC port's task failed");
             }
             if let Ok(Err(e)) = http {
                 return Err(ServeError::Http(e));
