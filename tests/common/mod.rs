@@ -217,6 +217,27 @@ impl<S: BucketStore> Recorder<S> {
     fn log(&self, c: Call) {
         self.calls.lock().unwrap().push(c);
     }
+
+    /// What every debit does after the store answered: logged, then the `after_debit`
+    /// hook run once, before the engine sees the outcome.
+    async fn debited(
+        &self,
+        key: &BucketKey,
+        mode: DebitMode,
+        out: DebitOutcome,
+    ) -> Result<DebitOutcome, StoreError> {
+        self.log(Call::Debit {
+            shard: key.shard,
+            retry_only: mode == DebitMode::RetryOnly,
+            applied: matches!(out, DebitOutcome::Applied(_)),
+            missing: matches!(out, DebitOutcome::Refused(None)),
+        });
+        let hook = self.after_debit.lock().unwrap().take();
+        if let Some(hook) = hook {
+            hook(self.inner.clone()).await;
+        }
+        Ok(out)
+    }
 }
 
 /// Creates an item through the contract; panics if it exists.
@@ -237,17 +258,7 @@ impl<S: BucketStore> BucketStore for Recorder<S> {
         mode: DebitMode,
     ) -> Result<DebitOutcome, StoreError> {
         let out = self.inner.debit(key, debits, mode).await?;
-        self.log(Call::Debit {
-            shard: key.shard,
-            retry_only: mode == DebitMode::RetryOnly,
-            applied: matches!(out, DebitOutcome::Applied(_)),
-            missing: matches!(out, DebitOutcome::Refused(None)),
-        });
-        let hook = self.after_debit.lock().unwrap().take();
-        if let Some(hook) = hook {
-            hook(self.inner.clone()).await;
-        }
-        Ok(out)
+        self.debited(key, mode, out).await
     }
 
     async fn debit_or_create(
@@ -258,17 +269,7 @@ impl<S: BucketStore> BucketStore for Recorder<S> {
         seed: &Seed<'_>,
     ) -> Result<DebitOutcome, StoreError> {
         let out = self.inner.debit_or_create(key, debits, mode, seed).await?;
-        self.log(Call::Debit {
-            shard: key.shard,
-            retry_only: mode == DebitMode::RetryOnly,
-            applied: matches!(out, DebitOutcome::Applied(_)),
-            missing: matches!(out, DebitOutcome::Refused(None)),
-        });
-        let hook = self.after_debit.lock().unwrap().take();
-        if let Some(hook) = hook {
-            hook(self.inner.clone()).await;
-        }
-        Ok(out)
+        self.debited(key, mode, out).await
     }
 
     async fn read(&self, keys: &[BucketKey]) -> Result<Vec<Option<BucketItem>>, StoreError> {
