@@ -7,7 +7,8 @@
 //! the Sentinels for the master again: after a failover it finds the promoted replica.
 //! Sentinels reached over TLS (`rediss://`) mean the master is reached over TLS too, with
 //! the same CA and client certificate: a deployment that encrypts one encrypts both.
-//! Nothing here knows the item format.
+//! Each keyed call is counted on its node (`nodes.rs`) as it is sent. Nothing here knows
+//! the item format.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -24,6 +25,9 @@ use redis::{
 };
 use std::sync::Arc;
 use thiserror::Error;
+
+use super::codec::slot;
+use super::nodes::NodeOps;
 
 /// How the URLs are to be read.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -241,6 +245,7 @@ enum Open {
 pub(super) struct Link {
     options: RedisOptions,
     open: ArcSwapOption<Open>,
+    nodes: Arc<NodeOps>,
     /// One call connects at a time; the others wait for it and use what it opened.
     connecting: tokio::sync::Mutex<()>,
 }
@@ -250,12 +255,17 @@ impl Link {
         Link {
             options,
             open: ArcSwapOption::empty(),
+            nodes: Arc::new(NodeOps::new()),
             connecting: tokio::sync::Mutex::new(()),
         }
     }
 
     pub(super) fn options(&self) -> &RedisOptions {
         &self.options
+    }
+
+    pub(super) fn nodes(&self) -> &NodeOps {
+        &self.nodes
     }
 
     async fn open(&self) -> RedisResult<Arc<Open>> {
@@ -266,28 +276,41 @@ impl Link {
         if let Some(open) = self.open.load_full() {
             return Ok(open);
         }
-        let open = Arc::new(connect(&self.options).await?);
+        let open = Arc::new(connect(&self.options, &self.nodes).await?);
+        if let Open::Cluster(conn) = &*open {
+            self.nodes.keep_fresh(conn.clone(), Arc::downgrade(&open));
+        }
         self.open.store(Some(open.clone()));
         Ok(open)
     }
 
     /// Under Sentinel, drops `failed` after an outage so that the next call asks the
-    /// Sentinels again (a failover moved the master, or it is down).
+    /// Sentinels again (a failover moved the master, or it is down); on a Cluster, has
+    /// the slot map read again (the topology may have moved).
     fn after<T>(&self, failed: &Arc<Open>, result: RedisResult<T>) -> RedisResult<T> {
         if let Err(e) = &result {
             let outage = !super::failure::is_this_items(e);
-            if outage && matches!(self.options.mode(), RedisMode::Sentinel { .. }) {
-                self.open
-                    .compare_and_swap(&Some(failed.clone()), None::<Arc<Open>>);
+            match self.options.mode() {
+                RedisMode::Sentinel { .. } if outage => {
+                    self.open
+                        .compare_and_swap(&Some(failed.clone()), None::<Arc<Open>>);
+                }
+                RedisMode::Cluster if outage => self.nodes.suspect(),
+                _ => {}
             }
         }
         result
     }
 
     /// Runs a script (`EVALSHA`, loading it on `NOSCRIPT`) on the node that holds its
-    /// keys.
-    pub(super) async fn run(&self, invocation: &ScriptInvocation<'_>) -> RedisResult<Value> {
+    /// keys, the first of which is `key`.
+    pub(super) async fn run(
+        &self,
+        key: &str,
+        invocation: &ScriptInvocation<'_>,
+    ) -> RedisResult<Value> {
         let open = self.open().await?;
+        self.nodes.count(|| slot(key));
         let result = match open.connection() {
             Connection::Single(mut conn) => invocation.invoke_async(&mut conn).await,
             Connection::Cluster(mut conn) => invocation.invoke_async(&mut conn).await,
@@ -295,9 +318,12 @@ impl Link {
         self.after(&open, result)
     }
 
-    /// Runs one command.
-    pub(super) async fn query(&self, cmd: &redis::Cmd) -> RedisResult<Value> {
+    /// Runs one command; on the node that holds `key` when it has one (counted there).
+    pub(super) async fn query(&self, key: Option<&str>, cmd: &redis::Cmd) -> RedisResult<Value> {
         let open = self.open().await?;
+        if let Some(key) = key {
+            self.nodes.count(|| slot(key));
+        }
         let result = match open.connection() {
             Connection::Single(mut conn) => cmd.query_async(&mut conn).await,
             Connection::Cluster(mut conn) => cmd.query_async(&mut conn).await,
@@ -342,7 +368,7 @@ async fn pool(client: redis::Client, options: &RedisOptions) -> RedisResult<Open
     })
 }
 
-async fn connect(options: &RedisOptions) -> RedisResult<Open> {
+async fn connect(options: &RedisOptions, nodes: &NodeOps) -> RedisResult<Open> {
     let certs = options.certificates().map_err(|e| {
         RedisError::from((redis::ErrorKind::InvalidClientConfig, "TLS", e.to_string()))
     })?;
@@ -359,7 +385,9 @@ async fn connect(options: &RedisOptions) -> RedisResult<Open> {
                 Some(certs) => redis::Client::build_with_tls(info, certs)?,
                 None => redis::Client::open(info)?,
             };
-            pool(client, options).await
+            let open = pool(client.clone(), options).await?;
+            nodes.one_node(&client.get_connection_info().addr().to_string());
+            Ok(open)
         }
         RedisMode::Sentinel { master } => {
             let mut sentinels = sentinel_client(options, &master, certs)?;
@@ -379,7 +407,10 @@ async fn connect(options: &RedisOptions) -> RedisResult<Open> {
                         "Sentinel lookup of master '{master}': {e}"
                     )))
                 })?;
-            pool(client, options).await
+            let open = pool(client.clone(), options).await?;
+            // The master as the Sentinels named it: after a failover, the promoted one.
+            nodes.one_node(&client.get_connection_info().addr().to_string());
+            Ok(open)
         }
         RedisMode::Cluster => {
             let mut builder = ClusterClientBuilder::new(options.urls.clone())
@@ -396,7 +427,14 @@ async fn connect(options: &RedisOptions) -> RedisResult<Open> {
             if options.tls.skip_hostname_verification {
                 builder = builder.danger_accept_invalid_hostnames(true);
             }
-            let conn = builder.build()?.get_async_connection().await?;
+            let mut conn = builder.build()?.get_async_connection().await?;
+            // The slot map before the first call is counted; if it cannot be read now,
+            // the refresher reads it at once (`suspect`) and calls count as `other`
+            // meanwhile.
+            if let Err(e) = nodes.refresh(&mut conn).await {
+                tracing::debug!(error = %e, "Redis Cluster slot map not read");
+                nodes.suspect();
+            }
             Ok(Open::Cluster(conn))
         }
     }
