@@ -2,7 +2,9 @@
 //! when Redis is killed and restarted, paused, busy with a runaway script, full
 //! (`maxmemory`), or holds a key of another type; a Sentinel failover and a Cluster master
 //! killed mid-load (served again by the promoted replica, and no more admitted than the
-//! bound); TLS (a CA, a required client certificate) and passwords; the key's own expiry
+//! bound); TLS (a CA, a required client certificate) and passwords; Sentinel over TLS
+//! (`scripts/redis-local sentinel-tls`: `shardgate serve` processes, by flags and by
+//! upstream's variables, sharing a limit; a wrong CA); the key's own expiry
 //! following the item's `ttl`; and a bucket's shards spread over a Cluster's masters. The
 //! contract's conditions are `store_conformance.rs`'s, on every store.
 
@@ -16,6 +18,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::redis::{options, LocalRedis};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use shardgate::store::breaker::{Breaker, CircuitState};
 use shardgate::store::redis::{RedisMode, RedisStore};
 use shardgate::store::{
@@ -443,6 +447,305 @@ async fn under_sentinel_a_failover_moves_the_store_to_the_promoted_replica() {
         }
     };
     assert!(image.limits["rpm"].balance <= 8 * MILLI, "{image:?}");
+}
+
+/// `scripts/redis-local sentinel-tls`: a master, its replica and a Sentinel on TLS ports
+/// only, with certificates of the test's own CA; stopped when dropped (the script stops
+/// its servers on TERM).
+struct TlsSentinel {
+    sentinel: u16,
+    replica: u16,
+    ca: std::path::PathBuf,
+    /// Holds the certificates the servers read.
+    _dir: tempfile::TempDir,
+    script: std::process::Child,
+}
+
+impl TlsSentinel {
+    fn start() -> TlsSentinel {
+        let pki = common::tls::Pki::new("redis-sentinel");
+        // The name the master's certificate must carry is the address the Sentinel
+        // reports for it.
+        let (cert, key_pem) = pki.leaf(&["127.0.0.1", "localhost"]);
+        let dir = tempfile::tempdir().unwrap();
+        let ca = common::tls::write(dir.path(), "ca.pem", &pki.ca_pem);
+        common::tls::write(dir.path(), "redis.pem", &cert);
+        common::tls::write(dir.path(), "redis-key.pem", &key_pem);
+        let (master, replica, sentinel) = (
+            common::redis::free_port(),
+            common::redis::free_port(),
+            common::redis::free_port(),
+        );
+        let mut script =
+            std::process::Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/redis-local"))
+                .arg("sentinel-tls")
+                .args([master, replica, sentinel].map(|p| p.to_string()))
+                .arg(dir.path())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::inherit())
+                .spawn()
+                .expect("scripts/redis-local");
+        // Its stdout says `ready` once the replica has synced and the Sentinel sees it.
+        let stdout = script.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if line == "ready" {
+                    let _ = tx.send(());
+                }
+            }
+        });
+        let started = TlsSentinel {
+            sentinel,
+            replica,
+            ca,
+            _dir: dir,
+            script,
+        };
+        rx.recv_timeout(Duration::from_secs(60))
+            .expect("scripts/redis-local sentinel-tls did not say ready");
+        started
+    }
+
+    /// `redis-cli` over TLS to `port`; its output.
+    fn cli(&self, port: u16, args: &[&str]) -> String {
+        let out = std::process::Command::new("redis-cli")
+            .args(["--tls", "--cacert"])
+            .arg(&self.ca)
+            .args(["-p", &port.to_string()])
+            .args(args)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+impl Drop for TlsSentinel {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("kill")
+            .arg(self.script.id().to_string())
+            .status();
+        let _ = self.script.wait();
+    }
+}
+
+/// A `shardgate serve` process on the Redis store, its log in a file.
+struct ServeProcess {
+    grpc: u16,
+    http: u16,
+    log: std::path::PathBuf,
+    child: std::process::Child,
+}
+
+impl ServeProcess {
+    /// `shardgate serve` on `rules` with `args` and nothing of the test's environment
+    /// but `env` (a `SHARDGATE_*` variable of the caller's would win over upstream's).
+    fn start(dir: &std::path::Path, name: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
+        let rules = common::tls::write(
+            dir,
+            "rules.yaml",
+            "domain: sentinel\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 5}\n",
+        );
+        let (grpc, http) = (common::redis::free_port(), common::redis::free_port());
+        let log = dir.join(format!("{name}.log"));
+        let out = std::fs::File::create(&log).unwrap();
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_shardgate"))
+            .arg("serve")
+            .arg("--config")
+            .arg(&rules)
+            .args(["--grpc-addr", &format!("127.0.0.1:{grpc}")])
+            .args(["--http-addr", &format!("127.0.0.1:{http}")])
+            .args(args)
+            .env_clear()
+            .envs(env.iter().copied())
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .spawn()
+            .expect("shardgate starts");
+        ServeProcess {
+            grpc,
+            http,
+            log,
+            child,
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The status of `GET /healthcheck` (`None`: not listening yet).
+    fn health(&self) -> Option<u16> {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.http)).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+        s.write_all(b"GET /healthcheck HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .ok()?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).ok()?;
+        out.split(' ').nth(1)?.parse().ok()
+    }
+
+    /// Waits until it is serving (its store answered).
+    async fn ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.health() != Some(200) {
+            if let Ok(Some(exit)) = self.child.try_wait() {
+                panic!("shardgate exited ({exit}):\n{}", self.log());
+            }
+            assert!(Instant::now() < deadline, "not serving:\n{}", self.log());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn client(&self) -> RateLimitServiceClient<tonic::transport::Channel> {
+        RateLimitServiceClient::connect(format!("http://127.0.0.1:{}", self.grpc))
+            .await
+            .expect("the gRPC port answers")
+    }
+}
+
+impl Drop for ServeProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test]
+async fn under_sentinel_over_tls_servers_share_a_limit_through_the_master_the_sentinel_names() {
+    let redis = TlsSentinel::start();
+    let sentinel_url = format!("rediss://127.0.0.1:{}", redis.sentinel);
+    let ca = redis.ca.to_str().unwrap();
+    let namespace = common::unique_namespace();
+    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    // One server by our flags, the other by an upstream Deployment's variables; the
+    // same namespace, so the same buckets.
+    let mut by_flags = ServeProcess::start(
+        dirs[0].path(),
+        "flags",
+        &[
+            "--store",
+            "redis",
+            "--redis-mode",
+            "sentinel",
+            "--redis-sentinel-master",
+            "mymaster",
+            "--redis-url",
+            &sentinel_url,
+            "--redis-tls-ca",
+            ca,
+            "--namespace",
+            &namespace,
+        ],
+        &[],
+    );
+    let upstream_url = format!("mymaster,127.0.0.1:{}", redis.sentinel);
+    let mut by_upstream_env = ServeProcess::start(
+        dirs[1].path(),
+        "upstream",
+        &[],
+        &[
+            ("REDIS_TYPE", "sentinel"),
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", &upstream_url),
+            ("REDIS_TLS", "true"),
+            ("REDIS_TLS_CACERT", ca),
+            ("CACHE_KEY_PREFIX", &namespace),
+        ],
+    );
+    by_flags.ready().await;
+    by_upstream_env.ready().await;
+    let started = Instant::now();
+    let mut clients = [by_flags.client().await, by_upstream_env.client().await];
+    let mut admitted = 0u64;
+    for i in 0..12 {
+        let answer = clients[i % 2]
+            .should_rate_limit(common::server::one("sentinel", &[("user", "ada")]))
+            .await
+            .expect("answered")
+            .into_inner();
+        if answer.overall_code == Code::Ok as i32 {
+            admitted += 1;
+        }
+    }
+    // 5 an hour, a burst of 5: 5 admitted, plus what refilled while the test ran (one
+    // token per 12 minutes), whatever the machine's speed.
+    let refilled = started.elapsed().as_secs() * 5 / 3_600;
+    assert!(
+        (5..=5 + refilled).contains(&admitted),
+        "admitted {admitted} of 12 across two servers sharing one bucket"
+    );
+    // The bucket is on the master and reached the replica over TLS replication.
+    let pattern = format!("{{}}{namespace}/BUCKET#*");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !redis
+        .cli(redis.replica, &["--scan", "--pattern", &pattern])
+        .contains("user=ada")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the replica never got the bucket"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for server in [&by_flags, &by_upstream_env] {
+        assert!(!server.log().contains("not answering"), "{}", server.log());
+    }
+}
+
+#[tokio::test]
+async fn under_sentinel_over_tls_a_wrong_ca_is_a_short_clear_error_and_never_serving() {
+    let redis = TlsSentinel::start();
+    let other = common::tls::Pki::new("another");
+    let dir = tempfile::tempdir().unwrap();
+    let wrong_ca = common::tls::write(dir.path(), "other-ca.pem", &other.ca_pem);
+    let mut server = ServeProcess::start(
+        dir.path(),
+        "wrong-ca",
+        &[
+            "--store",
+            "redis",
+            "--redis-mode",
+            "sentinel",
+            "--redis-sentinel-master",
+            "mymaster",
+            "--redis-url",
+            &format!("rediss://127.0.0.1:{}", redis.sentinel),
+            "--redis-tls-ca",
+            wrong_ca.to_str().unwrap(),
+            "--log-format",
+            "json",
+        ],
+        &[],
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let line = loop {
+        if let Some(line) = server
+            .log()
+            .lines()
+            .find(|l| l.contains("store not answering yet"))
+        {
+            break line.to_string();
+        }
+        assert!(
+            server.child.try_wait().unwrap().is_none(),
+            "a store not answering yet is no reason to exit:\n{}",
+            server.log()
+        );
+        assert!(Instant::now() < deadline, "no warning:\n{}", server.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let line: serde_json::Value = serde_json::from_str(&line).expect("a JSON log line");
+    let error = line["fields"]["error"].as_str().expect("the error");
+    assert!(error.contains("Sentinel"), "{error}");
+    assert!(error.contains("UnknownIssuer"), "{error}");
+    assert!(error.len() < 200, "{} bytes: {error}", error.len());
+    assert_ne!(server.health(), Some(200), "serving without its store");
 }
 
 /// A Cluster of the test's own: three masters, each with a replica, that fails a master

@@ -101,7 +101,8 @@ pub(crate) struct Redis {
     )]
     pub(crate) redis_url: Vec<String>,
     /// `single`, `cluster` or `sentinel` (default: cluster when several URLs are given).
-    /// Under `sentinel` the URLs are the Sentinels'.
+    /// Under `sentinel` the URLs are the Sentinels' (`rediss://`: TLS to the Sentinels and
+    /// to the master they name).
     #[arg(long, env = "SHARDGATE_REDIS_MODE", value_enum)]
     pub(crate) redis_mode: Option<RedisModeArg>,
     /// Under `--redis-mode sentinel`: the name of the master the Sentinels watch.
@@ -124,6 +125,7 @@ pub(crate) struct Redis {
     #[arg(long, env = "SHARDGATE_REDIS_TLS_CLIENT_KEY")]
     pub(crate) redis_tls_client_key: Option<PathBuf>,
     /// Accept a Redis certificate that does not name the host (the chain is still checked).
+    /// Not under Sentinel with TLS (refused: see docs/operations.md).
     #[arg(long, env = "SHARDGATE_REDIS_TLS_SKIP_HOSTNAME_VERIFICATION")]
     pub(crate) redis_tls_skip_hostname_verification: bool,
 }

@@ -117,7 +117,8 @@ pub(super) async fn dynamodb(
     detached(breaker, shared, options, metrics)
 }
 
-/// Redis behind a breaker, its pressure in the metrics; ready once it has answered.
+/// Redis behind a breaker, its pressure and calls per node in the metrics; ready once it
+/// has answered.
 #[cfg(feature = "redis")]
 pub(super) fn redis(
     redis: &RedisOptions,
@@ -129,6 +130,10 @@ pub(super) fn redis(
     let store = RedisStore::new(redis);
     tracing::info!(?store, mode = ?store.options().mode(), "Redis store");
     let breaker = Arc::new(Breaker::new(store, BREAKER_THRESHOLD, BREAKER_COOL_OFF));
+    {
+        let store = breaker.clone();
+        metrics.attach_redis_nodes(move || store.inner().node_operations());
+    }
     let shared = SharedStore {
         name: "redis",
         default_budget: DEFAULT_KEY_WRITE_BUDGET,

@@ -1,8 +1,9 @@
 //! What the metrics read only at scrape time: the engine's counters, the rejection
 //! cache's size, outstanding lease tokens and the most sharded buckets (from an
 //! `EngineView`), the capacity DynamoDB reported consumed (from the store's call
-//! ledger), the memory store's size and evictions, and the store calls left running by
-//! callers that gave up (from the detached store's `Pressure`). Must not record anything:
+//! ledger), the memory store's size and evictions, the Redis store's calls per node (its
+//! own count), and the store calls left running by callers that gave up (from the
+//! detached store's `Pressure`). Must not record anything:
 //! the request path never calls here.
 
 use std::collections::BTreeMap;
@@ -25,6 +26,11 @@ const HOT_BUCKETS_LISTED: usize = 50;
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabel {
     reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NodeLabel {
+    node: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -195,6 +201,34 @@ impl Collector for PressureCollector {
             None,
             shed.metric_type(),
         )?)?;
+        Ok(())
+    }
+}
+
+/// The Redis store's keyed calls by the node they were sent to (its address as the
+/// cluster reports it; a bounded set, see `store/redis/nodes.rs`).
+pub(super) struct RedisNodeCollector {
+    pub(super) nodes: Box<dyn Fn() -> Vec<(String, u64)> + Send + Sync>,
+}
+
+impl std::fmt::Debug for RedisNodeCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RedisNodeCollector")
+    }
+}
+
+impl Collector for RedisNodeCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let mut m = encoder.encode_descriptor(
+            "redis_node_operations",
+            "Redis store calls (scripts, reads) sent to each node: on a Cluster the master owning the key's slot by the store's slot map",
+            None,
+            prometheus_client::metrics::MetricType::Counter,
+        )?;
+        for (node, operations) in (self.nodes)() {
+            let c = ConstCounter::new(operations);
+            c.encode(m.encode_family(&NodeLabel { node })?)?;
+        }
         Ok(())
     }
 }

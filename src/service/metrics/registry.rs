@@ -214,6 +214,19 @@ impl Metrics {
             }));
     }
 
+    /// Adds the Redis store's calls per node, read from `nodes` (the store's own count:
+    /// `(address, operations)`) at each scrape.
+    pub fn attach_redis_nodes(
+        &self,
+        nodes: impl Fn() -> Vec<(String, u64)> + Send + Sync + 'static,
+    ) {
+        self.registry
+            .lock()
+            .register_collector(Box::new(collectors::RedisNodeCollector {
+                nodes: Box::new(nodes),
+            }));
+    }
+
     /// Adds the store calls left running by callers that gave up, and those shed (read at
     /// each scrape).
     pub fn attach_pressure(&self, pressure: Arc<crate::store::detached::Pressure>) {

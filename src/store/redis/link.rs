@@ -5,7 +5,10 @@
 //! `NOT_SERVING`) before its Redis does, as it does before DynamoDB answers. Under
 //! Sentinel a call that fails as an outage drops the connections, and the next call asks
 //! the Sentinels for the master again: after a failover it finds the promoted replica.
-//! Nothing here knows the item format.
+//! Sentinels reached over TLS (`rediss://`) mean the master is reached over TLS too, with
+//! the same CA and client certificate: a deployment that encrypts one encrypts both.
+//! Each keyed call is counted on its node (`nodes.rs`) as it is sent. Nothing here knows
+//! the item format.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -15,12 +18,16 @@ use arc_swap::ArcSwapOption;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
+use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use redis::{
-    ClientTlsConfig, IntoConnectionInfo, RedisError, RedisResult, ScriptInvocation,
-    TlsCertificates, Value,
+    ClientTlsConfig, ConnectionAddr, IntoConnectionInfo, RedisError, RedisResult, ScriptInvocation,
+    TlsCertificates, TlsMode, Value,
 };
 use std::sync::Arc;
 use thiserror::Error;
+
+use super::codec::slot;
+use super::nodes::NodeOps;
 
 /// How the URLs are to be read.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -68,6 +75,14 @@ pub struct RedisOptions {
     pub master_auth: Option<String>,
 }
 
+/// The Sentinels as [`RedisOptions::sentinels`] reads them.
+struct Sentinels {
+    addrs: Vec<ConnectionAddr>,
+    user: Option<String>,
+    password: Option<String>,
+    tls: bool,
+}
+
 /// Connections kept to one server by default: two carry a 2-core server's load
 /// (each pipelines), a few more spread a busier one over Redis's I/O threads.
 pub const DEFAULT_POOL_SIZE: usize = 4;
@@ -87,6 +102,12 @@ pub enum RedisConfigError {
     NoPool,
     #[error("--redis-mode sentinel needs the master's name (--redis-sentinel-master)")]
     NoSentinelMaster,
+    #[error("--redis-mode sentinel: the Sentinels' URLs must be all rediss:// (TLS to the Sentinels and the master) or none")]
+    MixedSentinelTls,
+    #[error("--redis-mode sentinel: the Sentinels' URLs must carry the same user and password")]
+    MixedSentinelAuth,
+    #[error("--redis-tls-skip-hostname-verification cannot apply to the master a Sentinel names (its certificate must name the address the Sentinels give); drop it")]
+    SentinelSkipHostname,
 }
 
 impl RedisOptions {
@@ -121,7 +142,58 @@ impl RedisOptions {
                 reason: e.to_string(),
             })?;
         }
+        if let RedisMode::Sentinel { .. } = self.mode() {
+            self.sentinels()?;
+        }
         Ok(())
+    }
+
+    /// Under Sentinel: the Sentinels' addresses, their one user and password, and whether
+    /// they (and so the master) are reached over TLS. redis-rs's Sentinel client takes one
+    /// set of credentials for all Sentinels, so URLs that disagree are refused rather than
+    /// some of them silently sent another's password.
+    fn sentinels(&self) -> Result<Sentinels, RedisConfigError> {
+        let mut addrs = Vec::with_capacity(self.urls.len());
+        let mut auth = None;
+        for url in &self.urls {
+            let info = url
+                .as_str()
+                .into_connection_info()
+                .map_err(|e| RedisConfigError::Url {
+                    url: redact(url),
+                    reason: e.to_string(),
+                })?;
+            let settings = info.redis_settings();
+            let this = (
+                settings.username().map(str::to_string),
+                settings.password().map(str::to_string),
+            );
+            if auth.get_or_insert_with(|| this.clone()) != &this {
+                return Err(RedisConfigError::MixedSentinelAuth);
+            }
+            addrs.push(info.addr().clone());
+        }
+        let tls = addrs
+            .iter()
+            .filter(|a| matches!(a, ConnectionAddr::TcpTls { .. }))
+            .count();
+        if tls != 0 && tls != addrs.len() {
+            return Err(RedisConfigError::MixedSentinelTls);
+        }
+        let tls = tls != 0;
+        if tls && self.tls.skip_hostname_verification {
+            // redis-rs builds the master's address itself from what the Sentinels say,
+            // with no way to skip only the name check (its one switch also drops the
+            // CA check): refused rather than silently not honoured.
+            return Err(RedisConfigError::SentinelSkipHostname);
+        }
+        let (user, password) = auth.unwrap_or_default();
+        Ok(Sentinels {
+            addrs,
+            user,
+            password,
+            tls,
+        })
     }
 
     fn certificates(&self) -> Result<Option<TlsCertificates>, RedisConfigError> {
@@ -173,6 +245,7 @@ enum Open {
 pub(super) struct Link {
     options: RedisOptions,
     open: ArcSwapOption<Open>,
+    nodes: Arc<NodeOps>,
     /// One call connects at a time; the others wait for it and use what it opened.
     connecting: tokio::sync::Mutex<()>,
 }
@@ -182,12 +255,17 @@ impl Link {
         Link {
             options,
             open: ArcSwapOption::empty(),
+            nodes: Arc::new(NodeOps::new()),
             connecting: tokio::sync::Mutex::new(()),
         }
     }
 
     pub(super) fn options(&self) -> &RedisOptions {
         &self.options
+    }
+
+    pub(super) fn nodes(&self) -> &NodeOps {
+        &self.nodes
     }
 
     async fn open(&self) -> RedisResult<Arc<Open>> {
@@ -198,28 +276,41 @@ impl Link {
         if let Some(open) = self.open.load_full() {
             return Ok(open);
         }
-        let open = Arc::new(connect(&self.options).await?);
+        let open = Arc::new(connect(&self.options, &self.nodes).await?);
+        if let Open::Cluster(conn) = &*open {
+            self.nodes.keep_fresh(conn.clone(), Arc::downgrade(&open));
+        }
         self.open.store(Some(open.clone()));
         Ok(open)
     }
 
     /// Under Sentinel, drops `failed` after an outage so that the next call asks the
-    /// Sentinels again (a failover moved the master, or it is down).
+    /// Sentinels again (a failover moved the master, or it is down); on a Cluster, has
+    /// the slot map read again (the topology may have moved).
     fn after<T>(&self, failed: &Arc<Open>, result: RedisResult<T>) -> RedisResult<T> {
         if let Err(e) = &result {
             let outage = !super::failure::is_this_items(e);
-            if outage && matches!(self.options.mode(), RedisMode::Sentinel { .. }) {
-                self.open
-                    .compare_and_swap(&Some(failed.clone()), None::<Arc<Open>>);
+            match self.options.mode() {
+                RedisMode::Sentinel { .. } if outage => {
+                    self.open
+                        .compare_and_swap(&Some(failed.clone()), None::<Arc<Open>>);
+                }
+                RedisMode::Cluster if outage => self.nodes.suspect(),
+                _ => {}
             }
         }
         result
     }
 
     /// Runs a script (`EVALSHA`, loading it on `NOSCRIPT`) on the node that holds its
-    /// keys.
-    pub(super) async fn run(&self, invocation: &ScriptInvocation<'_>) -> RedisResult<Value> {
+    /// keys, the first of which is `key`.
+    pub(super) async fn run(
+        &self,
+        key: &str,
+        invocation: &ScriptInvocation<'_>,
+    ) -> RedisResult<Value> {
         let open = self.open().await?;
+        self.nodes.count(|| slot(key));
         let result = match open.connection() {
             Connection::Single(mut conn) => invocation.invoke_async(&mut conn).await,
             Connection::Cluster(mut conn) => invocation.invoke_async(&mut conn).await,
@@ -227,9 +318,12 @@ impl Link {
         self.after(&open, result)
     }
 
-    /// Runs one command.
-    pub(super) async fn query(&self, cmd: &redis::Cmd) -> RedisResult<Value> {
+    /// Runs one command; on the node that holds `key` when it has one (counted there).
+    pub(super) async fn query(&self, key: Option<&str>, cmd: &redis::Cmd) -> RedisResult<Value> {
         let open = self.open().await?;
+        if let Some(key) = key {
+            self.nodes.count(|| slot(key));
+        }
         let result = match open.connection() {
             Connection::Single(mut conn) => cmd.query_async(&mut conn).await,
             Connection::Cluster(mut conn) => cmd.query_async(&mut conn).await,
@@ -274,7 +368,7 @@ async fn pool(client: redis::Client, options: &RedisOptions) -> RedisResult<Open
     })
 }
 
-async fn connect(options: &RedisOptions) -> RedisResult<Open> {
+async fn connect(options: &RedisOptions, nodes: &NodeOps) -> RedisResult<Open> {
     let certs = options.certificates().map_err(|e| {
         RedisError::from((redis::ErrorKind::InvalidClientConfig, "TLS", e.to_string()))
     })?;
@@ -291,29 +385,12 @@ async fn connect(options: &RedisOptions) -> RedisResult<Open> {
                 Some(certs) => redis::Client::build_with_tls(info, certs)?,
                 None => redis::Client::open(info)?,
             };
-            pool(client, options).await
+            let open = pool(client.clone(), options).await?;
+            nodes.one_node(&client.get_connection_info().addr().to_string());
+            Ok(open)
         }
         RedisMode::Sentinel { master } => {
-            let mut node = redis::RedisConnectionInfo::default();
-            if let Some(auth) = &options.master_auth {
-                match auth.split_once(':') {
-                    Some((user, pass)) => {
-                        if !user.is_empty() {
-                            node = node.set_username(user);
-                        }
-                        node = node.set_password(pass);
-                    }
-                    None => node = node.set_password(auth),
-                }
-            }
-            let node = redis::sentinel::SentinelNodeConnectionInfo::default()
-                .set_redis_connection_info(node);
-            let mut sentinels = redis::sentinel::SentinelClient::build(
-                options.urls.clone(),
-                master,
-                Some(node),
-                redis::sentinel::SentinelServerType::Master,
-            )?;
+            let mut sentinels = sentinel_client(options, &master, certs)?;
             let client = tokio::time::timeout(options.timeout, sentinels.async_get_client())
                 .await
                 .map_err(|_| {
@@ -321,8 +398,19 @@ async fn connect(options: &RedisOptions) -> RedisResult<Open> {
                         std::io::ErrorKind::TimedOut,
                         "no Sentinel named the master in time",
                     ))
-                })??;
-            pool(client, options).await
+                })?
+                // Whether a Sentinel or the master it named failed (a certificate, a
+                // password), the operator reads it as this lookup's: say so. An outage
+                // either way, never one item's.
+                .map_err(|e| {
+                    RedisError::from(std::io::Error::other(format!(
+                        "Sentinel lookup of master '{master}': {e}"
+                    )))
+                })?;
+            let open = pool(client.clone(), options).await?;
+            // The master as the Sentinels named it: after a failover, the promoted one.
+            nodes.one_node(&client.get_connection_info().addr().to_string());
+            Ok(open)
         }
         RedisMode::Cluster => {
             let mut builder = ClusterClientBuilder::new(options.urls.clone())
@@ -339,8 +427,112 @@ async fn connect(options: &RedisOptions) -> RedisResult<Open> {
             if options.tls.skip_hostname_verification {
                 builder = builder.danger_accept_invalid_hostnames(true);
             }
-            let conn = builder.build()?.get_async_connection().await?;
+            let mut conn = builder.build()?.get_async_connection().await?;
+            // The slot map before the first call is counted; if it cannot be read now,
+            // the refresher reads it at once (`suspect`) and calls count as `other`
+            // meanwhile.
+            if let Err(e) = nodes.refresh(&mut conn).await {
+                tracing::debug!(error = %e, "Redis Cluster slot map not read");
+                nodes.suspect();
+            }
             Ok(Open::Cluster(conn))
         }
+    }
+}
+
+/// The client that asks the Sentinels for `master` and connects to it: with the
+/// Sentinels' credentials, the master's (`master_auth`), and over TLS to both when the
+/// Sentinels' URLs are `rediss://`.
+fn sentinel_client(
+    options: &RedisOptions,
+    master: &str,
+    certs: Option<TlsCertificates>,
+) -> RedisResult<SentinelClient> {
+    let sentinels = options.sentinels().map_err(|e| {
+        RedisError::from((
+            redis::ErrorKind::InvalidClientConfig,
+            "Sentinel",
+            e.to_string(),
+        ))
+    })?;
+    let mut builder =
+        SentinelClientBuilder::new(sentinels.addrs, master, SentinelServerType::Master)?;
+    if let Some(user) = &sentinels.user {
+        builder = builder.set_client_to_sentinel_username(user);
+    }
+    if let Some(password) = &sentinels.password {
+        builder = builder.set_client_to_sentinel_password(password);
+    }
+    if let Some(auth) = &options.master_auth {
+        match auth.split_once(':') {
+            Some((user, pass)) => {
+                if !user.is_empty() {
+                    builder = builder.set_client_to_redis_username(user);
+                }
+                builder = builder.set_client_to_redis_password(pass);
+            }
+            None => builder = builder.set_client_to_redis_password(auth),
+        }
+    }
+    if sentinels.tls {
+        // `Secure`: the chain and the name are checked, against the CA given (else the
+        // system's roots); the name is the address the Sentinels report for the master.
+        builder = builder.set_client_to_redis_tls_mode(TlsMode::Secure);
+        if let Some(certs) = certs {
+            builder = builder
+                .set_client_to_sentinel_certificates(certs.clone())
+                .set_client_to_redis_certificates(certs);
+        }
+    }
+    builder.build()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sentinel(urls: &[&str]) -> RedisOptions {
+        RedisOptions {
+            urls: urls.iter().map(|u| u.to_string()).collect(),
+            mode: Some(RedisMode::Sentinel {
+                master: "mymaster".into(),
+            }),
+            namespace: "t".into(),
+            timeout: Duration::from_secs(1),
+            pool_size: 1,
+            tls: RedisTls::default(),
+            master_auth: None,
+        }
+    }
+
+    #[test]
+    fn sentinels_over_tls_are_all_rediss_with_one_password() {
+        let o = sentinel(&["rediss://:pw@s1:26379", "rediss://:pw@s2:26379"]);
+        o.validate().unwrap();
+        let s = o.sentinels().unwrap();
+        assert!(s.tls);
+        assert_eq!(s.password.as_deref(), Some("pw"));
+        assert!(!sentinel(&["redis://s1:26379"]).sentinels().unwrap().tls);
+        assert!(matches!(
+            sentinel(&["rediss://s1:26379", "redis://s2:26379"]).validate(),
+            Err(RedisConfigError::MixedSentinelTls)
+        ));
+        assert!(matches!(
+            sentinel(&["redis://:a@s1:26379", "redis://:b@s2:26379"]).validate(),
+            Err(RedisConfigError::MixedSentinelAuth)
+        ));
+    }
+
+    #[test]
+    fn skipping_the_name_check_is_refused_for_a_master_named_over_tls() {
+        let mut o = sentinel(&["rediss://s1:26379"]);
+        o.tls.skip_hostname_verification = true;
+        let err = o.validate().unwrap_err();
+        assert!(matches!(err, RedisConfigError::SentinelSkipHostname));
+        assert!(err.to_string().len() < 200, "{err}");
+        // Without TLS there is no name to check: nothing to refuse.
+        let mut o = sentinel(&["redis://s1:26379"]);
+        o.tls.skip_hostname_verification = true;
+        o.validate().unwrap();
     }
 }

@@ -17,12 +17,13 @@
 //! more than one atomic commit would.
 //!
 //! This file holds the contract's calls; `link.rs` reaching Redis, `codec.rs` the item
-//! format and the scripts' arguments, `failure.rs` what Redis's errors mean. It decides
-//! nothing about limits.
+//! format and the scripts' arguments, `failure.rs` what Redis's errors mean, `nodes.rs`
+//! the count of calls per node. It decides nothing about limits.
 
 mod codec;
 mod failure;
 mod link;
+mod nodes;
 mod spread;
 mod store;
 

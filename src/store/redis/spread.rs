@@ -118,7 +118,7 @@ impl RedisStore {
         let undo = serde_json::json!({ "post": written.after, "pre": written.before });
         let mut invocation = UNDO.key(key.as_str());
         invocation.arg(undo.to_string());
-        let out = self.call(&key, self.link.run(&invocation)).await?;
+        let out = self.call(&key, self.link.run(&key, &invocation)).await?;
         Ok(matches!(out, redis::Value::Int(1)))
     }
 }

@@ -98,6 +98,11 @@ impl RedisStore {
         self.link.options()
     }
 
+    /// Keyed calls sent to each node so far, `(address, operations)` (see `nodes.rs`).
+    pub fn node_operations(&self) -> Vec<(String, u64)> {
+        self.link.nodes().snapshot()
+    }
+
     /// The prefix of every key this store writes.
     pub fn namespace(&self) -> &str {
         &self.namespace
@@ -117,7 +122,7 @@ impl RedisStore {
     /// Connects (once) and answers a `PING`: what the server waits for before it reports
     /// ready.
     pub async fn warm_up(&self) -> Result<(), StoreError> {
-        self.call("PING", self.link.query(&redis::cmd("PING")))
+        self.call("PING", self.link.query(None, &redis::cmd("PING")))
             .await
             .map(|_| ())
     }
@@ -169,7 +174,9 @@ impl RedisStore {
         if images {
             invocation.arg("images");
         }
-        let out = self.call(&keys[0], self.link.run(&invocation)).await?;
+        let out = self
+            .call(&keys[0], self.link.run(&keys[0], &invocation))
+            .await?;
         let bad = |what: &str| Self::corrupt(&keys[0], format!("commit answered {what}"));
         let Value::Array(parts) = &out else {
             return Err(bad("no array"));
@@ -247,7 +254,7 @@ impl RedisStore {
         for a in debit_args(debits, mode, created.as_ref()) {
             invocation.arg(a);
         }
-        let out = self.call(&rk, self.link.run(&invocation)).await?;
+        let out = self.call(&rk, self.link.run(&rk, &invocation)).await?;
         match &out {
             Value::Array(parts) => match parts.as_slice() {
                 [Value::Int(0)] => Ok(DebitOutcome::Refused(None)),
@@ -303,7 +310,10 @@ impl BucketStore for RedisStore {
         let reads = keys.iter().map(|k| async move {
             let rk = redis_key(&self.namespace, k);
             let v = self
-                .call(&rk, self.link.query(redis::cmd("HGETALL").arg(&rk)))
+                .call(
+                    &rk,
+                    self.link.query(Some(&rk), redis::cmd("HGETALL").arg(&rk)),
+                )
                 .await?;
             Self::image(&rk, &v)
         });
@@ -337,7 +347,7 @@ impl BucketStore for RedisStore {
         for a in credit_args(guard, credits) {
             invocation.arg(a);
         }
-        let out = self.call(&rk, self.link.run(&invocation)).await?;
+        let out = self.call(&rk, self.link.run(&rk, &invocation)).await?;
         let applied: Vec<usize> =
             redis::from_redis_value_ref(&out).map_err(|e| Self::corrupt(&rk, e.to_string()))?;
         Ok(applied
