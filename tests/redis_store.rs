@@ -693,9 +693,6 @@ async fn under_sentinel_over_tls_servers_share_a_limit_through_the_master_the_se
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    for server in [&by_flags, &by_upstream_env] {
-        assert!(!server.log().contains("not answering"), "{}", server.log());
-    }
 }
 
 #[tokio::test]
