@@ -14,36 +14,18 @@ use std::collections::BTreeMap;
 
 use shardgate::store::redis::RedisStore;
 use shardgate::store::{
-    BucketItem, BucketKey, BucketStore, CommitOutcome, Debit, DebitMode, DebitOutcome, LimitParams,
-    LimitState, Write, MILLI, WCU_LIMIT,
+    BucketItem, BucketKey, BucketStore, CommitOutcome, Debit, DebitMode, DebitOutcome, Write,
 };
 
 const NOW_S: i64 = 1_800_000_000;
 const BUCKETS: usize = 48;
 
 fn item() -> BucketItem {
-    let rpm = LimitParams::new(1_000, 1_000, 60_000);
-    let wcu = LimitParams::new(1_000, 1_000, 1_000);
-    BucketItem {
-        refilled_at: NOW_S * 1_000,
-        shard_count: 1,
-        ttl: Some(NOW_S + 600),
-        limits: [
-            ("rpm", LimitState::new(rpm, 1_000 * MILLI, 0)),
-            (WCU_LIMIT, LimitState::new(wcu, 1_000 * MILLI, 0)),
-        ]
-        .into_iter()
-        .collect(),
-    }
+    common::redis::full_item(1_000, NOW_S)
 }
 
 fn one_token() -> Vec<Debit> {
-    vec![Debit {
-        limit: "rpm".into(),
-        amount: MILLI,
-        gated: true,
-        params: Some(LimitParams::new(1_000, 1_000, 60_000)),
-    }]
+    common::redis::one_token(1_000)
 }
 
 async fn debit(store: &RedisStore, key: &BucketKey) {

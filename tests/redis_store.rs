@@ -23,8 +23,8 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::R
 use shardgate::store::breaker::{Breaker, CircuitState};
 use shardgate::store::redis::{RedisMode, RedisStore};
 use shardgate::store::{
-    BucketItem, BucketKey, BucketStore, CommitOutcome, Debit, DebitMode, DebitOutcome, LimitParams,
-    LimitState, StoreError, Write, MILLI, WCU_LIMIT,
+    BucketItem, BucketKey, BucketStore, CommitOutcome, Debit, DebitMode, DebitOutcome, StoreError,
+    Write, MILLI,
 };
 
 const NOW_S: i64 = 1_800_000_000;
@@ -34,28 +34,11 @@ fn key(entity: &str, shard: u32) -> BucketKey {
 }
 
 fn item() -> BucketItem {
-    let rpm = LimitParams::new(10, 10, 60_000);
-    let wcu = LimitParams::new(1_000, 1_000, 1_000);
-    BucketItem {
-        refilled_at: NOW_S * 1_000,
-        shard_count: 1,
-        ttl: Some(NOW_S + 600),
-        limits: [
-            ("rpm", LimitState::new(rpm, 10 * MILLI, 0)),
-            (WCU_LIMIT, LimitState::new(wcu, 1_000 * MILLI, 0)),
-        ]
-        .into_iter()
-        .collect(),
-    }
+    common::redis::full_item(10, NOW_S)
 }
 
 fn one_token() -> Vec<Debit> {
-    vec![Debit {
-        limit: "rpm".into(),
-        amount: MILLI,
-        gated: true,
-        params: Some(LimitParams::new(10, 10, 60_000)),
-    }]
+    common::redis::one_token(10)
 }
 
 const FAST: DebitMode = DebitMode::Fast {

@@ -65,6 +65,46 @@ where
     }
 }
 
+/// What the port serves on a connection: gRPC calls, the service cloned for each.
+pub trait PortService<B>:
+    tower::Service<
+        Request<Body>,
+        Response = Response<B>,
+        Error = std::convert::Infallible,
+        Future: Send + 'static,
+    > + Clone
+    + Send
+    + 'static
+{
+}
+
+impl<S, B> PortService<B> for S where
+    S: tower::Service<
+            Request<Body>,
+            Response = Response<B>,
+            Error = std::convert::Infallible,
+            Future: Send + 'static,
+        > + Clone
+        + Send
+        + 'static
+{
+}
+
+/// An answer's body, as hyper sends it.
+pub trait PortBody:
+    http_body::Body<Data = bytes::Bytes, Error: Into<Box<dyn std::error::Error + Send + Sync>>>
+    + Send
+    + 'static
+{
+}
+
+impl<B> PortBody for B where
+    B: http_body::Body<Data = bytes::Bytes, Error: Into<Box<dyn std::error::Error + Send + Sync>>>
+        + Send
+        + 'static
+{
+}
+
 /// Serves HTTP/2 on every connection `incoming` yields until `shutdown` resolves; then
 /// stops accepting, closes each connection gracefully (its calls in flight finish, the
 /// client is sent GOAWAY) and returns when all are closed.
@@ -76,13 +116,8 @@ pub async fn serve<I, IO, S, B>(
 ) where
     I: Stream<Item = io::Result<IO>>,
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-    S: tower::Service<Request<Body>, Response = Response<B>, Error = std::convert::Infallible>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-    B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    S: PortService<B>,
+    B: PortBody,
 {
     let (closing_tx, closing_rx) = watch::channel(());
     {
@@ -117,13 +152,8 @@ pub async fn serve<I, IO, S, B>(
 async fn one<IO, S, B>(io: IO, service: S, limits: PortLimits, mut closing: watch::Receiver<()>)
 where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-    S: tower::Service<Request<Body>, Response = Response<B>, Error = std::convert::Infallible>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-    B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    S: PortService<B>,
+    B: PortBody,
 {
     let calls = Calls::default();
     let builder = http2_builder(&limits, calls.clone());

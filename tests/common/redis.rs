@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use shardgate::store::redis::{RedisMode, RedisOptions, RedisStore, RedisTls, DEFAULT_POOL_SIZE};
+use shardgate::store::{BucketItem, Debit, LimitParams, LimitState, MILLI, WCU_LIMIT};
 
 fn var(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| {
@@ -202,4 +203,37 @@ impl Drop for LocalRedis {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// The `rpm` limit of [`full_item`]: `per_minute` a minute, a burst of as many.
+pub fn rpm(per_minute: u64) -> LimitParams {
+    LimitParams::new(per_minute, per_minute, 60_000)
+}
+
+/// A one-shard item written at `now_s`, its `rpm` limit ([`rpm`]) full, with the
+/// `wcu` budget, expiring 10 minutes later.
+pub fn full_item(per_minute: u64, now_s: i64) -> BucketItem {
+    let tokens = i64::try_from(per_minute).expect("a test's rate") * MILLI;
+    let wcu = LimitParams::new(1_000, 1_000, 1_000);
+    BucketItem {
+        refilled_at: now_s * 1_000,
+        shard_count: 1,
+        ttl: Some(now_s + 600),
+        limits: [
+            ("rpm", LimitState::new(rpm(per_minute), tokens, 0)),
+            (WCU_LIMIT, LimitState::new(wcu, 1_000 * MILLI, 0)),
+        ]
+        .into_iter()
+        .collect(),
+    }
+}
+
+/// A debit of one `rpm` token, gated, with the limit's parameters.
+pub fn one_token(per_minute: u64) -> Vec<Debit> {
+    vec![Debit {
+        limit: "rpm".into(),
+        amount: MILLI,
+        gated: true,
+        params: Some(rpm(per_minute)),
+    }]
 }
