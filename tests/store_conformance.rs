@@ -529,6 +529,44 @@ cross_store! {
 }
 
 cross_store! {
+    /// A debit's arithmetic is exact at every size: balances and counters on either side
+    /// of 2^53 (where Redis's script stops computing in Lua's doubles and asks Redis to
+    /// add), a counter saturating at i64::MAX.
+    /// The answered image is the stored one.
+    async fn debit_arithmetic_is_exact_at_every_size<S: BucketStore>(s: S) {
+        let big = (1_i64 << 53) + 1;
+        let mut it = item(999_999_999_999_999, 1_000_000);
+        it.limits.insert("wide", LimitState::new(rpm(), big, 999_999_999_999_999));
+        it.limits.insert("full", LimitState::new(rpm(), big, i64::MAX - 1));
+        create(&s, key(0), it).await;
+        let d = |limit: &str, amount| Debit {
+            limit: limit.into(),
+            amount,
+            gated: false,
+            params: None,
+        };
+        let debits = [
+            d("rpm", 1_000_000_000_000_000),
+            d("wide", 1_000_000_000_000_003),
+            d("full", 7),
+        ];
+        let DebitOutcome::Applied(after) = s.debit(&key(0), &debits, FAST).await.unwrap() else {
+            panic!("should apply");
+        };
+        let state = |l: &str| (after.limits[l].balance, after.limits[l].taken);
+        assert_eq!(state("rpm"), (-1, 1_000_000_000_000_000));
+        assert_eq!(
+            state("wide"),
+            (big - 1_000_000_000_000_003, 1_999_999_999_999_999 + 3)
+        );
+        assert_eq!(state("full"), (big - 7, i64::MAX));
+        assert_eq!(after.limits[WCU_LIMIT].balance, 999_000);
+        let stored = s.read(&[key(0)]).await.unwrap()[0].clone().unwrap();
+        assert_eq!(stored, after, "the answer is what was stored");
+    }
+}
+
+cross_store! {
     /// A retry-only debit carrying a `ttl` writes it with the debit.
     async fn retry_debit_writes_its_ttl<S: BucketStore>(s: S) {
         create(&s, key(0), item(1_000, 1_000_000)).await;

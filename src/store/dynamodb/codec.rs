@@ -18,6 +18,29 @@ use super::expr::{attr, n, s};
 use super::DynamoStore;
 use crate::store::{BucketItem, BucketKey, LimitState, Limits, StoreError, MAX_SHARD_COUNT};
 
+/// A limit's consumed counter (`tc`), saturated at the bounds of `i64` as the other
+/// stores keep it: DynamoDB's `ADD` has no ceiling, so a counter that passed `i64::MAX`
+/// is stored past it, and reads as `i64::MAX` rather than making its bucket corrupt.
+fn parse_counter(attr: &str, v: &AttributeValue) -> Result<i64, String> {
+    match v {
+        AttributeValue::N(text) => {
+            let digits = text.strip_prefix('-').unwrap_or(text);
+            match text.parse::<i64>() {
+                Ok(n) => Ok(n),
+                Err(_) if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) => {
+                    Ok(if text.starts_with('-') {
+                        i64::MIN
+                    } else {
+                        i64::MAX
+                    })
+                }
+                Err(_) => Err(format!("'{attr}' is not an integer: {text}")),
+            }
+        }
+        _ => parse_n(attr, v),
+    }
+}
+
 /// One item as the SDK carries it.
 pub(super) type Item = HashMap<String, AttributeValue>;
 
@@ -69,7 +92,12 @@ pub(super) fn decode(item: &Item) -> Result<BucketItem, String> {
             "tc" => 4,
             _ => continue,
         };
-        fields.entry(limit).or_default()[slot] = Some(parse_n(name, v)?);
+        let value = if slot == 4 {
+            parse_counter(name, v)?
+        } else {
+            parse_n(name, v)?
+        };
+        fields.entry(limit).or_default()[slot] = Some(value);
     }
     let mut limits = Limits::new();
     for (limit, [tk, cp, ra, rp, tc]) in fields {
@@ -176,6 +204,32 @@ mod tests {
             }
         );
         assert_eq!(it.shard_count, 1);
+    }
+
+    #[test]
+    fn a_counter_past_i64_reads_saturated() {
+        let mut item: Item = HashMap::new();
+        item.insert("rf".into(), AttributeValue::N("1".into()));
+        item.insert("b_l_tk".into(), AttributeValue::N("1".into()));
+        item.insert("b_l_cp".into(), AttributeValue::N("2".into()));
+        item.insert("b_l_rp".into(), AttributeValue::N("4".into()));
+        for (stored, read) in [
+            ("9223372036854775813", i64::MAX),
+            ("-9223372036854775813", i64::MIN),
+            ("12", 12),
+        ] {
+            item.insert("b_l_tc".into(), AttributeValue::N(stored.into()));
+            assert_eq!(decode(&item).unwrap().limits["l"].taken, read);
+        }
+        item.insert("b_l_tc".into(), AttributeValue::N("1e3".into()));
+        assert!(decode(&item).unwrap_err().contains("'b_l_tc'"));
+        // A balance past i64 is still corrupt: no write of this store makes one.
+        item.insert("b_l_tc".into(), AttributeValue::N("0".into()));
+        item.insert(
+            "b_l_tk".into(),
+            AttributeValue::N("9223372036854775813".into()),
+        );
+        assert!(decode(&item).unwrap_err().contains("'b_l_tk'"));
     }
 
     #[test]

@@ -201,15 +201,14 @@ pub(super) fn created(seed: &BucketItem, debits: &[Debit], mode: DebitMode) -> O
 }
 
 /// The debit script's arguments (`lua/debit.lua`): the mode's, the item to create where
-/// there is none (`created`: its fields and its `ttl`, the debit already applied), then
-/// eight per debit.
+/// there is none (`created`: its fields as one string, [`seed_arg`], and its `ttl`, the
+/// debit already applied), then eight per debit.
 pub(super) fn debit_args(
     debits: &[Debit],
     mode: DebitMode,
     created: Option<&BucketItem>,
 ) -> Vec<String> {
-    let seeded = created.map(fields_of).unwrap_or_default();
-    let mut args = Vec::with_capacity(4 + seeded.len() + 8 * debits.len());
+    let mut args = Vec::with_capacity(4 + 8 * debits.len());
     match mode {
         DebitMode::Fast { now_s, shard_count } => {
             args.push(now_s.to_string());
@@ -220,13 +219,12 @@ pub(super) fn debit_args(
             args.push(String::new());
         }
     }
-    args.push(seeded.len().to_string());
+    args.push(created.and_then(seed_arg).unwrap_or_default());
     args.push(
         created
             .and_then(|s| s.ttl)
             .map_or_else(String::new, |t| t.to_string()),
     );
-    args.extend(seeded);
     for d in debits {
         args.push(d.limit.to_string());
         args.push(need(d).to_string());
@@ -243,6 +241,49 @@ pub(super) fn debit_args(
         }
     }
     args
+}
+
+/// An item's hash fields as the debit script takes a seed: field and value strings
+/// joined by single spaces. `None` when a limit's name holds a space (the rules never
+/// make one; the contract does not forbid it): such a seed is not sent, and a missing
+/// item is refused as missing, to be created by the caller's commit instead.
+pub(super) fn seed_arg(item: &BucketItem) -> Option<String> {
+    if item.limits.iter().any(|(name, _)| name.contains(' ')) {
+        return None;
+    }
+    Some(fields_of(item).join(" "))
+}
+
+/// The item a debit the script applied left: `before` (the image the script answered,
+/// as it found it) with the script's own writes — each debit's amount off its balance
+/// and onto its `tc` (saturating), and on the fast path one `wcu` token the same way.
+/// Computed here rather than read back in the script, which costs Redis a second
+/// `HGETALL`; the script checked every bound, so a limit missing or a balance leaving
+/// `i64` means the image is not what the script saw.
+pub(super) fn debited(
+    before: BucketItem,
+    debits: &[Debit],
+    mode: DebitMode,
+) -> Result<BucketItem, DecodeError> {
+    let mut item = before;
+    let wcu = matches!(mode, DebitMode::Fast { .. }).then(|| Debit {
+        limit: WCU_LIMIT.into(),
+        amount: MILLI,
+        gated: true,
+        params: None,
+    });
+    for d in debits.iter().chain(wcu.as_ref()) {
+        let st = item
+            .limits
+            .get_mut(&d.limit)
+            .ok_or_else(|| format!("the debited limit '{}' is missing", d.limit))?;
+        st.balance = st
+            .balance
+            .checked_sub(d.amount)
+            .ok_or_else(|| format!("limit '{}' balance leaves i64", d.limit))?;
+        st.taken = st.taken.saturating_add(d.amount);
+    }
+    Ok(item)
 }
 
 /// The credit script's arguments (`lua/credit.lua`).
@@ -528,6 +569,81 @@ mod tests {
             created(&seed, &[debit(1_000)], fast(5, 2)),
             None,
             "another count"
+        );
+    }
+
+    #[test]
+    fn an_applied_debit_is_the_image_found_with_the_scripts_writes() {
+        let params = LimitParams::new(10, 10, 60_000);
+        let mut limits = Limits::new();
+        limits.insert("rpm", LimitState::new(params, 10_000, i64::MAX - 500));
+        limits.insert(
+            WCU_LIMIT,
+            LimitState::new(LimitParams::new(5, 5, 1_000), 5_000, 0),
+        );
+        let before = BucketItem {
+            refilled_at: 5_000,
+            shard_count: 1,
+            ttl: Some(100),
+            limits,
+        };
+        let debit = |limit: &str, amount| Debit {
+            limit: limit.into(),
+            amount,
+            gated: true,
+            params: None,
+        };
+        let fast = DebitMode::Fast {
+            now_s: 5,
+            shard_count: 1,
+        };
+        // Twice the same limit adds up, as the script's writes do; `tc` saturates.
+        let after = debited(
+            before.clone(),
+            &[debit("rpm", 3_000), debit("rpm", 1_000)],
+            fast,
+        )
+        .unwrap();
+        assert_eq!(after.limits["rpm"].balance, 6_000);
+        assert_eq!(after.limits["rpm"].taken, i64::MAX);
+        assert_eq!(after.limits[WCU_LIMIT].balance, 4_000, "one wcu token");
+        assert_eq!(after.limits[WCU_LIMIT].taken, MILLI);
+        let retry = debited(before.clone(), &[debit("rpm", 1)], DebitMode::RetryOnly).unwrap();
+        assert_eq!(
+            retry.limits[WCU_LIMIT], before.limits[WCU_LIMIT],
+            "no token"
+        );
+        assert!(debited(before.clone(), &[debit("other", 1)], fast)
+            .unwrap_err()
+            .contains("'other'"));
+        assert!(debited(before, &[debit("rpm", i64::MIN)], fast)
+            .unwrap_err()
+            .contains("leaves i64"));
+    }
+
+    #[test]
+    fn a_seed_travels_as_one_string_unless_a_name_holds_a_space() {
+        let params = LimitParams::new(1, 1, 1);
+        let item = |name: &str| {
+            let mut limits = Limits::new();
+            limits.insert(name, LimitState::new(params, 1_000, 0));
+            BucketItem {
+                refilled_at: 7,
+                shard_count: 2,
+                ttl: None,
+                limits,
+            }
+        };
+        assert_eq!(
+            seed_arg(&item("rpm")).unwrap(),
+            "rf 7 sc 2 b:rpm:tk 1000 b:rpm:cp 1000 b:rpm:ra 1000 b:rpm:rp 1 b:rpm:tc 0"
+        );
+        assert_eq!(seed_arg(&item("a b")), None);
+        let created = item("a b");
+        let args = debit_args(&[], DebitMode::RetryOnly, Some(&created));
+        assert_eq!(
+            args[2], "",
+            "not sent: a missing item is refused as missing"
         );
     }
 

@@ -268,10 +268,18 @@ impl Link {
         &self.nodes
     }
 
+    /// The open connections, connecting first when there are none. Connecting is boxed:
+    /// its future (TLS, Sentinel, Cluster set-up) is tens of kilobytes, and held inline
+    /// it would make every call's future that large — copied on each move, once a call.
     async fn open(&self) -> RedisResult<Arc<Open>> {
-        if let Some(open) = self.open.load_full() {
-            return Ok(open);
+        match self.open.load_full() {
+            Some(open) => Ok(open),
+            None => Box::pin(self.connect_once()).await,
         }
+    }
+
+    /// Connects unless another call did meanwhile.
+    async fn connect_once(&self) -> RedisResult<Arc<Open>> {
         let _one = self.connecting.lock().await;
         if let Some(open) = self.open.load_full() {
             return Ok(open);
@@ -312,8 +320,8 @@ impl Link {
         let open = self.open().await?;
         self.nodes.count(|| slot(key));
         let result = match open.connection() {
-            Connection::Single(mut conn) => invocation.invoke_async(&mut conn).await,
-            Connection::Cluster(mut conn) => invocation.invoke_async(&mut conn).await,
+            Connection::Single(mut conn) => Box::pin(invocation.invoke_async(&mut conn)).await,
+            Connection::Cluster(mut conn) => Box::pin(invocation.invoke_async(&mut conn)).await,
         };
         self.after(&open, result)
     }

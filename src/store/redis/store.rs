@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use redis::{Script, Value};
 
-use super::codec::{created, credit_args, debit_args, decode, redis_key, script_write, slot};
+use super::codec::{
+    created, credit_args, debit_args, debited, decode, redis_key, script_write, slot,
+};
 use super::failure::classify;
 use super::link::{redact, Link, RedisMode, RedisOptions};
 
@@ -263,9 +265,14 @@ impl RedisStore {
                     .map(DebitOutcome::Applied)
                     .ok_or_else(|| Self::corrupt(&rk, "created an item it was not sent")),
                 [Value::Int(0), image] => Ok(DebitOutcome::Refused(Self::image(&rk, image)?)),
-                [Value::Int(1), image] => Self::image(&rk, image)?
-                    .map(DebitOutcome::Applied)
-                    .ok_or_else(|| Self::corrupt(&rk, "debit applied to no item")),
+                // The item as the script found it: its writes are applied here.
+                [Value::Int(1), image] => {
+                    let before = Self::image(&rk, image)?
+                        .ok_or_else(|| Self::corrupt(&rk, "debit applied to no item"))?;
+                    debited(before, debits, mode)
+                        .map(DebitOutcome::Applied)
+                        .map_err(|reason| Self::corrupt(&rk, reason))
+                }
                 _ => Err(Self::corrupt(&rk, format!("debit answered {out:?}"))),
             },
             _ => Err(Self::corrupt(&rk, format!("debit answered {out:?}"))),
