@@ -88,6 +88,77 @@ async fn a_key_of_another_type_is_that_requests_error_and_never_trips_the_breake
     assert!(matches!(out, Ok(DebitOutcome::Applied(_))), "{out:?}");
 }
 
+/// `EVALSHA` calls the server has run since its stats were reset.
+async fn scripts_run(redis: &LocalRedis) -> u64 {
+    let info = redis.cmd(&["INFO", "commandstats"]).await.unwrap();
+    let info: String = redis::from_redis_value(info).unwrap();
+    info.lines()
+        .filter_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .map(|l| l.split(',').next().unwrap().parse::<u64>().unwrap())
+        .sum()
+}
+
+#[tokio::test]
+async fn debits_waiting_together_leave_as_one_script_and_each_keeps_its_own_answer() {
+    let redis = LocalRedis::start(&[]);
+    let store = store_on(redis.url(), Duration::from_secs(5));
+    store.warm_up().await.unwrap();
+    for i in 0..16 {
+        create(&store, key(&format!("b{i}"), 0)).await;
+    }
+    let rk = format!("{{}}{}/BUCKET#squatter#api#0", store.namespace());
+    redis.cmd(&["SET", &rk, "not a hash"]).await.unwrap();
+    // The script loaded once, so that the count below is of debits only.
+    let _ = store
+        .debit(&key("b0", 0), &one_token(), FAST)
+        .await
+        .unwrap();
+    redis.cmd(&["CONFIG", "RESETSTAT"]).await.unwrap();
+
+    let one = one_token();
+    let mut calls: Vec<_> = (0..16)
+        .map(|i| key(&format!("b{i}"), 0))
+        .chain([key("squatter", 0), key("missing", 0)])
+        .collect();
+    calls.rotate_left(5);
+    let outcomes =
+        futures::future::join_all(calls.iter().map(|k| store.debit(k, &one, FAST))).await;
+    for (k, outcome) in calls.iter().zip(outcomes) {
+        match k.entity.as_str() {
+            "squatter" => {
+                let err = outcome.unwrap_err();
+                assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");
+                assert!(err.to_string().contains("WRONGTYPE"), "{err}");
+            }
+            "missing" => assert_eq!(outcome.unwrap(), DebitOutcome::Refused(None)),
+            "b0" => {
+                let DebitOutcome::Applied(after) = outcome.unwrap() else {
+                    panic!("b0 should apply");
+                };
+                assert_eq!(after.limits["rpm"].taken, 2 * MILLI, "its second token");
+            }
+            _ => {
+                let DebitOutcome::Applied(after) = outcome.unwrap() else {
+                    panic!("{k} should apply");
+                };
+                assert_eq!(after.limits["rpm"].taken, MILLI, "{k}");
+            }
+        }
+    }
+    // 18 debits queued in one poll: sent in one script (one more if the sender ran
+    // between two of them), not 18.
+    let scripts = scripts_run(&redis).await;
+    assert!(
+        (1..=2).contains(&scripts),
+        "{scripts} scripts for 18 debits"
+    );
+    // Each item holds what its answer said.
+    let stored = store.read(&[key("b3", 0)]).await.unwrap()[0]
+        .clone()
+        .unwrap();
+    assert_eq!(stored.limits["rpm"].taken, MILLI);
+}
+
 #[tokio::test]
 async fn a_killed_redis_is_an_outage_and_a_restarted_one_serves_again() {
     let mut redis = LocalRedis::start(&[]);

@@ -24,6 +24,20 @@ pub(super) fn classify(key: &str, err: &RedisError) -> StoreError {
     }
 }
 
+/// The error a script reported as text (`CODE detail`, as Redis writes an error line)
+/// for one of the items it touched, read as the client reads an error reply, so that
+/// [`classify`] judges it as it judges any other.
+pub(super) fn reported(text: &str) -> RedisError {
+    let line: String = text
+        .chars()
+        .map(|c| if c == '\r' || c == '\n' { ' ' } else { c })
+        .collect();
+    match redis::parse_redis_value(format!("-{line}\r\n").as_bytes()) {
+        Ok(redis::Value::ServerError(e)) => e.into(),
+        _ => RedisError::from((ErrorKind::Parse, "a script's unreadable error", line)),
+    }
+}
+
 /// Whether the error is about the one item the call touched (its type or its values),
 /// so that it is that request's answer and never trips the breaker for everyone.
 pub(super) fn is_this_items(err: &RedisError) -> bool {
@@ -93,6 +107,19 @@ mod tests {
             assert!(!e.is_fault(), "{code}: {e}");
             assert!(matches!(e, StoreError::Corrupt { .. }), "{e}");
         }
+    }
+
+    #[test]
+    fn an_error_a_script_reports_as_text_is_judged_as_a_reply() {
+        let item = classify("k", &reported("WRONGTYPE Operation against a key"));
+        assert!(matches!(item, StoreError::Corrupt { .. }), "{item:?}");
+        let script = classify("k", &reported("ERR user_script:9: attempt to compare"));
+        assert!(matches!(script, StoreError::Corrupt { .. }), "{script:?}");
+        let full = classify(
+            "k",
+            &reported("OOM command not allowed\r\nwhen used memory"),
+        );
+        assert!(matches!(full, StoreError::Unavailable { .. }), "{full:?}");
     }
 
     #[test]

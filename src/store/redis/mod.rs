@@ -16,14 +16,21 @@
 //! several shards) is made item by item; see `spread.rs` for how, and why that admits no
 //! more than one atomic commit would.
 //!
-//! This file holds the contract's calls; `link.rs` reaching Redis, `codec.rs` the item
-//! format and the scripts' arguments, `failure.rs` what Redis's errors mean, `nodes.rs`
-//! the count of calls per node. It decides nothing about limits.
+//! On one server (standalone or Sentinel's master), debits waiting at the same time go
+//! together in one script (`batch.rs`), each answered as if alone: Redis's cost per
+//! debit is mostly the call around it.
+//!
+//! `store.rs` holds the contract's calls; `link.rs` reaching Redis, `codec.rs` the item
+//! format and the scripts' arguments, `scripts.rs` the scripts, `batch.rs` debits sent
+//! together, `failure.rs` what Redis's errors mean, `nodes.rs` the count of calls per
+//! node. None decides anything about limits.
 
+mod batch;
 mod codec;
 mod failure;
 mod link;
 mod nodes;
+mod scripts;
 mod spread;
 mod store;
 

@@ -39,7 +39,8 @@ use crate::store::{
 };
 
 use super::codec::slot;
-use super::store::{Applied, RedisStore, Written, UNDO};
+use super::scripts::UNDO;
+use super::store::{Applied, RedisStore, Written};
 
 impl RedisStore {
     /// `writes` (whose Redis keys are `keys`) slot by slot; see the module comment.

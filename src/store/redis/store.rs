@@ -5,16 +5,18 @@
 
 use std::collections::BTreeSet;
 use std::future::Future;
-use std::sync::LazyLock;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use redis::{Script, Value};
+use redis::Value;
 
+use super::batch::Batches;
 use super::codec::{
     created, credit_args, debit_args, debited, decode, redis_key, script_write, slot,
 };
 use super::failure::classify;
 use super::link::{redact, Link, RedisMode, RedisOptions};
+use super::scripts::{COMMIT, CREDIT, DEBIT};
 
 use super::super::key::{check_commit, check_item, check_key, MAX_ITEM_BYTES};
 use super::super::{
@@ -29,18 +31,6 @@ use super::super::{
 /// new shards' keys hash to other slots, so a hot bucket spreads over the masters instead
 /// of filling one.
 pub const DEFAULT_KEY_WRITE_BUDGET: u64 = 5_000;
-
-/// The scripts, each prefixed with what they share.
-macro_rules! script {
-    ($file:literal) => {
-        LazyLock::new(|| Script::new(concat!(include_str!("lua/lib.lua"), include_str!($file))))
-    };
-}
-
-static DEBIT: LazyLock<Script> = script!("lua/debit.lua");
-static CREDIT: LazyLock<Script> = script!("lua/credit.lua");
-static COMMIT: LazyLock<Script> = script!("lua/commit.lua");
-pub(super) static UNDO: LazyLock<Script> = script!("lua/undo.lua");
 
 /// One item a commit script wrote, as it was and as it left it (its hash fields, flat).
 pub(super) struct Written {
@@ -61,7 +51,9 @@ pub(super) enum Applied {
 
 /// Bucket items in Redis.
 pub struct RedisStore {
-    pub(super) link: Link,
+    pub(super) link: Arc<Link>,
+    /// Debits sent together on one server (`batch.rs`), started on first use.
+    batches: OnceLock<Batches>,
     pub(super) namespace: String,
     /// The deadline of one contract call.
     pub(super) timeout: Duration,
@@ -91,7 +83,8 @@ impl RedisStore {
         RedisStore {
             namespace: options.namespace.clone(),
             timeout: options.timeout,
-            link: Link::new(options),
+            link: Arc::new(Link::new(options)),
+            batches: OnceLock::new(),
         }
     }
 
@@ -138,10 +131,15 @@ impl RedisStore {
         match tokio::time::timeout(self.timeout, call).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(classify(key, &e)),
-            Err(_) => Err(StoreError::Unavailable {
-                key: key.to_string(),
-                reason: format!("no answer from Redis within {:?}", self.timeout),
-            }),
+            Err(_) => Err(self.late(key)),
+        }
+    }
+
+    /// A call past the store's deadline: the store's failure.
+    fn late(&self, key: &str) -> StoreError {
+        StoreError::Unavailable {
+            key: key.to_string(),
+            reason: format!("no answer from Redis within {:?}", self.timeout),
         }
     }
 
@@ -240,6 +238,26 @@ impl RedisStore {
 }
 
 impl RedisStore {
+    /// The batches of a store on one server; none on a Cluster.
+    fn batches(&self) -> Option<&Batches> {
+        match self.link.options().mode() {
+            RedisMode::Cluster => None,
+            RedisMode::Single | RedisMode::Sentinel { .. } => Some(
+                self.batches
+                    .get_or_init(|| Batches::start(self.link.clone(), self.timeout)),
+            ),
+        }
+    }
+
+    /// One debit, its own script.
+    async fn debit_alone(&self, rk: &str, args: Vec<String>) -> Result<Value, StoreError> {
+        let mut invocation = DEBIT.key(rk);
+        for a in args {
+            invocation.arg(a);
+        }
+        self.call(rk, self.link.run(rk, &invocation)).await
+    }
+
     /// One debit script; where the key holds no item and `created` is given (the seed,
     /// debited: `codec::created`), the script writes it (see
     /// [`BucketStore::debit_or_create`]).
@@ -252,11 +270,23 @@ impl RedisStore {
     ) -> Result<DebitOutcome, StoreError> {
         check_key(key)?;
         let rk = redis_key(&self.namespace, key);
-        let mut invocation = DEBIT.key(rk.as_str());
-        for a in debit_args(debits, mode, created.as_ref()) {
-            invocation.arg(a);
-        }
-        let out = self.call(&rk, self.link.run(&rk, &invocation)).await?;
+        let args = debit_args(debits, mode, created.as_ref());
+        let out = match self.batches() {
+            Some(batches) => {
+                match tokio::time::timeout(self.timeout, batches.debit(rk.clone(), args)).await {
+                    Ok(Ok(Some(answer))) => answer?,
+                    Ok(Ok(None)) => {
+                        return Err(StoreError::Unavailable {
+                            key: rk,
+                            reason: "the batch sender stopped before answering".into(),
+                        })
+                    }
+                    Ok(Err(args)) => self.debit_alone(&rk, args).await?,
+                    Err(_) => return Err(self.late(&rk)),
+                }
+            }
+            None => self.debit_alone(&rk, args).await?,
+        };
         match &out {
             Value::Array(parts) => match parts.as_slice() {
                 [Value::Int(0)] => Ok(DebitOutcome::Refused(None)),

@@ -146,3 +146,51 @@ local function expire_as(key, ttl)
     redis.call('PERSIST', key)
   end
 end
+
+-- A debit on one item, `key`: its arguments are A[o + 1] … A[o + count] (`count` of
+-- them), laid out as `debit.lua` describes. Returns that script's answer.
+local function debit(key, A, o, count)
+  local flat, f = fields(key)
+  if not f then
+    if A[o + 3] == '' then return {0} end
+    local item = {}
+    for word in string.gmatch(A[o + 3], '[^ ]+') do item[#item + 1] = word end
+    hset_all(key, item)
+    if A[o + 4] ~= '' then expire_as(key, A[o + 4]) else expire_as(key, false) end
+    return {2}
+  end
+  local fast = A[o + 2] ~= ''
+  local ok = true
+  if fast then
+    if f['ttl'] and cmp(f['ttl'], A[o + 1]) <= 0 then ok = false end
+    if f['sc'] ~= A[o + 2] then ok = false end
+    local w = f['b:wcu:tk']
+    if not w or cmp(w, '1000') < 0 then ok = false end
+  end
+  local first = o + 5
+  local n = (count - 4) / 8
+  for i = 0, n - 1 do
+    if not ok then break end
+    local a = first + i * 8
+    local p = 'b:' .. A[a] .. ':'
+    local tk = f[p .. 'tk']
+    if not tk or not f[p .. 'tc'] then
+      ok = false
+    elseif cmp(tk, A[a + 1]) < 0 then
+      ok = false
+    elseif fast and A[a + 5] ~= '' and (f[p .. 'cp'] ~= A[a + 5] or f[p .. 'ra'] ~= A[a + 6] or f[p .. 'rp'] ~= A[a + 7]) then
+      ok = false
+    end
+  end
+  if not ok then return {0, flat} end
+  local sets = {}
+  for i = 0, n - 1 do
+    local a = first + i * 8
+    take(key, f, sets, 'b:' .. A[a] .. ':', A[a + 2], A[a + 3], A[a + 4])
+  end
+  if fast then
+    take(key, f, sets, 'b:wcu:', '1000', '-1000', '9223372036854774807')
+  end
+  if #sets > 0 then redis.call('HSET', key, unpack(sets)) end
+  return {1, flat}
+end
