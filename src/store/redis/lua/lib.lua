@@ -131,20 +131,29 @@ end
 -- without an expiry, as Redis refuses one that far (and Lua's doubles would round it).
 local EXPIRY_GRACE = 60
 local LATEST_EXPIRY = '100000000000'
-local function expire_as(key, ttl)
+-- Redis's clock, read once per script: a batch of debits creating many items asks once.
+local clock = false
+-- The key's own expiry for an item whose `ttl` field is `ttl` (see above); `fresh`: the
+-- key was just made, so it has no expiry to take away.
+local function expire_key(key, ttl, fresh)
   if ttl and cmp(ttl, LATEST_EXPIRY) > 0 then
-    redis.call('HSET', key, 'ttl', ttl)
-    redis.call('PERSIST', key)
+    if not fresh then redis.call('PERSIST', key) end
   elseif ttl then
-    redis.call('HSET', key, 'ttl', ttl)
-    local now = tonumber(redis.call('TIME')[1])
+    if not clock then clock = tonumber(redis.call('TIME')[1]) end
     local at = tonumber(ttl)
-    if at < now then at = now end
+    if at < clock then at = clock end
     redis.call('EXPIREAT', key, string.format('%d', at + EXPIRY_GRACE))
-  else
-    redis.call('HDEL', key, 'ttl')
+  elseif not fresh then
     redis.call('PERSIST', key)
   end
+end
+local function expire_as(key, ttl)
+  if ttl then
+    redis.call('HSET', key, 'ttl', ttl)
+  else
+    redis.call('HDEL', key, 'ttl')
+  end
+  expire_key(key, ttl, false)
 end
 
 -- A debit on one item, `key`: its arguments are A[o + 1] … A[o + count] (`count` of
@@ -155,8 +164,13 @@ local function debit(key, A, o, count)
     if A[o + 3] == '' then return {0} end
     local item = {}
     for word in string.gmatch(A[o + 3], '[^ ]+') do item[#item + 1] = word end
+    local ttl = A[o + 4] ~= '' and A[o + 4]
+    if ttl then
+      item[#item + 1] = 'ttl'
+      item[#item + 1] = ttl
+    end
     hset_all(key, item)
-    if A[o + 4] ~= '' then expire_as(key, A[o + 4]) else expire_as(key, false) end
+    expire_key(key, ttl, true)
     return {2}
   end
   local fast = A[o + 2] ~= ''
