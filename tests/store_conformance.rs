@@ -529,6 +529,60 @@ cross_store! {
 }
 
 cross_store! {
+    /// A call naming one limit twice (DynamoDB refuses the overlapping update) is refused
+    /// by every store alike, as that call's error, and writes nothing.
+    async fn a_limit_named_twice_in_one_call_is_refused_by_every_store<S: BucketStore>(s: S) {
+        create(&s, key(0), item(5_000, 1_000_000)).await;
+        let twice = [debit(1_000), debit(1_000)].concat();
+        let refused = |r: Result<(), StoreError>| match r {
+            Err(StoreError::Invalid { reason, .. }) => {
+                assert!(reason.contains("'rpm' is named twice"), "{reason}")
+            }
+            other => panic!("{other:?}"),
+        };
+        refused(s.debit(&key(0), &twice, FAST).await.map(drop));
+        refused(
+            s.debit_or_create(&key(1), &twice, FAST, &|| item(5_000, 1_000_000))
+                .await
+                .map(drop),
+        );
+        let c = Credit {
+            limit: "rpm".into(),
+            amount: 1_000,
+            ceiling: 10_000,
+            params: rpm(),
+        };
+        refused(s.credit(&key(0), STAMP.into(), &[c.clone(), c]).await.map(drop));
+        let add = LimitWrite::Add {
+            limit: "rpm".into(),
+            balance_delta: -1_000,
+            taken_delta: 1_000,
+            floor: None,
+            cap: None,
+            claimed: 1_000,
+        };
+        let update = Write::Update {
+            key: key(0),
+            expected_refilled_at: RF,
+            refilled_at: RF + 10,
+            ttl: Some(NOW_S + 500),
+            shard_count: None,
+            limits: vec![add.clone(), add],
+        };
+        refused(s.commit(&[update]).await.map(drop));
+        let retry = Write::Debit {
+            key: key(0),
+            debits: twice.clone(),
+            ttl: None,
+        };
+        refused(s.commit(&[retry]).await.map(drop));
+        let stored = s.read(&[key(0), key(1)]).await.unwrap();
+        assert_eq!(stored[0], Some(item(5_000, 1_000_000)), "untouched");
+        assert_eq!(stored[1], None, "nothing created");
+    }
+}
+
+cross_store! {
     /// A debit's arithmetic is exact at every size: balances and counters on either side
     /// of 2^53 (where Redis's script stops computing in Lua's doubles and asks Redis to
     /// add), a counter saturating at i64::MAX.

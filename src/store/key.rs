@@ -12,7 +12,8 @@
 
 use sha2::{Digest, Sha256};
 
-use super::{BucketItem, BucketKey, Name, StoreError, Write, MAX_COMMIT_ITEMS};
+use super::{BucketItem, BucketKey, LimitWrite, Name, StoreError, Write, MAX_COMMIT_ITEMS};
+use crate::support::text::elide;
 
 /// DynamoDB's limit on a partition key.
 pub const MAX_PARTITION_KEY_BYTES: usize = 2_048;
@@ -136,6 +137,26 @@ pub fn check_item(key: &BucketKey, item: &BucketItem) -> Result<(), StoreError> 
     Ok(())
 }
 
+/// Refuses a call that names one limit of `key` twice (two debits, credits or writes of
+/// the same limit). DynamoDB refuses such an update (its paths overlap), so every store
+/// refuses it, with the same error; the engine never makes one.
+pub fn check_once<'a>(
+    key: &BucketKey,
+    limits: impl IntoIterator<Item = &'a str>,
+) -> Result<(), StoreError> {
+    let mut seen: Vec<&str> = Vec::new();
+    for limit in limits {
+        if seen.contains(&limit) {
+            return Err(StoreError::Invalid {
+                key: key.to_string(),
+                reason: format!("limit '{}' is named twice in one call", elide(limit, 64)),
+            });
+        }
+        seen.push(limit);
+    }
+    Ok(())
+}
+
 /// Refuses a commit no store takes: no write or more than [`MAX_COMMIT_ITEMS`], a key too
 /// long, an item created too large. `name` is how the store names a key in its errors.
 pub fn check_commit(
@@ -153,6 +174,15 @@ pub fn check_commit(
     }
     for w in writes {
         check_key(w.key())?;
+        match w {
+            Write::Update { key, limits, .. } => {
+                check_once(key, limits.iter().map(LimitWrite::limit))?
+            }
+            Write::Debit { key, debits, .. } => {
+                check_once(key, debits.iter().map(|d| d.limit.as_str()))?
+            }
+            Write::Create { .. } => {}
+        }
         if let Write::Create { key, item } = w {
             check_item(key, item)?;
         }

@@ -24,7 +24,7 @@ use super::failure::{describe, REASON_BYTES, TRANSACTION_THROTTLING};
 use super::ledger::{capacity, capacity_all};
 
 use super::super::detached::caller_gone;
-use super::super::key::{check_commit, check_key};
+use super::super::key::{check_commit, check_key, check_once};
 use super::super::DEFAULT_STORE_TIMEOUT;
 use super::super::{
     BucketItem, BucketKey, BucketStore, CommitOutcome, Credit, CreditGuard, Debit, DebitMode,
@@ -293,6 +293,7 @@ impl BucketStore for DynamoStore {
         mode: DebitMode,
     ) -> Result<DebitOutcome, StoreError> {
         check_key(key)?;
+        check_once(key, debits.iter().map(|d| d.limit.as_str()))?;
         Ok(
             match self
                 .update(key, || debit_expression(debits, mode, None))
@@ -485,6 +486,7 @@ impl BucketStore for DynamoStore {
         credits: &[Credit],
     ) -> Result<Vec<Credit>, StoreError> {
         check_key(key)?;
+        check_once(key, credits.iter().map(|c| c.limit.as_str()))?;
         let mut todo: Vec<Credit> = credits.to_vec();
         for _ in 0..2 {
             if todo.is_empty() {

@@ -40,7 +40,7 @@ use parking_lot::{Mutex, MutexGuard};
 use hashbrown::HashSet;
 use thiserror::Error;
 
-use super::key::{check_commit, check_item, check_key};
+use super::key::{check_commit, check_item, check_key, check_once};
 use super::{
     BucketItem, BucketKey, BucketStore, CommitOutcome, CountChange, Credit, CreditGuard, Debit,
     DebitMode, DebitOutcome, LimitWrite, Limits, Name, Seed, StoreError, Write, MILLI, MIN_BALANCE,
@@ -415,6 +415,7 @@ impl MemoryStore {
         seed: Option<&Seed<'_>>,
     ) -> Result<DebitOutcome, StoreError> {
         check_key(key)?;
+        check_once(key, debits.iter().map(|d| d.limit.as_str()))?;
         let mark = match mode {
             DebitMode::Fast { now_s, .. } => {
                 self.clock.saw(now_s);
@@ -519,6 +520,7 @@ impl BucketStore for MemoryStore {
         credits: &[Credit],
     ) -> Result<Vec<Credit>, StoreError> {
         check_key(key)?;
+        check_once(key, credits.iter().map(|c| c.limit.as_str()))?;
         let mut g = self.part(key);
         let bears = |slot: &&mut CompactItem| guard.admits(slot.refilled_at, slot.shard_count);
         let Some(slot) = g.get_mut(key).filter(bears) else {

@@ -18,7 +18,7 @@ use super::failure::classify;
 use super::link::{redact, Link, RedisMode, RedisOptions};
 use super::scripts::{COMMIT, CREDIT, DEBIT};
 
-use super::super::key::{check_commit, check_item, check_key, MAX_ITEM_BYTES};
+use super::super::key::{check_commit, check_item, check_key, check_once, MAX_ITEM_BYTES};
 use super::super::{
     BucketItem, BucketKey, BucketStore, CommitOutcome, Credit, CreditGuard, Debit, DebitMode,
     DebitOutcome, Seed, StoreError, Write,
@@ -269,6 +269,7 @@ impl RedisStore {
         created: Option<BucketItem>,
     ) -> Result<DebitOutcome, StoreError> {
         check_key(key)?;
+        check_once(key, debits.iter().map(|d| d.limit.as_str()))?;
         let rk = redis_key(&self.namespace, key);
         let args = debit_args(debits, mode, created.as_ref());
         let out = match self.batches() {
@@ -379,6 +380,7 @@ impl BucketStore for RedisStore {
         credits: &[Credit],
     ) -> Result<Vec<Credit>, StoreError> {
         check_key(key)?;
+        check_once(key, credits.iter().map(|c| c.limit.as_str()))?;
         let rk = redis_key(&self.namespace, key);
         let mut invocation = CREDIT.key(rk.as_str());
         for a in credit_args(guard, credits) {
