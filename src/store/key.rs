@@ -140,19 +140,21 @@ pub fn check_item(key: &BucketKey, item: &BucketItem) -> Result<(), StoreError> 
 /// Refuses a call that names one limit of `key` twice (two debits, credits or writes of
 /// the same limit). DynamoDB refuses such an update (its paths overlap), so every store
 /// refuses it, with the same error; the engine never makes one.
-pub fn check_once<'a>(
+pub fn check_once<T>(
     key: &BucketKey,
-    limits: impl IntoIterator<Item = &'a str>,
+    items: &[T],
+    limit: impl Fn(&T) -> &str,
 ) -> Result<(), StoreError> {
-    let mut seen: Vec<&str> = Vec::new();
-    for limit in limits {
-        if seen.contains(&limit) {
+    // Pairwise, without a set: a call names a handful of limits, and this runs on every
+    // decision (an allocation here would be one per decision).
+    for (i, a) in items.iter().enumerate() {
+        let name = limit(a);
+        if items[..i].iter().any(|b| limit(b) == name) {
             return Err(StoreError::Invalid {
                 key: key.to_string(),
-                reason: format!("limit '{}' is named twice in one call", elide(limit, 64)),
+                reason: format!("limit '{}' is named twice in one call", elide(name, 64)),
             });
         }
-        seen.push(limit);
     }
     Ok(())
 }
@@ -175,12 +177,8 @@ pub fn check_commit(
     for w in writes {
         check_key(w.key())?;
         match w {
-            Write::Update { key, limits, .. } => {
-                check_once(key, limits.iter().map(LimitWrite::limit))?
-            }
-            Write::Debit { key, debits, .. } => {
-                check_once(key, debits.iter().map(|d| d.limit.as_str()))?
-            }
+            Write::Update { key, limits, .. } => check_once(key, limits, LimitWrite::limit)?,
+            Write::Debit { key, debits, .. } => check_once(key, debits, |d| &d.limit)?,
             Write::Create { .. } => {}
         }
         if let Write::Create { key, item } = w {

@@ -293,7 +293,7 @@ impl BucketStore for DynamoStore {
         mode: DebitMode,
     ) -> Result<DebitOutcome, StoreError> {
         check_key(key)?;
-        check_once(key, debits.iter().map(|d| d.limit.as_str()))?;
+        check_once(key, debits, |d| &d.limit)?;
         Ok(
             match self
                 .update(key, || debit_expression(debits, mode, None))
@@ -486,7 +486,7 @@ impl BucketStore for DynamoStore {
         credits: &[Credit],
     ) -> Result<Vec<Credit>, StoreError> {
         check_key(key)?;
-        check_once(key, credits.iter().map(|c| c.limit.as_str()))?;
+        check_once(key, credits, |c| &c.limit)?;
         let mut todo: Vec<Credit> = credits.to_vec();
         for _ in 0..2 {
             if todo.is_empty() {

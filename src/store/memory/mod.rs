@@ -415,7 +415,7 @@ impl MemoryStore {
         seed: Option<&Seed<'_>>,
     ) -> Result<DebitOutcome, StoreError> {
         check_key(key)?;
-        check_once(key, debits.iter().map(|d| d.limit.as_str()))?;
+        check_once(key, debits, |d| &d.limit)?;
         let mark = match mode {
             DebitMode::Fast { now_s, .. } => {
                 self.clock.saw(now_s);
@@ -520,7 +520,7 @@ impl BucketStore for MemoryStore {
         credits: &[Credit],
     ) -> Result<Vec<Credit>, StoreError> {
         check_key(key)?;
-        check_once(key, credits.iter().map(|c| c.limit.as_str()))?;
+        check_once(key, credits, |c| &c.limit)?;
         let mut g = self.part(key);
         let bears = |slot: &&mut CompactItem| guard.admits(slot.refilled_at, slot.shard_count);
         let Some(slot) = g.get_mut(key).filter(bears) else {

@@ -269,7 +269,7 @@ impl RedisStore {
         created: Option<BucketItem>,
     ) -> Result<DebitOutcome, StoreError> {
         check_key(key)?;
-        check_once(key, debits.iter().map(|d| d.limit.as_str()))?;
+        check_once(key, debits, |d| &d.limit)?;
         let rk = redis_key(&self.namespace, key);
         let args = debit_args(debits, mode, created.as_ref());
         let out = match self.batches() {
@@ -380,7 +380,7 @@ impl BucketStore for RedisStore {
         credits: &[Credit],
     ) -> Result<Vec<Credit>, StoreError> {
         check_key(key)?;
-        check_once(key, credits.iter().map(|c| c.limit.as_str()))?;
+        check_once(key, credits, |c| &c.limit)?;
         let rk = redis_key(&self.namespace, key);
         let mut invocation = CREDIT.key(rk.as_str());
         for a in credit_args(guard, credits) {
