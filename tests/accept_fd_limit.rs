@@ -83,9 +83,14 @@ fn accepting_pauses_while_descriptors_run_out_and_resumes() {
         let mut calm = server.client().await;
         calm.ok(one("fd", &[("user", "before")])).await;
 
-        // A few descriptors to spare, then connections until none is left on either side:
-        // the last one the client opened waits in the server's listen queue.
+        // A few descriptors to spare, then connections until none is left on either side.
+        // Whether the last connection waits in the listen queue is a race: the server's
+        // accept and the client's next socket() want the same last descriptor. So one is
+        // held back and freed once the limit is reached; nothing is then waiting to be
+        // accepted (or the race already left a connection waiting), so only the client can
+        // take it, and the connection it opens cannot be accepted.
         let previous = set_fd_limit((open_descriptors() + 24) as libc::rlim_t);
+        let held_back = std::fs::File::open("/dev/null").expect("a descriptor to hold back");
         let mut hostile = Vec::new();
         while hostile.len() < 200 {
             match tokio::net::TcpStream::connect(server.addr).await {
@@ -94,6 +99,11 @@ fn accepting_pauses_while_descriptors_run_out_and_resumes() {
             }
         }
         assert!(hostile.len() < 200, "the descriptor limit was reached");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        drop(held_back);
+        if let Ok(tcp) = tokio::net::TcpStream::connect(server.addr).await {
+            hostile.push(tcp);
+        }
         tokio::time::sleep(Duration::from_millis(200)).await;
 
         // Over a second out of descriptors, the process (server, clients, runtime) keeps
