@@ -4,7 +4,8 @@
 //! killed mid-load (served again by the promoted replica, and no more admitted than the
 //! bound); TLS (a CA, a required client certificate) and passwords; Sentinel over TLS
 //! (`scripts/redis-local sentinel-tls`: `shardgate serve` processes, by flags and by
-//! upstream's variables, sharing a limit; a wrong CA); the key's own expiry
+//! upstream's variables, sharing a limit with client certificates required, then
+//! following a failover; one without a certificate; a wrong CA); the key's own expiry
 //! following the item's `ttl`; and a bucket's shards spread over a Cluster's masters. The
 //! contract's conditions are `store_conformance.rs`'s, on every store.
 
@@ -508,23 +509,53 @@ async fn under_sentinel_a_failover_moves_the_store_to_the_promoted_replica() {
 /// its servers on TERM).
 struct TlsSentinel {
     sentinel: u16,
+    master: u16,
     replica: u16,
     ca: std::path::PathBuf,
+    /// A client certificate the CA signed (and its key), for when the servers require one.
+    client: ClientCertificate,
+    /// The servers' own certificate: redis-cli presents it as its client certificate.
+    server: ClientCertificate,
     /// Holds the certificates the servers read.
     _dir: tempfile::TempDir,
     script: std::process::Child,
 }
 
+/// A PEM certificate and its key, as files.
+struct ClientCertificate {
+    cert: std::path::PathBuf,
+    key: std::path::PathBuf,
+}
+
+impl ClientCertificate {
+    fn cert(&self) -> &str {
+        self.cert.to_str().unwrap()
+    }
+
+    fn key(&self) -> &str {
+        self.key.to_str().unwrap()
+    }
+}
+
 impl TlsSentinel {
-    fn start() -> TlsSentinel {
+    /// `clients`: the servers' `tls-auth-clients`, `optional` or `yes` (a client
+    /// certificate required of every client).
+    fn start(clients: &str) -> TlsSentinel {
         let pki = common::tls::Pki::new("redis-sentinel");
         // The name the master's certificate must carry is the address the Sentinel
         // reports for it.
         let (cert, key_pem) = pki.leaf(&["127.0.0.1", "localhost"]);
+        let (client_cert, client_key) = pki.leaf(&["shardgate"]);
         let dir = tempfile::tempdir().unwrap();
         let ca = common::tls::write(dir.path(), "ca.pem", &pki.ca_pem);
-        common::tls::write(dir.path(), "redis.pem", &cert);
-        common::tls::write(dir.path(), "redis-key.pem", &key_pem);
+        let server = ClientCertificate {
+            cert: common::tls::write(dir.path(), "redis.pem", &cert),
+            key: common::tls::write(dir.path(), "redis-key.pem", &key_pem),
+        };
+        let client = ClientCertificate {
+            cert: common::tls::write(dir.path(), "client.pem", &client_cert),
+            key: common::tls::write(dir.path(), "client-key.pem", &client_key),
+        };
         let (master, replica, sentinel) = (
             common::redis::free_port(),
             common::redis::free_port(),
@@ -535,6 +566,7 @@ impl TlsSentinel {
                 .arg("sentinel-tls")
                 .args([master, replica, sentinel].map(|p| p.to_string()))
                 .arg(dir.path())
+                .arg(clients)
                 .stdout(std::process::Stdio::piped())
                 .stderr(std::process::Stdio::inherit())
                 .spawn()
@@ -555,8 +587,11 @@ impl TlsSentinel {
         });
         let started = TlsSentinel {
             sentinel,
+            master,
             replica,
             ca,
+            client,
+            server,
             _dir: dir,
             script,
         };
@@ -570,6 +605,10 @@ impl TlsSentinel {
         let out = std::process::Command::new("redis-cli")
             .args(["--tls", "--cacert"])
             .arg(&self.ca)
+            .arg("--cert")
+            .arg(&self.server.cert)
+            .arg("--key")
+            .arg(&self.server.key)
             .args(["-p", &port.to_string()])
             .args(args)
             .output()
@@ -670,19 +709,17 @@ impl Drop for ServeProcess {
     }
 }
 
+/// Under Sentinel with `tls-auth-clients yes`: the Sentinel and the master it names both
+/// require a client certificate, given by our flags or by upstream's variables.
 #[tokio::test]
 async fn under_sentinel_over_tls_servers_share_a_limit_through_the_master_the_sentinel_names() {
-    let redis = TlsSentinel::start();
+    let redis = TlsSentinel::start("yes");
     let sentinel_url = format!("rediss://127.0.0.1:{}", redis.sentinel);
     let ca = redis.ca.to_str().unwrap();
     let namespace = common::unique_namespace();
-    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
-    // One server by our flags, the other by an upstream Deployment's variables; the
-    // same namespace, so the same buckets.
-    let mut by_flags = ServeProcess::start(
-        dirs[0].path(),
-        "flags",
-        &[
+    let dirs = [(); 3].map(|_| tempfile::tempdir().unwrap());
+    let by_flags_args = |certificate: bool| {
+        let mut args = vec![
             "--store",
             "redis",
             "--redis-mode",
@@ -695,9 +732,22 @@ async fn under_sentinel_over_tls_servers_share_a_limit_through_the_master_the_se
             ca,
             "--namespace",
             &namespace,
-        ],
-        &[],
-    );
+            "--log-format",
+            "json",
+        ];
+        if certificate {
+            args.extend([
+                "--redis-tls-client-cert",
+                redis.client.cert(),
+                "--redis-tls-client-key",
+                redis.client.key(),
+            ]);
+        }
+        args
+    };
+    // One server by our flags, the other by an upstream Deployment's variables; the
+    // same namespace, so the same buckets.
+    let mut by_flags = ServeProcess::start(dirs[0].path(), "flags", &by_flags_args(true), &[]);
     let upstream_url = format!("mymaster,127.0.0.1:{}", redis.sentinel);
     let mut by_upstream_env = ServeProcess::start(
         dirs[1].path(),
@@ -709,9 +759,13 @@ async fn under_sentinel_over_tls_servers_share_a_limit_through_the_master_the_se
             ("REDIS_URL", &upstream_url),
             ("REDIS_TLS", "true"),
             ("REDIS_TLS_CACERT", ca),
+            ("REDIS_TLS_CLIENT_CERT", redis.client.cert()),
+            ("REDIS_TLS_CLIENT_KEY", redis.client.key()),
             ("CACHE_KEY_PREFIX", &namespace),
         ],
     );
+    // A third without a certificate: the Sentinel refuses its handshake.
+    let mut without = ServeProcess::start(dirs[2].path(), "without", &by_flags_args(false), &[]);
     by_flags.ready().await;
     by_upstream_env.ready().await;
     let started = Instant::now();
@@ -747,11 +801,100 @@ async fn under_sentinel_over_tls_servers_share_a_limit_through_the_master_the_se
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // A failover over TLS: the Sentinel promotes the replica, and each server finds it
+    // by itself (a write refused by the demoted master is an outage, so it asks again).
+    let scripts_before = evalsha_calls(&redis.cli(redis.replica, &["INFO", "commandstats"]));
+    let failover = redis.cli(redis.sentinel, &["SENTINEL", "FAILOVER", "mymaster"]);
+    assert!(failover.contains("OK"), "{failover}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !(redis.cli(redis.replica, &["ROLE"]).starts_with("master")
+        && redis.cli(redis.master, &["ROLE"]).starts_with("slave"))
+    {
+        assert!(Instant::now() < deadline, "the replica was never promoted");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // A bucket of its own: any answer for it came from the store (no rejection cached).
+    let mut answered = [false; 2];
+    let mut admitted = 0u64;
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(30);
+    while answered.contains(&false) {
+        assert!(
+            Instant::now() < deadline,
+            "answered after the failover: {answered:?}\n{}\n{}",
+            by_flags.log(),
+            by_upstream_env.log()
+        );
+        for (i, client) in clients.iter_mut().enumerate() {
+            match client
+                .should_rate_limit(common::server::one("sentinel", &[("user", "grace")]))
+                .await
+            {
+                Ok(answer) => {
+                    answered[i] = true;
+                    admitted += u64::from(answer.get_ref().overall_code == Code::Ok as i32);
+                }
+                // Until it has found the new master: the store's outage, failing closed.
+                Err(status) => assert_eq!(status.code(), tonic::Code::Unavailable, "{status}"),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let refilled = started.elapsed().as_secs() * 5 / 3_600;
+    assert!(
+        (1..=5 + refilled).contains(&admitted),
+        "admitted {admitted}"
+    );
+    let scripts_after = evalsha_calls(&redis.cli(redis.replica, &["INFO", "commandstats"]));
+    assert!(
+        scripts_after >= scripts_before + 2,
+        "the promoted replica ran {scripts_before} then {scripts_after} scripts"
+    );
+
+    let error = store_warning(&mut without).await;
+    assert!(error.contains("Sentinel"), "{error}");
+    assert!(error.contains("CertificateRequired"), "{error}");
+    assert!(error.len() < 200, "{} bytes: {error}", error.len());
+    assert_ne!(without.health(), Some(200), "serving without its store");
+}
+
+/// `EVALSHA` calls in an `INFO commandstats` answer (0 when none has run).
+fn evalsha_calls(info: &str) -> u64 {
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .map_or(0, |l| l.split(',').next().unwrap().parse().unwrap())
+}
+
+/// The error of a `--log-format json` server's first "store not answering yet" warning;
+/// it must not exit meanwhile.
+async fn store_warning(server: &mut ServeProcess) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let line = loop {
+        if let Some(line) = server
+            .log()
+            .lines()
+            .find(|l| l.contains("store not answering yet"))
+        {
+            break line.to_string();
+        }
+        assert!(
+            server.child.try_wait().unwrap().is_none(),
+            "a store not answering yet is no reason to exit:\n{}",
+            server.log()
+        );
+        assert!(Instant::now() < deadline, "no warning:\n{}", server.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let line: serde_json::Value = serde_json::from_str(&line).expect("a JSON log line");
+    line["fields"]["error"]
+        .as_str()
+        .expect("the error")
+        .to_string()
 }
 
 #[tokio::test]
 async fn under_sentinel_over_tls_a_wrong_ca_is_a_short_clear_error_and_never_serving() {
-    let redis = TlsSentinel::start();
+    let redis = TlsSentinel::start("optional");
     let other = common::tls::Pki::new("another");
     let dir = tempfile::tempdir().unwrap();
     let wrong_ca = common::tls::write(dir.path(), "other-ca.pem", &other.ca_pem);
@@ -774,25 +917,7 @@ async fn under_sentinel_over_tls_a_wrong_ca_is_a_short_clear_error_and_never_ser
         ],
         &[],
     );
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let line = loop {
-        if let Some(line) = server
-            .log()
-            .lines()
-            .find(|l| l.contains("store not answering yet"))
-        {
-            break line.to_string();
-        }
-        assert!(
-            server.child.try_wait().unwrap().is_none(),
-            "a store not answering yet is no reason to exit:\n{}",
-            server.log()
-        );
-        assert!(Instant::now() < deadline, "no warning:\n{}", server.log());
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    let line: serde_json::Value = serde_json::from_str(&line).expect("a JSON log line");
-    let error = line["fields"]["error"].as_str().expect("the error");
+    let error = store_warning(&mut server).await;
     assert!(error.contains("Sentinel"), "{error}");
     assert!(error.contains("UnknownIssuer"), "{error}");
     assert!(error.len() < 200, "{} bytes: {error}", error.len());
