@@ -204,12 +204,22 @@ async fn drive<IO, S, B>(
     let mut ended = false;
     let wakes = Arc::new(ConnectionWakes::default());
     let task_waker = Waker::from(wakes.clone());
+    let ending_wake = Arc::new(EndingWake {
+        fired: AtomicBool::new(true),
+        wakes: wakes.clone(),
+    });
+    let ending_waker = Waker::from(ending_wake.clone());
     poll_fn(|cx| {
-        if open && !ended && ending.as_mut().poll(cx).is_ready() {
-            connection.as_mut().graceful_shutdown();
-            ended = true;
-        }
         wakes.task.register(cx.waker());
+        // Polled only when its own waker fired (and once at the start), not on every wake
+        // of the task: most wakes are reads and answers.
+        if open && !ended && ending_wake.fired.swap(false, SeqCst) {
+            let mut ending_cx = Context::from_waker(&ending_waker);
+            if ending.as_mut().poll(&mut ending_cx).is_ready() {
+                connection.as_mut().graceful_shutdown();
+                ended = true;
+            }
+        }
         wakes.inside.store(true, SeqCst);
         let mut done = None;
         let mut inner = Context::from_waker(&task_waker);
@@ -289,6 +299,25 @@ impl Wake for ConnectionWakes {
         if !self.inside.load(SeqCst) {
             self.task.wake();
         }
+    }
+}
+
+/// The waker `ending` (shutdown, the connection's age) is polled with: it marks that
+/// `ending` has something to say and wakes the connection's task, which polls `ending`
+/// only then.
+struct EndingWake {
+    fired: AtomicBool,
+    wakes: Arc<ConnectionWakes>,
+}
+
+impl Wake for EndingWake {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.fired.store(true, SeqCst);
+        self.wakes.task.wake();
     }
 }
 
