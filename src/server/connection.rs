@@ -204,21 +204,12 @@ async fn drive<IO, S, B>(
     let mut ended = false;
     let wakes = Arc::new(ConnectionWakes::default());
     let task_waker = Waker::from(wakes.clone());
-    let ending_wake = Arc::new(EndingWake {
-        fired: AtomicBool::new(true),
-        wakes: wakes.clone(),
-    });
-    let ending_waker = Waker::from(ending_wake.clone());
+    let ending_wake = EndingWake::new(&wakes);
     poll_fn(|cx| {
         wakes.task.register(cx.waker());
-        // Polled only when its own waker fired (and once at the start), not on every wake
-        // of the task: most wakes are reads and answers.
-        if open && !ended && ending_wake.fired.swap(false, SeqCst) {
-            let mut ending_cx = Context::from_waker(&ending_waker);
-            if ending.as_mut().poll(&mut ending_cx).is_ready() {
-                connection.as_mut().graceful_shutdown();
-                ended = true;
-            }
+        if open && !ended && ending_wake.resolved(ending.as_mut()) {
+            connection.as_mut().graceful_shutdown();
+            ended = true;
         }
         wakes.inside.store(true, SeqCst);
         let mut done = None;
@@ -304,10 +295,29 @@ impl Wake for ConnectionWakes {
 
 /// The waker `ending` (shutdown, the connection's age) is polled with: it marks that
 /// `ending` has something to say and wakes the connection's task, which polls `ending`
-/// only then.
+/// only then (and once at the start), not on every wake of the task: most wakes are
+/// reads and answers.
 struct EndingWake {
     fired: AtomicBool,
     wakes: Arc<ConnectionWakes>,
+}
+
+impl EndingWake {
+    fn new(wakes: &Arc<ConnectionWakes>) -> Arc<EndingWake> {
+        Arc::new(EndingWake {
+            fired: AtomicBool::new(true),
+            wakes: wakes.clone(),
+        })
+    }
+
+    /// Whether `ending` has resolved: polled only if its waker fired since last asked.
+    fn resolved(self: &Arc<Self>, ending: Pin<&mut impl Future<Output = ()>>) -> bool {
+        if !self.fired.swap(false, SeqCst) {
+            return false;
+        }
+        let waker = Waker::from(self.clone());
+        ending.poll(&mut Context::from_waker(&waker)).is_ready()
+    }
 }
 
 impl Wake for EndingWake {
