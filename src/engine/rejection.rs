@@ -14,11 +14,18 @@
 //! replaces it, or for one more lifetime if none does. Without this, each expiry of a
 //! hot refused bucket sent every request in flight to the store at once.
 //!
+//! Likewise for a refill: each request the image lets through to the store takes its
+//! amount from the image first ([`RejectionCache::claim`]), so that a refill of a few
+//! tokens lets a few requests through, not every request that arrives before the store
+//! answers (measured: at 256 streams on a key limited to 2000/s, 1.1 store calls per
+//! decision without it).
+//!
 //! [`RejectionCache::prune`] drops what no caller can still use (see its comment); the
 //! server calls it on a timer, so a bucket refused once and never asked for again does
 //! not stay, and once no bucket is short admitting goes back to the atomic load.
 
 use super::partitioned::Partitioned;
+use super::LimitClaim;
 use crate::store::{BucketItem, BucketKey};
 
 #[derive(Debug)]
@@ -96,6 +103,25 @@ impl RejectionCache {
                 e.refreshing_since = None;
             },
         );
+    }
+
+    /// Takes what a request about to debit a shard will take from that shard's cached
+    /// image, if one is held: the requests in flight together then see the tokens the
+    /// earlier ones are already taking, instead of each finding the same refill and all
+    /// going to the store (see the module comment). The store's next image replaces the
+    /// claims; a claim whose debit never happened (refused elsewhere, failed) only
+    /// refuses early until then, never admits.
+    pub(crate) fn claim(&self, key: &BucketKey, limits: &[LimitClaim]) {
+        if !self.holds_any() {
+            return;
+        }
+        self.images.with(key, |e| {
+            for c in limits {
+                if let Some(st) = e.image.limits.get_mut(&c.limit) {
+                    st.balance = st.balance.saturating_sub(c.amount);
+                }
+            }
+        });
     }
 
     /// Applies a refund to the cached image of a shard, so the cache never refuses on a

@@ -41,6 +41,7 @@ impl<S: BucketStore> Deciding<'_, S> {
         }
 
         let draws = self.draw_shards(&avoid);
+        self.claim_cached(&draws);
         // A drawn shard this process is refilling has just run dry: wait for the refill
         // rather than send a debit it would refuse, and decide at the time it ended.
         if self.engine.slow_passes.any() && Box::pin(self.await_slow_passes(&draws)).await {
@@ -73,6 +74,18 @@ impl<S: BucketStore> Deciding<'_, S> {
             }
         }
         None
+    }
+
+    /// Takes what the request will debit from the cached images of the shards drawn, so
+    /// that the requests in flight after it see those tokens gone (`rejection.rs`).
+    fn claim_cached(&self, draws: &[Draw]) {
+        if !self.engine.rejections.holds_any() {
+            return;
+        }
+        for (b, d) in self.req.buckets.iter().zip(draws) {
+            let key = BucketKey::new(&b.entity, &b.resource, d.shard);
+            self.engine.rejections.claim(&key, &b.limits);
+        }
     }
 
     /// A shard for each bucket, drawn under the count this process knows, away from the
