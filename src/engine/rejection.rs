@@ -241,6 +241,36 @@ mod tests {
     }
 
     #[test]
+    fn a_claim_takes_from_the_held_image_only() {
+        use crate::engine::LimitParams;
+        let cache = RejectionCache::new(1_000, 16);
+        let key = BucketKey::new("e", "r", 0);
+        let claim = LimitClaim {
+            limit: "rpm".into(),
+            params: LimitParams::new(10, 10, 60_000),
+            amount: 1_000,
+            forced: false,
+        };
+        cache.claim(&key, std::slice::from_ref(&claim));
+        assert!(!cache.holds_any(), "nothing held, nothing to claim from");
+        let mut held = image();
+        held.limits.insert(
+            crate::store::Name::from("rpm"),
+            crate::store::LimitState::new(claim.params, 2_500, 0),
+        );
+        cache.remember(&key, &held, 0);
+        cache.claim(&key, &[claim.clone(), claim.clone()]);
+        let balance = |now| cache.fresh(&key, now).unwrap().limits["rpm"].balance;
+        assert_eq!(balance(1), 500);
+        // The store's next image replaces the claims.
+        cache.remember(&key, &held, 2);
+        assert_eq!(balance(3), 2_500);
+        // Another shard's image is not touched.
+        cache.claim(&BucketKey::new("e", "r", 1), &[claim]);
+        assert_eq!(balance(3), 2_500);
+    }
+
+    #[test]
     fn an_admitted_image_is_kept_only_when_short_and_one_with_room_drops_the_image_held() {
         let cache = RejectionCache::new(1_000, 16);
         let key = BucketKey::new("e", "r", 0);
