@@ -11,77 +11,25 @@
 //! Request counts are judged, never wall-clock times: a slow machine only makes fewer
 //! attempts fit.
 
+#[path = "common/held.rs"]
+mod held;
 #[cfg(feature = "dynamodb")]
 #[path = "common/stub_dynamo.rs"]
 mod stub_dynamo;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use held::Held;
 use shardgate::store::detached::{Detached, DEFAULT_ABANDONED_BUDGET};
 use shardgate::store::memory::MemoryStore;
-use shardgate::store::{
-    BucketItem, BucketKey, BucketStore, CommitOutcome, Credit, CreditGuard, Debit, DebitMode,
-    DebitOutcome, StoreError, Write,
-};
+use shardgate::store::{BucketKey, BucketStore, StoreError};
+#[cfg(feature = "dynamodb")]
+use shardgate::store::{Debit, DebitMode};
 #[cfg(feature = "dynamodb")]
 use stub_dynamo::{Answer, Stub};
 use tokio::sync::watch;
-
-/// A memory store whose calls wait until released, counting the calls that reach it.
-struct Held {
-    inner: MemoryStore,
-    released: watch::Receiver<bool>,
-    calls: AtomicU64,
-}
-
-impl Held {
-    fn new() -> (Held, watch::Sender<bool>) {
-        let (tx, rx) = watch::channel(false);
-        let held = Held {
-            inner: MemoryStore::new(),
-            released: rx,
-            calls: AtomicU64::new(0),
-        };
-        (held, tx)
-    }
-
-    async fn hold(&self) {
-        self.calls.fetch_add(1, Ordering::SeqCst);
-        let mut released = self.released.clone();
-        let _ = released.wait_for(|r| *r).await;
-    }
-}
-
-impl BucketStore for Held {
-    async fn debit(
-        &self,
-        key: &BucketKey,
-        debits: &[Debit],
-        mode: DebitMode,
-    ) -> Result<DebitOutcome, StoreError> {
-        self.hold().await;
-        self.inner.debit(key, debits, mode).await
-    }
-    async fn read(&self, keys: &[BucketKey]) -> Result<Vec<Option<BucketItem>>, StoreError> {
-        self.hold().await;
-        self.inner.read(keys).await
-    }
-    async fn commit(&self, writes: &[Write]) -> Result<CommitOutcome, StoreError> {
-        self.hold().await;
-        self.inner.commit(writes).await
-    }
-    async fn credit(
-        &self,
-        key: &BucketKey,
-        guard: CreditGuard,
-        credits: &[Credit],
-    ) -> Result<Vec<Credit>, StoreError> {
-        self.hold().await;
-        self.inner.credit(key, guard, credits).await
-    }
-}
 
 /// A read whose caller gives up after 1 ms.
 async fn abandon<S: BucketStore>(store: &Detached<S>) {

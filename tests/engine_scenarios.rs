@@ -1613,60 +1613,15 @@ cross_store! {
     }
 }
 
-/// A memory store whose debits wait while its gate is closed, counting them: requests
-/// held in flight together, as behind a store round trip under load.
-struct Gated {
-    inner: shardgate::store::memory::MemoryStore,
-    open: tokio::sync::watch::Receiver<bool>,
-    debits: std::sync::atomic::AtomicUsize,
-}
-
-impl BucketStore for Gated {
-    async fn debit(
-        &self,
-        key: &BucketKey,
-        debits: &[shardgate::store::Debit],
-        mode: shardgate::store::DebitMode,
-    ) -> Result<shardgate::store::DebitOutcome, shardgate::store::StoreError> {
-        self.debits
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        let _ = self.open.clone().wait_for(|open| *open).await;
-        self.inner.debit(key, debits, mode).await
-    }
-    async fn read(
-        &self,
-        keys: &[BucketKey],
-    ) -> Result<Vec<Option<BucketItem>>, shardgate::store::StoreError> {
-        self.inner.read(keys).await
-    }
-    async fn commit(
-        &self,
-        writes: &[Write],
-    ) -> Result<CommitOutcome, shardgate::store::StoreError> {
-        self.inner.commit(writes).await
-    }
-    async fn credit(
-        &self,
-        key: &BucketKey,
-        guard: shardgate::store::CreditGuard,
-        credits: &[shardgate::store::Credit],
-    ) -> Result<Vec<shardgate::store::Credit>, shardgate::store::StoreError> {
-        self.inner.credit(key, guard, credits).await
-    }
-}
-
 /// A refused bucket's refill seen by many requests in flight at once: the cached image
 /// lets as many through to the store as the refill holds tokens, each taking its share
 /// from the image, and refuses the rest without a store call. (Each trusting the same
 /// projected refill, all twenty went to the store.)
 #[tokio::test]
 async fn a_refill_lets_through_to_the_store_only_the_requests_it_can_hold() {
-    let (gate, open) = tokio::sync::watch::channel(true);
-    let store = Arc::new(Gated {
-        inner: shardgate::store::memory::MemoryStore::new(),
-        open,
-        debits: Default::default(),
-    });
+    let (held, release) = common::held::Held::new();
+    let store = Arc::new(held);
+    release.send(true).unwrap();
     let clock = Arc::new(ManualClock::new(T0));
     let engine = Engine::with_parts(
         store.clone(),
@@ -1681,14 +1636,14 @@ async fn a_refill_lets_through_to_the_store_only_the_requests_it_can_hold() {
     assert!(!engine.acquire(&req).await.unwrap().admitted);
     // 10 a minute: three tokens in 18 s.
     clock.advance(18_000);
-    let before = store.debits.load(std::sync::atomic::Ordering::SeqCst);
-    gate.send(false).unwrap();
+    let before = store.calls.load(std::sync::atomic::Ordering::SeqCst);
+    release.send(false).unwrap();
     let all = futures::future::join_all((0..20).map(|_| engine.acquire(&req)));
     tokio::pin!(all);
     // Every request runs until it waits on the store or is answered.
     assert!(futures::poll!(&mut all).is_pending());
-    let sent = store.debits.load(std::sync::atomic::Ordering::SeqCst) - before;
-    gate.send(true).unwrap();
+    let sent = store.calls.load(std::sync::atomic::Ordering::SeqCst) - before;
+    release.send(true).unwrap();
     let decisions = all.await;
     let admitted = decisions
         .iter()
@@ -1698,5 +1653,5 @@ async fn a_refill_lets_through_to_the_store_only_the_requests_it_can_hold() {
         (1..=3).contains(&admitted),
         "{admitted} admitted on three tokens"
     );
-    assert_eq!(sent, 3, "debits sent while the first were in flight");
+    assert_eq!(sent, 3, "store calls made while the first were in flight");
 }

@@ -8,6 +8,7 @@
 //! - [`control_plane`]: a test xDS control plane that pushes rules;
 //! - [`h2_call`]: one gRPC call over the `h2` crate, its bytes and stream under the test's
 //!   control;
+//! - [`held`]: a memory store whose calls wait until released (calls in flight at once);
 //! - [`raw_h2`]: a raw HTTP/2 client that may flood, stall and lie;
 //! - [`tls`]: a TLS server and the certificates for it;
 //! - `stub_dynamo.rs`: a stand-in for DynamoDB's JSON API that answers by the test's rule
@@ -20,6 +21,7 @@ pub mod control_plane;
 #[cfg(feature = "dynamodb")]
 pub mod dynamo;
 pub mod h2_call;
+pub mod held;
 pub mod raw_h2;
 #[cfg(feature = "redis")]
 pub mod redis;
