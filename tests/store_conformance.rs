@@ -863,3 +863,33 @@ cross_store! {
         assert_eq!(out, DebitOutcome::Refused(Some(expired)));
     }
 }
+
+cross_store! {
+    /// A limit whose name holds a space (no rule names one; the contract allows it) is
+    /// debited, refused and answered like any other: Redis's debit answers an image as
+    /// one string joined by spaces, and falls back to the list for such an item.
+    async fn a_limit_named_with_a_space_is_debited_and_answered<S: BucketStore>(s: S) {
+        let mut it = item(5_000, 1_000_000);
+        it.limits.insert("per minute", LimitState::new(rpm(), 1_500, 0));
+        create(&s, key(0), it.clone()).await;
+        let spaced = |amount| Debit {
+            limit: "per minute".into(),
+            amount,
+            gated: true,
+            params: Some(rpm()),
+        };
+        let DebitOutcome::Applied(after) = s.debit(&key(0), &[spaced(1_000)], FAST).await.unwrap()
+        else {
+            panic!("1 of 1.5 tokens is there");
+        };
+        assert_eq!(after.limits["per minute"].balance, 500);
+        assert_eq!(after.limits["per minute"].taken, 1_000);
+        let DebitOutcome::Refused(Some(seen)) =
+            s.debit(&key(0), &[spaced(1_000)], FAST).await.unwrap()
+        else {
+            panic!("0.5 tokens do not cover 1");
+        };
+        assert_eq!(seen, after, "the refusal answers the stored image");
+        assert_eq!(s.read(&[key(0)]).await.unwrap()[0], Some(after));
+    }
+}

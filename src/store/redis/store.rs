@@ -12,7 +12,7 @@ use redis::Value;
 
 use super::batch::Batches;
 use super::codec::{
-    created, credit_args, debit_args, debited, decode, redis_key, script_write, slot,
+    created, credit_args, debit_args, debited, decode, decode_joined, redis_key, script_write, slot,
 };
 use super::failure::classify;
 use super::link::{redact, Link, RedisMode, RedisOptions};
@@ -151,9 +151,18 @@ impl RedisStore {
     }
 
     fn image(key: &str, v: &Value) -> Result<Option<BucketItem>, StoreError> {
-        let flat: Vec<String> =
-            redis::from_redis_value_ref(v).map_err(|e| Self::corrupt(key, e.to_string()))?;
-        decode(&flat).map_err(|reason| Self::corrupt(key, reason))
+        let decoded = match v {
+            // One string, the fields joined (what the debit scripts answer).
+            Value::BulkString(joined) => std::str::from_utf8(joined)
+                .map_err(|_| "an image that is not UTF-8".to_string())
+                .and_then(decode_joined),
+            _ => {
+                let flat: Vec<String> = redis::from_redis_value_ref(v)
+                    .map_err(|e| Self::corrupt(key, e.to_string()))?;
+                decode(&flat)
+            }
+        };
+        decoded.map_err(|reason| Self::corrupt(key, reason))
     }
 
     /// One commit script over `writes`, whose keys are `keys`; `images`: answer the

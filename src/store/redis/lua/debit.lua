@@ -11,5 +11,5 @@
 -- rp the fast path requires (empty: none). Returns {0} (no item, nothing written),
 -- {0, image} (refused), {1, image} (applied; the image as it was BEFORE the debit, which
 -- the caller applies itself, `codec.rs`, `debited` — cheaper than reading the hash back),
--- or {2} (created as sent).
+-- or {2} (created as sent). An image is one string (`lib.lua`, `image`).
 return debit(KEYS[1], ARGV, 0, #ARGV)
