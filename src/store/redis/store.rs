@@ -25,9 +25,9 @@ use super::super::{
 };
 
 /// The write budget of one shard item on Redis (`wcu` per second, `--partition-write-budget`):
-/// a Redis node is one thread, and measured here it runs about 60,000 debit scripts a
-/// second (`redis-benchmark`, `EVALSHA` of `lua/debit.lua` pipelined; 44,000 unpipelined;
-/// `bench/README.md`). A key taking a twelfth of that is hot: its bucket doubles, and the
+/// a Redis node is one thread, and measured here it runs about 95,000 debit scripts a
+/// second (`redis-benchmark`, `EVALSHA` of `lua/debit.lua` pipelined; 55,000 unpipelined;
+/// `bench/README.md`). A key taking a nineteenth of that is hot: its bucket doubles, and the
 /// new shards' keys hash to other slots, so a hot bucket spreads over the masters instead
 /// of filling one.
 pub const DEFAULT_KEY_WRITE_BUDGET: u64 = 5_000;
