@@ -14,12 +14,11 @@ prints the best round's µs per debit. Every debit must be applied (else it stop
 what the script answered). Bounded: --debits at most 1,000,000, --rounds at most 20.
 """
 import argparse
-import pathlib
-import socket
 import subprocess
 import sys
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+from redis_peer import ROOT, free_port, redis_cli
+
 LIB = "src/store/redis/lua/lib.lua"
 ITEMS = 1000
 BIG = "1000000000000"
@@ -48,12 +47,6 @@ return (t1[1] - t0[1]) * 1000000 + (t1[2] - t0[2])
 """.replace("%ITEMS%", str(ITEMS))
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rev", help="take lib.lua from this git revision (default: the working tree)")
@@ -75,8 +68,7 @@ def main():
             sys.exit("redis-local did not start")
 
         def cli(*a):
-            return subprocess.run(["redis-cli", "-p", str(port), *a], capture_output=True,
-                                  text=True, timeout=120, check=True).stdout.strip()
+            return redis_cli(port, *a).strip()
 
         setup = f"for i = 1, {ITEMS} do redis.call('HSET', 'item' .. i, unpack(ARGV)) end"
         cli("EVAL", setup, "0", *FIELDS)
