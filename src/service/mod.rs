@@ -1,6 +1,7 @@
 //! The rate-limit policy: what one `ShouldRateLimit` call means and what it is answered,
 //! as envoyproxy/ratelimit's contract has it — the request read in place
 //! (`wire`) and checked (`request`), each descriptor's treatment (`treatment`),
+//! the deny-list idiom answered without the store (`deny_rule`),
 //! the call's deadline (`deadline`), the decision through the engine (`decision`),
 //! each descriptor's status (`descriptor_status`), one descriptor explained in words (`explain`), what a deployment switches on around
 //! it (`answer_options`), and the answer's protobuf bytes (`response_encoding`); and
@@ -12,6 +13,7 @@
 mod answer_options;
 pub(crate) mod deadline;
 pub(crate) mod decision;
+mod deny_rule;
 mod descriptor_status;
 mod explain;
 pub mod metrics;
