@@ -6,7 +6,9 @@
 //! watched through its directory, a directory directly. Events are debounced; a slow
 //! poll backs the watch up (events can be lost, e.g. when a mount is replaced). A snapshot
 //! whose content hash equals the one in force is not reported again, nor is a failure
-//! identical to the last one. What to do with a result is the caller's business.
+//! identical to the last one; but content back to good after a failure is (logged "config
+//! OK again" and reported as a load), so that the failure's alert and log have an end.
+//! What to do with a result is the caller's business.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -102,9 +104,12 @@ pub fn watch(
             let p = path.clone();
             let options = options.clone();
             let seen = last_hash.clone();
+            // After a failure, good content is reported even if it is the content in
+            // force (a bad edit reverted): the failure is over.
+            let recovering = last_error.is_some();
             let loaded = match tokio::task::spawn_blocking(move || {
                 let docs = load::read_documents(&p)?;
-                if load::content_hash(&docs) == seen {
+                if load::content_hash(&docs) == seen && !recovering {
                     return Ok(None);
                 }
                 load::from_documents(&docs, &options).map(Some)
@@ -117,6 +122,13 @@ pub fn watch(
             match loaded {
                 Ok(None) => last_error = None,
                 Ok(Some(config)) => {
+                    if recovering {
+                        tracing::info!(
+                            path = %path.display(),
+                            hash = config.hash(),
+                            "config OK again: the rules load without errors"
+                        );
+                    }
                     last_error = None;
                     last_hash = config.hash().to_string();
                     on_change(Ok(Arc::new(config)));

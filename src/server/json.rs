@@ -2,7 +2,9 @@
 //!
 //! Input accepts both lowerCamelCase and the proto field names, numbers or decimal strings
 //! for 64-bit values, and enum names or numbers, as proto3 JSON parsers must. Output uses
-//! lowerCamelCase and writes every field. Errors name the offending field.
+//! lowerCamelCase and writes every field. A field the message does not have is refused, as
+//! proto3 JSON parsers do by default (a misspelled `valu` would otherwise be read as an
+//! empty value and debit the key-only rule). Errors name the offending field.
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
     Entry, RateLimitOverride,
@@ -20,6 +22,41 @@ fn field<'a>(obj: &'a Map<String, Value>, camel: &str, snake: &str) -> Option<&'
     obj.get(camel)
         .or_else(|| obj.get(snake))
         .filter(|v| !v.is_null())
+}
+
+/// Refuses a field of `obj` (at `path`, `None` for the request itself) that is none of
+/// `known` (lowerCamelCase names; their proto names are accepted too).
+fn only_known(obj: &Map<String, Value>, path: Option<&str>, known: &[&str]) -> Result<(), String> {
+    let is_known = |name: &str| {
+        known
+            .iter()
+            .any(|k| *k == name || camel_to_snake(k) == name)
+    };
+    match obj.keys().find(|name| !is_known(name)) {
+        None => Ok(()),
+        Some(name) => {
+            let name = crate::support::text::elide(name, 64);
+            let at = path.map(|p| format!("{p}.")).unwrap_or_default();
+            Err(format!(
+                "{at}{name}: unknown field (known: {})",
+                known.join(", ")
+            ))
+        }
+    }
+}
+
+/// `hitsAddend` as `hits_addend`.
+fn camel_to_snake(name: &str) -> String {
+    let mut out = String::with_capacity(name.len() + 4);
+    for c in name.chars() {
+        if c.is_ascii_uppercase() {
+            out.push('_');
+            out.push(c.to_ascii_lowercase());
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 fn as_u64(v: &Value, path: &str) -> Result<u64, String> {
@@ -64,6 +101,7 @@ fn unit_value(v: &Value, path: &str) -> Result<i32, String> {
 pub fn parse_request(body: &[u8]) -> Result<RateLimitRequest, String> {
     let v: Value = serde_json::from_slice(body).map_err(|e| format!("body is not JSON: {e}"))?;
     let obj = as_obj(&v, "request")?;
+    only_known(obj, None, &["domain", "descriptors", "hitsAddend"])?;
     let mut req = RateLimitRequest::default();
     if let Some(d) = field(obj, "domain", "domain") {
         req.domain = as_str(d, "domain")?.to_string();
@@ -79,6 +117,7 @@ pub fn parse_request(body: &[u8]) -> Result<RateLimitRequest, String> {
         for (i, d) in ds.iter().enumerate() {
             let path = format!("descriptors[{i}]");
             let dobj = as_obj(d, &path)?;
+            only_known(dobj, Some(&path), &["entries", "limit", "hitsAddend"])?;
             let mut desc = RateLimitDescriptor::default();
             if let Some(es) = field(dobj, "entries", "entries") {
                 let es = es
@@ -87,6 +126,7 @@ pub fn parse_request(body: &[u8]) -> Result<RateLimitRequest, String> {
                 for (j, e) in es.iter().enumerate() {
                     let epath = format!("{path}.entries[{j}]");
                     let eobj = as_obj(e, &epath)?;
+                    only_known(eobj, Some(&epath), &["key", "value"])?;
                     desc.entries.push(Entry {
                         key: field(eobj, "key", "key")
                             .map(|k| as_str(k, &format!("{epath}.key")))
@@ -104,6 +144,7 @@ pub fn parse_request(body: &[u8]) -> Result<RateLimitRequest, String> {
             if let Some(l) = field(dobj, "limit", "limit") {
                 let lpath = format!("{path}.limit");
                 let lobj = as_obj(l, &lpath)?;
+                only_known(lobj, Some(&lpath), &["requestsPerUnit", "unit"])?;
                 let rpu = field(lobj, "requestsPerUnit", "requests_per_unit")
                     .map(|v| as_u64(v, &format!("{lpath}.requestsPerUnit")))
                     .transpose()?
@@ -250,5 +291,31 @@ mod tests {
         let e = parse_request(br#"{"hitsAddend":-1}"#).unwrap_err();
         assert!(e.starts_with("hitsAddend"), "{e}");
         assert!(parse_request(b"not json").unwrap_err().contains("not JSON"));
+    }
+
+    #[test]
+    fn unknown_fields_are_refused_by_name() {
+        let e = parse_request(
+            br#"{"domain":"d","descriptors":[{"entries":[{"key":"k","valu":"v"}]}]}"#,
+        )
+        .unwrap_err();
+        assert_eq!(
+            e,
+            "descriptors[0].entries[0].valu: unknown field (known: key, value)"
+        );
+        let e = parse_request(br#"{"domain":"d","domian":"x"}"#).unwrap_err();
+        assert!(e.starts_with("domian: unknown field"), "{e}");
+        let e = parse_request(br#"{"descriptors":[{"limit":{"rpu":1}}]}"#).unwrap_err();
+        assert!(
+            e.starts_with("descriptors[0].limit.rpu: unknown field"),
+            "{e}"
+        );
+        let e = parse_request(br#"{"descriptors":[{"hits":2}]}"#).unwrap_err();
+        assert!(e.starts_with("descriptors[0].hits: unknown field"), "{e}");
+        // The proto names are fields too.
+        let ok = parse_request(
+            br#"{"domain":"d","hits_addend":1,"descriptors":[{"hits_addend":2,"limit":{"requests_per_unit":1,"unit":"SECOND"}}]}"#,
+        );
+        assert!(ok.is_ok(), "{ok:?}");
     }
 }

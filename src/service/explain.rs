@@ -151,11 +151,33 @@ fn bucket_lines(
         let _ = writeln!(
             out,
             "  {} {}: {} of {} tokens left on this shard",
-            stated.item_name,
+            limit_label(rule, &stated),
             stated.rate,
             whole_tokens(o.remaining),
             whole_tokens(o.share.ceiling),
         );
+    }
+}
+
+/// What a limit is called: its name, or, unnamed (upstream's rules name few), the
+/// descriptor path its rule matches, as the operator wrote it (`limit of foo=bar, baz`)
+/// rather than the name the bucket item keeps it under (`rl`).
+fn limit_label(rule: &Rule, stated: &crate::config::StatedLimit<'_>) -> String {
+    if let Some(name) = stated.name {
+        return name.to_string();
+    }
+    let path: Vec<String> = rule
+        .levels
+        .iter()
+        .map(|l| match &l.value {
+            Some(v) => format!("{}={v}", l.key),
+            None => l.key.clone(),
+        })
+        .collect();
+    match rule.further_limits.is_empty() {
+        true => format!("limit of {}", path.join(", ")),
+        // Several unnamed limits of one rule: told apart by their names in the item.
+        false => format!("limit of {} ({})", path.join(", "), stated.item_name),
     }
 }
 
@@ -170,7 +192,7 @@ fn refusal(
         let b = &decision.buckets[s.bucket];
         r.stated_limits()
             .zip(&s.limits)
-            .map(|(st, &l)| (st.item_name.to_string(), b.limits[l]))
+            .map(|(st, &l)| (limit_label(r, &st), b.limits[l]))
             .collect()
     };
     let mut all = named(rule, own);

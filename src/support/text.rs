@@ -1,7 +1,8 @@
 //! Bounded texts: request values end up in error messages and log lines (an entity is
 //! built from them), and a status message of several kilobytes breaks clients (grpcio
 //! refuses trailers past its 8 KB soft limit). Anything quoted from a request is elided
-//! to a short head that says how long the whole was.
+//! to a short head that says how long the whole was. URLs that may carry a password are
+//! logged with it masked (`without_password`).
 
 use std::borrow::Cow;
 
@@ -10,6 +11,17 @@ pub const QUOTE_BYTES: usize = 128;
 
 /// Most bytes of one error message (a gRPC status message, a log line's error).
 pub const MESSAGE_BYTES: usize = 1_024;
+
+/// `scheme://user:password@host…` with the user and password masked (`***@`); any other
+/// text as it is. For logging a store's address.
+pub fn without_password(url: &str) -> Cow<'_, str> {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            Cow::Owned(format!("{}://***@{}", &url[..scheme_end], &url[at + 1..]))
+        }
+        _ => Cow::Borrowed(url),
+    }
+}
 
 /// `text` if it is at most `max` bytes long, else its first bytes (cut at a character
 /// boundary) followed by `…(N bytes)`.

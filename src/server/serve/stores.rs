@@ -128,7 +128,22 @@ pub(super) fn redis(
     let mut redis = redis.clone();
     redis.timeout = options.store_timeout;
     let store = RedisStore::new(redis);
-    tracing::info!(?store, mode = ?store.options().mode(), "Redis store");
+    let urls: Vec<_> = store
+        .options()
+        .urls
+        .iter()
+        .map(|u| crate::store::redis::redact(u))
+        .collect();
+    tracing::info!(
+        mode = match store.options().mode() {
+            crate::store::redis::RedisMode::Single => "single",
+            crate::store::redis::RedisMode::Cluster => "cluster",
+            crate::store::redis::RedisMode::Sentinel { .. } => "sentinel",
+        },
+        urls = %urls.join(","),
+        namespace = %store.options().namespace,
+        "store: Redis"
+    );
     let breaker = Arc::new(Breaker::new(store, BREAKER_THRESHOLD, BREAKER_COOL_OFF));
     {
         let store = breaker.clone();

@@ -1,6 +1,7 @@
 //! A call as it goes and how it can fail: the errors a call answers with, the
-//! store failure behind `failure_mode`, the call's state (deadline, first failure) and
-//! its span's rule list. No decision is made here.
+//! store failure behind `failure_mode`, the call's state (deadline, first failure), its
+//! span's rule list, and the debug line each decision is logged with. No decision is
+//! made here.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
@@ -10,8 +11,9 @@ use thiserror::Error;
 use tokio::time::Instant;
 
 use crate::engine::EngineError;
-use crate::service::response_encoding::Reply;
+use crate::service::response_encoding::{Reply, StatusLine};
 use crate::service::treatment::Treatment;
+use crate::service::wire::RequestView;
 use crate::store::StoreError;
 
 /// Why a call was not answered with statuses.
@@ -98,6 +100,69 @@ impl std::fmt::Display for RuleKeys<'_> {
                 Treatment::Limited { rule, .. } => f.write_str(&rule.stats_key)?,
                 Treatment::Free { unlimited: true } => f.write_str("unlimited")?,
                 Treatment::Free { unlimited: false } => f.write_str("-")?,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The longest a descriptor value is quoted in the decision's debug line.
+const LOGGED_VALUE_BYTES: usize = 32;
+
+/// Logs one decision at debug: the domain, each descriptor's entries (values cut short),
+/// the rule each matched, what its limit has left and the answer — what an operator reads
+/// to tell who is limited (upstream's debug log names each descriptor and its count).
+/// Nothing is formatted unless debug is on for this target.
+pub(super) fn log_decision(
+    req: &RequestView<'_>,
+    treatments: &[Treatment<'_>],
+    statuses: &[StatusLine<'_>],
+    answer: Code,
+) {
+    tracing::debug!(
+        target: "shardgate::service::decision",
+        domain = %crate::support::text::elide(req.domain, 64),
+        descriptors = %Entries(req),
+        rules = %RuleKeys(treatments),
+        remaining = %Remaining(statuses),
+        answer = answer.as_str_name(),
+        "decision"
+    );
+}
+
+/// The request's descriptors as `[key=value, …]`, values cut short.
+struct Entries<'a, 'r>(&'a RequestView<'r>);
+
+impl std::fmt::Display for Entries<'_, '_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, d) in self.0.descriptors().enumerate() {
+            f.write_str(if i > 0 { ", [" } else { "[" })?;
+            for (j, e) in d.entries.iter().enumerate() {
+                if j > 0 {
+                    f.write_str(", ")?;
+                }
+                let key = crate::support::text::elide(e.key, LOGGED_VALUE_BYTES);
+                let value = crate::support::text::elide(e.value, LOGGED_VALUE_BYTES);
+                write!(f, "{key}={value}")?;
+            }
+            f.write_str("]")?;
+        }
+        Ok(())
+    }
+}
+
+/// What each descriptor's limit has left, in request order: `-` for one with no limit.
+struct Remaining<'a, 'l>(&'a [StatusLine<'l>]);
+
+impl std::fmt::Display for Remaining<'_, '_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, s) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            match s.limit {
+                Some(_) => write!(f, "{}", s.remaining)?,
+                None => f.write_str("-")?,
             }
         }
         Ok(())

@@ -20,6 +20,12 @@ use crate::service::wire::RequestView;
 use crate::store::{calls, BucketKey, BucketStore, DEFAULT_STORE_TIMEOUT};
 use crate::support::throttle::LogThrottle;
 
+/// At most one warning per this interval about requests for an unknown domain.
+const UNKNOWN_DOMAIN_LOG_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The most domain names the unknown-domain warning lists.
+const KNOWN_DOMAINS_LISTED: usize = 20;
+
 /// A config in force with the metric counters of its rules.
 pub(super) struct Snapshot {
     pub(super) config: Arc<Config>,
@@ -50,6 +56,9 @@ pub struct RateLimiter<S: BucketStore> {
     pub(super) store_timeout: std::time::Duration,
     pub(super) metrics: Arc<Metrics>,
     pub(super) store_failure_log: LogThrottle,
+    /// Requests for a domain no rule defines: answered OK, so a domain misspelled between
+    /// Envoy and the rules would otherwise turn limiting off silently.
+    pub(super) unknown_domain_log: LogThrottle,
     /// The store has answered since start-up (the server's warm-up); health says
     /// NOT_SERVING until it has.
     pub(super) ready: std::sync::atomic::AtomicBool,
@@ -67,6 +76,7 @@ impl<S: BucketStore> RateLimiter<S> {
             store_timeout: DEFAULT_STORE_TIMEOUT,
             metrics,
             store_failure_log: LogThrottle::new(std::time::Duration::from_secs(10)),
+            unknown_domain_log: LogThrottle::new(UNKNOWN_DOMAIN_LOG_INTERVAL),
             ready: std::sync::atomic::AtomicBool::new(true),
         }
     }
@@ -167,6 +177,31 @@ impl<S: BucketStore> RateLimiter<S> {
     pub fn replace_config(&self, config: Arc<Config>) {
         self.snapshot
             .store(Arc::new(Snapshot::new(config, &self.metrics)));
+    }
+
+    /// Counts a request for a domain `config` does not define and warns about it, once per
+    /// interval, naming the domain asked for and the ones known (answered OK: no rule
+    /// limits it, as upstream answers).
+    pub(super) fn unknown_domain(&self, config: &Config, domain: &str) {
+        self.metrics.domain_not_found();
+        let Some(suppressed) = self.unknown_domain_log.admit() else {
+            return;
+        };
+        let mut known: Vec<&str> = config.domains().map(|d| &*d.name).collect();
+        known.sort_unstable();
+        let more = known.len().saturating_sub(KNOWN_DOMAINS_LISTED);
+        known.truncate(KNOWN_DOMAINS_LISTED);
+        let mut known = known.join(", ");
+        if more > 0 {
+            known.push_str(&format!(" and {more} more"));
+        }
+        tracing::warn!(
+            target: "shardgate::service::decision",
+            domain = %crate::support::text::elide(domain, 64),
+            known_domains = %known,
+            similar_not_logged = suppressed,
+            "request for a domain no rule defines, answered OK (a misspelled domain turns limiting off)"
+        );
     }
 
     /// Answers one request from a caller that set no deadline (the store timeout is).

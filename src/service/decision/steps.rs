@@ -11,6 +11,7 @@ use crate::config::FailureMode;
 use crate::engine::plan::Plan;
 use crate::engine::{Acquire, Decision, EngineError, LimitOutcome};
 use crate::service::deadline::Bounded;
+use crate::service::deny_rule::{never_admits, refuse_denied};
 use crate::service::descriptor_status::{self, record, Placed, Placements, Verdict};
 use crate::service::metrics::HitOutcome;
 use crate::service::request::validate;
@@ -19,7 +20,7 @@ use crate::service::treatment::{any_in, treatments, Group, PerDescriptor, Treatm
 use crate::service::wire::RequestView;
 use crate::store::BucketStore;
 
-use super::call::{CallError, CallState, RuleKeys, StoreFailure};
+use super::call::{log_decision, CallError, CallState, RuleKeys, StoreFailure};
 use super::limiter::{RateLimiter, Snapshot};
 
 /// A plan of some of a request's descriptors, with where each one's limit sits in it.
@@ -42,10 +43,11 @@ impl<S: BucketStore> RateLimiter<S> {
         let snapshot = self.snapshot.load();
         let Some(domain) = snapshot.config.domain(req.domain) else {
             progress.unknown_domain.store(true, Ordering::Relaxed);
-            self.metrics.domain_not_found();
+            self.unknown_domain(&snapshot.config, req.domain);
             let statuses = descriptor_status::unknown_domain(req.len());
             let mut overall = Code::Ok;
             let applied = self.answer.apply(req, &[], &statuses, &mut overall);
+            log_decision(req, &[], &statuses, overall);
             return Ok(Reply::new(overall, &statuses, &applied.extras));
         };
         let treatments = treatments(domain, req, self.global_quota);
@@ -53,8 +55,10 @@ impl<S: BucketStore> RateLimiter<S> {
             span.record("rules", tracing::field::display(RuleKeys(&treatments)));
         }
         let mut verdicts: PerDescriptor<Option<Verdict>> = (0..req.len()).map(|_| None).collect();
+        // Deny rules (`requests_per_unit: 0`) are refused before any store call.
+        let denied = refuse_denied(&treatments, &mut verdicts);
         let over = self
-            .decide_groups(req, &treatments, &mut verdicts, progress)
+            .decide_groups(req, &treatments, &mut verdicts, denied, progress)
             .await?;
         self.count_hits(&snapshot, req, &treatments, &verdicts);
         let statuses = descriptor_status::statuses(&treatments, &verdicts);
@@ -63,19 +67,22 @@ impl<S: BucketStore> RateLimiter<S> {
         if applied.shadowed {
             self.metrics.global_shadow_mode();
         }
+        log_decision(req, &treatments, &statuses, overall);
         Ok(Reply::new(overall, &statuses, &applied.extras))
     }
 
     /// Decides the request's limited descriptors group by group; returns whether the
-    /// request is refused.
+    /// request is refused (`denied`: a deny rule of the all-or-nothing group refused it
+    /// already).
     async fn decide_groups(
         &self,
         req: &RequestView<'_>,
         treatments: &[Treatment<'_>],
         verdicts: &mut [Option<Verdict>],
+        denied: bool,
         progress: &CallState,
     ) -> Result<bool, CallError> {
-        let mut over = false;
+        let mut over = denied;
         // The groups other than the enforced one are rare; each is stepped through in its
         // own boxed future, which keeps this one (moved into the server's box on every
         // request) small.
@@ -179,7 +186,8 @@ impl<S: BucketStore> RateLimiter<S> {
         Ok(planned)
     }
 
-    /// Adds descriptor `i` (if limited) to `planned`.
+    /// Adds descriptor `i` (if limited, and not refused by a deny rule already) to
+    /// `planned`.
     fn place(
         &self,
         planned: &mut Planned,
@@ -187,6 +195,9 @@ impl<S: BucketStore> RateLimiter<S> {
         treatments: &[Treatment<'_>],
         i: usize,
     ) -> Result<(), CallError> {
+        if never_admits(&treatments[i]) {
+            return Ok(());
+        }
         if let Treatment::Limited { rule, hits, .. } = &treatments[i] {
             let slot = planned
                 .plan
@@ -238,6 +249,10 @@ impl<S: BucketStore> RateLimiter<S> {
             } = t
             {
                 quota_seen += 1;
+                if never_admits(t) {
+                    quota_over += 1;
+                    continue;
+                }
                 let single = self.plan_one(req, treatments, i)?;
                 if over {
                     self.acquire_or_peek(&single, treatments, false, verdicts, progress)
@@ -267,6 +282,9 @@ impl<S: BucketStore> RateLimiter<S> {
                 ..
             } = t
             {
+                if never_admits(t) {
+                    continue;
+                }
                 let single = self.plan_one(req, treatments, i)?;
                 if over {
                     self.acquire_or_peek(&single, treatments, false, verdicts, progress)

@@ -83,8 +83,16 @@ impl Metrics {
     /// Registers the answers' and the config's metrics (the first on the page).
     fn register_requests_and_config(&self, registry: &mut Registry) {
         registry.register(
+            "build",
+            "The shardgate answering: its version and optional features (value 1)",
+            prometheus_client::metrics::info::Info::new(vec![
+                ("version", crate::support::build::VERSION),
+                ("features", crate::support::build::FEATURES),
+            ]),
+        );
+        registry.register(
             "domain_not_found",
-            "Requests for a domain no config defines",
+            "Requests for a domain no config defines (answered OK, unlimited)",
             self.domain_not_found.clone(),
         );
         registry.register(
