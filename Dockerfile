@@ -5,6 +5,12 @@
 #   docker run --rm -p 8081:8081 -p 8080:8080 shardgate:dev   # serves config/example.yaml
 #   docker run --rm -p 8081:8081 -v "$PWD/limits:/etc/shardgate/limits:ro" shardgate:dev
 #
+# The image sets no SHARDGATE_* variable: a Deployment made for envoyproxy/ratelimit's
+# image configures it with upstream's variables (RUNTIME_ROOT, GRPC_PORT, PORT, LOG_LEVEL,
+# REDIS_URL...), which an image variable of ours would shadow. The defaults are the
+# binary's own: rules from /etc/shardgate/limits, gRPC on 0.0.0.0:8081, HTTP on
+# 0.0.0.0:8080, text logs (LOG_FORMAT=json or SHARDGATE_LOG_FORMAT=json for JSON).
+#
 # Builder and runtime use the same Debian release, so the binary's glibc matches.
 ARG RUST_IMAGE=rust:1.95-bookworm
 ARG RUNTIME_IMAGE=debian:bookworm-slim
@@ -38,26 +44,24 @@ COPY --from=build /usr/local/bin/shardgate /usr/local/bin/shardgate
 # Gateway's sets `command: ["/bin/ratelimit"]`) starts shardgate's server, configured by
 # upstream's variables. (/bin is /usr/bin on this release.)
 RUN ln -s /usr/local/bin/shardgate /usr/bin/ratelimit
-# A default config so the image runs as is; mount a file or a directory (a Kubernetes
-# ConfigMap) over /etc/shardgate/limits to replace it.
+# A default config so the image runs as is (the binary's default rule directory); mount a
+# file or a directory (a Kubernetes ConfigMap) over /etc/shardgate/limits to replace it, or
+# set upstream's RUNTIME_ROOT/RUNTIME_SUBDIRECTORY, or SHARDGATE_CONFIG.
 COPY config/example.yaml /etc/shardgate/limits/example.yaml
 
 # Numeric, so that Kubernetes' runAsNonRoot can verify it.
 USER 10001:10001
-ENV SHARDGATE_CONFIG=/etc/shardgate/limits \
-    SHARDGATE_GRPC_ADDR=0.0.0.0:8081 \
-    SHARDGATE_HTTP_ADDR=0.0.0.0:8080 \
-    SHARDGATE_LOG_FORMAT=json
 # 8081: gRPC — Envoy's RateLimitService, grpc.health.v1 (service names "", "ratelimit"),
 #       reflection.
 # 8080: HTTP — /metrics (Prometheus), /healthcheck, /rlconfig, /json.
 EXPOSE 8081 8080
 
 # GET /healthcheck: 200 while the store answers, 503 while it does not. The image carries
-# no HTTP client, so bash speaks the one request itself (HTTP/1.0, the server closes).
+# no HTTP client, so bash speaks the one request itself (HTTP/1.0, the server closes). The
+# HTTP port is the server's: SHARDGATE_HTTP_ADDR's, else upstream's PORT, else 8080.
 # Kubernetes uses its own probes instead (see envoy-examples/).
 HEALTHCHECK --interval=10s --timeout=3s --start-period=10s --retries=3 \
-    CMD ["bash", "-c", "exec 3<>/dev/tcp/127.0.0.1/${SHARDGATE_HTTP_ADDR##*:} && printf 'GET /healthcheck HTTP/1.0\\r\\nHost: localhost\\r\\n\\r\\n' >&3 && read -r _ status _ <&3 && [ \"$status\" = 200 ]"]
+    CMD ["bash", "-c", "p=${SHARDGATE_HTTP_ADDR##*:}; p=${p:-${PORT:-8080}}; exec 3<>/dev/tcp/127.0.0.1/$p && printf 'GET /healthcheck HTTP/1.0\\r\\nHost: localhost\\r\\n\\r\\n' >&3 && read -r _ status _ <&3 && [ \"$status\" = 200 ]"]
 
 ENTRYPOINT ["/usr/local/bin/shardgate"]
 CMD ["serve"]

@@ -23,6 +23,7 @@ use shardgate::server::serve;
 
 mod cli;
 use cli::explain::{explain, ExplainArgs};
+use cli::rules::RulesArg;
 use cli::serve::{LogFormat, OtlpTransport, Serve};
 use cli::serve_options::serve_options;
 #[cfg(any(feature = "dynamodb", feature = "redis"))]
@@ -49,8 +50,11 @@ enum Command {
     Serve(Box<Serve>),
     /// Validate a config file or directory: prints OK, or every error (exit code 1).
     CheckConfig {
-        /// A YAML file or a directory of YAML files.
-        path: PathBuf,
+        /// The same as --config (kept for scripts that give the path alone).
+        #[arg(value_name = "PATH")]
+        path: Option<PathBuf>,
+        #[command(flatten)]
+        rules: RulesArg,
         /// Merge documents of one domain, as `serve --merge-domain-config` does.
         #[arg(long, env = "SHARDGATE_MERGE_DOMAIN_CONFIG")]
         merge_domain_config: bool,
@@ -69,9 +73,10 @@ enum Command {
     Inspect(Box<InspectArgs>),
 }
 
-/// Logs to stderr, filtered by RUST_LOG (default info); with `export`, the `decision`
-/// spans also go to the exporter, through a filter of that layer's own (the log level
-/// stays as it is).
+/// Logs to stderr, filtered by RUST_LOG (default: shardgate's own lines at info, the
+/// crates it uses at warn); with `export`, the `decision` spans also go to the exporter,
+/// through a filter of that layer's own (the log level stays as it is). Colour codes only
+/// on a terminal, and never under `NO_COLOR`.
 fn init_logging(
     format: LogFormat,
     spans: bool,
@@ -82,9 +87,13 @@ fn init_logging(
     use tracing_subscriber::util::SubscriberInitExt;
     use tracing_subscriber::Layer;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG_FILTER));
     let log = tracing_subscriber::fmt::layer()
         .with_span_events(if spans { FmtSpan::CLOSE } else { FmtSpan::NONE })
+        .with_ansi(colours_wanted(
+            std::io::IsTerminal::is_terminal(&std::io::stderr()),
+            std::env::var_os("NO_COLOR"),
+        ))
         .with_writer(std::io::stderr);
     let log = match format {
         LogFormat::Text => log.with_filter(filter).boxed(),
@@ -94,6 +103,16 @@ fn init_logging(
     #[cfg(feature = "otel")]
     let subscriber = subscriber.with(export.map(SpanExport::layer));
     subscriber.init();
+}
+
+/// The log filter without RUST_LOG: shardgate's lines at info, its dependencies' at warn
+/// (their info and debug lines are about their own workings: HTTP/2 frames, connections).
+const DEFAULT_LOG_FILTER: &str = "warn,shardgate=info";
+
+/// Whether to write colour codes: to a terminal only, and not when `NO_COLOR` is set to
+/// anything but the empty string (no-color.org).
+fn colours_wanted(terminal: bool, no_color: Option<std::ffi::OsString>) -> bool {
+    terminal && no_color.is_none_or(|v| v.is_empty())
 }
 
 /// The export of the `decision` spans, if it is wanted (`shardgate::telemetry::wanted`).
@@ -174,19 +193,9 @@ fn main() -> ExitCode {
     match cli.command {
         Command::CheckConfig {
             path,
+            rules,
             merge_domain_config,
-        } => match Config::load_with(
-            &path,
-            &LoadOptions {
-                merge_domains: merge_domain_config,
-            },
-        ) {
-            Ok(_) => {
-                println!("OK");
-                ExitCode::SUCCESS
-            }
-            Err(errors) => fail(errors),
-        },
+        } => check_config(path, rules, merge_domain_config),
         #[cfg(feature = "dynamodb")]
         Command::Table {
             command: TableCommand::Create { dynamo },
@@ -195,6 +204,21 @@ fn main() -> ExitCode {
         Command::Inspect(args) => inspect_bucket(*args),
         Command::Serve(args) => serve(args, &upstream),
         Command::Explain(args) => explain(*args),
+    }
+}
+
+/// `shardgate check-config [PATH | --config PATH]`: OK, or every error.
+fn check_config(path: Option<PathBuf>, rules: RulesArg, merge_domains: bool) -> ExitCode {
+    let path = match path.map_or_else(|| rules.path(), Ok) {
+        Ok(path) => path,
+        Err(e) => return fail(e),
+    };
+    match Config::load_with(&path, &LoadOptions { merge_domains }) {
+        Ok(_) => {
+            println!("OK");
+            ExitCode::SUCCESS
+        }
+        Err(errors) => fail(errors),
     }
 }
 
@@ -224,25 +248,18 @@ fn serve(args: Box<Serve>, upstream: &shardgate::upstream_env::Translation) -> E
         #[cfg(feature = "otel")]
         export.as_ref(),
     );
+    tracing::info!(
+        version = shardgate::support::build::VERSION,
+        features = shardgate::support::build::FEATURES,
+        "shardgate starting"
+    );
     if !upstream.refused.is_empty() {
         return fail(format!(
             "envoyproxy/ratelimit settings shardgate cannot follow:\n  {}",
             upstream.refused.join("\n  ")
         ));
     }
-    for alias in &upstream.set {
-        tracing::info!(
-            from = alias.from,
-            to = alias.ours,
-            "envoyproxy/ratelimit variable honoured"
-        );
-    }
-    if !upstream.ignored.is_empty() {
-        tracing::warn!(
-            ignored = %upstream.ignored.join(", "),
-            "envoyproxy/ratelimit variables with no meaning in shardgate (docs/configuration.md, \"Environment\")"
-        );
-    }
+    shardgate::upstream_env::log_start_up(upstream);
     let options = match serve_options(*args, export.is_some()) {
         Ok(options) => options,
         Err(code) => return code,
@@ -310,6 +327,15 @@ mod tests {
         ] {
             assert_eq!(invocation(args(kept)), args(kept));
         }
+    }
+
+    #[test]
+    fn colour_codes_only_on_a_terminal_without_no_color() {
+        use super::colours_wanted;
+        assert!(colours_wanted(true, None));
+        assert!(colours_wanted(true, Some("".into())));
+        assert!(!colours_wanted(true, Some("1".into())));
+        assert!(!colours_wanted(false, None));
     }
 
     #[test]
@@ -393,5 +419,19 @@ mod tests {
             assert!(parse(alone).is_err(), "{alone:?}");
         }
         assert!(parse(&["--upstream-prometheus-addr", "localhost:1"]).is_err());
+        // The flags' names say "envoyproxy/ratelimit compatible"; the first ones stay.
+        let renamed = parse(&[
+            "--ratelimit-compat-prometheus-addr",
+            ":19002",
+            "--ratelimit-compat-prometheus-path",
+            "/m",
+        ])
+        .unwrap()
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            (renamed.addr, renamed.path.as_str()),
+            ("0.0.0.0:19002".parse().unwrap(), "/m")
+        );
     }
 }

@@ -1,11 +1,13 @@
-//! `shardgate explain --config FILE DOMAIN key=value…`: one descriptor explained in
+//! `shardgate explain [--config PATH] DOMAIN key=value…`: one descriptor explained in
 //! words, as `POST /explain` does on a running server — the walk through the rules, the
-//! bucket and its balances, the answer a request of one hit would get. With
-//! `--store dynamodb` or `redis` the balances are the fleet's (read, never written); on the
-//! default embedded store they are those of an empty store. Parsing and dispatch only:
-//! the explanation is the library's (`service/explain.rs`).
+//! bucket and its balances, the answer a request of one hit would get. The rules and the
+//! store are `serve`'s, from the same flags and variables (`SHARDGATE_CONFIG`,
+//! `SHARDGATE_STORE`, upstream's `RUNTIME_ROOT` and `REDIS_*`), so in a server's pod it
+//! reads what the server reads. On a shared store (DynamoDB, Redis) the balances are the
+//! fleet's (read, never written); on the embedded store they are those of this command's
+//! own empty store, and the output says so first. Parsing and dispatch only: the
+//! explanation is the library's (`service/explain.rs`).
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -17,19 +19,20 @@ use shardgate::service::RateLimiter;
 use shardgate::store::memory::MemoryStore;
 use shardgate::store::BucketStore;
 
+use super::rules::RulesArg;
 use super::stores::{Dynamo, Redis, Store};
 use crate::{fail, runtime_with};
 
 #[derive(Args)]
 pub(crate) struct ExplainArgs {
-    /// A YAML file or a directory of YAML files, as `serve --config`.
-    #[arg(long, env = "SHARDGATE_CONFIG")]
-    config: PathBuf,
+    #[command(flatten)]
+    rules: RulesArg,
     /// Merge documents of one domain, as `serve --merge-domain-config` does.
     #[arg(long, env = "SHARDGATE_MERGE_DOMAIN_CONFIG")]
     merge_domain_config: bool,
-    /// The store whose balances to read (default: an empty embedded store).
-    #[arg(long, value_enum, default_value_t = Store::Memory)]
+    /// The store whose balances to read, as `serve --store` (the embedded store: an empty
+    /// one of this command's own, not a running server's).
+    #[arg(long, env = "SHARDGATE_STORE", value_enum, default_value_t = Store::Memory)]
     store: Store,
     #[command(flatten)]
     dynamo: Dynamo,
@@ -54,7 +57,11 @@ pub(crate) fn explain(args: ExplainArgs) -> ExitCode {
     let options = LoadOptions {
         merge_domains: args.merge_domain_config,
     };
-    let config = match Config::load_with(&args.config, &options) {
+    let path = match args.rules.path() {
+        Ok(path) => path,
+        Err(e) => return fail(e),
+    };
+    let config = match Config::load_with(&path, &options) {
         Ok(c) => Arc::new(c),
         Err(errors) => return fail(errors),
     };
@@ -72,6 +79,12 @@ pub(crate) fn explain(args: ExplainArgs) -> ExitCode {
     }
 }
 
+/// Said before an explanation read from the embedded store: its balances are not any
+/// server's.
+const EMPTY_STORE_NOTE: &str = "balances: an empty embedded store of this command's own, \
+     not a running server's (give --store redis or dynamodb, as the server has it, or ask \
+     the server: POST /explain on its HTTP port)";
+
 /// The explanation read from the store `args` names.
 async fn on_store(args: ExplainArgs, config: Arc<Config>) -> Result<String, String> {
     let ExplainArgs {
@@ -88,20 +101,36 @@ async fn on_store(args: ExplainArgs, config: Arc<Config>) -> Result<String, Stri
     #[cfg(not(feature = "dynamodb"))]
     let _ = &dynamo;
     match store {
-        Store::Memory => Ok(explained(MemoryStore::new(), config, &domain, &entries).await),
+        Store::Memory => Ok(format!(
+            "{EMPTY_STORE_NOTE}\n{}",
+            explained(MemoryStore::new(), config, &domain, &entries).await
+        )),
         #[cfg(feature = "dynamodb")]
         Store::Dynamodb => {
             let options = dynamo.admin_options();
             let store = shardgate::store::dynamodb::DynamoStore::connect(&options).await;
-            Ok(explained(store, config, &domain, &entries).await)
+            let from = format!(
+                "balances: DynamoDB table '{}' (namespace '{}')",
+                options.table, options.namespace
+            );
+            Ok(format!(
+                "{from}\n{}",
+                explained(store, config, &domain, &entries).await
+            ))
         }
         #[cfg(feature = "redis")]
         Store::Redis => {
             let timeout = dynamo.store_timeout.max(std::time::Duration::from_secs(10));
+            let from = format!("balances: Redis (namespace '{}')", dynamo.namespace);
             let options = redis.options(dynamo.namespace, timeout);
-            options.validate().map_err(|e| e.to_string())?;
+            options
+                .validate()
+                .map_err(|e| format!("--store redis: {e}"))?;
             let store = shardgate::store::redis::RedisStore::new(options);
-            Ok(explained(store, config, &domain, &entries).await)
+            Ok(format!(
+                "{from}\n{}",
+                explained(store, config, &domain, &entries).await
+            ))
         }
         #[allow(unreachable_patterns)]
         _ => Err("this build has no such store".to_string()),

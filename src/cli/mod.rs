@@ -2,11 +2,13 @@
 //! their dispatch): `serve`'s arguments (`serve`, with the gRPC port's in `grpc_port`,
 //! the rules over xDS in `xds`, upstream's Prometheus port in `upstream_prometheus`),
 //! their translation into the server's options (`serve_options`), the store arguments
-//! and commands (`stores`), `explain` (one descriptor in words), and the value parsers they share (`values`). Not part of the
+//! and commands (`stores`), the rules' path every command reads (`rules`), `explain`
+//! (one descriptor in words), and the value parsers they share (`values`). Not part of the
 //! library: no module of it uses these.
 
 pub(crate) mod explain;
 pub(crate) mod grpc_port;
+pub(crate) mod rules;
 pub(crate) mod serve;
 pub(crate) mod serve_options;
 pub(crate) mod stores;

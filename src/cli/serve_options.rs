@@ -29,9 +29,15 @@ pub(crate) fn serve_options(args: Serve, trace_context: bool) -> Result<ServeOpt
     let statsd = statsd_options(&args);
     let answer = answer_options(&args);
     let upstream_prometheus = args.upstream_prometheus.options().map_err(fail)?;
+    let xds = args.xds.options();
+    // Rules over xDS replace the files: no path is read then.
+    let config = match &xds {
+        Some(_) => args.rules.config.clone().unwrap_or_default(),
+        None => args.rules.path().map_err(fail)?,
+    };
     Ok(ServeOptions {
-        xds: args.xds.options(),
-        config: args.config.unwrap_or_default(),
+        xds,
+        config,
         store_timeout,
         grpc_addr: args.grpc_addr,
         http_addr: args.http_addr,

@@ -192,8 +192,9 @@ pub(crate) fn table_create(dynamo: Dynamo) -> ExitCode {
 #[cfg(any(feature = "dynamodb", feature = "redis"))]
 #[derive(Args)]
 pub(crate) struct InspectArgs {
-    /// The store to read.
-    #[arg(long, env = "SHARDGATE_STORE", value_enum, default_value_t = Store::Dynamodb)]
+    /// The store to read, as `serve --store` (the same default: the embedded store, which
+    /// holds nothing here; set SHARDGATE_STORE, upstream's REDIS_URL, or --store).
+    #[arg(long, env = "SHARDGATE_STORE", value_enum, default_value_t = Store::Memory)]
     pub(crate) store: Store,
     #[command(flatten)]
     pub(crate) dynamo: Dynamo,
@@ -244,7 +245,14 @@ pub(crate) fn inspect_bucket(args: InspectArgs) -> ExitCode {
                 }
                 inspect(&RedisStore::new(options), &stored, resource).await
             }
-            _ => return Err("inspect reads a shared store: --store dynamodb or redis".into()),
+            _ => {
+                return Err(
+                    "inspect reads a shared store, and the store is the embedded one \
+                     (the default): give --store dynamodb or redis, or set SHARDGATE_STORE \
+                     (or envoyproxy/ratelimit's REDIS_URL) as the server has it"
+                        .into(),
+                )
+            }
         }
         .map_err(|e| e.to_string())
     });

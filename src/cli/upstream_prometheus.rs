@@ -1,5 +1,9 @@
-//! `serve`'s arguments for envoyproxy/ratelimit's Prometheus port: where it listens, its
-//! path, its statsd_exporter mapping. Parsing only; the port is `server/upstream_prometheus.rs`.
+//! `serve`'s arguments for the envoyproxy/ratelimit compatible Prometheus port (upstream's
+//! own, `USE_PROMETHEUS`): where it listens, its path, its statsd_exporter mapping. The
+//! flags are `--ratelimit-compat-prometheus-*`; their first names,
+//! `--upstream-prometheus-*`, read as Envoy's upstream (a backend) and are kept as aliases,
+//! as are the `SHARDGATE_UPSTREAM_PROMETHEUS_*` variables. Parsing only; the port is
+//! `server/upstream_prometheus.rs`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -7,17 +11,19 @@ use std::path::PathBuf;
 use clap::Args;
 use shardgate::server::upstream_prometheus::{MappingSource, UpstreamPrometheusOptions};
 
-/// The port, off unless `--upstream-prometheus-addr` is given.
+/// The port, off unless `--ratelimit-compat-prometheus-addr` is given.
 #[derive(Args)]
 pub(crate) struct UpstreamPrometheusArgs {
-    /// Also serve envoyproxy/ratelimit's Prometheus port here (its USE_PROMETHEUS): its
+    /// Also serve an envoyproxy/ratelimit compatible Prometheus port here (its
+    /// USE_PROMETHEUS): its
     /// statsd stats as a statsd_exporter mapping names them. HOST:PORT, or Go's :PORT for
     /// every interface. /metrics on the HTTP port stays as it is.
-    #[arg(long, env = "SHARDGATE_UPSTREAM_PROMETHEUS_ADDR", value_parser = listen_addr)]
+    #[arg(long = "ratelimit-compat-prometheus-addr", alias = "upstream-prometheus-addr", env = "SHARDGATE_UPSTREAM_PROMETHEUS_ADDR", value_parser = listen_addr)]
     pub(crate) upstream_prometheus_addr: Option<SocketAddr>,
     /// The path that port serves (any other is 404).
     #[arg(
-        long,
+        long = "ratelimit-compat-prometheus-path",
+        alias = "upstream-prometheus-path",
         env = "SHARDGATE_UPSTREAM_PROMETHEUS_PATH",
         default_value = "/metrics",
         value_parser = http_path,
@@ -28,26 +34,31 @@ pub(crate) struct UpstreamPrometheusArgs {
     /// envoyproxy/ratelimit's own mapping). What shardgate cannot follow in it stops the
     /// start, named.
     #[arg(
-        long,
+        long = "ratelimit-compat-prometheus-mapping",
+        alias = "upstream-prometheus-mapping",
         env = "SHARDGATE_UPSTREAM_PROMETHEUS_MAPPING",
         requires = "upstream_prometheus_addr"
     )]
     pub(crate) upstream_prometheus_mapping: Option<PathBuf>,
     /// With the default mapping: the response time histogram in milliseconds, not seconds
     /// (envoyproxy/ratelimit's PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS).
-    #[arg(long, env = "SHARDGATE_UPSTREAM_PROMETHEUS_RESPONSE_TIME_MS")]
+    #[arg(
+        long = "ratelimit-compat-prometheus-response-time-ms",
+        alias = "upstream-prometheus-response-time-ms",
+        env = "SHARDGATE_UPSTREAM_PROMETHEUS_RESPONSE_TIME_MS"
+    )]
     pub(crate) upstream_prometheus_response_time_ms: bool,
 }
 
 impl UpstreamPrometheusArgs {
-    /// The port, when `--upstream-prometheus-addr` is given; an error for a combination
+    /// The port, when `--ratelimit-compat-prometheus-addr` is given; an error for a combination
     /// that would leave a setting without effect.
     pub(crate) fn options(&self) -> Result<Option<UpstreamPrometheusOptions>, String> {
         let ms = self.upstream_prometheus_response_time_ms;
         let Some(addr) = self.upstream_prometheus_addr else {
             return match ms {
                 true => Err(
-                    "--upstream-prometheus-response-time-ms needs --upstream-prometheus-addr"
+                    "--ratelimit-compat-prometheus-response-time-ms needs --ratelimit-compat-prometheus-addr"
                         .into(),
                 ),
                 false => Ok(None),
@@ -55,7 +66,7 @@ impl UpstreamPrometheusArgs {
         };
         let mapping = match (&self.upstream_prometheus_mapping, ms) {
             (Some(_), true) => {
-                return Err("--upstream-prometheus-response-time-ms applies to the default mapping only, not with --upstream-prometheus-mapping".into())
+                return Err("--ratelimit-compat-prometheus-response-time-ms applies to the default mapping only, not with --ratelimit-compat-prometheus-mapping".into())
             }
             (Some(path), false) => MappingSource::File(path.clone()),
             (None, response_time_ms) => MappingSource::UpstreamDefault { response_time_ms },

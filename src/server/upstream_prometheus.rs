@@ -1,4 +1,4 @@
-//! envoyproxy/ratelimit's Prometheus port (`--upstream-prometheus-addr`, upstream's
+//! envoyproxy/ratelimit's Prometheus port (`--ratelimit-compat-prometheus-addr`, upstream's
 //! `USE_PROMETHEUS`): one path, `/metrics` by default, serving its statsd stats as a
 //! statsd_exporter mapping file names them, so that what scraped upstream's port (Envoy
 //! Gateway's `:19001/metrics`) keeps working. Owns the listener, the route and reading

@@ -20,12 +20,14 @@ pub(super) fn listen_addr(host: &str, port: &str) -> Result<String, String> {
         .ok_or_else(|| format!("{}: no address", crate::support::text::elide(host, 64)))
 }
 
-/// upstream's (logrus) level names as a tracing filter.
+/// upstream's (logrus) level names as a tracing filter: the level is shardgate's own, the
+/// crates it uses stay at warn (upstream's debug log is its own lines, not its
+/// dependencies' frame traces).
 pub(super) fn log_filter(level: &str) -> Option<&'static str> {
     Some(match level.to_ascii_lowercase().as_str() {
-        "trace" => "trace",
-        "debug" => "debug",
-        "info" => "info",
+        "trace" => "warn,shardgate=trace",
+        "debug" => "warn,shardgate=debug",
+        "info" => "warn,shardgate=info",
         "warn" | "warning" => "warn",
         "error" | "fatal" | "panic" => "error",
         _ => return None,

@@ -9,8 +9,6 @@
 const IGNORED: &[&str] = &[
     "BACKEND_TYPE",
     "CACHE_KEY_PREFIX",
-    "DEBUG_HOST",
-    "DEBUG_PORT",
     "DISABLE_STATS",
     "EXPIRATION_JITTER_MAX_SECONDS",
     "EXTRA_TAGS",

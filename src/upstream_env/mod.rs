@@ -5,8 +5,10 @@
 //! `SHARDGATE_*` variables (and `RUST_LOG`) it implies, the upstream variables it cannot
 //! honour, and the ones that would change behaviour in a way shardgate cannot follow
 //! (refused, so the server does not start on the wrong assumption). Ours always win: a
-//! `SHARDGATE_*` variable already set is never overwritten, and a flag beats both.
-//! `main` applies the result before parsing its arguments and logs the ignored names
+//! `SHARDGATE_*` variable already set is never overwritten (where it disagrees with the
+//! upstream one, that is remembered, to be said once at start), and a flag beats both.
+//! Where upstream's environment is in use, upstream's defaults apply where ours differ
+//! (statsd). `main` applies the result before parsing its arguments; `report.rs` logs it
 //! once. The table of what is honoured is in docs/configuration.md.
 //!
 //! This file is the driver: the translation's shape and the order the readers run in.
@@ -14,13 +16,14 @@
 //! `redis.rs` the Redis backend's, `xds.rs` the rule source's, `statsd.rs`,
 //! `prometheus.rs` and `tracing.rs` the stats and span exports'; `reader.rs` remembers
 //! what was looked at, `ignored.rs` names what is not, `go_values.rs` parses Go's
-//! spellings of values.
+//! spellings of values, `report.rs` words the start-up log.
 
 mod go_values;
 mod ignored;
 mod prometheus;
 mod reader;
 mod redis;
+mod report;
 mod server;
 mod statsd;
 #[cfg(test)]
@@ -32,19 +35,24 @@ mod xds;
 use std::collections::BTreeMap;
 
 use reader::Reader;
-pub use translation::{Alias, Translation};
+pub use report::log_start_up;
+pub use translation::{Alias, Overridden, Translation};
 
 /// Translates `env` (the process environment).
 pub fn translate(env: &BTreeMap<String, String>) -> Translation {
     let mut r = Reader::new(env);
     server::rule_directory(&mut r);
     server::listen_addrs(&mut r);
+    server::debug_port(&mut r);
     server::logging(&mut r);
     server::switches(&mut r);
     server::connection_age(&mut r);
     server::grpc_tls(&mut r);
     redis::redis(&mut r);
-    let mut consumed = statsd::statsd(env, &mut r.t);
+    // Upstream's environment is in use once one of its variables was honoured: then
+    // its defaults apply where ours differ (statsd on).
+    let upstream_in_use = !r.t.set.is_empty();
+    let mut consumed = statsd::statsd(env, &mut r.t, upstream_in_use);
     consumed.extend(prometheus::prometheus(env, &mut r.t));
     consumed.extend(tracing::tracing(env, &mut r.t));
     // The OpenTelemetry SDK's own endpoint variables, which upstream's SDK reads too:
@@ -98,7 +106,7 @@ mod tests {
                 ("SHARDGATE_CONFIG", "/data/ratelimit/config"),
                 ("SHARDGATE_GRPC_ADDR", "0.0.0.0:9081"),
                 ("SHARDGATE_HTTP_ADDR", "0.0.0.0:9080"),
-                ("RUST_LOG", "debug"),
+                ("RUST_LOG", "warn,shardgate=debug"),
                 ("SHARDGATE_LOG_FORMAT", "json"),
                 ("SHARDGATE_GLOBAL_SHADOW_MODE", "true"),
                 ("SHARDGATE_MERGE_DOMAIN_CONFIG", "true"),
@@ -132,7 +140,69 @@ mod tests {
             ("RUST_LOG", "shardgate=trace"),
         ]));
         assert!(t.set.is_empty(), "{:?}", t.set);
+        // Each disagreement is remembered, to be said once at start.
+        let overridden: Vec<(&str, &str, &str, &str)> = t
+            .overridden
+            .iter()
+            .map(|o| {
+                (
+                    o.ours,
+                    o.ours_value.as_str(),
+                    o.from,
+                    o.upstream_value.as_str(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            overridden,
+            [
+                (
+                    "SHARDGATE_GRPC_ADDR",
+                    "127.0.0.1:7000",
+                    "GRPC_PORT",
+                    "0.0.0.0:9081"
+                ),
+                ("RUST_LOG", "shardgate=trace", "LOG_LEVEL", "warn"),
+            ]
+        );
+        // Agreeing is not overriding.
+        let t = translate(&env(&[
+            ("GRPC_PORT", "9081"),
+            ("SHARDGATE_GRPC_ADDR", "0.0.0.0:9081"),
+        ]));
+        assert!(t.set.is_empty() && t.overridden.is_empty(), "{t:?}");
         assert_eq!(translate(&env(&[("PATH", "/bin")])), Translation::default());
+    }
+
+    #[test]
+    fn every_server_address_variable_is_honoured_or_named() {
+        // A setting is named by the variable that gave it, never by an unset one.
+        let t = translate(&env(&[
+            ("RUNTIME_SUBDIRECTORY", "rl"),
+            ("GRPC_HOST", "127.0.0.1"),
+            ("PORT", "9080"),
+            ("DEBUG_PORT", "6070"),
+        ]));
+        let from: Vec<(&str, &str, bool)> = t
+            .set
+            .iter()
+            .filter(|a| !a.ours.starts_with("SHARDGATE_STATSD"))
+            .map(|a| (a.ours, a.from, a.from_set))
+            .collect();
+        assert_eq!(
+            from,
+            [
+                ("SHARDGATE_CONFIG", "RUNTIME_SUBDIRECTORY", true),
+                ("SHARDGATE_GRPC_ADDR", "GRPC_HOST", true),
+                ("SHARDGATE_HTTP_ADDR", "PORT", true),
+            ]
+        );
+        assert_eq!(t.ignored.len(), 1, "{:?}", t.ignored);
+        assert!(
+            t.ignored[0].starts_with("DEBUG_PORT (") && t.ignored[0].contains("/rlconfig"),
+            "{:?}",
+            t.ignored
+        );
     }
 
     #[test]
@@ -146,6 +216,9 @@ mod tests {
             [
                 ("SHARDGATE_CONFIG", "/srv/runtime_data/current/rl/config"),
                 ("SHARDGATE_GRPC_ADDR", "127.0.0.1:8081"),
+                // USE_STATSD's default is true upstream.
+                ("SHARDGATE_STATSD_ADDR", "localhost:8125"),
+                ("SHARDGATE_STATSD_PROTOCOL", "tcp"),
             ]
         );
     }
@@ -181,6 +254,7 @@ mod tests {
         let t = translate(&env(&[
             ("GRPC_MAX_CONNECTION_AGE", "1h30m"),
             ("GRPC_MAX_CONNECTION_AGE_GRACE", "1h"),
+            ("USE_STATSD", "false"),
         ]));
         assert_eq!(set(&t), [("SHARDGATE_GRPC_MAX_CONNECTION_AGE", "1h 30m")]);
         assert_eq!(t.ignored, ["GRPC_MAX_CONNECTION_AGE_GRACE"]);

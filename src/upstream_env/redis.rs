@@ -174,6 +174,15 @@ fn urls(r: &mut Reader, mode: &str, tls: bool) -> Option<Vec<String>> {
     }
     let mut urls = Vec::new();
     for address in addresses {
+        // Say what the user did not write: the socket type is upstream's default.
+        if !r.env.contains_key("REDIS_SOCKET_TYPE") && !address.starts_with('/') {
+            r.refuse(format!(
+                "REDIS_URL={}: REDIS_SOCKET_TYPE is unset, and upstream's default is unix (a \
+                 socket path); set REDIS_SOCKET_TYPE=tcp for a host:port",
+                elide(address, 64)
+            ));
+            return None;
+        }
         match url_of(address, &socket, tls, auth) {
             Ok(url) => urls.push(url),
             Err(e) => {
@@ -364,6 +373,10 @@ mod tests {
             (
                 vec![("REDIS_URL", "x:1"), ("REDIS_SOCKET_TYPE", "udp")],
                 "REDIS_SOCKET_TYPE=udp",
+            ),
+            (
+                vec![("REDIS_URL", "redis:6379")],
+                "REDIS_URL=redis:6379: REDIS_SOCKET_TYPE is unset, and upstream's default is unix",
             ),
             (
                 vec![

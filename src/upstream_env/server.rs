@@ -21,11 +21,13 @@ pub(super) fn rule_directory(r: &mut Reader) {
         r.get("RUNTIME_APPDIRECTORY")
             .unwrap_or(DEFAULT_APP_DIRECTORY),
     );
-    r.alias(
-        "SHARDGATE_CONFIG",
-        "RUNTIME_ROOT",
-        path.display().to_string(),
-    );
+    // Named by the variable that is set (RUNTIME_ROOT unset: upstream's default root).
+    let from = if r.env.contains_key("RUNTIME_ROOT") {
+        "RUNTIME_ROOT"
+    } else {
+        "RUNTIME_SUBDIRECTORY"
+    };
+    r.alias("SHARDGATE_CONFIG", from, path.display().to_string());
     // What shardgate always does, and so honoured when asked for (Envoy Gateway asks for
     // both): dot files skipped (a ConfigMap volume's `..data` copies), the rule directory
     // itself watched. The other values stay named as ignored.
@@ -50,14 +52,32 @@ pub(super) fn listen_addrs(r: &mut Reader) {
         }
         let h = r.get(host).unwrap_or("0.0.0.0");
         let p = r.get(port).unwrap_or(default_port);
+        let from = if r.env.contains_key(port) { port } else { host };
         match listen_addr(h, p) {
-            Ok(addr) => r.alias(ours, port, addr),
+            Ok(addr) => r.alias(ours, from, addr),
             Err(e) => r.refuse(format!("{host}/{port}: {e}")),
         }
     }
 }
 
-/// `LOG_LEVEL` (logrus' names) and `LOG_FORMAT`.
+/// upstream's debug port (`DEBUG_HOST`/`DEBUG_PORT`, 6070): its `/rlconfig` is on our HTTP
+/// port, its `/stats` is `/metrics` there, its pprof has no counterpart. Named as ignored,
+/// with where to look instead.
+pub(super) fn debug_port(r: &mut Reader) {
+    r.ignore_with_reasons(&[
+        (
+            "DEBUG_PORT",
+            "no debug port: /rlconfig and /metrics are on the HTTP port, PORT",
+        ),
+        (
+            "DEBUG_HOST",
+            "no debug port: /rlconfig and /metrics are on the HTTP port, HOST",
+        ),
+    ]);
+}
+
+/// `LOG_LEVEL` (logrus' names), shardgate's own level (the crates it uses stay at warn),
+/// and `LOG_FORMAT`.
 pub(super) fn logging(r: &mut Reader) {
     if let Some(level) = r.get("LOG_LEVEL") {
         match log_filter(level) {

@@ -9,10 +9,18 @@ use super::Translation;
 /// statsd as upstream sends it: with `USE_STATSD=true` (and stats not disabled), to
 /// `STATSD_HOST:STATSD_PORT` (`localhost:8125`) over `STATSD_PROTOCOL` (its stats
 /// library's default, TCP), every `STATS_FLUSH_INTERVAL`, `EXTRA_TAGS` on its names.
-/// `USE_STATSD=false` is honoured as it is (shardgate sends no statsd unless asked); the
-/// settings it leaves without meaning are then reported as ignored. Returns the upstream
-/// names read, which are then not reported as ignored.
-pub(super) fn statsd(env: &BTreeMap<String, String>, t: &mut Translation) -> Vec<&'static str> {
+/// `USE_STATSD` unset is upstream's default, true, wherever upstream's environment is in
+/// use (`upstream_in_use`: some other upstream variable was honoured) and its Prometheus
+/// sink is not asked for: a Deployment whose dashboards read a statsd_exporter keeps them
+/// fed (issue 48). Without upstream's environment shardgate sends no statsd unless asked.
+/// `USE_STATSD=false` is honoured as it is; the settings it leaves without meaning are
+/// then reported as ignored. Returns the upstream names read, which are then not reported
+/// as ignored.
+pub(super) fn statsd(
+    env: &BTreeMap<String, String>,
+    t: &mut Translation,
+    upstream_in_use: bool,
+) -> Vec<&'static str> {
     let get = |k: &str| env.get(k).map(String::as_str);
     if get("USE_DOG_STATSD").and_then(go_bool) == Some(true) {
         t.refused.push(
@@ -25,7 +33,10 @@ pub(super) fn statsd(env: &BTreeMap<String, String>, t: &mut Translation) -> Vec
             t.refused.push("USE_STATSD: not a boolean".into());
             return Vec::new();
         }
-        None => false,
+        None => {
+            let prometheus = get("USE_PROMETHEUS").and_then(go_bool) == Some(true);
+            upstream_in_use && !prometheus
+        }
     };
     if get("DISABLE_STATS").and_then(go_bool) == Some(true) {
         return Vec::new();
@@ -175,5 +186,44 @@ mod tests {
         }
         let t = translate(&env(&[("USE_STATSD", "maybe")]));
         assert_eq!(t.refused, vec!["USE_STATSD: not a boolean".to_string()]);
+    }
+
+    #[test]
+    fn under_upstreams_environment_statsd_is_on_by_default_as_upstream_has_it() {
+        // An upstream Deployment that never set USE_STATSD: upstream sends statsd to
+        // localhost:8125, and so does shardgate, saying it came from the default.
+        let t = translate(&env(&[
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", "r:6379"),
+        ]));
+        let statsd: Vec<_> = t
+            .set
+            .iter()
+            .filter(|a| a.ours.starts_with("SHARDGATE_STATSD"))
+            .map(|a| (a.ours, a.value.as_str(), a.from, a.from_set))
+            .collect();
+        assert_eq!(
+            statsd,
+            [
+                (
+                    "SHARDGATE_STATSD_ADDR",
+                    "localhost:8125",
+                    "USE_STATSD",
+                    false
+                ),
+                ("SHARDGATE_STATSD_PROTOCOL", "tcp", "USE_STATSD", false),
+            ]
+        );
+        // No upstream variable, or upstream's Prometheus sink instead: no statsd.
+        assert!(translate(&env(&[("STATSD_PORT", "9125")])).set.is_empty());
+        let t = translate(&env(&[
+            ("REDIS_URL", "r:6379"),
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("USE_PROMETHEUS", "true"),
+        ]));
+        assert!(
+            !t.set.iter().any(|a| a.ours.starts_with("SHARDGATE_STATSD")),
+            "{t:?}"
+        );
     }
 }
