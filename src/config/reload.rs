@@ -37,6 +37,10 @@ impl Default for ReloadTiming {
     }
 }
 
+/// The most debounce intervals a burst of events may extend the wait before a load (a
+/// second, at the default 100 ms).
+const MAX_SETTLE: usize = 10;
+
 /// Keeps the watch alive; dropping it stops watching.
 pub struct ConfigWatch {
     _watcher: notify::RecommendedWatcher,
@@ -61,6 +65,28 @@ fn watch_target(path: &Path) -> PathBuf {
     }
 }
 
+/// The config at `path` if its content hash is not `seen` (or `recovering` from a
+/// failure), off the runtime's threads: `Ok(None)` when unchanged, `None` when the
+/// blocking task failed. Read and hash first: the poll finds the same content almost
+/// every time, and only changed content is worth parsing.
+async fn load_if_changed(
+    path: &Path,
+    options: &LoadOptions,
+    seen: &str,
+    recovering: bool,
+) -> Option<Result<Option<Config>, ConfigErrors>> {
+    let (path, options, seen) = (path.to_path_buf(), options.clone(), seen.to_string());
+    tokio::task::spawn_blocking(move || {
+        let docs = load::read_documents(&path)?;
+        if load::content_hash(&docs) == seen && !recovering {
+            return Ok(None);
+        }
+        load::from_documents(&docs, &options).map(Some)
+    })
+    .await
+    .ok()
+}
+
 /// Watches `path`; `current_hash` is the hash of the config already in force. Calls
 /// `on_change` with each new valid config and each new failure. Must run inside a tokio
 /// runtime.
@@ -73,7 +99,10 @@ pub fn watch(
 ) -> notify::Result<ConfigWatch> {
     let (tx, mut rx) = mpsc::channel::<()>(1);
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-        if event.is_ok() {
+        // Reads change nothing: a file of the watched directory read often (a log file
+        // beside the rules, read by a tail) would otherwise keep the debounce below from
+        // ever settling, and the reload would wait forever.
+        if event.is_ok_and(|e| !e.kind.is_access()) {
             // A full channel already holds a wake-up; dropping this one loses nothing.
             let _ = tx.try_send(());
         }
@@ -97,27 +126,20 @@ pub fn watch(
                 got = rx.recv() => if got.is_none() { return },
                 _ = tokio::time::sleep(timing.poll) => {}
             }
-            // Let a burst of events (write, rename, symlink swap) settle.
-            while let Ok(Some(())) = tokio::time::timeout(timing.debounce, rx.recv()).await {}
-            // Read and hash first: the poll finds the same content almost every time, and
-            // only changed content is worth parsing.
-            let p = path.clone();
-            let options = options.clone();
-            let seen = last_hash.clone();
+            // Let a burst of events (write, rename, symlink swap) settle, for at most
+            // MAX_SETTLE debounces: a directory that never goes quiet still reloads.
+            for _ in 0..MAX_SETTLE {
+                match tokio::time::timeout(timing.debounce, rx.recv()).await {
+                    Ok(Some(())) => {}
+                    _ => break,
+                }
+            }
             // After a failure, good content is reported even if it is the content in
             // force (a bad edit reverted): the failure is over.
             let recovering = last_error.is_some();
-            let loaded = match tokio::task::spawn_blocking(move || {
-                let docs = load::read_documents(&p)?;
-                if load::content_hash(&docs) == seen && !recovering {
-                    return Ok(None);
-                }
-                load::from_documents(&docs, &options).map(Some)
-            })
-            .await
-            {
-                Ok(r) => r,
-                Err(_) => continue,
+            let Some(loaded) = load_if_changed(&path, &options, &last_hash, recovering).await
+            else {
+                continue;
             };
             match loaded {
                 Ok(None) => last_error = None,
