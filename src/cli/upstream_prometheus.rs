@@ -18,7 +18,13 @@ pub(crate) struct UpstreamPrometheusArgs {
     /// USE_PROMETHEUS): its
     /// statsd stats as a statsd_exporter mapping names them. HOST:PORT, or Go's :PORT for
     /// every interface. /metrics on the HTTP port stays as it is.
-    #[arg(long = "ratelimit-compat-prometheus-addr", alias = "upstream-prometheus-addr", value_name = "ADDR", env = "SHARDGATE_UPSTREAM_PROMETHEUS_ADDR", value_parser = listen_addr)]
+    #[arg(
+        long = "ratelimit-compat-prometheus-addr",
+        alias = "upstream-prometheus-addr",
+        value_name = "ADDR",
+        env = "SHARDGATE_UPSTREAM_PROMETHEUS_ADDR",
+        value_parser = listen_addr
+    )]
     pub(crate) upstream_prometheus_addr: Option<SocketAddr>,
     /// The path that port serves (any other is 404).
     #[arg(
