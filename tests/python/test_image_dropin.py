@@ -154,7 +154,8 @@ def test_upstreams_deployment_with_only_the_image_swapped(pod, tmp_path, redis_s
     # Start-up: the version; the rules read where RUNTIME_ROOT says; the ports; nothing
     # of ours overriding anything.
     assert re.search(r"INFO shardgate: shardgate starting version=", log), log
-    assert re.search(rf"config loaded path={re.escape(str(pod.rules))}", log), log
+    assert re.search(rf"config loaded path={re.escape(str(pod.rules))} domains=1 names=ratelimit ",
+                     log), log
     for var in ("RUNTIME_ROOT", "GRPC_PORT", "PORT", "LOG_LEVEL", "REDIS_URL"):
         assert re.search(rf"honoured from={var} ", log), (var, log)
     assert "wins over" not in log, log

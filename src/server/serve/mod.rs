@@ -76,9 +76,12 @@ fn initial_config(options: &ServeOptions) -> Result<Config, ServeError> {
                     errors,
                 }
             })?;
+            let mut names: Vec<&str> = config.domains().map(|d| &*d.name).collect();
+            names.sort_unstable();
             tracing::info!(
                 path = %options.config.display(),
                 domains = config.domains().count(),
+                names = %crate::support::text::elide(&names.join(", "), 512),
                 hash = config.hash(),
                 "config loaded"
             );
