@@ -30,8 +30,8 @@ pub use credit::{Credit, CreditGuard, Stamp};
 pub use error::StoreError;
 pub use inspect::{inspect, InspectedShard};
 pub use item::{
-    BucketItem, BucketKey, LimitParams, LimitState, Limits, Name, ShardShare, MAX_SHARD_COUNT,
-    MILLI, MIN_BALANCE, WCU_LIMIT,
+    checked_stored, stored_shard_count, validate_stored, BucketItem, BucketKey, LimitParams,
+    LimitState, Limits, Name, ShardShare, MAX_SHARD_COUNT, MILLI, MIN_BALANCE, WCU_LIMIT,
 };
 pub use write::{
     CommitOutcome, CountChange, Debit, DebitMode, DebitOutcome, LimitWrite, Seed, Write,
