@@ -25,7 +25,9 @@ pub mod metered;
 pub mod redis;
 mod write;
 
-pub use contract::{BucketStore, DEFAULT_STORE_TIMEOUT, MAX_COMMIT_ITEMS};
+pub use contract::{
+    check_store_timeout, BucketStore, DEFAULT_STORE_TIMEOUT, MAX_COMMIT_ITEMS, MAX_STORE_TIMEOUT,
+};
 pub use credit::{Credit, CreditGuard, Stamp};
 pub use error::StoreError;
 pub use inspect::{inspect, InspectedShard};
