@@ -15,7 +15,7 @@ use std::time::Duration;
 use notify::{RecursiveMode, Watcher};
 use tokio::sync::mpsc;
 
-use super::{load, Config, ConfigErrors, LoadOptions};
+use super::{load, Config, ConfigError, ConfigErrorKind, ConfigErrors, LoadOptions};
 
 /// How changes are picked up.
 #[derive(Debug, Clone, Copy)]
@@ -41,6 +41,14 @@ pub struct ConfigWatch {
     task: tokio::task::JoinHandle<()>,
 }
 
+impl ConfigWatch {
+    /// Whether the watch's task has ended (it runs until dropped; an end is a failure the
+    /// server's supervision reports).
+    pub fn is_finished(&self) -> bool {
+        self.task.is_finished()
+    }
+}
+
 impl Drop for ConfigWatch {
     fn drop(&mut self) {
         self.task.abort();
@@ -57,6 +65,35 @@ fn watch_target(path: &Path) -> PathBuf {
             _ => PathBuf::from("."),
         }
     }
+}
+
+/// The config at `path` if its content hash is not `seen`, loaded on a blocking thread
+/// (off the runtime's workers). Read and hashed first: the poll finds the same content
+/// almost every time, and only changed content is worth parsing. A panic while loading
+/// is that load's refusal (logged and counted by the caller as a rejected config), the
+/// rules in force kept and the watch going on.
+async fn load_if_changed(
+    path: &Path,
+    options: &LoadOptions,
+    seen: &str,
+) -> Result<Option<Config>, ConfigErrors> {
+    let (p, options, seen) = (path.to_path_buf(), options.clone(), seen.to_string());
+    tokio::task::spawn_blocking(move || {
+        let docs = load::read_documents(&p)?;
+        if load::content_hash(&docs) == seen {
+            return Ok(None);
+        }
+        load::from_documents(&docs, &options).map(Some)
+    })
+    .await
+    .unwrap_or_else(|e| {
+        Err(ConfigErrors::from_vec(vec![ConfigError {
+            file: Arc::from(path.display().to_string()),
+            line: 0,
+            column: 0,
+            kind: ConfigErrorKind::Panicked(e.to_string()),
+        }]))
+    })
 }
 
 /// Watches `path`; `current_hash` is the hash of the config already in force. Calls
@@ -97,23 +134,7 @@ pub fn watch(
             }
             // Let a burst of events (write, rename, symlink swap) settle.
             while let Ok(Some(())) = tokio::time::timeout(timing.debounce, rx.recv()).await {}
-            // Read and hash first: the poll finds the same content almost every time, and
-            // only changed content is worth parsing.
-            let p = path.clone();
-            let options = options.clone();
-            let seen = last_hash.clone();
-            let loaded = match tokio::task::spawn_blocking(move || {
-                let docs = load::read_documents(&p)?;
-                if load::content_hash(&docs) == seen {
-                    return Ok(None);
-                }
-                load::from_documents(&docs, &options).map(Some)
-            })
-            .await
-            {
-                Ok(r) => r,
-                Err(_) => continue,
-            };
+            let loaded = load_if_changed(&path, &options, &last_hash).await;
             match loaded {
                 Ok(None) => last_error = None,
                 Ok(Some(config)) => {
