@@ -101,9 +101,7 @@ fn without_test_items(source: &str) -> String {
             }
             end += 1;
         }
-        for _ in i..=end.min(lines.len() - 1) {
-            kept.push("");
-        }
+        kept.extend(std::iter::repeat_n("", end.min(lines.len() - 1) + 1 - i));
         i = end + 1;
     }
     kept.join("\n")
