@@ -5,7 +5,7 @@
 //! the item's count and teaches it back.
 
 use parking_lot::Mutex;
-use rand::Rng;
+use rand::RngExt;
 use smallvec::SmallVec;
 
 use super::partitioned::Partitioned;

@@ -132,7 +132,7 @@ pub async fn subscribe(options: XdsOptions, load: LoadOptions, mut on_push: impl
 /// whose control plane restarted does not reconnect in lockstep, and no server waits
 /// less than half the backoff.
 fn jittered(backoff: Duration) -> Duration {
-    use rand::Rng;
+    use rand::RngExt;
     let half = backoff / 2;
     half + half.mul_f64(rand::rng().random::<f64>())
 }
