@@ -15,7 +15,12 @@
 //! - what one answered request records in metrics (its latency, requests in flight up
 //!   and down, two rule counters, one engine counter) on 1 and 2 threads at once, as
 //!   prometheus-client's shared types record it and as the striped ones do: with two
-//!   threads, the shared lines bounce between the cores.
+//!   threads, the shared lines bounce between the cores;
+//! - decisions on 2 threads at once, through the store wrappers a server has (the call
+//!   metrics over the circuit breaker): on one hot key, and on many keys of a rule with
+//!   per-value metrics (`detailed_metric`, past the 10,000-key cap), with and without a
+//!   scrape of `/metrics` running beside them — what the breaker's and the rule
+//!   counters' locks cost, or no longer cost.
 //!
 //! Run: `cargo bench --bench hot_path`.
 
@@ -405,8 +410,115 @@ fn lease_book(c: &mut Criterion) {
     g.finish();
 }
 
+/// A domain of one rule with per-value metrics, keyed by its value.
+const PER_VALUE_YAML: &str = r#"
+domain: d
+descriptors:
+  - key: tenant
+    rate_limit: {unit: second, requests_per_unit: 1000000000}
+  - key: user
+    detailed_metric: true
+    rate_limit: {unit: second, requests_per_unit: 1000000000}
+"#;
+
+/// Runs `decide(thread, i)` for `i` in `0..iters` on each of `threads` threads, each on a
+/// current-thread runtime of its own built before the clock starts; returns the wall
+/// time.
+fn decisions_on_threads(
+    threads: usize,
+    iters: u64,
+    decide: &(dyn Fn(&tokio::runtime::Runtime, usize, u64) + Sync),
+) -> std::time::Duration {
+    let start = std::sync::Barrier::new(threads + 1);
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|t| {
+                let start = &start;
+                scope.spawn(move || {
+                    let rt = tokio::runtime::Builder::new_current_thread()
+                        .enable_time()
+                        .build()
+                        .unwrap();
+                    start.wait();
+                    for i in 0..iters {
+                        decide(&rt, t, i);
+                    }
+                })
+            })
+            .collect();
+        start.wait();
+        let began = std::time::Instant::now();
+        for w in workers {
+            w.join().unwrap();
+        }
+        began.elapsed()
+    })
+}
+
+fn hot_path_locks(c: &mut Criterion) {
+    use shardgate::store::breaker::Breaker;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    let options = EngineOptions {
+        partition_write_budget: UNLIMITED_PARTITION_WRITE_BUDGET,
+        rejection_cache_ms: 0,
+        ..EngineOptions::default()
+    };
+    let config = Arc::new(Config::from_yaml("bench.yaml", PER_VALUE_YAML).unwrap());
+    let metrics = Arc::new(Metrics::new());
+    let breaker = Arc::new(Breaker::new(MemoryStore::new(), 5, Duration::from_secs(1)));
+    let store = Arc::new(Metered::new(breaker, metrics.clone()));
+    let limiter = RateLimiter::new(config, Arc::new(Engine::new(store, options)))
+        .with_metrics(metrics.clone());
+    let hot = request("d", vec![desc(&[("tenant", "acme")])]);
+    let users: Vec<_> = (0..40_000)
+        .map(|i| request("d", vec![desc(&[("user", &format!("u{i}"))])]))
+        .collect();
+    let hot_view = RequestView::from(&hot);
+    let user_views: Vec<RequestView> = users.iter().map(RequestView::from).collect();
+    let decide_hot = |rt: &tokio::runtime::Runtime, _: usize, _: u64| {
+        rt.block_on(limiter.should_rate_limit_by(black_box(&hot_view), deadline()))
+            .unwrap();
+    };
+    let decide_many = |rt: &tokio::runtime::Runtime, t: usize, i: u64| {
+        let view = &user_views[(i as usize * 7_919 + t * 20_000) % user_views.len()];
+        rt.block_on(limiter.should_rate_limit_by(black_box(view), deadline()))
+            .unwrap();
+    };
+    // Past the cap before timing: every later unseen value goes to `_overflow_`.
+    decisions_on_threads(1, users.len() as u64, &|rt, _, i| {
+        rt.block_on(limiter.should_rate_limit(&users[i as usize]))
+            .unwrap();
+    });
+    let mut g = c.benchmark_group("hot_path_locks");
+    g.bench_function("hot_key_2_threads", |b| {
+        b.iter_custom(|iters| decisions_on_threads(2, iters, &decide_hot))
+    });
+    g.bench_function("per_value_keys_2_threads", |b| {
+        b.iter_custom(|iters| decisions_on_threads(2, iters, &decide_many))
+    });
+    g.bench_function("per_value_keys_2_threads_scraped", |b| {
+        b.iter_custom(|iters| {
+            let stop = AtomicBool::new(false);
+            std::thread::scope(|scope| {
+                scope.spawn(|| {
+                    while !stop.load(Ordering::Relaxed) {
+                        black_box(metrics.render());
+                    }
+                });
+                let took = decisions_on_threads(2, iters, &decide_many);
+                stop.store(true, Ordering::Relaxed);
+                took
+            })
+        })
+    });
+    g.finish();
+}
+
 criterion_group!(
     benches,
+    hot_path_locks,
     lease_book,
     matcher,
     bucket_math,

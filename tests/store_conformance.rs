@@ -1,6 +1,7 @@
-//! The store contract, as one list of cases run against every store: the memory store
-//! and DynamoDB (Local) must provably behave the same. A store passes only if it evaluates
-//! exactly the conditions `src/store/mod.rs` documents.
+//! The store contract, as one list of cases run against every store: the memory store,
+//! DynamoDB (Local) and Redis (one server and a Cluster) must provably behave the same. A
+//! store passes only if it evaluates exactly the conditions `src/store/contract.rs` and
+//! the types it passes (`write.rs`, `credit.rs`) document.
 
 #[macro_use]
 mod common;

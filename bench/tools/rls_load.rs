@@ -45,7 +45,7 @@ use clap::Parser;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use hdrhistogram::Histogram;
 use prost::Message;
-use rand::{Rng, SeedableRng};
+use rand::{RngExt, SeedableRng};
 
 const PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
 /// How long to wait for the streams in flight once no new request is started.

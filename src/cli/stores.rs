@@ -21,7 +21,6 @@ use shardgate::store::redis::{RedisMode, RedisOptions, RedisStore, RedisTls};
 #[cfg(any(feature = "dynamodb", feature = "redis"))]
 use shardgate::store::{inspect, InspectedShard, Name};
 
-use super::values::parse_duration;
 #[cfg(any(feature = "dynamodb", feature = "redis"))]
 use crate::{fail, runtime_with};
 
@@ -63,7 +62,7 @@ pub(crate) struct Dynamo {
     /// The longest one store call may take, retries included, and the deadline of a
     /// caller that sends no `grpc-timeout` (e.g. 1s, 250ms). A caller's own deadline
     /// (Envoy sends its `timeout`) is answered within, less a small margin.
-    #[arg(long, env = "SHARDGATE_STORE_TIMEOUT", default_value = "1s", value_parser = parse_duration)]
+    #[arg(long, env = "SHARDGATE_STORE_TIMEOUT", default_value = "1s", value_parser = super::values::store_timeout)]
     pub(crate) store_timeout: Duration,
 }
 

@@ -23,6 +23,13 @@ pub(crate) fn positive_duration(s: &str) -> Result<Duration, String> {
     }
 }
 
+/// `--store-timeout`: a duration within the bounds the server takes
+/// (`store::check_store_timeout`: more than zero, at most an hour).
+pub(crate) fn store_timeout(s: &str) -> Result<Duration, String> {
+    shardgate::store::check_store_timeout(parse_duration(s)?)
+        .map_err(|e| format!("'{}': {e}", s.trim()))
+}
+
 /// A size in bytes: a bare number, or with a unit (`256MiB`, `1GiB`, `512MB`).
 pub(crate) fn parse_bytes(s: &str) -> Result<u64, String> {
     let s = s.trim();

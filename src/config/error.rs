@@ -14,6 +14,9 @@ use super::model::Pos;
 pub enum ConfigErrorKind {
     #[error("cannot read: {0}")]
     Io(String),
+    /// Loading panicked (a bug): the load is refused as any other failure would be.
+    #[error("loading failed unexpectedly: {0}")]
+    Panicked(String),
     #[error("YAML syntax error: {0}")]
     Syntax(String),
     #[error("{what} must be a mapping, found {found}")]

@@ -17,7 +17,7 @@ use std::time::Duration;
 use notify::{RecursiveMode, Watcher};
 use tokio::sync::mpsc;
 
-use super::{load, Config, ConfigErrors, LoadOptions};
+use super::{load, Config, ConfigError, ConfigErrorKind, ConfigErrors, LoadOptions};
 
 /// How changes are picked up.
 #[derive(Debug, Clone, Copy)]
@@ -47,6 +47,14 @@ pub struct ConfigWatch {
     task: tokio::task::JoinHandle<()>,
 }
 
+impl ConfigWatch {
+    /// Whether the watch's task has ended (it runs until dropped; an end is a failure the
+    /// server's supervision reports).
+    pub fn is_finished(&self) -> bool {
+        self.task.is_finished()
+    }
+}
+
 impl Drop for ConfigWatch {
     fn drop(&mut self) {
         self.task.abort();
@@ -66,25 +74,34 @@ fn watch_target(path: &Path) -> PathBuf {
 }
 
 /// The config at `path` if its content hash is not `seen` (or `recovering` from a
-/// failure), off the runtime's threads: `Ok(None)` when unchanged, `None` when the
-/// blocking task failed. Read and hash first: the poll finds the same content almost
-/// every time, and only changed content is worth parsing.
+/// failure), loaded on a blocking thread (off the runtime's workers): `Ok(None)` when
+/// unchanged. Read and hashed first: the poll finds the same content almost every time,
+/// and only changed content is worth parsing. A panic while loading is that load's
+/// refusal (logged and counted by the caller as a rejected config), the rules in force
+/// kept and the watch going on.
 async fn load_if_changed(
     path: &Path,
     options: &LoadOptions,
     seen: &str,
     recovering: bool,
-) -> Option<Result<Option<Config>, ConfigErrors>> {
-    let (path, options, seen) = (path.to_path_buf(), options.clone(), seen.to_string());
+) -> Result<Option<Config>, ConfigErrors> {
+    let (p, options, seen) = (path.to_path_buf(), options.clone(), seen.to_string());
     tokio::task::spawn_blocking(move || {
-        let docs = load::read_documents(&path)?;
+        let docs = load::read_documents(&p)?;
         if load::content_hash(&docs) == seen && !recovering {
             return Ok(None);
         }
         load::from_documents(&docs, &options).map(Some)
     })
     .await
-    .ok()
+    .unwrap_or_else(|e| {
+        Err(ConfigErrors::from_vec(vec![ConfigError {
+            file: Arc::from(path.display().to_string()),
+            line: 0,
+            column: 0,
+            kind: ConfigErrorKind::Panicked(e.to_string()),
+        }]))
+    })
 }
 
 /// Watches `path`; `current_hash` is the hash of the config already in force. Calls
@@ -137,10 +154,7 @@ pub fn watch(
             // After a failure, good content is reported even if it is the content in
             // force (a bad edit reverted): the failure is over.
             let recovering = last_error.is_some();
-            let Some(loaded) = load_if_changed(&path, &options, &last_hash, recovering).await
-            else {
-                continue;
-            };
+            let loaded = load_if_changed(&path, &options, &last_hash, recovering).await;
             match loaded {
                 Ok(None) => last_error = None,
                 Ok(Some(config)) => {

@@ -35,6 +35,10 @@ pub struct Engine<S: BucketStore> {
     pub(super) leasing_failed: std::sync::atomic::AtomicBool,
     pub(super) stats: Arc<EngineStats>,
     pub(super) ceiling_log: crate::support::throttle::LogThrottle,
+    /// A failed refund and a failed lease return, each at most one line per interval: a
+    /// store outage fails every one of them, and each would be a line.
+    pub(super) refund_log: crate::support::throttle::LogThrottle,
+    pub(super) lease_return_log: crate::support::throttle::LogThrottle,
 }
 
 impl<S: BucketStore> std::fmt::Debug for Engine<S> {
@@ -77,6 +81,12 @@ impl<S: BucketStore> Engine<S> {
             options,
             stats: Arc::default(),
             ceiling_log: crate::support::throttle::LogThrottle::new(
+                std::time::Duration::from_secs(10),
+            ),
+            refund_log: crate::support::throttle::LogThrottle::new(std::time::Duration::from_secs(
+                10,
+            )),
+            lease_return_log: crate::support::throttle::LogThrottle::new(
                 std::time::Duration::from_secs(10),
             ),
         }

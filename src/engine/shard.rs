@@ -5,9 +5,11 @@
 //! the item's count and teaches it back.
 
 use parking_lot::Mutex;
-use rand::Rng;
+use rand::RngExt;
+use smallvec::SmallVec;
 
 use super::partitioned::Partitioned;
+use super::MAX_SHARD_COUNT;
 
 /// Shard counts held at most; a full part of the cache is cleared.
 const CAPACITY: usize = 16 * 16_384;
@@ -86,8 +88,11 @@ impl ShardCounts {
         self.counts.clear();
     }
 
-    /// Learns `count` if it is larger than what is known.
+    /// Learns `count` if it is larger than what is known, at most [`MAX_SHARD_COUNT`]:
+    /// the stores' decoders refuse a larger count already (`store/item.rs`), and the
+    /// clamp keeps a count from anywhere else from making per-request work grow with it.
     pub(crate) fn learn(&self, entity: &str, resource: &str, count: u32) {
+        let count = count.min(MAX_SHARD_COUNT);
         if count <= 1 {
             return;
         }
@@ -113,20 +118,28 @@ pub trait ShardDraw: Send + Sync {
 pub struct RandomDraw;
 
 impl ShardDraw for RandomDraw {
+    /// Work in the size of `avoid` (a few shards), never in `count`: the `n`-th free shard
+    /// is found by stepping `n` past each avoided shard at or below it, in order.
     fn draw(&self, count: u32, avoid: &[u32]) -> u32 {
         if count <= 1 {
             return 0;
         }
-        let free = (0..count).filter(|s| !avoid.contains(s)).count() as u32;
+        let mut avoided: SmallVec<[u32; 8]> =
+            avoid.iter().copied().filter(|&s| s < count).collect();
+        avoided.sort_unstable();
+        avoided.dedup();
         let mut rng = rand::rng();
+        let free = count - avoided.len() as u32;
         if free == 0 {
             return rng.random_range(0..count);
         }
-        let nth = rng.random_range(0..free) as usize;
-        (0..count)
-            .filter(|s| !avoid.contains(s))
-            .nth(nth)
-            .unwrap_or(0)
+        let mut shard = rng.random_range(0..free);
+        for &a in &avoided {
+            if a <= shard {
+                shard += 1;
+            }
+        }
+        shard
     }
 }
 
@@ -152,7 +165,10 @@ impl ShardDraw for ScriptedDraw {
                 return s;
             }
         }
-        (0..count).find(|s| !avoid.contains(s)).unwrap_or(0)
+        // The lowest shard not avoided: at most `avoid.len()` steps, whatever the count.
+        (0..count.min(avoid.len() as u32 + 1))
+            .find(|s| !avoid.contains(s))
+            .unwrap_or(0)
     }
 }
 
@@ -167,6 +183,38 @@ mod tests {
         c.learn("e", "r", 4);
         c.learn("e", "r", 2);
         assert_eq!(c.get("e", "r"), 4);
+    }
+
+    #[test]
+    fn a_learnt_count_is_clamped_to_what_a_bucket_can_have() {
+        let c = ShardCounts::default();
+        c.learn("e", "r", u32::MAX);
+        assert_eq!(c.get("e", "r"), MAX_SHARD_COUNT);
+    }
+
+    /// Every free shard is drawn, none avoided, and a count no bucket can have (which a
+    /// draw once walked twice, shard by shard) costs what a small one does.
+    #[test]
+    fn a_draw_covers_the_free_shards_and_does_not_walk_the_count() {
+        let mut seen = [0u32; 8];
+        for _ in 0..4_000 {
+            let s = RandomDraw.draw(8, &[6, 1, 1, 3, 40]);
+            assert!(![1, 3, 6].contains(&s) && s < 8, "{s}");
+            seen[s as usize] += 1;
+        }
+        for free in [0, 2, 4, 5, 7] {
+            assert!(
+                seen[free] > 500,
+                "shard {free} drawn {} times of 4000",
+                seen[free]
+            );
+        }
+        // A walk of 2^32 shards per draw would keep this loop busy for hours.
+        for _ in 0..1_000 {
+            let s = RandomDraw.draw(u32::MAX, &[0, 1, 2]);
+            assert!(s >= 3, "{s}");
+        }
+        assert_eq!(ScriptedDraw::default().draw(u32::MAX, &[0, 1]), 2);
     }
 
     #[test]

@@ -123,9 +123,18 @@ pub async fn subscribe(options: XdsOptions, load: LoadOptions, mut on_push: impl
                 tracing::warn!(server = %options.server, %reason, retry_in = ?backoff, "xDS stream failed; the rules in force stay");
             }
         }
-        tokio::time::sleep(backoff).await;
+        tokio::time::sleep(jittered(backoff)).await;
         backoff = (backoff * 2).min(MAX_BACKOFF);
     }
+}
+
+/// A wait of `backoff` with its upper half drawn at random ("equal jitter"): a fleet
+/// whose control plane restarted does not reconnect in lockstep, and no server waits
+/// less than half the backoff.
+fn jittered(backoff: Duration) -> Duration {
+    use rand::RngExt;
+    let half = backoff / 2;
+    half + half.mul_f64(rand::rng().random::<f64>())
 }
 
 /// Whether a session got a push before it ended.
@@ -180,7 +189,7 @@ async fn session(
             Err(s) => return Err(status_text(&s)),
         };
         progress = SessionEnd::AfterPush;
-        let push = rules(&response, load);
+        let (response, push) = compile_off_the_workers(response, load).await;
         let answer = reply(options, &response, &push, applied);
         on_push(push);
         requests
@@ -261,6 +270,39 @@ fn status_text(s: &tonic::Status) -> String {
     format!("{}: {}", s.code(), elide(s.message(), 256))
 }
 
+/// [`rules`] on a blocking thread, as a file reload is: a large push's decode and
+/// compile (regexes, every rule's matcher) would otherwise hold a runtime worker and the
+/// calls queued on it. A panic while compiling is that push's refusal (NACKed, counted),
+/// never the end of the subscription.
+async fn compile_off_the_workers(
+    response: DiscoveryResponse,
+    load: &LoadOptions,
+) -> (DiscoveryResponse, Push) {
+    let load = load.clone();
+    let version = response.version_info.clone();
+    let nonce = response.nonce.clone();
+    match tokio::task::spawn_blocking(move || {
+        let push = rules(&response, &load);
+        (response, push)
+    })
+    .await
+    {
+        Ok(compiled) => compiled,
+        Err(e) => {
+            tracing::error!(%version, error = %e, "compiling the xDS push panicked");
+            let answered = DiscoveryResponse {
+                version_info: version,
+                nonce,
+                ..Default::default()
+            };
+            (
+                answered,
+                Err(format!("the push could not be compiled: {e}")),
+            )
+        }
+    }
+}
+
 /// The rules a response carries, or why there are none.
 fn rules(response: &DiscoveryResponse, load: &LoadOptions) -> Push {
     if response.type_url != RATE_LIMIT_CONFIG_TYPE {
@@ -322,4 +364,22 @@ async fn connect(options: &XdsOptions) -> Result<Channel, String> {
         .connect()
         .await
         .map_err(|e| format!("cannot connect to {}: {e}", elide(&options.server, 128)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_backoff_is_jittered_within_its_upper_half() {
+        let backoff = Duration::from_secs(8);
+        let waits: Vec<Duration> = (0..200).map(|_| jittered(backoff)).collect();
+        assert!(waits.iter().all(|w| *w >= backoff / 2 && *w <= backoff));
+        let distinct: std::collections::BTreeSet<_> = waits.iter().collect();
+        assert!(
+            distinct.len() > 100,
+            "{} distinct waits of 200",
+            distinct.len()
+        );
+    }
 }

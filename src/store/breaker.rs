@@ -4,8 +4,13 @@
 //! costs microseconds per request instead of a timeout each, and recovery needs no
 //! restart. Only the store's own faults count ([`StoreError::is_fault`]): one request's
 //! invalid key, a corrupt item or contention on one bucket proves the store answered.
+//!
+//! Every store call passes through here, so the usual state — closed, no failure since
+//! the last success — is one atomic load on the way in and one on the way out: the mutex
+//! is taken only when a failure is being counted or the circuit is not closed.
 
 use parking_lot::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use super::{
@@ -38,6 +43,10 @@ pub enum CircuitState {
 pub struct Breaker<S: BucketStore> {
     inner: S,
     circuit: Mutex<Circuit>,
+    /// Whether `circuit` is `Closed { failures: 0 }`: written under its lock at every
+    /// change, read without it. While it holds, a call is admitted and a success changes
+    /// nothing, so neither takes the lock.
+    clean: AtomicBool,
     threshold: u32,
     cool_off: Duration,
 }
@@ -48,6 +57,7 @@ impl<S: BucketStore> Breaker<S> {
         Breaker {
             inner,
             circuit: Mutex::new(Circuit::Closed { failures: 0 }),
+            clean: AtomicBool::new(true),
             threshold: threshold.max(1),
             cool_off,
         }
@@ -68,17 +78,27 @@ impl<S: BucketStore> Breaker<S> {
     /// Closes the circuit: the store was seen answering by other means (the server's
     /// warm-up), so calls need not wait for the next probe.
     pub fn close(&self) {
-        *self.circuit.lock() = Circuit::Closed { failures: 0 };
+        self.set(&mut self.circuit.lock(), Circuit::Closed { failures: 0 });
+    }
+
+    /// Moves the circuit (its lock held) and keeps [`Self::clean`] in step.
+    fn set(&self, c: &mut Circuit, next: Circuit) {
+        *c = next;
+        self.clean
+            .store(next == Circuit::Closed { failures: 0 }, Ordering::Release);
     }
 
     /// Whether a call may go to the store now (and whether it is the probe); `Err` fails
     /// it at once.
     fn admit(&self, key: &(dyn std::fmt::Display + Sync)) -> Result<Admitted, StoreError> {
+        if self.clean.load(Ordering::Acquire) {
+            return Ok(Admitted::Call);
+        }
         let mut c = self.circuit.lock();
         match *c {
             Circuit::Closed { .. } => Ok(Admitted::Call),
             Circuit::Open { until } if Instant::now() >= until => {
-                *c = Circuit::Probing;
+                self.set(&mut c, Circuit::Probing);
                 Ok(Admitted::Probe)
             }
             Circuit::Open { .. } | Circuit::Probing => Err(StoreError::CircuitOpen {
@@ -90,8 +110,12 @@ impl<S: BucketStore> Breaker<S> {
     /// Moves the circuit after a call that returned; `failed` when the store was
     /// unavailable.
     fn record_outcome(&self, failed: bool) {
+        // A success on a clean circuit leaves it as it is.
+        if !failed && self.clean.load(Ordering::Acquire) {
+            return;
+        }
         let mut c = self.circuit.lock();
-        *c = match (*c, failed) {
+        let next = match (*c, failed) {
             (Circuit::Probing, false) => {
                 tracing::info!("store answered the probe: circuit closed");
                 Circuit::Closed { failures: 0 }
@@ -115,6 +139,7 @@ impl<S: BucketStore> Breaker<S> {
             // A call admitted before the circuit opened came back: keep it open.
             (open @ Circuit::Open { .. }, true) => open,
         };
+        self.set(&mut c, next);
     }
 
     fn open(&self) -> Circuit {
@@ -165,6 +190,18 @@ impl<S: BucketStore> Drop for PendingProbe<'_, S> {
     }
 }
 
+/// The first key of a call on several, formatted only when the circuit fails the call.
+struct FirstKey<'a>(Option<&'a BucketKey>);
+
+impl std::fmt::Display for FirstKey<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(k) => k.fmt(f),
+            None => Ok(()),
+        }
+    }
+}
+
 impl<S: BucketStore> BucketStore for Breaker<S> {
     async fn debit(
         &self,
@@ -187,14 +224,12 @@ impl<S: BucketStore> BucketStore for Breaker<S> {
     }
 
     async fn read(&self, keys: &[BucketKey]) -> Result<Vec<Option<BucketItem>>, StoreError> {
-        let first = keys.first().map_or(String::new(), |k| k.to_string());
-        self.guarded(&first, self.inner.read(keys)).await
+        self.guarded(&FirstKey(keys.first()), self.inner.read(keys))
+            .await
     }
 
     async fn commit(&self, writes: &[Write]) -> Result<CommitOutcome, StoreError> {
-        let first = writes
-            .first()
-            .map_or(String::new(), |w| w.key().to_string());
+        let first = FirstKey(writes.first().map(Write::key));
         self.guarded(&first, self.inner.commit(writes)).await
     }
 
@@ -206,5 +241,43 @@ impl<S: BucketStore> BucketStore for Breaker<S> {
     ) -> Result<Vec<Credit>, StoreError> {
         self.guarded(key, self.inner.credit(key, guard, credits))
             .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::memory::MemoryStore;
+
+    /// The lock-free flag follows the circuit through every move: clean only while closed
+    /// with no failure counted, so a failure is never skipped by the fast path.
+    #[test]
+    fn the_fast_path_flag_is_set_exactly_while_closed_without_failures() {
+        let b = Breaker::new(MemoryStore::new(), 2, Duration::ZERO);
+        let clean = |b: &Breaker<MemoryStore>| b.clean.load(Ordering::Acquire);
+        assert!(clean(&b));
+        b.record_outcome(false);
+        assert!(clean(&b), "a success on a clean circuit changes nothing");
+        b.record_outcome(true);
+        assert_eq!(b.state(), CircuitState::Closed);
+        assert!(!clean(&b), "one failure counted");
+        b.record_outcome(false);
+        assert!(clean(&b), "a success resets the count");
+        b.record_outcome(true);
+        b.record_outcome(true);
+        assert_eq!(b.state(), CircuitState::Open);
+        assert!(!clean(&b));
+        assert!(
+            b.admit(&"k").unwrap() == Admitted::Probe,
+            "cool-off of zero: a probe"
+        );
+        assert_eq!(b.state(), CircuitState::Probing);
+        assert!(b.admit(&"k").is_err(), "one probe at a time");
+        b.record_outcome(false);
+        assert_eq!(b.state(), CircuitState::Closed);
+        assert!(clean(&b));
+        b.record_outcome(true);
+        b.close();
+        assert!(clean(&b));
     }
 }

@@ -17,6 +17,28 @@ use super::{
 /// (Envoy sends one) is answered within it whatever this is.
 pub const DEFAULT_STORE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// The longest `--store-timeout` taken: an hour is no call's timeout anyone means, and
+/// every deadline computed from it (a call's instant plus the timeout) stays far inside
+/// what the clock holds. Past it, `Instant + timeout` overflowed on every request.
+pub const MAX_STORE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3_600);
+
+/// A store timeout as the server takes it at start: more than zero (a store call given no
+/// time at all would fail every request as an outage) and at most [`MAX_STORE_TIMEOUT`].
+/// The error says which bound was passed.
+pub fn check_store_timeout(timeout: std::time::Duration) -> Result<std::time::Duration, String> {
+    if timeout.is_zero() {
+        return Err("a store timeout must be more than zero (e.g. 1s, 250ms)".to_string());
+    }
+    if timeout > MAX_STORE_TIMEOUT {
+        return Err(format!(
+            "a store timeout of {} is longer than the most taken, {}",
+            humantime::format_duration(timeout),
+            humantime::format_duration(MAX_STORE_TIMEOUT)
+        ));
+    }
+    Ok(timeout)
+}
+
 /// Most items one commit may carry (DynamoDB's transaction limit).
 pub const MAX_COMMIT_ITEMS: usize = 100;
 
@@ -62,7 +84,14 @@ pub trait BucketStore: Send + Sync + 'static {
         keys: &[BucketKey],
     ) -> impl Future<Output = Result<Vec<Option<BucketItem>>, StoreError>> + Send;
 
-    /// Up to [`MAX_COMMIT_ITEMS`] writes, all or nothing.
+    /// Up to [`MAX_COMMIT_ITEMS`] writes, all or nothing. One store keeps this weaker:
+    /// on a Redis Cluster, a commit whose items lie on several slots is made slot by slot
+    /// (no script writes across masters), and a slot's refusal undoes the slots already
+    /// written — exactly where untouched, else by giving the request's claim back under a
+    /// refund's guard. Others may see the partial commit meanwhile; each part on its own
+    /// is a write a slow pass could make plus the claim, so what they see admits less,
+    /// never more (`redis/spread.rs` argues it; a write neither undone nor given back is
+    /// counted in [`super::counters`]).
     fn commit(
         &self,
         writes: &[Write],
@@ -80,4 +109,29 @@ pub trait BucketStore: Send + Sync + 'static {
         guard: CreditGuard,
         credits: &[Credit],
     ) -> impl Future<Output = Result<Vec<Credit>, StoreError>> + Send;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_store_timeout_is_more_than_zero_and_within_the_clock() {
+        assert_eq!(
+            check_store_timeout(Duration::from_millis(1)),
+            Ok(Duration::from_millis(1))
+        );
+        assert_eq!(
+            check_store_timeout(MAX_STORE_TIMEOUT),
+            Ok(MAX_STORE_TIMEOUT)
+        );
+        assert!(check_store_timeout(Duration::ZERO)
+            .unwrap_err()
+            .contains("more than zero"));
+        let e = check_store_timeout(Duration::from_secs(100_000_000_000)).unwrap_err();
+        assert!(e.contains("longer than the most taken, 1h"), "{e}");
+        // What the bound protects: a deadline computed from the largest timeout taken.
+        let _ = tokio::time::Instant::now() + MAX_STORE_TIMEOUT;
+    }
 }

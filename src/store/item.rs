@@ -250,8 +250,121 @@ impl BucketItem {
     }
 }
 
+/// A stored shard count (`field` as the store names it) as a reader takes it: within
+/// 1..=[`MAX_SHARD_COUNT`], else the reason the item is corrupt. Work per request grows
+/// with the count (draws, a doubling's read of every shard), so a count no bucket can
+/// have is refused, never clamped: every conditional write carries the count it read, so
+/// a clamped count would fail against the item for ever, silently.
+pub fn stored_shard_count(field: &str, stored: i64) -> Result<u32, String> {
+    u32::try_from(stored)
+        .ok()
+        .filter(|c| (1..=MAX_SHARD_COUNT).contains(c))
+        .ok_or_else(|| format!("'{field}' is {stored}, not within 1..={MAX_SHARD_COUNT}"))
+}
+
+/// [`validate_stored`] on what a decoder found (`None`: no item): the item, or the reason
+/// it is corrupt.
+pub fn checked_stored(item: Option<BucketItem>) -> Result<Option<BucketItem>, String> {
+    if let Some(item) = &item {
+        validate_stored(item)?;
+    }
+    Ok(item)
+}
+
+/// The one check of a decoded item that every store's decoder makes (memory, DynamoDB,
+/// Redis) before the engine sees it: a shard count within 1..=[`MAX_SHARD_COUNT`], and
+/// every limit's parameters ones the engine can work with (a refill period of at least
+/// 1 ms, a capacity and a refill amount not below zero). Shardgate never writes anything
+/// else; another writer (a manual `HSET`, a foreign tool, corruption) may. The error is
+/// the reason the item is corrupt: that bucket's error ([`StoreError::Corrupt`]), never
+/// the store's, and never work that grows with a number read from the store.
+///
+/// [`StoreError::Corrupt`]: super::StoreError::Corrupt
+pub fn validate_stored(item: &BucketItem) -> Result<(), String> {
+    stored_shard_count("shard count", i64::from(item.shard_count))?;
+    for (name, limit) in item.limits.iter() {
+        validate_stored_limit(name, &limit.params())?;
+    }
+    Ok(())
+}
+
+/// The part of [`validate_stored`] on one limit's parameters (the memory store checks its
+/// compact items with it, without building an image).
+pub fn validate_stored_limit(name: &str, params: &LimitParams) -> Result<(), String> {
+    if params.refill_period_ms <= 0 {
+        return Err(format!(
+            "limit '{name}' has refill period {}",
+            params.refill_period_ms
+        ));
+    }
+    if params.capacity < 0 || params.refill_amount < 0 {
+        return Err(format!(
+            "limit '{name}' has capacity {} and refill amount {}, not both at least 0",
+            params.capacity, params.refill_amount
+        ));
+    }
+    Ok(())
+}
+
 /// The lowest balance a stored limit may hold (millitokens): a debit that would take it
 /// lower is refused even when it may go into debt. Debts that deep never repay in any
 /// useful time, and the bound keeps every balance, delta and sum inside `i64` on every
 /// store alike (DynamoDB's numbers have 38 digits; ours must decode).
 pub const MIN_BALANCE: i64 = -(1 << 62);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn item(shard_count: u32, rp: i64, cp: i64) -> BucketItem {
+        let params = LimitParams {
+            capacity: cp,
+            refill_amount: 1_000,
+            refill_period_ms: rp,
+        };
+        BucketItem {
+            refilled_at: 1,
+            shard_count,
+            ttl: None,
+            limits: [("rpm", LimitState::new(params, 0, 0))]
+                .into_iter()
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_stored_item_is_checked_once_for_every_store() {
+        for ok in [1, 2, 32] {
+            assert_eq!(validate_stored(&item(ok, 60_000, 5_000)), Ok(()));
+        }
+        for bad in [0, 33, u32::MAX] {
+            assert_eq!(
+                validate_stored(&item(bad, 60_000, 5_000)).unwrap_err(),
+                format!("'shard count' is {bad}, not within 1..=32")
+            );
+        }
+        assert_eq!(
+            validate_stored(&item(1, 0, 5_000)).unwrap_err(),
+            "limit 'rpm' has refill period 0"
+        );
+        assert_eq!(
+            validate_stored(&item(1, -5, 5_000)).unwrap_err(),
+            "limit 'rpm' has refill period -5"
+        );
+        assert!(validate_stored(&item(1, 60_000, -1))
+            .unwrap_err()
+            .contains("capacity -1"));
+    }
+
+    #[test]
+    fn a_stored_shard_count_is_taken_only_within_what_a_bucket_can_have() {
+        assert_eq!(stored_shard_count("sc", 1), Ok(1));
+        assert_eq!(stored_shard_count("sc", 32), Ok(32));
+        for bad in [0, -1, 33, 4_294_967_295, 1 << 40] {
+            assert_eq!(
+                stored_shard_count("sc", bad).unwrap_err(),
+                format!("'sc' is {bad}, not within 1..=32")
+            );
+        }
+    }
+}

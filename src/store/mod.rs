@@ -2,7 +2,10 @@
 //! writes, so the engine's one algorithm runs unchanged on every store.
 //!
 //! A store keeps bucket items and applies exactly the conditions described here,
-//! atomically per call. It makes no limiting decision: it never refills, never chooses a
+//! atomically per call — except a Redis Cluster commit whose items lie on several slots,
+//! made slot by slot and undone as far as it went (`redis/spread.rs` states why no
+//! interleaving admits more than the atomic commit would; `contract.rs`, `commit`). It
+//! makes no limiting decision: it never refills, never chooses a
 //! shard, never decides admission. This file is the table of contents: the trait is
 //! `contract.rs`, what it passes `write.rs`, `credit.rs`, `error.rs` and the item format
 //! `item.rs`; the stores are `memory/` (the embedded default), `dynamodb/` and `redis/`,
@@ -11,6 +14,7 @@
 pub mod breaker;
 pub mod calls;
 mod contract;
+pub mod counters;
 mod credit;
 pub mod detached;
 #[cfg(feature = "dynamodb")]
@@ -25,13 +29,15 @@ pub mod metered;
 pub mod redis;
 mod write;
 
-pub use contract::{BucketStore, DEFAULT_STORE_TIMEOUT, MAX_COMMIT_ITEMS};
+pub use contract::{
+    check_store_timeout, BucketStore, DEFAULT_STORE_TIMEOUT, MAX_COMMIT_ITEMS, MAX_STORE_TIMEOUT,
+};
 pub use credit::{Credit, CreditGuard, Stamp};
 pub use error::StoreError;
 pub use inspect::{inspect, InspectedShard};
 pub use item::{
-    BucketItem, BucketKey, LimitParams, LimitState, Limits, Name, ShardShare, MAX_SHARD_COUNT,
-    MILLI, MIN_BALANCE, WCU_LIMIT,
+    checked_stored, stored_shard_count, validate_stored, BucketItem, BucketKey, LimitParams,
+    LimitState, Limits, Name, ShardShare, MAX_SHARD_COUNT, MILLI, MIN_BALANCE, WCU_LIMIT,
 };
 pub use write::{
     CommitOutcome, CountChange, Debit, DebitMode, DebitOutcome, LimitWrite, Seed, Write,

@@ -60,7 +60,9 @@ impl<S: BucketStore> Deciding<'_, S> {
         EngineStats::bump(&self.engine.stats.refunds);
         if let Err(e) = self.engine.store.credit(&key, stamp.into(), &credits).await {
             // A lost refund costs this bucket one request's tokens; never an over-admission.
-            tracing::warn!(resource = %b.resource, error = %e, "refund of a voided debit failed");
+            if let Some(suppressed) = self.engine.refund_log.admit() {
+                tracing::warn!(resource = %b.resource, error = %e, similar_not_logged = suppressed, "refund of a voided debit failed");
+            }
         }
     }
 }

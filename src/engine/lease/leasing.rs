@@ -362,7 +362,9 @@ impl<'a, S: BucketStore> Leasing<'a, S> {
                 Ok(_) => EngineStats::bump(&self.engine.stats.lease_returns_dropped),
                 Err(e) => {
                     EngineStats::bump(&self.engine.stats.lease_returns_dropped);
-                    tracing::warn!(resource = %r.key.resource, error = %e, "lease return failed");
+                    if let Some(suppressed) = self.engine.lease_return_log.admit() {
+                        tracing::warn!(resource = %r.key.resource, error = %e, similar_not_logged = suppressed, "lease return failed");
+                    }
                 }
             }
         }))

@@ -102,4 +102,9 @@ pub enum ServeError {
     /// can follow (the message names the file and what in it).
     #[error("statsd mapping file {0}")]
     Mapping(String),
+    /// A task the server needs (a port, the rules' reload or xDS) ended before the
+    /// shutdown (`serve/tasks.rs`, `supervise`): the server stopped rather than serve
+    /// without it.
+    #[error("the {0} task ended unexpectedly; the server stopped")]
+    TaskEnded(&'static str),
 }

@@ -13,13 +13,13 @@ use super::shutdown::{shutdown_signal, Running};
 use super::stores::{StoreSetup, WarmUp};
 use super::tasks::{
     spawn_health, spawn_leases, spawn_prune, spawn_statsd, spawn_upstream_prometheus, spawn_xds,
-    watch_config, UpstreamPort,
+    supervise, watch_config, Readiness, Supervised, UpstreamPort,
 };
 use super::{ServeError, ServeOptions};
 use crate::config::reload::ConfigWatch;
 use crate::config::Config;
 use crate::engine::{Engine, EngineOptions};
-use crate::server::grpc::PortOptions;
+use crate::server::grpc::{HealthWatch, PortOptions};
 use crate::server::tls::TlsState;
 use crate::server::{grpc, http};
 use crate::service::metrics::Metrics;
@@ -89,31 +89,36 @@ pub(super) async fn serve_on<S: BucketStore>(
         }
     };
     log_serving(&grpc_listener, &http_listener, options, &summary);
-    let tls = match &options.tls {
-        Some(files) => Some(Arc::new(TlsState::start(files.clone(), TLS_RELOAD_POLL)?)),
-        None => None,
-    };
-    let (health, health_task) = spawn_health(&limiter, warm_up);
+    let (health, health_task, readiness) = spawn_health(&limiter, warm_up);
+    let port = port_options(options, health)?;
     let prune_task = spawn_prune(limiter.engine().clone());
     let (lease_stop_tx, lease_task) = spawn_leases(limiter.engine().clone());
-    let port = PortOptions {
-        tls,
-        health: Some(health),
-        trace_context: options.trace_context,
-        limits: options.port_limits.clone(),
-    };
     let grpc_task = tokio::spawn(grpc::serve_with(
         limiter.clone(),
         grpc_listener,
         port,
         stopped(),
     ));
-    let http_task = tokio::spawn(http::serve(limiter, http_listener, stopped()));
+    let http_task = tokio::spawn(http::serve(limiter.clone(), http_listener, stopped()));
     let (statsd_stop_tx, statsd_task) = spawn_statsd(options, &metrics);
     let upstream_prometheus_task =
         upstream_prometheus.map(|port| spawn_upstream_prometheus(port, &metrics, stopped()));
 
-    shutdown_signal().await;
+    let supervised = [
+        Supervised {
+            name: "gRPC port",
+            ended: &|| grpc_task.is_finished(),
+        },
+        Supervised {
+            name: "HTTP port",
+            ended: &|| http_task.is_finished(),
+        },
+        Supervised {
+            name: "rules",
+            ended: &|| ended(&rules.task, &rules.watch),
+        },
+    ];
+    let ended = until_stopped(&limiter, &readiness, &health_task, &supervised).await;
     let running = Running {
         _config_watch: rules.watch,
         rules_task: rules.task,
@@ -129,7 +134,8 @@ pub(super) async fn serve_on<S: BucketStore>(
         lease_stop_tx,
         lease_task,
     };
-    running.stop().await
+    let stopped = running.stop().await;
+    ended.map_or(stopped, |task| Err(ServeError::TaskEnded(task)))
 }
 
 /// The policy over `store`: each store call metered, the engine's view in the metrics,
@@ -176,6 +182,41 @@ fn rule_source<S: BucketStore>(
             }
         }
     })
+}
+
+/// How the gRPC port serves: TLS (its files watched) when asked, readiness from `health`.
+fn port_options(options: &ServeOptions, health: HealthWatch) -> Result<PortOptions, ServeError> {
+    let tls = match &options.tls {
+        Some(files) => Some(Arc::new(TlsState::start(files.clone(), TLS_RELOAD_POLL)?)),
+        None => None,
+    };
+    Ok(PortOptions {
+        tls,
+        health: Some(health),
+        trace_context: options.trace_context,
+        limits: options.port_limits.clone(),
+    })
+}
+
+/// Waits for a shutdown signal (`None`), or for one of `tasks` to end (its name, once
+/// the server is no longer ready: `tasks.rs`, `supervise`).
+async fn until_stopped<S: BucketStore>(
+    limiter: &RateLimiter<S>,
+    readiness: &Readiness,
+    health: &tokio::task::JoinHandle<()>,
+    tasks: &[Supervised<'_>],
+) -> Option<&'static str> {
+    tokio::select! {
+        _ = shutdown_signal() => None,
+        task = supervise(limiter, readiness, health, tasks) => Some(task),
+    }
+}
+
+/// Whether the task keeping the rules in force (the xDS stream's, or the reload's)
+/// ended.
+fn ended(task: &Option<tokio::task::JoinHandle<()>>, watch: &Option<ConfigWatch>) -> bool {
+    task.as_ref().is_some_and(|t| t.is_finished())
+        || watch.as_ref().is_some_and(|w| w.is_finished())
 }
 
 /// Ready once the store has answered and, with rules over xDS, the first push landed

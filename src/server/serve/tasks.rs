@@ -1,7 +1,9 @@
 //! The tasks a server runs beside its ports: the rules kept in force (the watched
 //! directory or the xDS stream), readiness and the store's health, the rejection cache's
 //! pruning, the leases, and upstream's Prometheus port. Each is spawned here and stopped
-//! by `shutdown.rs`.
+//! by `shutdown.rs`. And their supervision ([`supervise`]): a port or rule task that ends
+//! before the shutdown (a panic, an accept loop that gave up) makes the server say so and
+//! stop being ready at once, then stop — never up and ready with a dead listener.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,6 +26,10 @@ use crate::store::BucketStore;
 
 /// How often the `store` health service re-checks that the store answers.
 const STORE_HEALTH_INTERVAL: Duration = Duration::from_secs(5);
+/// How often the supervised tasks are looked at: a dead one is reported well within a
+/// second (a readiness probe's period is seconds).
+const SUPERVISION_POLL: Duration = Duration::from_millis(100);
+
 /// How often the rejection cache drops images no request can use any more (entries live
 /// at most two cache lifetimes past their last use, plus this).
 const REJECTION_PRUNE_INTERVAL: Duration = Duration::from_secs(1);
@@ -144,9 +150,13 @@ pub(super) fn spawn_xds<S: BucketStore>(
 pub(super) fn spawn_health<S: BucketStore>(
     limiter: &Arc<RateLimiter<S>>,
     warm_up: Option<WarmUp>,
-) -> (HealthWatch, tokio::task::JoinHandle<()>) {
+) -> (HealthWatch, tokio::task::JoinHandle<()>, Readiness) {
     let (ready_tx, ready_rx) = watch::channel(warm_up.is_none());
+    let ready_tx = Arc::new(ready_tx);
     let (store_tx, store_rx) = watch::channel(warm_up.is_none());
+    let readiness = Readiness {
+        grpc: ready_tx.clone(),
+    };
     let limiter = limiter.clone();
     let task = tokio::spawn(async move {
         if let Some(warm_up) = warm_up {
@@ -170,7 +180,49 @@ pub(super) fn spawn_health<S: BucketStore>(
         ready: ready_rx,
         store: store_rx,
     };
-    (watch, task)
+    (watch, task, readiness)
+}
+
+/// The gRPC health services' readiness, as the supervision withdraws it (`/healthcheck`
+/// follows the limiter's own flag).
+pub(super) struct Readiness {
+    grpc: Arc<watch::Sender<bool>>,
+}
+
+/// A task the server needs until its shutdown: the name the log gives it, and whether it
+/// has ended (`JoinHandle::is_finished`: looked at, never awaited, so the stop can still
+/// await it).
+pub(super) struct Supervised<'a> {
+    pub(super) name: &'static str,
+    pub(super) ended: &'a (dyn Fn() -> bool + Sync),
+}
+
+/// Resolves with the name of the first of `tasks` that ends, after making the server
+/// not ready on every surface (`/healthcheck`, gRPC health) and saying so: a port that
+/// stopped accepting, or rules no longer kept in force, are not a server to send calls
+/// to. `health` (the task that would set readiness once warmed up) is stopped first so
+/// that it cannot set it back. The caller stops the server; the process exits with an
+/// error, as an orchestrator expects of a server that lost a part.
+pub(super) async fn supervise<S: BucketStore>(
+    limiter: &RateLimiter<S>,
+    readiness: &Readiness,
+    health: &tokio::task::JoinHandle<()>,
+    tasks: &[Supervised<'_>],
+) -> &'static str {
+    let mut tick = tokio::time::interval(SUPERVISION_POLL);
+    loop {
+        tick.tick().await;
+        if let Some(task) = tasks.iter().find(|t| (t.ended)()) {
+            health.abort();
+            limiter.set_ready(false);
+            readiness.grpc.send_replace(false);
+            tracing::error!(
+                task = task.name,
+                "a task the server needs ended unexpectedly: not ready, stopping"
+            );
+            return task.name;
+        }
+    }
 }
 
 /// Drops the rejection cache's dead entries every [`REJECTION_PRUNE_INTERVAL`].
@@ -201,4 +253,63 @@ pub(super) fn spawn_leases<S: BucketStore>(
             .await;
     });
     (stop_tx, task)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::store::memory::MemoryStore;
+
+    fn limiter() -> Arc<RateLimiter<MemoryStore>> {
+        let config = Config::from_documents(&[]).expect("no documents, no errors");
+        let engine = Arc::new(Engine::new(
+            Arc::new(MemoryStore::new()),
+            crate::engine::EngineOptions::default(),
+        ));
+        Arc::new(RateLimiter::new(Arc::new(config), engine))
+    }
+
+    /// The test-only hook: a listener task made to end. Within a second the server is
+    /// not ready on both surfaces and the supervision names the task.
+    #[tokio::test]
+    async fn a_listener_task_that_ends_makes_the_server_not_ready_within_a_second() {
+        let limiter = limiter();
+        let (health, health_task, readiness) = spawn_health(&limiter, None);
+        assert!(limiter.readiness().is_ok() && *health.ready.borrow());
+        let (end_tx, end_rx) = tokio::sync::oneshot::channel::<()>();
+        let grpc = tokio::spawn(async move {
+            let _ = end_rx.await;
+        });
+        let http = tokio::spawn(std::future::pending::<()>());
+        let grpc_ended = || grpc.is_finished();
+        let http_ended = || http.is_finished();
+        let tasks = [
+            Supervised {
+                name: "gRPC port",
+                ended: &grpc_ended,
+            },
+            Supervised {
+                name: "HTTP port",
+                ended: &http_ended,
+            },
+        ];
+        let watching = supervise(&limiter, &readiness, &health_task, &tasks);
+        tokio::pin!(watching);
+        // Nothing ended: the supervision waits, the server stays ready.
+        assert!(
+            tokio::time::timeout(Duration::from_millis(300), &mut watching)
+                .await
+                .is_err()
+        );
+        assert!(limiter.readiness().is_ok());
+        end_tx.send(()).unwrap();
+        let ended = tokio::time::timeout(Duration::from_secs(1), &mut watching)
+            .await
+            .expect("reported within a second");
+        assert_eq!(ended, "gRPC port");
+        assert!(limiter.readiness().is_err());
+        assert!(!*health.ready.borrow());
+        http.abort();
+    }
 }

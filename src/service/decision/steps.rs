@@ -40,7 +40,9 @@ impl<S: BucketStore> RateLimiter<S> {
     ) -> Result<Reply, CallError> {
         let _timer = self.metrics.request();
         validate(&self.limits, req).map_err(CallError::InvalidArgument)?;
-        let snapshot = self.snapshot.load();
+        // An owned snapshot, not arc-swap's guard: the guard is a per-thread debt slot
+        // meant for short reads, and this one lives across every await of the decision.
+        let snapshot = self.snapshot.load_full();
         let Some(domain) = snapshot.config.domain(req.domain) else {
             progress.unknown_domain.store(true, Ordering::Relaxed);
             self.unknown_domain(&snapshot.config, req.domain);
@@ -271,7 +273,7 @@ impl<S: BucketStore> RateLimiter<S> {
         if quota_seen > 0 && quota_seen == quota_over && !over {
             over = true;
             if let Some((acquire, d)) = enforced {
-                self.engine.refund(acquire, d).await;
+                self.refund_off_the_answer(acquire, d).await;
             }
         }
         // 4. Shadow rules: evaluated and counted, never enforced; they take tokens only
@@ -296,6 +298,22 @@ impl<S: BucketStore> RateLimiter<S> {
             }
         }
         Ok(over)
+    }
+
+    /// Gives back what the enforced group took once the quota group turned the answer to
+    /// no: best effort, off the answer's path. The answer is decided already, and a
+    /// refund awaited on a slow store would hold it past the caller's deadline (the
+    /// refund has none of its own). Polled once here — a store that answers at once (the
+    /// memory store) is refunded before the answer, as before — and, if still pending,
+    /// finished by a task of its own, bounded by the store's own timeout. A lost refund
+    /// under-admits, never over-admits.
+    async fn refund_off_the_answer(&self, acquire: &Acquire, decision: &Decision) {
+        let engine = self.engine.clone();
+        let (acquire, decision) = (acquire.clone(), decision.clone());
+        let mut refund = Box::pin(async move { engine.refund(&acquire, &decision).await });
+        if futures::poll!(refund.as_mut()).is_pending() {
+            tokio::spawn(refund);
+        }
     }
 
     /// Acquires `plan` and records each descriptor's verdict.

@@ -229,6 +229,13 @@ impl Collector for RedisNodeCollector {
             let c = ConstCounter::new(operations);
             c.encode(m.encode_family(&NodeLabel { node })?)?;
         }
+        let undo = ConstCounter::new(crate::store::counters::spread_undos_failed());
+        undo.encode(encoder.encode_descriptor(
+            "redis_spread_undo_failed",
+            "Writes of a Redis Cluster commit over several slots, refused on a later slot, that were neither undone nor given back (their claim stays taken until the bucket refills: fewer admissions, never more)",
+            None,
+            undo.metric_type(),
+        )?)?;
         Ok(())
     }
 }

@@ -6,13 +6,14 @@
 //! A config rule's counters are looked up once per config load and striped per thread
 //! (`support/striped.rs`), so counting its hits is two or three atomic adds on one line this
 //! thread owns. Keys built from request values are looked up per request and kept
-//! unstriped: there can be `MAX_RULE_KEYS` of them.
+//! unstriped: there can be `MAX_RULE_KEYS` of them. No lock anywhere: see [`RuleHits`].
 
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::collections::HashMap;
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 
-use parking_lot::RwLock;
+use arc_swap::ArcSwap;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, NoLabelSet};
 use prometheus_client::metrics::MetricType;
@@ -129,20 +130,88 @@ impl RuleCounters {
     }
 }
 
-/// Every stats key's counters.
-#[derive(Debug, Default)]
+/// Every stats key's counters, in [`SHARDS`] maps each replaced whole when a key is
+/// added (copy on write, `arc-swap`): a lookup is a lock-free load, a scrape reads the
+/// maps as they are, so the request path never waits for a scrape or for another
+/// request adding a key. A new key copies one shard (a 64th of at most
+/// [`MAX_RULE_KEYS`] and the config's own keys); once the cap is reached an unseen value
+/// is counted under `_overflow_`, found by the same lock-free lookup.
+#[derive(Debug)]
 pub struct RuleHits {
-    keys: RwLock<Keys>,
+    shards: [ArcSwap<KeyMap>; SHARDS],
+    /// Chooses a key's shard; seeded once.
+    hasher: foldhash::fast::RandomState,
+    /// Keys carrying request values held (capped at `MAX_RULE_KEYS`; `_overflow_` keys
+    /// are not counted).
+    from_requests: AtomicUsize,
 }
 
-#[derive(Debug, Default)]
-struct Keys {
-    cells: BTreeMap<RuleLabels, Arc<HitCells>>,
-    /// How many of `cells` carry request values (capped at `MAX_RULE_KEYS`).
-    from_requests: usize,
+/// Maps the counters are spread over (a power of two).
+const SHARDS: usize = 64;
+
+type KeyMap = HashMap<RuleLabels, Arc<HitCells>, foldhash::fast::RandomState>;
+
+impl Default for RuleHits {
+    fn default() -> Self {
+        RuleHits {
+            shards: std::array::from_fn(|_| ArcSwap::from_pointee(KeyMap::default())),
+            hasher: foldhash::fast::RandomState::default(),
+            from_requests: AtomicUsize::new(0),
+        }
+    }
 }
 
 impl RuleHits {
+    fn shard(&self, labels: &RuleLabels) -> &ArcSwap<KeyMap> {
+        &self.shards[(self.hasher.hash_one(labels) as usize) % SHARDS]
+    }
+
+    fn get(&self, labels: &RuleLabels) -> Option<Arc<HitCells>> {
+        self.shard(labels).load().get(labels).cloned()
+    }
+
+    /// The counters of `labels` and whether this call added them (made by `make`);
+    /// `None` when they are missing and `admit` refuses to add them. Another request
+    /// adding a key to the same shard at the same time makes one of them copy again,
+    /// never wait.
+    fn get_or_add(
+        &self,
+        labels: &RuleLabels,
+        make: impl Fn() -> HitCells,
+        mut admit: impl FnMut() -> bool,
+    ) -> Option<(Arc<HitCells>, bool)> {
+        let shard = self.shard(labels);
+        let mut current = shard.load_full();
+        loop {
+            if let Some(cells) = current.get(labels) {
+                return Some((cells.clone(), false));
+            }
+            if !admit() {
+                return None;
+            }
+            let cells = Arc::new(make());
+            let mut next = KeyMap::clone(&current);
+            next.insert(labels.clone(), cells.clone());
+            let previous = shard.compare_and_swap(&current, Arc::new(next));
+            if Arc::ptr_eq(&previous, &current) {
+                return Some((cells, true));
+            }
+            current = arc_swap::Guard::into_inner(previous);
+        }
+    }
+
+    /// Every key's counters, sorted by labels (what a scrape encodes): read from the
+    /// maps as they are, taking no lock.
+    fn sorted(&self) -> Vec<(RuleLabels, Arc<HitCells>)> {
+        let mut all: Vec<(RuleLabels, Arc<HitCells>)> = Vec::new();
+        for shard in &self.shards {
+            let map = shard.load();
+            all.extend(map.iter().map(|(l, c)| (l.clone(), c.clone())));
+        }
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+        all
+    }
+
     /// The counters of a config rule's own key (created, striped, on first sight; a
     /// reload finds the same ones).
     pub fn for_rule(&self, rule: &Rule) -> RuleCounters {
@@ -150,15 +219,14 @@ impl RuleHits {
             domain: rule.domain.to_string(),
             key: rule.stats_key.clone(),
         };
-        if let Some(cells) = self.keys.read().cells.get(&labels) {
-            return RuleCounters(cells.clone());
-        }
-        let mut keys = self.keys.write();
-        let cells = keys
-            .cells
-            .entry(labels)
-            .or_insert_with(|| Arc::new(HitCells::Striped(StripedCells::default())));
-        RuleCounters(cells.clone())
+        let (cells, _) = self
+            .get_or_add(
+                &labels,
+                || HitCells::Striped(StripedCells::default()),
+                || true,
+            )
+            .expect("a config rule's key is always admitted");
+        RuleCounters(cells)
     }
 
     /// Counts `hits` for a rule whose key carries the values of these entries.
@@ -173,25 +241,42 @@ impl RuleHits {
             domain: rule.domain.to_string(),
             key: hit_key(rule, entries),
         };
-        if let Some(cells) = self.keys.read().cells.get(&labels) {
+        if let Some(cells) = self.get(&labels) {
             return cells.count(hits, outcome);
         }
-        let mut keys = self.keys.write();
-        let labels = if keys.from_requests < MAX_RULE_KEYS || keys.cells.contains_key(&labels) {
-            labels
-        } else {
-            RuleLabels {
-                domain: labels.domain,
-                key: "_overflow_".to_string(),
+        let shared = || HitCells::Shared(Default::default());
+        // A place under the cap, reserved (once) before the key is added, and given back
+        // if another request added the same key first.
+        let mut reserved = false;
+        let admit = || {
+            if !reserved {
+                if self.from_requests.fetch_add(1, Relaxed) >= MAX_RULE_KEYS {
+                    self.from_requests.fetch_sub(1, Relaxed);
+                    return false;
+                }
+                reserved = true;
+            }
+            true
+        };
+        let cells = match self.get_or_add(&labels, shared, admit) {
+            Some((cells, added)) => {
+                if reserved && !added {
+                    self.from_requests.fetch_sub(1, Relaxed);
+                }
+                cells
+            }
+            None => {
+                let overflow = RuleLabels {
+                    domain: labels.domain,
+                    key: "_overflow_".to_string(),
+                };
+                let (cells, _) = self
+                    .get_or_add(&overflow, shared, || true)
+                    .expect("an overflow key is always admitted");
+                cells
             }
         };
-        if let Some(cells) = keys.cells.get(&labels) {
-            return cells.count(hits, outcome);
-        }
-        let cells = Arc::new(HitCells::Shared(Default::default()));
         cells.count(hits, outcome);
-        keys.cells.insert(labels, cells);
-        keys.from_requests += 1;
     }
 }
 
@@ -208,8 +293,7 @@ impl RuleHits {
     /// Every key's counters under upstream's statsd names,
     /// `ratelimit.service.rate_limit.<key>.<counter>`, with their totals.
     pub(super) fn statsd_totals(&self, into: &mut Vec<(String, u64)>) {
-        let keys = self.keys.read();
-        for (labels, cells) in &keys.cells {
+        for (labels, cells) in &self.sorted() {
             for (cell, suffix) in STATSD_SUFFIXES.iter().enumerate() {
                 into.push((
                     format!("ratelimit.service.rate_limit.{}.{suffix}", labels.key),
@@ -222,10 +306,10 @@ impl RuleHits {
 
 impl Collector for RuleHits {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let keys = self.keys.read();
+        let keys = self.sorted();
         for (cell, (name, help)) in SERIES.iter().enumerate() {
             let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
-            for (labels, cells) in &keys.cells {
+            for (labels, cells) in &keys {
                 if cells.exported(cell) {
                     family
                         .encode_family(labels)?

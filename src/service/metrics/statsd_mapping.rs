@@ -23,33 +23,18 @@
 mod file;
 mod glob;
 mod names;
+mod rule;
 #[cfg(test)]
 mod tests;
 
-use glob::Glob;
 use names::{escape_metric_name, fill_glob_template};
+use rule::{Matcher, Rule};
+pub use rule::{StatKind, Timer};
 
 /// Prometheus' default histogram buckets (client_golang's), statsd_exporter's default.
 pub const DEFAULT_BUCKETS: [f64; 11] = [
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
-
-/// The kind of a stat, which `match_metric_type` selects on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StatKind {
-    Counter,
-    Gauge,
-    /// A timer (statsd_exporter's "observer").
-    Observer,
-}
-
-/// How a timer is exported.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Timer {
-    /// A histogram with these finite upper bounds (`+Inf` implied).
-    Histogram(Vec<f64>),
-    Summary,
-}
 
 /// What a stat becomes.
 #[derive(Debug, Clone, PartialEq)]
@@ -70,41 +55,6 @@ impl Mapped<'_> {
     /// `value` with the mapping's scale applied.
     pub fn scaled(&self, value: f64) -> f64 {
         self.scale.map_or(value, |s| value * s)
-    }
-}
-
-#[derive(Debug)]
-enum Matcher {
-    Glob(Glob),
-    Regex(regex::Regex),
-}
-
-/// One mapping, checked.
-#[derive(Debug)]
-struct Rule {
-    matcher: Matcher,
-    metric_type: Option<StatKind>,
-    /// `action: drop`.
-    drop: bool,
-    /// The name template.
-    name: String,
-    /// Label names and value templates, sorted by name.
-    labels: Vec<(String, String)>,
-    help: Option<String>,
-    scale: Option<f64>,
-    timer: Timer,
-}
-
-impl Rule {
-    fn admits(&self, kind: StatKind) -> bool {
-        self.metric_type.is_none_or(|k| k == kind)
-    }
-
-    fn pattern(&self) -> &str {
-        match &self.matcher {
-            Matcher::Glob(g) => g.text(),
-            Matcher::Regex(r) => r.as_str(),
-        }
     }
 }
 

@@ -4,11 +4,9 @@
 //! `b_{limit}_{tk,cp,ra,rp,tc}`, every number an integer), both ways. A corrupt item is
 //! an error naming its key and the reason: that bucket's error, never the store's.
 //!
-//! A number read from the table is taken only within what the engine can work with: a
-//! shard count outside 1..=32 (work per request grows with it: draws, a doubling's read
-//! of every shard) and a refill period below 1 ms make the item corrupt. Such an item is
-//! refused, not clamped: every conditional write carries the count it read, so a clamped
-//! count would fail against the item for ever, silently.
+//! A number read from the table is taken only within what the engine can work with: the
+//! check every store's decoder makes (`store/item.rs`, [`validate_stored`]) refuses a
+//! shard count outside 1..=32 and a refill period below 1 ms as a corrupt item.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -16,7 +14,9 @@ use aws_sdk_dynamodb::types::AttributeValue;
 
 use super::expr::{attr, n, s};
 use super::DynamoStore;
-use crate::store::{BucketItem, BucketKey, LimitState, Limits, StoreError, MAX_SHARD_COUNT};
+use crate::store::{
+    stored_shard_count, validate_stored, BucketItem, BucketKey, LimitState, Limits, StoreError,
+};
 
 /// A limit's consumed counter (`tc`), saturated at the bounds of `i64` as the other
 /// stores keep it: DynamoDB's `ADD` has no ceiling, so a counter that passed `i64::MAX`
@@ -64,15 +64,7 @@ pub(super) fn decode(item: &Item) -> Result<BucketItem, String> {
         .transpose()?
         .ok_or_else(|| "no 'rf'".to_string())?;
     let shard_count = match item.get("shard_count") {
-        Some(v) => {
-            let count = parse_n("shard_count", v)?;
-            u32::try_from(count)
-                .ok()
-                .filter(|c| (1..=MAX_SHARD_COUNT).contains(c))
-                .ok_or_else(|| {
-                    format!("'shard_count' is {count}, not within 1..={MAX_SHARD_COUNT}")
-                })?
-        }
+        Some(v) => stored_shard_count("shard_count", parse_n("shard_count", v)?)?,
         None => 1,
     };
     let ttl = item.get("ttl").map(|v| parse_n("ttl", v)).transpose()?;
@@ -104,27 +96,26 @@ pub(super) fn decode(item: &Item) -> Result<BucketItem, String> {
         let (Some(tk), Some(cp)) = (tk, cp) else {
             continue;
         };
-        let rp = rp.unwrap_or(0);
-        if rp <= 0 {
-            return Err(format!("limit '{limit}' has refill period {rp}"));
-        }
         limits.insert(
             limit,
             LimitState {
                 balance: tk,
                 capacity: cp,
                 refill_amount: ra.unwrap_or(0),
-                refill_period_ms: rp,
+                // Absent: 0, which the shared check refuses.
+                refill_period_ms: rp.unwrap_or(0),
                 taken: tc.unwrap_or(0),
             },
         );
     }
-    Ok(BucketItem {
+    let item = BucketItem {
         refilled_at: rf,
         shard_count,
         ttl,
         limits,
-    })
+    };
+    validate_stored(&item)?;
+    Ok(item)
 }
 
 impl DynamoStore {

@@ -10,7 +10,7 @@ use smallvec::smallvec;
 use super::partition::Partition;
 use super::slot::{Balance, CompactItem, Shape};
 use super::*;
-use crate::store::{LimitParams, LimitState};
+use crate::store::{LimitParams, LimitState, WCU_LIMIT};
 
 /// 100 a day, the rule of the issue: one token back every 864 s.
 fn day() -> LimitParams {

@@ -42,17 +42,19 @@ use thiserror::Error;
 
 use super::key::{check_commit, check_item, check_key, check_once};
 use super::{
-    BucketItem, BucketKey, BucketStore, CommitOutcome, CountChange, Credit, CreditGuard, Debit,
-    DebitMode, DebitOutcome, LimitWrite, Limits, Name, Seed, StoreError, Write, MILLI, MIN_BALANCE,
-    WCU_LIMIT,
+    BucketItem, BucketKey, BucketStore, CommitOutcome, Credit, CreditGuard, Debit, DebitMode,
+    DebitOutcome, Limits, Name, Seed, StoreError, Write,
 };
+use crate::store::item::{stored_shard_count, validate_stored_limit};
 
 mod bound;
+mod conditions;
 mod partition;
 mod slot;
 mod table;
 
 use bound::{Clock, Evicted, Evictions};
+use conditions::{apply_debit, apply_update, debit_allowed};
 use partition::Partition;
 use slot::{Balance, CompactItem, Shape, ShapeOf, NO_TTL};
 use table::Hasher;
@@ -111,6 +113,28 @@ impl Default for MemoryStore {
     fn default() -> Self {
         Self::new()
     }
+}
+
+/// The check every store's decoder makes (`store::validate_stored`), on a held item
+/// before any condition is evaluated on it or its image is handed out: an item placed
+/// past the contract (`put`, or a create by another writer) that no bucket can have is
+/// that bucket's corrupt item. Made on the compact form (a few comparisons, no image).
+fn check_held(key: &BucketKey, slot: &CompactItem) -> Result<(), StoreError> {
+    let corrupt = |reason| StoreError::Corrupt {
+        key: key.to_string(),
+        reason,
+    };
+    stored_shard_count("shard count", i64::from(slot.shard_count)).map_err(corrupt)?;
+    for (name, params) in slot.shape.limits() {
+        validate_stored_limit(name, &params).map_err(corrupt)?;
+    }
+    Ok(())
+}
+
+/// The image of a held item, checked ([`check_held`]).
+fn image_of(key: &BucketKey, slot: &CompactItem) -> Result<BucketItem, StoreError> {
+    check_held(key, slot)?;
+    Ok(slot.image())
 }
 
 fn partition_of(key: &BucketKey) -> usize {
@@ -242,116 +266,6 @@ impl MemoryStore {
     }
 }
 
-/// Whether `debits` may be applied to `slot` under the mode's conditions.
-fn debit_allowed(slot: &CompactItem, debits: &[Debit], mode: DebitMode) -> bool {
-    let fast = match mode {
-        DebitMode::Fast { now_s, shard_count } => {
-            if slot.ttl <= now_s || slot.shard_count != shard_count {
-                return false;
-            }
-            if slot
-                .balance(WCU_LIMIT)
-                .is_none_or(|(_, w)| w.balance < MILLI)
-            {
-                return false;
-            }
-            true
-        }
-        DebitMode::RetryOnly => false,
-    };
-    debits.iter().all(|d| match slot.balance(&d.limit) {
-        None => false,
-        Some((params, b)) => {
-            let params_match = !fast || d.params.is_none_or(|p| *params == p);
-            let floor = if d.gated { 0 } else { MIN_BALANCE };
-            let covered = b
-                .balance
-                .checked_sub(d.amount)
-                .is_some_and(|after| after >= floor);
-            params_match && covered
-        }
-    })
-}
-
-/// Applies allowed `debits` in place (see [`debit_allowed`]).
-fn apply_debit(slot: &mut CompactItem, debits: &[Debit], mode: DebitMode) {
-    for d in debits {
-        if let Some(b) = slot.balance_mut(&d.limit) {
-            b.balance -= d.amount;
-            b.taken = b.taken.saturating_add(d.amount);
-        }
-    }
-    if matches!(mode, DebitMode::Fast { .. }) {
-        if let Some(w) = slot.balance_mut(WCU_LIMIT) {
-            w.balance -= MILLI;
-            w.taken += MILLI;
-        }
-    }
-}
-
-/// The update a slow-path commit makes to `cur`, or `None` when a condition fails.
-fn apply_update(
-    cur: &BucketItem,
-    expected_rf: i64,
-    rf: i64,
-    ttl: Option<i64>,
-    shard_count: Option<CountChange>,
-    limits: &[LimitWrite],
-) -> Option<BucketItem> {
-    if cur.refilled_at != expected_rf {
-        return None;
-    }
-    // The stored expiry is never moved earlier (`None`: never expires, the latest).
-    let earlier = match (cur.ttl, ttl) {
-        (Some(stored), Some(written)) => written < stored,
-        (None, Some(_)) => true,
-        (_, None) => false,
-    };
-    if earlier {
-        return None;
-    }
-    let mut next = cur.clone();
-    next.refilled_at = rf;
-    next.ttl = ttl;
-    if let Some(change) = shard_count {
-        if cur.shard_count != change.read {
-            return None;
-        }
-        next.shard_count = change.new;
-    }
-    for lw in limits {
-        match lw {
-            LimitWrite::Add {
-                limit,
-                balance_delta: tk_delta,
-                taken_delta: tc_delta,
-                floor,
-                cap,
-                ..
-            } => {
-                let st = next.limits.get_mut(limit)?;
-                if floor.is_some_and(|f| st.balance < f) || cap.is_some_and(|c| st.balance > c) {
-                    return None;
-                }
-                st.balance = st.balance.checked_add(*tk_delta)?;
-                st.taken = st.taken.saturating_add(*tc_delta);
-            }
-            LimitWrite::Set {
-                limit,
-                state,
-                read_tc,
-                ..
-            } => {
-                if next.limits.get(limit).map(|st| st.taken) != *read_tc {
-                    return None;
-                }
-                next.limits.insert(limit, *state);
-            }
-        }
-    }
-    Some(next)
-}
-
 impl MemoryStore {
     /// What `w` makes of the item `current`: `Ok(None)` when its condition fails, an
     /// error when the item it would write is larger than a store may hold.
@@ -376,7 +290,7 @@ impl MemoryStore {
                 let Some(cur) = current else {
                     return Ok(None);
                 };
-                let image = cur.image();
+                let image = image_of(key, cur)?;
                 let Some(next) =
                     apply_update(&image, *expected_rf, *rf, *ttl, *shard_count, limits)
                 else {
@@ -438,13 +352,15 @@ impl MemoryStore {
             slot.touched = mark;
             // A create takes no `wcu` token (as a slow pass's create takes none).
             apply_debit(&mut slot, debits, DebitMode::RetryOnly);
-            let image = slot.image();
+            let image = image_of(key, &slot)?;
             let evicted = g.insert(key, slot, self.clock.now_s());
             drop(g);
             self.evictions.record(evicted, self.max_bytes);
             return Ok(DebitOutcome::Applied(image));
         };
         slot.touched = mark;
+        // Checked before any condition: a corrupt item is neither debited nor shown.
+        check_held(key, slot)?;
         Ok(if debit_allowed(slot, debits, mode) {
             apply_debit(slot, debits, mode);
             DebitOutcome::Applied(slot.image())
@@ -478,7 +394,14 @@ impl BucketStore for MemoryStore {
         for k in keys {
             check_key(k)?;
         }
-        Ok(keys.iter().map(|k| self.get(k)).collect())
+        keys.iter()
+            .map(|k| {
+                self.part(k)
+                    .get(k)
+                    .map(|slot| image_of(k, slot))
+                    .transpose()
+            })
+            .collect()
     }
 
     async fn commit(&self, writes: &[Write]) -> Result<CommitOutcome, StoreError> {
@@ -494,7 +417,7 @@ impl BucketStore for MemoryStore {
             let current = guards[&partition_of(w.key())].get(w.key());
             match self.stage(current, w)? {
                 Some(next) => staged.push(next),
-                None => failed.push((i, current.map(CompactItem::image))),
+                None => failed.push((i, current.map(|slot| image_of(w.key(), slot)).transpose()?)),
             }
         }
         if !failed.is_empty() {

@@ -54,7 +54,7 @@ pub(super) fn decode<S: AsRef<str>>(flat: &[S]) -> Result<Option<BucketItem>, De
     if !flat.len().is_multiple_of(2) {
         return Err(format!("{} values, not field/value pairs", flat.len()));
     }
-    decode_strings(flat.iter().map(AsRef::as_ref))
+    decode_strings(flat.iter().map(AsRef::as_ref)).and_then(crate::store::checked_stored)
 }
 
 /// The item a script's image names: its field and value strings joined by single spaces
@@ -63,7 +63,7 @@ pub(super) fn decode_joined(joined: &str) -> Result<Option<BucketItem>, DecodeEr
     if joined.is_empty() {
         return Ok(None);
     }
-    decode_strings(joined.split(' '))
+    decode_strings(joined.split(' ')).and_then(crate::store::checked_stored)
 }
 
 /// The item of a field/value sequence (none: no item).

@@ -99,6 +99,7 @@ impl RedisStore {
                 match self.undo(w, written).await {
                     Ok(true) => continue,
                     Ok(false) => {}
+                    // Not counted yet: the give-back below may still land.
                     Err(e) => tracing::debug!(error = %e, "a spread commit's write was not undone"),
                 }
             }
@@ -108,6 +109,7 @@ impl RedisStore {
             }
             let guard = CreditGuard::Unrefilled(Stamp::of(&written.image));
             if let Err(e) = self.credit(w.key(), guard, &credits).await {
+                crate::store::counters::spread_undo_failed();
                 tracing::debug!(error = %e, "a spread commit's claim was not given back");
             }
         }

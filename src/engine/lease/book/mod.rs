@@ -161,9 +161,8 @@ impl LeaseBook {
             return Served::Missed(Vec::new());
         }
         let mut locked = Locked::new(&self.parts, &spots);
-        let tracked = || req.buckets.iter().zip(spots.iter().copied());
         if count {
-            for (b, spot) in tracked() {
+            for (b, spot) in req.buckets.iter().zip(spots.iter().copied()) {
                 if let Some(s) = spot {
                     locked
                         .part(s.part)
@@ -171,90 +170,8 @@ impl LeaseBook {
                 }
             }
         }
-        let covering: Option<SmallVec<[usize; 2]>> = tracked()
-            .map(|(b, spot)| {
-                let e = locked.entry(b, spot?)?;
-                e.leases.iter().position(|l| l.covers(b, now))
-            })
-            .collect();
-        let served = match covering {
-            Some(at) => {
-                let buckets = tracked()
-                    .zip(at)
-                    .map(|((b, spot), i)| {
-                        let e = locked
-                            .entry(b, spot.expect("covered"))
-                            .expect("covered above");
-                        take(&mut e.leases[i], b)
-                    })
-                    .collect();
-                Served::Answered(Decision {
-                    admitted: true,
-                    buckets,
-                })
-            }
-            None => {
-                if count {
-                    for (b, spot) in tracked() {
-                        let Some(e) = spot.and_then(|s| locked.entry(b, s)) else {
-                            continue;
-                        };
-                        if e.in_flight > 0 {
-                            return Served::Wait(Landing {
-                                landed: e.landed.subscribe(),
-                                tight: e.tight_for(b),
-                            });
-                        }
-                    }
-                }
-                let mut returns = Vec::new();
-                for (b, spot) in tracked() {
-                    let Some(e) = spot.and_then(|s| locked.entry(b, s)) else {
-                        continue;
-                    };
-                    if e.leases.iter().any(|l| l.covers(b, now)) {
-                        continue;
-                    }
-                    // Short or expired for this request: the store decides it, with
-                    // these tokens back where every server can see them.
-                    for l in std::mem::take(&mut e.leases) {
-                        returns.extend(return_of(&b.entity, &b.resource, l));
-                    }
-                }
-                Served::Missed(returns)
-            }
-        };
-        let mut wanted = false;
-        let mut waiting = None;
-        if !self.closed.load(Ordering::Acquire) {
-            for (b, spot) in tracked() {
-                let Some(e) = spot.and_then(|s| locked.entry(b, s)) else {
-                    continue;
-                };
-                if !e.wants(&self.options, now) {
-                    continue;
-                }
-                {
-                    let mut wants = self.wants.lock();
-                    if wants.closed {
-                        // Closed meanwhile: the fetch will never be made.
-                        e.fetching = false;
-                        e.land();
-                        continue;
-                    }
-                    wants.list.push(e.want());
-                }
-                wanted = true;
-                // This request waits for the fetch it asked for rather than race it to
-                // the store (unless it has leases to give back first).
-                if count && matches!(&served, Served::Missed(r) if r.is_empty()) {
-                    waiting = Some(Landing {
-                        landed: e.landed.subscribe(),
-                        tight: e.tight_for(b),
-                    });
-                }
-            }
-        }
+        let served = self.answer(&mut locked, req, &spots, now, count);
+        let (wanted, waiting) = self.ask_fetches(&mut locked, req, &spots, now, count, &served);
         drop(locked);
         if wanted {
             self.wanted.notify_one();
@@ -263,6 +180,116 @@ impl LeaseBook {
             Some(landing) => Served::Wait(landing),
             None => served,
         }
+    }
+
+    /// `req` answered from the leases when they cover every bucket of it; else a wait for
+    /// a fetch in flight (when `count`), or a miss with the leases that no longer cover
+    /// their bucket taken out to be given back.
+    fn answer(
+        &self,
+        locked: &mut Locked<'_>,
+        req: &Acquire,
+        spots: &[Option<Spot>],
+        now: i64,
+        count: bool,
+    ) -> Served {
+        let tracked = || req.buckets.iter().zip(spots.iter().copied());
+        let covering: Option<SmallVec<[usize; 2]>> = tracked()
+            .map(|(b, spot)| {
+                let e = locked.entry(b, spot?)?;
+                e.leases.iter().position(|l| l.covers(b, now))
+            })
+            .collect();
+        if let Some(at) = covering {
+            let buckets = tracked()
+                .zip(at)
+                .map(|((b, spot), i)| {
+                    let e = locked
+                        .entry(b, spot.expect("covered"))
+                        .expect("covered above");
+                    take(&mut e.leases[i], b)
+                })
+                .collect();
+            return Served::Answered(Decision {
+                admitted: true,
+                buckets,
+            });
+        }
+        if count {
+            for (b, spot) in tracked() {
+                let Some(e) = spot.and_then(|s| locked.entry(b, s)) else {
+                    continue;
+                };
+                if e.in_flight > 0 {
+                    return Served::Wait(Landing {
+                        landed: e.landed.subscribe(),
+                        tight: e.tight_for(b),
+                    });
+                }
+            }
+        }
+        let mut returns = Vec::new();
+        for (b, spot) in tracked() {
+            let Some(e) = spot.and_then(|s| locked.entry(b, s)) else {
+                continue;
+            };
+            if e.leases.iter().any(|l| l.covers(b, now)) {
+                continue;
+            }
+            // Short or expired for this request: the store decides it, with these tokens
+            // back where every server can see them.
+            for l in std::mem::take(&mut e.leases) {
+                returns.extend(return_of(&b.entity, &b.resource, l));
+            }
+        }
+        Served::Missed(returns)
+    }
+
+    /// Files a fetch for each bucket of `req` that wants a lease (unless the book is
+    /// closed). Returns whether any was filed, and the landing `req` waits for when it
+    /// asked for a fetch and has nothing to give back (`served`: how it was answered).
+    fn ask_fetches(
+        &self,
+        locked: &mut Locked<'_>,
+        req: &Acquire,
+        spots: &[Option<Spot>],
+        now: i64,
+        count: bool,
+        served: &Served,
+    ) -> (bool, Option<Landing>) {
+        let mut wanted = false;
+        let mut waiting = None;
+        if self.closed.load(Ordering::Acquire) {
+            return (wanted, waiting);
+        }
+        for (b, spot) in req.buckets.iter().zip(spots.iter().copied()) {
+            let Some(e) = spot.and_then(|s| locked.entry(b, s)) else {
+                continue;
+            };
+            if !e.wants(&self.options, now) {
+                continue;
+            }
+            {
+                let mut wants = self.wants.lock();
+                if wants.closed {
+                    // Closed meanwhile: the fetch will never be made.
+                    e.fetching = false;
+                    e.land();
+                    continue;
+                }
+                wants.list.push(e.want());
+            }
+            wanted = true;
+            // This request waits for the fetch it asked for rather than race it to the
+            // store (unless it has leases to give back first).
+            if count && matches!(served, Served::Missed(r) if r.is_empty()) {
+                waiting = Some(Landing {
+                    landed: e.landed.subscribe(),
+                    tight: e.tight_for(b),
+                });
+            }
+        }
+        (wanted, waiting)
     }
 
     /// Notes what the store said of each bucket of a decision it made (not one answered

@@ -12,7 +12,8 @@ use serde::Deserialize;
 
 use super::glob::Glob;
 use super::names::{valid_label_name, valid_name_template};
-use super::{Matcher, Rule, StatKind, Timer, DEFAULT_BUCKETS};
+use super::rule::{Matcher, Rule, StatKind, Timer};
+use super::DEFAULT_BUCKETS;
 
 /// The file as written.
 #[derive(Debug, Default, Deserialize)]
