@@ -104,7 +104,11 @@ async fn a_credit_whose_answer_is_lost_lands_once(store: RedisStore, proxy: Prox
     // The script loaded first (a credit on no item): the answer cut is the credit's own,
     // not a `NOSCRIPT`.
     let warm = BucketKey::new("warm", "api", 0);
-    assert!(store.credit(&warm, guard, &credit).await.unwrap().is_empty());
+    assert!(store
+        .credit(&warm, guard, &credit)
+        .await
+        .unwrap()
+        .is_empty());
     proxy.cut_answer_to(b"credit-cut");
     let applied = store.credit(&key, guard, &credit).await.unwrap();
     assert_eq!(proxy.answers_cut(), 1, "the credit's answer was cut");

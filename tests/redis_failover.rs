@@ -95,13 +95,14 @@ async fn behind_a_stable_address_writes_resume_on_the_promoted_replica() {
     assert!(before > 0, "the load wrote before the failover");
 
     // The failover: promote, demote, move the address; open connections stay put.
+    // Timed from the demotion: from then on no write lands on the old primary.
     replica.cmd(&["REPLICAOF", "NO", "ONE"]).await.unwrap();
-    let failover = Instant::now();
+    proxy.set_target(replica.port);
     primary
         .cmd(&["REPLICAOF", "127.0.0.1", &replica.port.to_string()])
         .await
         .unwrap();
-    proxy.set_target(replica.port);
+    let failover = Instant::now();
     wait_for(&primary, "replication", "role:slave").await;
 
     // Writes resume on the promoted replica within a bound.
