@@ -95,31 +95,7 @@ fn decode_strings<'a>(
             "ttl" => ttl = Some(int(value)?),
             // An operation's record (`lua/lib.lua`, `record`): not the item's.
             _ if field.starts_with("x:") => {}
-            _ => {
-                let Some((name, part)) = field
-                    .strip_prefix("b:")
-                    .and_then(|rest| rest.rsplit_once(':'))
-                else {
-                    return Err(format!("unknown field '{field}'"));
-                };
-                let slot = match part {
-                    "tk" => 0,
-                    "cp" => 1,
-                    "ra" => 2,
-                    "rp" => 3,
-                    "tc" => 4,
-                    _ => return Err(format!("unknown field '{field}'")),
-                };
-                let v = int(value)?;
-                match fields.iter_mut().find(|(n, _)| *n == name) {
-                    Some((_, parts)) => parts[slot] = Some(v),
-                    None => {
-                        let mut parts = [None; 5];
-                        parts[slot] = Some(v);
-                        fields.push((name, parts));
-                    }
-                }
-            }
+            _ => limit_field(&mut fields, field, int(value)?)?,
         }
     }
     if !found {
@@ -147,6 +123,37 @@ fn decode_strings<'a>(
         ttl,
         limits,
     }))
+}
+
+/// A limit's field (`b:{name}:{part}`) and its value, onto the limit's five so far.
+fn limit_field<'a>(
+    fields: &mut Vec<(&'a str, [Option<i64>; 5])>,
+    field: &'a str,
+    v: i64,
+) -> Result<(), DecodeError> {
+    let Some((name, part)) = field
+        .strip_prefix("b:")
+        .and_then(|rest| rest.rsplit_once(':'))
+    else {
+        return Err(format!("unknown field '{field}'"));
+    };
+    let slot = match part {
+        "tk" => 0,
+        "cp" => 1,
+        "ra" => 2,
+        "rp" => 3,
+        "tc" => 4,
+        _ => return Err(format!("unknown field '{field}'")),
+    };
+    match fields.iter_mut().find(|(n, _)| *n == name) {
+        Some((_, parts)) => parts[slot] = Some(v),
+        None => {
+            let mut parts = [None; 5];
+            parts[slot] = Some(v);
+            fields.push((name, parts));
+        }
+    }
+    Ok(())
 }
 
 /// The hash fields of a new item, flat (`rf`, `sc`, then five per limit).

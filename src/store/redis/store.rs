@@ -193,6 +193,40 @@ impl RedisStore {
         decoded.map_err(|reason| Self::corrupt(key, reason))
     }
 
+    /// The items a commit answered, one per key: `before, after` pairs (`with_before`),
+    /// or each `after` alone (a second run's answer).
+    fn written(
+        keys: &[String],
+        images: &[Value],
+        with_before: bool,
+    ) -> Result<Vec<Written>, StoreError> {
+        let bad = |what: &str| Self::corrupt(&keys[0], format!("commit answered {what}"));
+        let step = if with_before { 2 } else { 1 };
+        if images.len() != keys.len() * step {
+            return Err(bad("another count of images"));
+        }
+        let written = images.chunks(step).zip(keys).map(|(chunk, key)| {
+            let flat = |v| -> Result<Vec<String>, StoreError> {
+                redis::from_redis_value_ref(v).map_err(|e| Self::corrupt(key, e.to_string()))
+            };
+            let after = flat(&chunk[step - 1])?;
+            let before = if with_before {
+                Some(flat(&chunk[0])?)
+            } else {
+                None
+            };
+            let image = decode(&after)
+                .map_err(|reason| Self::corrupt(key, reason))?
+                .ok_or_else(|| bad("a missing item"))?;
+            Ok(Written {
+                before,
+                after,
+                image,
+            })
+        });
+        written.collect()
+    }
+
     /// One commit script over `writes`, whose keys are `keys`; `images`: answer the
     /// items as the commit left them. `op`: its operation id (the same id sent again
     /// answers what the first run did).
@@ -215,50 +249,10 @@ impl RedisStore {
             return Err(bad("no array"));
         };
         match parts.first() {
-            Some(Value::Int(1)) => {
-                let mut written = Vec::with_capacity(keys.len());
-                for (i, pair) in parts[1..].chunks(2).enumerate() {
-                    let key = keys.get(i).ok_or_else(|| bad("too many items"))?;
-                    let [before, after] = pair else {
-                        return Err(bad("an odd list of images"));
-                    };
-                    let flat = |v| -> Result<Vec<String>, StoreError> {
-                        redis::from_redis_value_ref(v)
-                            .map_err(|e| Self::corrupt(key, e.to_string()))
-                    };
-                    let (before, after) = (flat(before)?, flat(after)?);
-                    let image = decode(&after)
-                        .map_err(|reason| Self::corrupt(key, reason))?
-                        .ok_or_else(|| bad("a missing item"))?;
-                    written.push(Written {
-                        before: Some(before),
-                        after,
-                        image,
-                    });
-                }
-                Ok(Applied::Committed(written))
-            }
+            Some(Value::Int(1 | 3)) if !images => Ok(Applied::Committed(Vec::new())),
+            Some(Value::Int(1)) => Self::written(keys, &parts[1..], true).map(Applied::Committed),
             // A second run: the first applied every write (its answer was lost).
-            Some(Value::Int(3)) if !images => Ok(Applied::Committed(Vec::new())),
-            Some(Value::Int(3)) => {
-                let mut written = Vec::with_capacity(keys.len());
-                for (key, after) in keys.iter().zip(&parts[1..]) {
-                    let after: Vec<String> = redis::from_redis_value_ref(after)
-                        .map_err(|e| Self::corrupt(key, e.to_string()))?;
-                    let image = decode(&after)
-                        .map_err(|reason| Self::corrupt(key, reason))?
-                        .ok_or_else(|| bad("a missing item"))?;
-                    written.push(Written {
-                        before: None,
-                        after,
-                        image,
-                    });
-                }
-                if written.len() != keys.len() {
-                    return Err(bad("too few items"));
-                }
-                Ok(Applied::Committed(written))
-            }
+            Some(Value::Int(3)) => Self::written(keys, &parts[1..], false).map(Applied::Committed),
             Some(Value::Int(0)) => {
                 let mut failed = Vec::new();
                 for pair in parts[1..].chunks(2) {
