@@ -1,8 +1,8 @@
 //! The Redis store (Redis or Valkey: one server, or a Cluster): bucket items as hashes,
 //! shared by a fleet of servers, the store most of Envoy's rate limiting already runs on.
 //!
-//! Each contract primitive is one server-side script (`lua/`, sent by `EVALSHA` and
-//! loaded again on `NOSCRIPT`), so each is one round trip and atomic on its node: the
+//! Each contract primitive is one server-side script (`lua/`, sent by `EVALSHA`, and by
+//! `EVAL` of its body on `NOSCRIPT`), so each is one round trip and atomic on its node: the
 //! fast path's debit, a credit under its guard, a commit of every write of a slow pass.
 //! A read is one `HGETALL` per item, sent together (they pipeline on the connection).
 //! Every script checks all its conditions before its first write, so a refused call
