@@ -4,7 +4,8 @@
 //! to a replica is refused as not the primary (a demoted primary behind the address), and
 //! the same URL serves once it leads to a primary. The version check (Redis ≥ 6.0, any
 //! Valkey) is a unit test there; `scripts/test` runs the store's suites on Redis 6.0.9 and
-//! Valkey.
+//! Valkey. And a Redis that is down (behind an address that still accepts TCP): one
+//! connect at a time, paced, and every call answered at once meanwhile.
 
 #![cfg(feature = "redis")]
 
@@ -61,5 +62,49 @@ async fn a_replicas_url_is_refused_until_it_leads_to_a_primary() {
     assert!(
         proxy.accepted() > accepted,
         "connected again through the address"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_that_is_down_sees_paced_connects_and_every_call_answers_at_once() {
+    // The address answers TCP but nothing is behind it (Redis down behind a load
+    // balancer): each connect the store tries is one connection the forwarder accepts.
+    let gone = common::redis::free_port();
+    let proxy = Proxy::start(gone).await;
+    let store = std::sync::Arc::new(RedisStore::new(options(
+        vec![proxy.url()],
+        RedisMode::Single,
+    )));
+    let started = std::time::Instant::now();
+    let mut calls = Vec::new();
+    for _ in 0..400 {
+        let store = store.clone();
+        calls.push(tokio::spawn(async move {
+            let t = std::time::Instant::now();
+            let out = store.warm_up().await;
+            (out.is_err(), t.elapsed())
+        }));
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let mut slowest = std::time::Duration::ZERO;
+    for c in calls {
+        let (failed, took) = c.await.unwrap();
+        assert!(failed, "nothing to answer");
+        slowest = slowest.max(took);
+    }
+    let elapsed = started.elapsed();
+    // One connect at a time, paced 100 ms doubling to 1 s after each failure: over the
+    // ~2 s of calls a handful of connects, not one per call.
+    let connects = proxy.accepted();
+    println!("{connects} connects in {elapsed:?} for 400 calls; slowest call {slowest:?}");
+    let bound = 2 + elapsed.as_millis() / 100;
+    assert!(
+        (connects as u128) <= bound,
+        "{connects} connects in {elapsed:?} (at most {bound})"
+    );
+    // Every call ends within the store's deadline (1 s), most at once.
+    assert!(
+        slowest <= std::time::Duration::from_millis(1_500),
+        "{slowest:?}"
     );
 }
