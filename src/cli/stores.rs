@@ -127,6 +127,9 @@ pub(crate) struct Redis {
     /// Not under Sentinel with TLS (refused: see docs/operations.md).
     #[arg(long, env = "SHARDGATE_REDIS_TLS_SKIP_HOSTNAME_VERIFICATION")]
     pub(crate) redis_tls_skip_hostname_verification: bool,
+    /// Allow `#insecure` on a rediss:// URL (no check of Redis's certificate at all).
+    #[arg(long, env = "SHARDGATE_REDIS_TLS_ALLOW_INSECURE")]
+    pub(crate) redis_tls_allow_insecure: bool,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -157,6 +160,7 @@ impl Redis {
                 client_cert: self.redis_tls_client_cert,
                 client_key: self.redis_tls_client_key,
                 skip_hostname_verification: self.redis_tls_skip_hostname_verification,
+                allow_insecure: self.redis_tls_allow_insecure,
             },
         }
     }

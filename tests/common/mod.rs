@@ -4,6 +4,8 @@
 //!   every call (operation, shard and outcome) and can inject a concurrent writer's action
 //!   at a chosen moment, for any store;
 //! - [`dynamo`]: the DynamoDB Local connection; [`redis`]: the test Redis and Cluster;
+//!   [`tcp_proxy`]: a forwarder in front of a Redis (a failover behind one address, an
+//!   answer cut after its call ran);
 //! - [`server`]: in-process shardgate servers on loopback and request builders;
 //! - [`control_plane`]: a test xDS control plane that pushes rules;
 //! - [`h2_call`]: one gRPC call over the `h2` crate, its bytes and stream under the test's
@@ -26,6 +28,8 @@ pub mod raw_h2;
 #[cfg(feature = "redis")]
 pub mod redis;
 pub mod server;
+#[cfg(feature = "redis")]
+pub mod tcp_proxy;
 pub mod tls;
 
 /// Defines a case written once against any store, and one test of it per store:

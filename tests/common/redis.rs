@@ -98,6 +98,12 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// The `redis-server` the tests' own servers run: `SHARDGATE_TEST_REDIS_SERVER` (another
+/// version's binary: Redis 6, Valkey), else Debian's on the `PATH`.
+pub fn server_binary() -> String {
+    std::env::var("SHARDGATE_TEST_REDIS_SERVER").unwrap_or_else(|_| "redis-server".into())
+}
+
 /// A `redis-server` of the test's own on a free loopback port (for faults and TLS, which
 /// must not touch the shared servers): stopped when dropped.
 pub struct LocalRedis {
@@ -148,7 +154,7 @@ impl LocalRedis {
     /// Starts it again on the same port (after [`LocalRedis::kill`]).
     pub fn restart(&mut self) {
         let tls = self.args.iter().any(|a| a == "--tls-port");
-        let mut cmd = std::process::Command::new("redis-server");
+        let mut cmd = std::process::Command::new(server_binary());
         if tls {
             cmd.args(["--port", "0", "--tls-port", &self.port.to_string()]);
         } else {

@@ -27,7 +27,7 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use redis::Value;
 use tokio::sync::{mpsc, oneshot};
 
-use super::failure::{classify, reported};
+use super::failure::{classify, is_demoted, reported};
 use super::link::Link;
 use super::scripts::DEBITS;
 use crate::store::StoreError;
@@ -38,6 +38,11 @@ pub(super) const MAX_BATCH: usize = 64;
 
 /// Batches in flight at once; past that, debits queue for the next.
 const MAX_IN_FLIGHT: usize = 4;
+
+/// Most debits waiting for a batch: sixteen full rounds of batches in flight. Past that
+/// Redis answers slower than calls arrive, and a debit is refused at once as the store's
+/// failure (its rule's `failure_mode`) rather than held in memory until Redis catches up.
+pub(super) const MAX_WAITING: usize = MAX_BATCH * MAX_IN_FLIGHT * 16;
 
 /// One debit waiting for its batch.
 struct Queued {
@@ -51,39 +56,42 @@ struct Queued {
 
 /// The queue of one store's debits, and (behind it) the task that sends them.
 pub(super) struct Batches {
-    queue: mpsc::UnboundedSender<Queued>,
+    queue: mpsc::Sender<Queued>,
 }
 
 impl Batches {
     /// Starts the sender on the current runtime.
     pub(super) fn start(link: Arc<Link>, timeout: Duration) -> Batches {
-        let (queue, waiting) = mpsc::unbounded_channel();
+        let (queue, waiting) = mpsc::channel(MAX_WAITING);
         tokio::spawn(send_batches(link, waiting, timeout));
         Batches { queue }
     }
 
     /// Queues one debit and waits for its answer (`None`: the sender stopped before
-    /// answering, its runtime ending). `Err`: its arguments back, not sent, the sender
-    /// having stopped: the caller sends the debit alone.
+    /// answering, its runtime ending; the store's failure when [`MAX_WAITING`] debits
+    /// wait already). `Err`: its arguments back, not sent, the sender having stopped: the
+    /// caller sends the debit alone.
     pub(super) async fn debit(
         &self,
         key: String,
         args: Vec<String>,
     ) -> Result<Option<Result<Value, StoreError>>, Vec<String>> {
         let (reply, answer) = oneshot::channel();
-        if let Err(refused) = self.queue.send(Queued { key, args, reply }) {
-            return Err(refused.0.args);
+        match self.queue.try_send(Queued { key, args, reply }) {
+            Ok(()) => Ok(answer.await.ok()),
+            Err(mpsc::error::TrySendError::Closed(refused)) => Err(refused.args),
+            Err(mpsc::error::TrySendError::Full(refused)) => {
+                Ok(Some(Err(StoreError::Unavailable {
+                    key: refused.key,
+                    reason: format!("{MAX_WAITING} debits already wait for Redis: not sent"),
+                })))
+            }
         }
-        Ok(answer.await.ok())
     }
 }
 
 /// Empties the queue into batches until every sender is gone (the store dropped).
-async fn send_batches(
-    link: Arc<Link>,
-    mut waiting: mpsc::UnboundedReceiver<Queued>,
-    timeout: Duration,
-) {
+async fn send_batches(link: Arc<Link>, mut waiting: mpsc::Receiver<Queued>, timeout: Duration) {
     let mut flying = FuturesUnordered::new();
     loop {
         tokio::select! {
@@ -114,18 +122,21 @@ async fn send_batches(
 
 /// One batch: one script, each answer to its debit.
 async fn send(link: Arc<Link>, batch: Vec<Queued>, timeout: Duration) {
-    let mut invocation = DEBITS.prepare_invoke();
+    let keys: Vec<&str> = batch.iter().map(|q| q.key.as_str()).collect();
+    let mut call = DEBITS.call(&keys);
     for q in &batch {
-        invocation.key(q.key.as_str());
-    }
-    for q in &batch {
-        invocation.arg(q.args.len());
+        call.arg(q.args.len());
         for a in &q.args {
-            invocation.arg(a.as_str());
+            call.arg(a.as_str());
         }
     }
     let first = &batch[0].key;
-    let answers = match tokio::time::timeout(timeout, link.run(first, &invocation)).await {
+    let run = link.run_reporting(first, &DEBITS, &call);
+    let (outcome, served) = match tokio::time::timeout(timeout, run).await {
+        Ok((result, served)) => (Ok(result), served),
+        Err(late) => (Err(late), None),
+    };
+    let answers = match outcome {
         Ok(Ok(Value::Array(answers))) if answers.len() == batch.len() => answers,
         outcome => {
             for q in batch {
@@ -145,18 +156,25 @@ async fn send(link: Arc<Link>, batch: Vec<Queued>, timeout: Duration) {
             return;
         }
     };
+    let mut demoted = false;
     for (q, answer) in batch.into_iter().zip(answers) {
         let result = match &answer {
             Value::Array(parts) => match parts.as_slice() {
                 [Value::Int(-1), text] => {
                     let text = redis::from_redis_value_ref::<String>(text).unwrap_or_default();
-                    Err(classify(&q.key, &reported(&text)))
+                    let error = reported(&text);
+                    demoted |= is_demoted(&error);
+                    Err(classify(&q.key, &error))
                 }
                 _ => Ok(answer),
             },
             _ => Ok(answer),
         };
         let _ = q.reply.send(result);
+    }
+    // A debit refused `READONLY` inside the answer: the server was demoted under us.
+    if let (true, Some(served)) = (demoted, &served) {
+        link.demoted(served);
     }
 }
 

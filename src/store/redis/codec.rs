@@ -1,25 +1,18 @@
-//! The Redis item format and the scripts' arguments: keys, hash fields, images decoded
-//! from `HGETALL`, and each call's arguments as the scripts in `lua/` read them. Pure:
-//! nothing here talks to Redis.
+//! The Redis item format: keys, hash fields, images decoded from `HGETALL` (or from a
+//! script's image, the fields joined by spaces), a new item's fields, and the operation
+//! ids that ride along. Pure: nothing here talks to Redis. The scripts' arguments are
+//! `args.rs`'s (debits, credits) and `commit_args.rs`'s.
 //!
 //! An item is one hash: `rf`, `sc` (shard count), `ttl` (epoch seconds; absent: never
 //! expires) and five fields per limit, `b:{limit}:tk|cp|ra|rp|tc`, every value a decimal
-//! integer — the same integers the other stores hold. The key is
+//! integer — the same integers the other stores hold — plus the records of operations
+//! that ran on it (`x:{id}`, `lua/lib.lua`), which are no part of the item. The key is
 //! `{}{namespace}/BUCKET#{entity}#{resource}#{shard}`: the leading empty hash tag makes
 //! Redis Cluster hash the whole key, so a brace in a request value can never choose the
 //! slot, and the shards of one bucket land on slots of their own (spread over the
 //! masters, which is what sharding a hot bucket is for).
-//!
-//! Bounds the scripts check are computed here in `i128`, where no sum overflows, and sent
-//! as decimal strings that the scripts compare exactly (Lua's numbers are doubles).
 
-use serde::Serialize;
-
-use crate::store::key::{key_attribute_bytes, MAX_ITEM_BYTES};
-use crate::store::{
-    BucketItem, BucketKey, Credit, CreditGuard, Debit, DebitMode, LimitState, LimitWrite, Limits,
-    Write, MILLI, MIN_BALANCE, WCU_LIMIT,
-};
+use crate::store::{BucketItem, BucketKey, LimitState, Limits};
 
 /// The prefix that makes Cluster hash the whole key (see the module comment).
 const WHOLE_KEY_TAG: &str = "{}";
@@ -44,6 +37,12 @@ pub(super) fn redis_key(namespace: &str, key: &BucketKey) -> String {
 /// for a key whose first `{` is followed at once by `}` — every key of this store.
 pub(super) fn slot(redis_key: &str) -> u16 {
     crc16::State::<crc16::XMODEM>::calculate(redis_key.as_bytes()) % 16_384
+}
+
+/// A new operation id (`lua/lib.lua`, `record`): 96 random bits in hex, so that no two
+/// calls of any server sharing the Redis ever carry the same.
+pub(super) fn op_id() -> String {
+    format!("{:024x}", rand::random::<u128>() >> 32)
 }
 
 /// Why an image could not be decoded.
@@ -94,31 +93,9 @@ fn decode_strings<'a>(
                 )
             }
             "ttl" => ttl = Some(int(value)?),
-            _ => {
-                let Some((name, part)) = field
-                    .strip_prefix("b:")
-                    .and_then(|rest| rest.rsplit_once(':'))
-                else {
-                    return Err(format!("unknown field '{field}'"));
-                };
-                let slot = match part {
-                    "tk" => 0,
-                    "cp" => 1,
-                    "ra" => 2,
-                    "rp" => 3,
-                    "tc" => 4,
-                    _ => return Err(format!("unknown field '{field}'")),
-                };
-                let v = int(value)?;
-                match fields.iter_mut().find(|(n, _)| *n == name) {
-                    Some((_, parts)) => parts[slot] = Some(v),
-                    None => {
-                        let mut parts = [None; 5];
-                        parts[slot] = Some(v);
-                        fields.push((name, parts));
-                    }
-                }
-            }
+            // An operation's record (`lua/lib.lua`, `record`): not the item's.
+            _ if field.starts_with("x:") => {}
+            _ => limit_field(&mut fields, field, int(value)?)?,
         }
     }
     if !found {
@@ -148,6 +125,37 @@ fn decode_strings<'a>(
     }))
 }
 
+/// A limit's field (`b:{name}:{part}`) and its value, onto the limit's five so far.
+fn limit_field<'a>(
+    fields: &mut Vec<(&'a str, [Option<i64>; 5])>,
+    field: &'a str,
+    v: i64,
+) -> Result<(), DecodeError> {
+    let Some((name, part)) = field
+        .strip_prefix("b:")
+        .and_then(|rest| rest.rsplit_once(':'))
+    else {
+        return Err(format!("unknown field '{field}'"));
+    };
+    let slot = match part {
+        "tk" => 0,
+        "cp" => 1,
+        "ra" => 2,
+        "rp" => 3,
+        "tc" => 4,
+        _ => return Err(format!("unknown field '{field}'")),
+    };
+    match fields.iter_mut().find(|(n, _)| *n == name) {
+        Some((_, parts)) => parts[slot] = Some(v),
+        None => {
+            let mut parts = [None; 5];
+            parts[slot] = Some(v);
+            fields.push((name, parts));
+        }
+    }
+    Ok(())
+}
+
 /// The hash fields of a new item, flat (`rf`, `sc`, then five per limit).
 pub(super) fn fields_of(item: &BucketItem) -> Vec<String> {
     let mut out = Vec::with_capacity(4 + 10 * item.limits.len());
@@ -160,7 +168,7 @@ pub(super) fn fields_of(item: &BucketItem) -> Vec<String> {
 }
 
 /// A limit's five fields: each suffix (`b:{name}:{suffix}`) and its value.
-fn limit_parts(st: &LimitState) -> [(&'static str, i64); 5] {
+pub(super) fn limit_parts(st: &LimitState) -> [(&'static str, i64); 5] {
     [
         ("tk", st.balance),
         ("cp", st.capacity),
@@ -170,103 +178,11 @@ fn limit_parts(st: &LimitState) -> [(&'static str, i64); 5] {
     ]
 }
 
-fn push_limit(out: &mut Vec<String>, name: &str, st: &LimitState) {
+pub(super) fn push_limit(out: &mut Vec<String>, name: &str, st: &LimitState) {
     for (part, v) in limit_parts(st) {
         out.push(format!("b:{name}:{part}"));
         out.push(v.to_string());
     }
-}
-
-/// The least balance that covers `d` (`tk − amount ≥ floor`, as `tk ≥ floor + amount`).
-fn need(d: &Debit) -> i128 {
-    let floor = if d.gated { 0 } else { i128::from(MIN_BALANCE) };
-    floor + i128::from(d.amount)
-}
-
-/// The value past which adding `delta` leaves `i64` (upward for `delta ≥ 0`).
-fn turn(delta: i64) -> (i128, bool) {
-    if delta >= 0 {
-        (i128::from(i64::MAX) - i128::from(delta), true)
-    } else {
-        (i128::from(i64::MIN) - i128::from(delta), false)
-    }
-}
-
-/// The item a debit creates from `seed` where there is none: `seed` with `debits` applied
-/// (no `wcu` token taken: a create takes none), when the debit's conditions under `mode`
-/// hold on it — the very conditions `lua/debit.lua` checks on a stored item (expiry,
-/// shard count, a `wcu` token, each limit present with its parameters and covering its
-/// amount). `None`: they do not, and nothing is to be created. Checked here, where the
-/// seed is, so that the script only writes what it is sent.
-pub(super) fn created(seed: &BucketItem, debits: &[Debit], mode: DebitMode) -> Option<BucketItem> {
-    let fast = match mode {
-        DebitMode::Fast { now_s, shard_count } => {
-            let wcu = seed.limit(WCU_LIMIT).map_or(0, |w| w.balance);
-            if seed.ttl.is_some_and(|t| t <= now_s)
-                || seed.shard_count != shard_count
-                || wcu < MILLI
-            {
-                return None;
-            }
-            true
-        }
-        DebitMode::RetryOnly => false,
-    };
-    let mut item = seed.clone();
-    for d in debits {
-        let st = item.limits.get_mut(&d.limit)?;
-        let params_differ = d.params.is_some_and(|p| st.params() != p);
-        if i128::from(st.balance) < need(d) || (fast && params_differ) {
-            return None;
-        }
-        st.balance -= d.amount;
-        st.taken = st.taken.saturating_add(d.amount);
-    }
-    Some(item)
-}
-
-/// An integer as the scripts read it: canonical decimal text.
-fn text(v: impl itoa::Integer) -> String {
-    itoa::Buffer::new().format(v).to_owned()
-}
-
-/// The debit script's arguments (`lua/debit.lua`): the mode's, the item to create where
-/// there is none (`created`: its fields as one string, [`seed_arg`], and its `ttl`, the
-/// debit already applied), then eight per debit.
-pub(super) fn debit_args(
-    debits: &[Debit],
-    mode: DebitMode,
-    created: Option<&BucketItem>,
-) -> Vec<String> {
-    let mut args = Vec::with_capacity(4 + 8 * debits.len());
-    match mode {
-        DebitMode::Fast { now_s, shard_count } => {
-            args.push(text(now_s));
-            args.push(text(shard_count));
-        }
-        DebitMode::RetryOnly => {
-            args.push(String::new());
-            args.push(String::new());
-        }
-    }
-    args.push(created.and_then(seed_arg).unwrap_or_default());
-    args.push(created.and_then(|s| s.ttl).map_or_else(String::new, text));
-    for d in debits {
-        args.push(d.limit.to_string());
-        args.push(text(need(d)));
-        args.push(text(d.amount));
-        args.push(text(-i128::from(d.amount)));
-        args.push(text(turn(d.amount).0));
-        match d.params {
-            Some(p) => args.extend([
-                text(p.capacity),
-                text(p.refill_amount),
-                text(p.refill_period_ms),
-            ]),
-            None => args.extend([String::new(), String::new(), String::new()]),
-        }
-    }
-    args
 }
 
 /// An item's hash fields as the debit script takes a seed: field and value strings
@@ -296,234 +212,10 @@ pub(super) fn seed_arg(item: &BucketItem) -> Option<String> {
     Some(out)
 }
 
-/// The item a debit the script applied left: `before` (the image the script answered,
-/// as it found it) with the script's own writes — each debit's amount off its balance
-/// and onto its `tc` (saturating), and on the fast path one `wcu` token the same way.
-/// Computed here rather than read back in the script, which costs Redis a second
-/// `HGETALL`; the script checked every bound, so a limit missing or a balance leaving
-/// `i64` means the image is not what the script saw.
-pub(super) fn debited(
-    before: BucketItem,
-    debits: &[Debit],
-    mode: DebitMode,
-) -> Result<BucketItem, DecodeError> {
-    let mut item = before;
-    let wcu = matches!(mode, DebitMode::Fast { .. }).then(|| Debit {
-        limit: WCU_LIMIT.into(),
-        amount: MILLI,
-        gated: true,
-        params: None,
-    });
-    for d in debits.iter().chain(wcu.as_ref()) {
-        let st = item
-            .limits
-            .get_mut(&d.limit)
-            .ok_or_else(|| format!("the debited limit '{}' is missing", d.limit))?;
-        st.balance = st
-            .balance
-            .checked_sub(d.amount)
-            .ok_or_else(|| format!("limit '{}' balance leaves i64", d.limit))?;
-        st.taken = st.taken.saturating_add(d.amount);
-    }
-    Ok(item)
-}
-
-/// The credit script's arguments (`lua/credit.lua`).
-pub(super) fn credit_args(guard: CreditGuard, credits: &[Credit]) -> Vec<String> {
-    let mut args = Vec::with_capacity(2 + 8 * credits.len());
-    match guard {
-        CreditGuard::Unrefilled(stamp) => {
-            args.push(stamp.refilled_at.to_string());
-            args.push(stamp.shard_count.to_string());
-        }
-        CreditGuard::SameCount(count) => {
-            args.push(String::new());
-            args.push(count.to_string());
-        }
-    }
-    for c in credits {
-        args.push(c.limit.to_string());
-        // tk + amount ≤ ceiling.
-        args.push((i128::from(c.ceiling) - i128::from(c.amount)).to_string());
-        args.push(c.amount.to_string());
-        args.push((-i128::from(c.amount)).to_string());
-        args.push(turn(c.amount.saturating_neg()).0.to_string());
-        args.extend([
-            c.params.capacity.to_string(),
-            c.params.refill_amount.to_string(),
-            c.params.refill_period_ms.to_string(),
-        ]);
-    }
-    args
-}
-
-/// One write of the commit script (`lua/commit.lua`), every number a string.
-#[derive(Serialize)]
-#[serde(untagged)]
-pub(super) enum ScriptWrite {
-    Create {
-        create: Vec<String>,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        ttl: Option<String>,
-    },
-    Update {
-        update: ScriptUpdate,
-    },
-    Debit {
-        debit: Vec<[String; 5]>,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        ttl: Option<String>,
-    },
-}
-
-#[derive(Serialize)]
-pub(super) struct ScriptUpdate {
-    /// The bytes of the item's key attributes, and the most an item may have: the script
-    /// measures the item it leaves (`lib.lua`, `item_bytes`).
-    kb: String,
-    mx: String,
-    erf: String,
-    rf: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    ttl: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    sc: Option<[String; 2]>,
-    limits: Vec<ScriptLimit>,
-}
-
-#[derive(Serialize)]
-pub(super) struct ScriptLimit {
-    n: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    add: Option<ScriptAdd>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    set: Option<Vec<String>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    rtc: Option<String>,
-}
-
-/// An additive change: the balance must lie in `lo..=hi` (the write's floor and cap, and
-/// room for the delta inside `i64`).
-#[derive(Serialize)]
-pub(super) struct ScriptAdd {
-    lo: String,
-    hi: String,
-    tk: String,
-    tc: String,
-    turn: String,
-    up: bool,
-}
-
-/// `w` as the commit script reads it.
-pub(super) fn script_write(w: &Write) -> ScriptWrite {
-    match w {
-        Write::Create { item, .. } => ScriptWrite::Create {
-            create: fields_of(item),
-            ttl: item.ttl.map(|t| t.to_string()),
-        },
-        Write::Update {
-            key,
-            expected_refilled_at: expected_rf,
-            refilled_at: rf,
-            ttl,
-            shard_count,
-            limits,
-        } => ScriptWrite::Update {
-            update: ScriptUpdate {
-                kb: key_attribute_bytes(key).to_string(),
-                mx: MAX_ITEM_BYTES.to_string(),
-                erf: expected_rf.to_string(),
-                rf: rf.to_string(),
-                ttl: ttl.map(|t| t.to_string()),
-                sc: shard_count.map(|c| [c.read.to_string(), c.new.to_string()]),
-                limits: limits.iter().map(script_limit).collect(),
-            },
-        },
-        Write::Debit { debits, ttl, .. } => ScriptWrite::Debit {
-            debit: debits
-                .iter()
-                .map(|d| {
-                    [
-                        d.limit.to_string(),
-                        need(d).to_string(),
-                        d.amount.to_string(),
-                        (-i128::from(d.amount)).to_string(),
-                        turn(d.amount).0.to_string(),
-                    ]
-                })
-                .collect(),
-            ttl: ttl.map(|t| t.to_string()),
-        },
-    }
-}
-
-fn script_limit(lw: &LimitWrite) -> ScriptLimit {
-    match lw {
-        LimitWrite::Add {
-            limit,
-            balance_delta: tk_delta,
-            taken_delta: tc_delta,
-            floor,
-            cap,
-            ..
-        } => {
-            let delta = i128::from(*tk_delta);
-            // The sum stays in i64, and within the write's own bounds.
-            let mut lo = i128::from(i64::MIN) - delta.min(0);
-            let mut hi = i128::from(i64::MAX) - delta.max(0);
-            if let Some(f) = floor {
-                lo = lo.max(i128::from(*f));
-            }
-            if let Some(c) = cap {
-                hi = hi.min(i128::from(*c));
-            }
-            let (turn, up) = turn(*tc_delta);
-            ScriptLimit {
-                n: limit.to_string(),
-                add: Some(ScriptAdd {
-                    lo: lo.to_string(),
-                    hi: hi.to_string(),
-                    tk: tk_delta.to_string(),
-                    tc: tc_delta.to_string(),
-                    turn: turn.to_string(),
-                    up,
-                }),
-                set: None,
-                rtc: None,
-            }
-        }
-        LimitWrite::Set {
-            limit,
-            state,
-            read_tc,
-            ..
-        } => {
-            let mut set = Vec::with_capacity(10);
-            push_limit(&mut set, limit, state);
-            ScriptLimit {
-                n: limit.to_string(),
-                add: None,
-                set: Some(set),
-                rtc: read_tc.map(|t| t.to_string()),
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{LimitParams, MILLI, WCU_LIMIT};
-
-    #[test]
-    fn the_scripts_name_the_reserved_limit_and_its_unit_as_the_contract_does() {
-        // lua/lib.lua's `debit` spells both out.
-        assert_eq!(WCU_LIMIT, "wcu");
-        assert_eq!(MILLI, 1_000);
-        let lib = include_str!("lua/lib.lua");
-        let debit = &lib[lib.find("local function debit(").unwrap()..];
-        assert!(debit.contains("'b:wcu:tk'") && debit.contains("'1000'"));
-    }
+    use crate::store::LimitParams;
 
     #[test]
     fn keys_hash_whole_so_a_brace_in_a_value_cannot_pick_the_slot() {
@@ -563,6 +255,9 @@ mod tests {
         let joined = fields_of(&saturated).join(" ");
         assert_eq!(decode_joined(&joined), Ok(Some(saturated)));
         assert_eq!(decode_joined(""), Ok(None));
+        // An operation's record rides along and is no part of the item.
+        let recorded = format!("{joined} x:{} 1700000000123:0,2", op_id());
+        assert_eq!(decode_joined(&recorded), decode_joined(&joined));
         assert!(decode_joined("rf 1 sc").unwrap_err().contains("pairs"));
     }
 
@@ -579,139 +274,5 @@ mod tests {
         assert!(decode(&s(&["rf", "1", "sc", "1", "zz", "5"]))
             .unwrap_err()
             .contains("'zz'"));
-    }
-
-    #[test]
-    fn a_created_item_is_the_seed_debited_when_the_debit_fits_it() {
-        let params = crate::store::LimitParams::new(10, 10, 60_000);
-        let wcu = crate::store::LimitParams::new(1_000, 1_000, 1_000);
-        let mut limits = Limits::new();
-        limits.insert("rpm", LimitState::new(params, 10_000, 0));
-        limits.insert(WCU_LIMIT, LimitState::new(wcu, 1_000_000, 0));
-        let seed = BucketItem {
-            refilled_at: 5_000,
-            shard_count: 1,
-            ttl: Some(100),
-            limits,
-        };
-        let debit = |amount| Debit {
-            limit: "rpm".into(),
-            amount,
-            gated: true,
-            params: Some(params),
-        };
-        let fast = |now_s, shard_count| DebitMode::Fast { now_s, shard_count };
-        let made = created(&seed, &[debit(3_000)], fast(5, 1)).unwrap();
-        assert_eq!(made.limits["rpm"], LimitState::new(params, 7_000, 3_000));
-        assert_eq!(
-            made.limits[WCU_LIMIT], seed.limits[WCU_LIMIT],
-            "no wcu token"
-        );
-        assert_eq!(created(&seed, &[debit(11_000)], fast(5, 1)), None, "short");
-        assert_eq!(
-            created(&seed, &[debit(1_000)], fast(100, 1)),
-            None,
-            "expired"
-        );
-        assert_eq!(
-            created(&seed, &[debit(1_000)], fast(5, 2)),
-            None,
-            "another count"
-        );
-    }
-
-    #[test]
-    fn an_applied_debit_is_the_image_found_with_the_scripts_writes() {
-        let params = LimitParams::new(10, 10, 60_000);
-        let mut limits = Limits::new();
-        limits.insert("rpm", LimitState::new(params, 10_000, i64::MAX - 500));
-        limits.insert(
-            WCU_LIMIT,
-            LimitState::new(LimitParams::new(5, 5, 1_000), 5_000, 0),
-        );
-        let before = BucketItem {
-            refilled_at: 5_000,
-            shard_count: 1,
-            ttl: Some(100),
-            limits,
-        };
-        let debit = |limit: &str, amount| Debit {
-            limit: limit.into(),
-            amount,
-            gated: true,
-            params: None,
-        };
-        let fast = DebitMode::Fast {
-            now_s: 5,
-            shard_count: 1,
-        };
-        // Twice the same limit adds up, as the script's writes do; `tc` saturates.
-        let after = debited(
-            before.clone(),
-            &[debit("rpm", 3_000), debit("rpm", 1_000)],
-            fast,
-        )
-        .unwrap();
-        assert_eq!(after.limits["rpm"].balance, 6_000);
-        assert_eq!(after.limits["rpm"].taken, i64::MAX);
-        assert_eq!(after.limits[WCU_LIMIT].balance, 4_000, "one wcu token");
-        assert_eq!(after.limits[WCU_LIMIT].taken, MILLI);
-        let retry = debited(before.clone(), &[debit("rpm", 1)], DebitMode::RetryOnly).unwrap();
-        assert_eq!(
-            retry.limits[WCU_LIMIT], before.limits[WCU_LIMIT],
-            "no token"
-        );
-        assert!(debited(before.clone(), &[debit("other", 1)], fast)
-            .unwrap_err()
-            .contains("'other'"));
-        assert!(debited(before, &[debit("rpm", i64::MIN)], fast)
-            .unwrap_err()
-            .contains("leaves i64"));
-    }
-
-    #[test]
-    fn a_seed_travels_as_one_string_unless_a_name_holds_a_space() {
-        let params = LimitParams::new(1, 1, 1);
-        let item = |name: &str| {
-            let mut limits = Limits::new();
-            limits.insert(name, LimitState::new(params, 1_000, 0));
-            BucketItem {
-                refilled_at: 7,
-                shard_count: 2,
-                ttl: None,
-                limits,
-            }
-        };
-        assert_eq!(
-            seed_arg(&item("rpm")).unwrap(),
-            "rf 7 sc 2 b:rpm:tk 1000 b:rpm:cp 1000 b:rpm:ra 1000 b:rpm:rp 1 b:rpm:tc 0"
-        );
-        assert_eq!(seed_arg(&item("a b")), None);
-        let mut wide = item("rpm");
-        wide.limits
-            .insert("x.y-z", LimitState::new(params, i64::MIN, i64::MAX));
-        assert_eq!(seed_arg(&wide), Some(fields_of(&wide).join(" ")));
-        let created = item("a b");
-        let args = debit_args(&[], DebitMode::RetryOnly, Some(&created));
-        assert_eq!(
-            args[2], "",
-            "not sent: a missing item is refused as missing"
-        );
-    }
-
-    #[test]
-    fn bounds_are_exact_past_i64() {
-        let d = Debit {
-            limit: "l".into(),
-            amount: i64::MAX,
-            gated: false,
-            params: None,
-        };
-        let args = debit_args(&[d], DebitMode::RetryOnly, None);
-        assert_eq!(
-            args[5],
-            (i128::from(MIN_BALANCE) + i128::from(i64::MAX)).to_string()
-        );
-        assert_eq!(args[8], "0", "adding i64::MAX saturates past tc = 0");
     }
 }

@@ -38,6 +38,21 @@ pub(super) fn reported(text: &str) -> RedisError {
     }
 }
 
+/// What a script meets only on an item's own values, as Redis words it on every version
+/// (6.x wraps a script's error in `ERR Error running script … @user_script: …`, 7.x and
+/// Valkey keep the inner code): another type under the key, a field that is not an
+/// integer, a sum leaving 64 bits, and Lua's own complaint about a value it cannot add or
+/// compare. An allow-list, not the word `user_script` (which every error raised inside a
+/// script carries, a command the server lacks or refuses included): whatever is not on
+/// it is the server's, counted by the breaker.
+const ITEM_ERRORS: [&str; 5] = [
+    "WRONGTYPE",
+    "hash value is not an integer",
+    "increment or decrement would overflow",
+    "attempt to perform arithmetic on",
+    "attempt to compare",
+];
+
 /// Whether the error is about the one item the call touched (its type or its values),
 /// so that it is that request's answer and never trips the breaker for everyone.
 pub(super) fn is_this_items(err: &RedisError) -> bool {
@@ -48,16 +63,21 @@ pub(super) fn is_this_items(err: &RedisError) -> bool {
         // A reply the scripts never make: the item under the key is not ours.
         ErrorKind::Parse | ErrorKind::UnexpectedReturnType => true,
         ErrorKind::Server(ServerErrorKind::ResponseError) => {
-            // `ERR`: a script that stopped on this item's values (a field that is not an
-            // integer, a sum out of range) is the item's; any other `ERR` (too many
-            // clients, a refused command) is the server's.
+            // `ERR`: a script that stopped on this item's values is the item's; any other
+            // `ERR` (too many clients, a command unknown to this server or refused by
+            // its ACL) is the server's.
             let detail = err.detail().unwrap_or_default();
-            detail.contains("not an integer")
-                || detail.contains("overflow")
-                || detail.contains("user_script")
+            ITEM_ERRORS.iter().any(|e| detail.contains(e))
         }
         _ => false,
     }
+}
+
+/// Whether the error is a demoted primary's (`READONLY`): a write reached a replica, as
+/// after a failover behind an address that did not move. Redis 7 and Valkey refuse the
+/// script with it; Redis 6 runs the script and its first write fails with it inside.
+pub(super) fn is_demoted(err: &RedisError) -> bool {
+    err.code() == Some("READONLY") || err.detail().is_some_and(|d| d.contains("READONLY"))
 }
 
 #[cfg(test)]
@@ -102,6 +122,10 @@ mod tests {
                 "ERR",
                 "Error running script (call to f_x): @user_script:1: ERR hash value is not an integer",
             ),
+            (
+                "ERR",
+                "Error running script (call to f_x): @user_script:12: @user_script: 12: WRONGTYPE Operation against a key holding the wrong kind of value",
+            ),
         ] {
             let e = classify("k", &server(code, detail));
             assert!(!e.is_fault(), "{code}: {e}");
@@ -115,11 +139,37 @@ mod tests {
         assert!(matches!(item, StoreError::Corrupt { .. }), "{item:?}");
         let script = classify("k", &reported("ERR user_script:9: attempt to compare"));
         assert!(matches!(script, StoreError::Corrupt { .. }), "{script:?}");
+        // Raised inside a script but not by an item: the server's, whatever it carries.
+        for text in [
+            "ERR user_script:1: Unknown Redis command called from Lua script",
+            "ERR Error running script (call to f_1): @user_script:84: @user_script: 84: Unknown Redis command called from Lua script",
+            "NOPERM this user has no permissions to run the 'hset' command",
+            "ERR user_script:7: attempt to concatenate a nil value",
+        ] {
+            let e = classify("k", &reported(text));
+            assert!(matches!(e, StoreError::Unavailable { .. }), "{text}: {e:?}");
+        }
         let full = classify(
             "k",
             &reported("OOM command not allowed\r\nwhen used memory"),
         );
         assert!(matches!(full, StoreError::Unavailable { .. }), "{full:?}");
+    }
+
+    #[test]
+    fn a_demoted_primary_is_known_at_the_top_or_inside_a_script() {
+        assert!(is_demoted(&server(
+            "READONLY",
+            "You can't write against a read only replica."
+        )));
+        assert!(is_demoted(&server(
+            "ERR",
+            "Error running script (call to f_1): @user_script:9: @user_script: 9: -READONLY You can't write against a read only replica."
+        )));
+        assert!(is_demoted(&reported(
+            "READONLY You can't write against a read only replica."
+        )));
+        assert!(!is_demoted(&server("OOM", "command not allowed")));
     }
 
     #[test]

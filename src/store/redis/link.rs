@@ -1,236 +1,49 @@
-//! Reaching Redis: the options an operator gives (URLs, mode, TLS, pool, timeouts) and the
-//! connection they make — a few multiplexed connections to one server, to the master
-//! Sentinel names, or one Cluster connection that follows `MOVED`/`ASK` and the topology.
-//! Connecting is lazy and retried by the call that needs it, so a server starts (health
-//! `NOT_SERVING`) before its Redis does, as it does before DynamoDB answers. Under
-//! Sentinel a call that fails as an outage drops the connections, and the next call asks
-//! the Sentinels for the master again: after a failover it finds the promoted replica.
-//! Sentinels reached over TLS (`rediss://`) mean the master is reached over TLS too, with
-//! the same CA and client certificate: a deployment that encrypts one encrypts both.
-//! Each keyed call is counted on its node (`nodes.rs`) as it is sent. Nothing here knows
-//! the item format.
+//! Reaching Redis: the connection the options (`options.rs`) make — a few multiplexed
+//! connections to one server, to the master Sentinel names, or one Cluster connection that
+//! follows `MOVED`/`ASK` and the topology — and what a failed call does to it.
+//!
+//! Connecting is lazy: a server starts (health `NOT_SERVING`) before its Redis does, as
+//! it does before DynamoDB answers. One connect runs at a time; after one fails, the next
+//! is tried no sooner than [`RECONNECT_AFTER`] later (doubling while they keep failing, up
+//! to [`MAX_RECONNECT_AFTER`]), and the calls meanwhile fail at once with its error: a
+//! Redis that is down costs each call nothing but its `failure_mode`, and Redis sees one
+//! connect at a time, never one per call. On connecting the server is checked
+//! (`server.rs`): its version, and on one server that it is a primary and not a Cluster
+//! node.
+//!
+//! A failover that keeps the address (a managed primary endpoint, a Kubernetes Service,
+//! a Sentinel's new master): a write answered `READONLY` — at the top of a reply or inside
+//! a batch's (`batch.rs` reports those) — means the connections reach a demoted primary.
+//! They are dropped, and the link connects again at once in a task of its own (resolving
+//! the address again), not in a request's call; until the address leads to the promoted
+//! replica, connecting finds a replica and is refused, and is tried again after the
+//! pause above. Under Sentinel every outage does the same (the Sentinels are asked again).
+//! On a Cluster an outage has the slot map read again. Each keyed call is counted on its
+//! node (`nodes.rs`) as it is sent. Nothing here knows the item format.
 
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwapOption;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
-use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
-use redis::{
-    ClientTlsConfig, ConnectionAddr, IntoConnectionInfo, RedisError, RedisResult, ScriptInvocation,
-    TlsCertificates, TlsMode, Value,
-};
-use std::sync::Arc;
-use thiserror::Error;
+use redis::{Cmd, ErrorKind, IntoConnectionInfo, RedisError, RedisResult, ServerErrorKind, Value};
 
 use super::codec::slot;
+use super::failure::{is_demoted, is_this_items};
 use super::nodes::NodeOps;
+use super::options::{sentinel_client, RedisMode, RedisOptions};
+use super::scripts::Lua;
+use super::server::{self, Role};
 
-/// How the URLs are to be read.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RedisMode {
-    /// One server (a primary; `redis://`, `rediss://` or `unix://`).
-    Single,
-    /// A Redis Cluster: the URLs are seed nodes, the topology is discovered.
-    Cluster,
-    /// A primary watched by Sentinels: the URLs are the Sentinels', which name the
-    /// master of this name.
-    Sentinel { master: String },
-}
+/// The pause before connecting again after a connect failed or a failover dropped the
+/// connections.
+pub(super) const RECONNECT_AFTER: Duration = Duration::from_millis(100);
 
-/// TLS beyond what a `rediss://` URL says: the CA that signed the server's certificate,
-/// and a client certificate when the server asks for one.
-#[derive(Debug, Clone, Default)]
-pub struct RedisTls {
-    /// PEM CA bundle (else the system's roots).
-    pub ca_file: Option<PathBuf>,
-    /// PEM client certificate and key, both or neither.
-    pub client_cert: Option<PathBuf>,
-    pub client_key: Option<PathBuf>,
-    /// Accept a certificate whose name is not the host's (Cluster: node addresses are
-    /// IPs its certificates seldom name).
-    pub skip_hostname_verification: bool,
-}
-
-/// Where Redis is and how to reach it.
-#[derive(Debug, Clone)]
-pub struct RedisOptions {
-    /// `redis://[user:password@]host:port[/db]`, `rediss://…` (TLS) or `unix:///path`; for
-    /// a Cluster, one or more seed nodes.
-    pub urls: Vec<String>,
-    /// `None`: a Cluster when several URLs are given, else one server.
-    pub mode: Option<RedisMode>,
-    /// Prefix of every key, so several deployments can share a Redis.
-    pub namespace: String,
-    /// Deadline of one store call (connecting included).
-    pub timeout: Duration,
-    /// Multiplexed connections to one server (each pipelines every call sent on it).
-    pub pool_size: usize,
-    pub tls: RedisTls,
-    /// Under Sentinel, the master's own `user:password` or `password` (the Sentinels'
-    /// are in their URLs).
-    pub master_auth: Option<String>,
-}
-
-/// The Sentinels as [`RedisOptions::sentinels`] reads them.
-struct Sentinels {
-    addrs: Vec<ConnectionAddr>,
-    user: Option<String>,
-    password: Option<String>,
-    tls: bool,
-}
-
-/// Connections kept to one server by default: two carry a 2-core server's load
-/// (each pipelines), a few more spread a busier one over Redis's I/O threads.
-pub const DEFAULT_POOL_SIZE: usize = 4;
-
-/// What is wrong with the options (reported at start-up, before serving).
-#[derive(Debug, Error)]
-pub enum RedisConfigError {
-    #[error("no Redis URL given (--redis-url)")]
-    NoUrl,
-    #[error("Redis URL '{url}': {reason}")]
-    Url { url: String, reason: String },
-    #[error("Redis TLS file {path}: {reason}")]
-    TlsFile { path: String, reason: String },
-    #[error("--redis-tls-client-cert and --redis-tls-client-key go together")]
-    HalfClientCert,
-    #[error("--redis-pool-size must be at least 1")]
-    NoPool,
-    #[error("--redis-mode sentinel needs the master's name (--redis-sentinel-master)")]
-    NoSentinelMaster,
-    #[error("--redis-mode sentinel: the Sentinels' URLs must be all rediss:// (TLS to the Sentinels and the master) or none")]
-    MixedSentinelTls,
-    #[error("--redis-mode sentinel: the Sentinels' URLs must carry the same user and password")]
-    MixedSentinelAuth,
-    #[error("--redis-tls-skip-hostname-verification cannot apply to the master a Sentinel names (its certificate must name the address the Sentinels give); drop it")]
-    SentinelSkipHostname,
-}
-
-impl RedisOptions {
-    pub fn mode(&self) -> RedisMode {
-        self.mode.clone().unwrap_or(if self.urls.len() > 1 {
-            RedisMode::Cluster
-        } else {
-            RedisMode::Single
-        })
-    }
-
-    /// Checks what can be checked without connecting: each URL parses, the TLS files
-    /// read, the pool is not empty.
-    pub fn validate(&self) -> Result<(), RedisConfigError> {
-        self.certificates().map(|_| ())?;
-        if self.pool_size == 0 {
-            return Err(RedisConfigError::NoPool);
-        }
-        if self.urls.is_empty() {
-            return Err(RedisConfigError::NoUrl);
-        }
-        if self.mode()
-            == (RedisMode::Sentinel {
-                master: String::new(),
-            })
-        {
-            return Err(RedisConfigError::NoSentinelMaster);
-        }
-        for url in &self.urls {
-            redis::Client::open(url.as_str()).map_err(|e| RedisConfigError::Url {
-                url: redact(url),
-                reason: e.to_string(),
-            })?;
-        }
-        if let RedisMode::Sentinel { .. } = self.mode() {
-            self.sentinels()?;
-        }
-        Ok(())
-    }
-
-    /// Under Sentinel: the Sentinels' addresses, their one user and password, and whether
-    /// they (and so the master) are reached over TLS. redis-rs's Sentinel client takes one
-    /// set of credentials for all Sentinels, so URLs that disagree are refused rather than
-    /// some of them silently sent another's password.
-    fn sentinels(&self) -> Result<Sentinels, RedisConfigError> {
-        let mut addrs = Vec::with_capacity(self.urls.len());
-        let mut auth = None;
-        for url in &self.urls {
-            let info = url
-                .as_str()
-                .into_connection_info()
-                .map_err(|e| RedisConfigError::Url {
-                    url: redact(url),
-                    reason: e.to_string(),
-                })?;
-            let settings = info.redis_settings();
-            let this = (
-                settings.username().map(str::to_string),
-                settings.password().map(str::to_string),
-            );
-            if auth.get_or_insert_with(|| this.clone()) != &this {
-                return Err(RedisConfigError::MixedSentinelAuth);
-            }
-            addrs.push(info.addr().clone());
-        }
-        let tls = addrs
-            .iter()
-            .filter(|a| matches!(a, ConnectionAddr::TcpTls { .. }))
-            .count();
-        if tls != 0 && tls != addrs.len() {
-            return Err(RedisConfigError::MixedSentinelTls);
-        }
-        let tls = tls != 0;
-        if tls && self.tls.skip_hostname_verification {
-            // redis-rs builds the master's address itself from what the Sentinels say,
-            // with no way to skip only the name check (its one switch also drops the
-            // CA check): refused rather than silently not honoured.
-            return Err(RedisConfigError::SentinelSkipHostname);
-        }
-        let (user, password) = auth.unwrap_or_default();
-        Ok(Sentinels {
-            addrs,
-            user,
-            password,
-            tls,
-        })
-    }
-
-    fn certificates(&self) -> Result<Option<TlsCertificates>, RedisConfigError> {
-        let read = |p: &PathBuf| {
-            std::fs::read(p).map_err(|e| RedisConfigError::TlsFile {
-                path: p.display().to_string(),
-                reason: e.to_string(),
-            })
-        };
-        let client_tls = match (&self.tls.client_cert, &self.tls.client_key) {
-            (Some(cert), Some(key)) => Some(ClientTlsConfig {
-                client_cert: read(cert)?,
-                client_key: read(key)?,
-            }),
-            (None, None) => None,
-            _ => return Err(RedisConfigError::HalfClientCert),
-        };
-        let root_cert = self.tls.ca_file.as_ref().map(read).transpose()?;
-        Ok(
-            (client_tls.is_some() || root_cert.is_some()).then_some(TlsCertificates {
-                client_tls,
-                root_cert,
-            }),
-        )
-    }
-}
-
-/// A URL with its password replaced, for messages and logs.
-pub fn redact(url: &str) -> String {
-    match url::Url::parse(url) {
-        Ok(mut u) if u.password().is_some() => {
-            let _ = u.set_password(Some("***"));
-            u.to_string()
-        }
-        _ => url.to_string(),
-    }
-}
+/// The longest pause between connects while they keep failing.
+pub(super) const MAX_RECONNECT_AFTER: Duration = Duration::from_secs(1);
 
 /// The open connections.
 enum Open {
@@ -241,23 +54,39 @@ enum Open {
     Cluster(ClusterConnection),
 }
 
+/// The last connect that failed: when, its error, and the pause before the next.
+struct Failed {
+    at: Instant,
+    error: RedisError,
+    pause: Duration,
+}
+
 /// A lazily opened connection to the configured Redis.
 pub(super) struct Link {
     options: RedisOptions,
     open: ArcSwapOption<Open>,
     nodes: Arc<NodeOps>,
-    /// One call connects at a time; the others wait for it and use what it opened.
+    /// One connect at a time; the calls that wait for it use what it opened.
     connecting: tokio::sync::Mutex<()>,
+    /// The last connect, when it failed (cleared by one that succeeds).
+    failed: Mutex<Option<Failed>>,
+    /// Whether the task that reconnects after a failover runs.
+    reconnecting: AtomicBool,
+    /// Itself, for that task.
+    me: Weak<Link>,
 }
 
 impl Link {
-    pub(super) fn new(options: RedisOptions) -> Link {
-        Link {
+    pub(super) fn new(options: RedisOptions) -> Arc<Link> {
+        Arc::new_cyclic(|me| Link {
             options,
             open: ArcSwapOption::empty(),
             nodes: Arc::new(NodeOps::new()),
             connecting: tokio::sync::Mutex::new(()),
-        }
+            failed: Mutex::new(None),
+            reconnecting: AtomicBool::new(false),
+            me: me.clone(),
+        })
     }
 
     pub(super) fn options(&self) -> &RedisOptions {
@@ -278,31 +107,106 @@ impl Link {
         }
     }
 
-    /// Connects unless another call did meanwhile.
+    /// Connects unless another call did meanwhile; fails at once with the last connect's
+    /// error while the reconnect task runs or a connect failed too recently.
     async fn connect_once(&self) -> RedisResult<Arc<Open>> {
         let _one = self.connecting.lock().await;
         if let Some(open) = self.open.load_full() {
             return Ok(open);
         }
-        let open = Arc::new(connect(&self.options, &self.nodes).await?);
-        if let Open::Cluster(conn) = &*open {
-            self.nodes.keep_fresh(conn.clone(), Arc::downgrade(&open));
-        }
-        self.open.store(Some(open.clone()));
-        Ok(open)
+        let pause = {
+            let failed = self.failed.lock().expect("not poisoned");
+            match &*failed {
+                Some(f) if self.reconnecting.load(Ordering::Acquire) => {
+                    return Err(f.error.clone())
+                }
+                Some(f) if f.at.elapsed() < f.pause => return Err(f.error.clone()),
+                Some(f) => (f.pause * 2).min(MAX_RECONNECT_AFTER),
+                None => RECONNECT_AFTER,
+            }
+        };
+        self.connect_now(pause).await
     }
 
-    /// Under Sentinel, drops `failed` after an outage so that the next call asks the
-    /// Sentinels again (a failover moved the master, or it is down); on a Cluster, has
-    /// the slot map read again (the topology may have moved).
+    /// Connects (the caller holds `connecting`); on failure, the next connect waits
+    /// `pause`.
+    async fn connect_now(&self, pause: Duration) -> RedisResult<Arc<Open>> {
+        match connect(&self.options, &self.nodes).await {
+            Ok(open) => {
+                let open = Arc::new(open);
+                if let Open::Cluster(conn) = &*open {
+                    self.nodes.keep_fresh(conn.clone(), Arc::downgrade(&open));
+                }
+                self.open.store(Some(open.clone()));
+                *self.failed.lock().expect("not poisoned") = None;
+                Ok(open)
+            }
+            Err(error) => {
+                tracing::debug!(%error, ?pause, "Redis connect failed");
+                *self.failed.lock().expect("not poisoned") = Some(Failed {
+                    at: Instant::now(),
+                    error: error.clone(),
+                    pause,
+                });
+                Err(error)
+            }
+        }
+    }
+
+    /// Drops `failed` (when it is still the open one) and has a task of its own connect
+    /// again, at once and then after each pause until it succeeds: no request's call
+    /// pays for connecting, and those made meanwhile fail at once.
+    fn drop_and_reconnect(&self, failed: &Arc<Open>) {
+        let prev = self
+            .open
+            .compare_and_swap(&Some(failed.clone()), None::<Arc<Open>>);
+        if !prev.as_ref().is_some_and(|p| Arc::ptr_eq(p, failed)) {
+            return; // Another call dropped it first.
+        }
+        *self.failed.lock().expect("not poisoned") = Some(Failed {
+            at: Instant::now(),
+            error: RedisError::from((
+                ErrorKind::Io,
+                "reconnecting",
+                "the connections were dropped after a failover".to_string(),
+            )),
+            pause: RECONNECT_AFTER,
+        });
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if self.reconnecting.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let me = self.me.clone();
+        runtime.spawn(async move {
+            let mut pause = RECONNECT_AFTER;
+            loop {
+                let Some(link) = me.upgrade() else { return };
+                let done = {
+                    let _one = link.connecting.lock().await;
+                    link.open.load().is_some() || link.connect_now(pause).await.is_ok()
+                };
+                if done {
+                    link.reconnecting.store(false, Ordering::Release);
+                    return;
+                }
+                drop(link);
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(MAX_RECONNECT_AFTER);
+            }
+        });
+    }
+
+    /// What a failed call on `failed` means for the connections: a demoted primary's
+    /// `READONLY` (any mode but Cluster) or, under Sentinel, any outage, drops them and
+    /// connects again; on a Cluster an outage has the slot map read again.
     fn after<T>(&self, failed: &Arc<Open>, result: RedisResult<T>) -> RedisResult<T> {
         if let Err(e) = &result {
-            let outage = !super::failure::is_this_items(e);
+            let outage = !is_this_items(e);
             match self.options.mode() {
-                RedisMode::Sentinel { .. } if outage => {
-                    self.open
-                        .compare_and_swap(&Some(failed.clone()), None::<Arc<Open>>);
-                }
+                RedisMode::Sentinel { .. } if outage => self.drop_and_reconnect(failed),
+                RedisMode::Single if is_demoted(e) => self.drop_and_reconnect(failed),
                 RedisMode::Cluster if outage => self.nodes.suspect(),
                 _ => {}
             }
@@ -310,40 +214,72 @@ impl Link {
         result
     }
 
-    /// Runs a script (`EVALSHA`, loading it on `NOSCRIPT`) on the node that holds its
-    /// keys, the first of which is `key`.
-    pub(super) async fn run(
+    /// Runs `call`, a call of `lua` made by [`Lua::call`], on the node that holds its
+    /// keys, the first of which is `key`; on `NOSCRIPT`, again with the script's body, on
+    /// that node alone (`scripts.rs`).
+    pub(super) async fn run(&self, key: &str, lua: &Lua, call: &Cmd) -> RedisResult<Value> {
+        self.run_reporting(key, lua, call).await.0
+    }
+
+    /// As [`Link::run`], with a handle that [`Link::demoted`] takes when the answer holds
+    /// a demoted primary's error inside it (a batch's).
+    pub(super) async fn run_reporting(
         &self,
         key: &str,
-        invocation: &ScriptInvocation<'_>,
-    ) -> RedisResult<Value> {
-        let open = self.open().await?;
-        self.nodes.count(|| slot(key));
-        let result = match open.connection() {
-            Connection::Single(mut conn) => Box::pin(invocation.invoke_async(&mut conn)).await,
-            Connection::Cluster(mut conn) => Box::pin(invocation.invoke_async(&mut conn)).await,
+        lua: &Lua,
+        call: &Cmd,
+    ) -> (RedisResult<Value>, Option<Served>) {
+        let open = match self.open().await {
+            Ok(open) => open,
+            Err(e) => return (Err(e), None),
         };
-        self.after(&open, result)
+        self.nodes.count(|| slot(key));
+        let mut conn = open.connection();
+        let mut result = Box::pin(conn.query(call)).await;
+        if let Err(e) = &result {
+            if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) {
+                result = Box::pin(conn.query(&lua.with_body(call))).await;
+            }
+        }
+        let result = self.after(&open, result);
+        (result, Some(Served(open)))
+    }
+
+    /// A demoted primary's error found inside an answer the connections `served` gave:
+    /// treated as if the call itself had failed so.
+    pub(super) fn demoted(&self, served: &Served) {
+        if !matches!(self.options.mode(), RedisMode::Cluster) {
+            self.drop_and_reconnect(&served.0);
+        }
     }
 
     /// Runs one command; on the node that holds `key` when it has one (counted there).
-    pub(super) async fn query(&self, key: Option<&str>, cmd: &redis::Cmd) -> RedisResult<Value> {
+    pub(super) async fn query(&self, key: Option<&str>, cmd: &Cmd) -> RedisResult<Value> {
         let open = self.open().await?;
         if let Some(key) = key {
             self.nodes.count(|| slot(key));
         }
-        let result = match open.connection() {
-            Connection::Single(mut conn) => cmd.query_async(&mut conn).await,
-            Connection::Cluster(mut conn) => cmd.query_async(&mut conn).await,
-        };
+        let result = open.connection().query(cmd).await;
         self.after(&open, result)
     }
 }
+
+/// The connections that answered a call (see [`Link::demoted`]).
+pub(super) struct Served(Arc<Open>);
 
 /// A handle on one of the open connections (cheap to clone: each multiplexes).
 enum Connection {
     Single(ConnectionManager),
     Cluster(ClusterConnection),
+}
+
+impl Connection {
+    async fn query(&mut self, cmd: &Cmd) -> RedisResult<Value> {
+        match self {
+            Connection::Single(conn) => cmd.query_async(conn).await,
+            Connection::Cluster(conn) => cmd.query_async(conn).await,
+        }
+    }
 }
 
 impl Open {
@@ -358,7 +294,8 @@ impl Open {
     }
 }
 
-/// A few multiplexed connections to the server `client` names.
+/// A few multiplexed connections to the server `client` names, once it is found to be a
+/// primary the scripts run on.
 async fn pool(client: redis::Client, options: &RedisOptions) -> RedisResult<Open> {
     let config = ConnectionManagerConfig::new()
         .set_connection_timeout(Some(options.timeout))
@@ -366,8 +303,15 @@ async fn pool(client: redis::Client, options: &RedisOptions) -> RedisResult<Open
         // Reconnection is tried by the next call; never a long wait inside one.
         .set_number_of_retries(1)
         .set_max_delay(Duration::from_millis(100));
+    let at = client.get_connection_info().addr().to_string();
+    let mut first = ConnectionManager::new_with_config(client.clone(), config.clone()).await?;
+    let found = server::check(&mut first, &at, Role::Primary).await?;
+    if let Some(server) = found.first() {
+        tracing::info!(node = %at, %server, "connected to Redis");
+    }
     let mut pool = Vec::with_capacity(options.pool_size);
-    for _ in 0..options.pool_size.max(1) {
+    pool.push(first);
+    while pool.len() < options.pool_size {
         pool.push(ConnectionManager::new_with_config(client.clone(), config.clone()).await?);
     }
     Ok(Open::Single {
@@ -425,7 +369,11 @@ async fn connect(options: &RedisOptions, nodes: &NodeOps) -> RedisResult<Open> {
                 .connection_timeout(options.timeout)
                 .response_timeout(options.timeout)
                 // Redirections and a failover's TRYAGAIN are retried, briefly: the
-                // caller's deadline bounds the whole call anyway.
+                // caller's deadline bounds the whole call anyway. A script sent again
+                // after a lost connection may run twice: every script that gives
+                // tokens back carries an operation id, and a second run answers as the
+                // first (`lua/lib.lua`, `once`); a debit run twice takes twice, which
+                // admits less, never more.
                 .retries(3)
                 .min_retry_wait(10)
                 .max_retry_wait(100);
@@ -436,6 +384,11 @@ async fn connect(options: &RedisOptions, nodes: &NodeOps) -> RedisResult<Open> {
                 builder = builder.danger_accept_invalid_hostnames(true);
             }
             let mut conn = builder.build()?.get_async_connection().await?;
+            let found = server::check(&mut conn, "the Cluster", Role::ClusterMaster).await?;
+            if !found.is_empty() {
+                let list: Vec<String> = found.iter().map(ToString::to_string).collect();
+                tracing::info!(masters = %list.join(", "), "connected to the Redis Cluster");
+            }
             // The slot map before the first call is counted; if it cannot be read now,
             // the refresher reads it at once (`suspect`) and calls count as `other`
             // meanwhile.
@@ -445,102 +398,5 @@ async fn connect(options: &RedisOptions, nodes: &NodeOps) -> RedisResult<Open> {
             }
             Ok(Open::Cluster(conn))
         }
-    }
-}
-
-/// The client that asks the Sentinels for `master` and connects to it: with the
-/// Sentinels' credentials, the master's (`master_auth`), and over TLS to both when the
-/// Sentinels' URLs are `rediss://`.
-fn sentinel_client(
-    options: &RedisOptions,
-    master: &str,
-    certs: Option<TlsCertificates>,
-) -> RedisResult<SentinelClient> {
-    let sentinels = options.sentinels().map_err(|e| {
-        RedisError::from((
-            redis::ErrorKind::InvalidClientConfig,
-            "Sentinel",
-            e.to_string(),
-        ))
-    })?;
-    let mut builder =
-        SentinelClientBuilder::new(sentinels.addrs, master, SentinelServerType::Master)?;
-    if let Some(user) = &sentinels.user {
-        builder = builder.set_client_to_sentinel_username(user);
-    }
-    if let Some(password) = &sentinels.password {
-        builder = builder.set_client_to_sentinel_password(password);
-    }
-    if let Some(auth) = &options.master_auth {
-        match auth.split_once(':') {
-            Some((user, pass)) => {
-                if !user.is_empty() {
-                    builder = builder.set_client_to_redis_username(user);
-                }
-                builder = builder.set_client_to_redis_password(pass);
-            }
-            None => builder = builder.set_client_to_redis_password(auth),
-        }
-    }
-    if sentinels.tls {
-        // `Secure`: the chain and the name are checked, against the CA given (else the
-        // system's roots); the name is the address the Sentinels report for the master.
-        builder = builder.set_client_to_redis_tls_mode(TlsMode::Secure);
-        if let Some(certs) = certs {
-            builder = builder
-                .set_client_to_sentinel_certificates(certs.clone())
-                .set_client_to_redis_certificates(certs);
-        }
-    }
-    builder.build()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn sentinel(urls: &[&str]) -> RedisOptions {
-        RedisOptions {
-            urls: urls.iter().map(|u| u.to_string()).collect(),
-            mode: Some(RedisMode::Sentinel {
-                master: "mymaster".into(),
-            }),
-            namespace: "t".into(),
-            timeout: Duration::from_secs(1),
-            pool_size: 1,
-            tls: RedisTls::default(),
-            master_auth: None,
-        }
-    }
-
-    #[test]
-    fn sentinels_over_tls_are_all_rediss_with_one_password() {
-        let o = sentinel(&["rediss://:pw@s1:26379", "rediss://:pw@s2:26379"]);
-        o.validate().unwrap();
-        let s = o.sentinels().unwrap();
-        assert!(s.tls);
-        assert_eq!(s.password.as_deref(), Some("pw"));
-        assert!(!sentinel(&["redis://s1:26379"]).sentinels().unwrap().tls);
-        assert!(matches!(
-            sentinel(&["rediss://s1:26379", "redis://s2:26379"]).validate(),
-            Err(RedisConfigError::MixedSentinelTls)
-        ));
-        assert!(matches!(
-            sentinel(&["redis://:a@s1:26379", "redis://:b@s2:26379"]).validate(),
-            Err(RedisConfigError::MixedSentinelAuth)
-        ));
-    }
-
-    #[test]
-    fn skipping_the_name_check_is_refused_for_a_master_named_over_tls() {
-        let mut o = sentinel(&["rediss://s1:26379"]);
-        o.tls.skip_hostname_verification = true;
-        let err = o.validate().unwrap_err();
-        assert!(matches!(err, RedisConfigError::SentinelSkipHostname));
-        assert!(err.to_string().len() < 200, "{err}");
-        // Without TLS there is no name to check: nothing to refuse.
-        let mut o = sentinel(&["redis://s1:26379"]);
-        o.tls.skip_hostname_verification = true;
-        o.validate().unwrap();
     }
 }

@@ -1,8 +1,8 @@
 //! The Redis store (Redis or Valkey: one server, or a Cluster): bucket items as hashes,
 //! shared by a fleet of servers, the store most of Envoy's rate limiting already runs on.
 //!
-//! Each contract primitive is one server-side script (`lua/`, sent by `EVALSHA` and
-//! loaded again on `NOSCRIPT`), so each is one round trip and atomic on its node: the
+//! Each contract primitive is one server-side script (`lua/`, sent by `EVALSHA`, and by
+//! `EVAL` of its body on `NOSCRIPT`), so each is one round trip and atomic on its node: the
 //! fast path's debit, a credit under its guard, a commit of every write of a slow pass.
 //! A read is one `HGETALL` per item, sent together (they pipeline on the connection).
 //! Every script checks all its conditions before its first write, so a refused call
@@ -20,19 +20,25 @@
 //! together in one script (`batch.rs`), each answered as if alone: Redis's cost per
 //! debit is mostly the call around it.
 //!
-//! `store.rs` holds the contract's calls; `link.rs` reaching Redis, `codec.rs` the item
-//! format and the scripts' arguments, `scripts.rs` the scripts, `batch.rs` debits sent
-//! together, `failure.rs` what Redis's errors mean, `nodes.rs` the count of calls per
-//! node. None decides anything about limits.
+//! `store.rs` holds the contract's calls; `options.rs` what an operator gives, `link.rs`
+//! reaching Redis, `server.rs` which server it is (refused when the scripts cannot run
+//! there), `codec.rs` the item format, `args.rs` and `commit_args.rs` the scripts'
+//! arguments, `scripts.rs` the scripts, `batch.rs` debits sent together, `failure.rs`
+//! what Redis's errors mean, `nodes.rs` the count of calls per node. None decides
+//! anything about limits.
 
+mod args;
 mod batch;
 mod codec;
+mod commit_args;
 mod failure;
 mod link;
 mod nodes;
+mod options;
 mod scripts;
+mod server;
 mod spread;
 mod store;
 
-pub use link::{redact, RedisConfigError, RedisMode, RedisOptions, RedisTls, DEFAULT_POOL_SIZE};
+pub use options::{redact, RedisConfigError, RedisMode, RedisOptions, RedisTls, DEFAULT_POOL_SIZE};
 pub use store::{RedisStore, DEFAULT_KEY_WRITE_BUDGET};

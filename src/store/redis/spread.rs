@@ -30,15 +30,18 @@
 //! trip. So every interleaving admits at most what the buckets' capacity plus refill
 //! allows; the engine's bound tests run on a Cluster to show it.
 //!
-//! An answer lost (a timeout after the node applied the group) leaves the claim taken:
-//! also an under-admission, as on DynamoDB when a transaction's answer is lost.
+//! A group whose call fails as the store's fault (an answer lost past the resend, a
+//! timeout) may have applied: it is sent once more with the same operation id, which
+//! answers what the first run did (or applies it now), and what it applied is given back
+//! with the groups before it. When that fails too, its claim stays taken: an
+//! under-admission, as on DynamoDB when a transaction's answer is lost.
 
 use crate::store::{
     BucketItem, BucketStore, CommitOutcome, Credit, CreditGuard, LimitWrite, Name, Stamp,
     StoreError, Write, WCU_LIMIT,
 };
 
-use super::codec::slot;
+use super::codec::{op_id, slot};
 use super::scripts::UNDO;
 use super::store::{Applied, RedisStore, Written};
 
@@ -61,7 +64,8 @@ impl RedisStore {
         for (_, members) in &groups {
             let group: Vec<Write> = members.iter().map(|&i| writes[i].clone()).collect();
             let group_keys: Vec<String> = members.iter().map(|&i| keys[i].clone()).collect();
-            match self.commit_together(&group, &group_keys, true).await {
+            let op = op_id();
+            match self.commit_together(&group, &group_keys, true, &op).await {
                 Ok(Applied::Committed(images)) => {
                     applied.extend(members.iter().copied().zip(images));
                 }
@@ -74,6 +78,17 @@ impl RedisStore {
                     return Ok(CommitOutcome::Conflict(failed));
                 }
                 Err(e) => {
+                    // It may have applied before failing (an answer lost past the
+                    // resend, a timeout): sent once more with the same operation id, it
+                    // answers what it did (or applies now), and is given back with the
+                    // rest. Not a store's refusal of this request, which wrote nothing.
+                    if e.is_fault() {
+                        if let Ok(Applied::Committed(images)) =
+                            self.commit_together(&group, &group_keys, true, &op).await
+                        {
+                            applied.extend(members.iter().copied().zip(images));
+                        }
+                    }
                     self.give_back(writes, &applied).await;
                     return Err(e);
                 }
@@ -115,13 +130,17 @@ impl RedisStore {
         }
     }
 
-    /// Puts `w`'s item back as it was, if it still holds exactly what `w` left.
+    /// Puts `w`'s item back as it was, if it still holds exactly what `w` left (never
+    /// when how it was is not known: the commit's answer came from a second run).
     async fn undo(&self, w: &Write, written: &Written) -> Result<bool, StoreError> {
+        let Some(before) = &written.before else {
+            return Ok(false);
+        };
         let key = super::codec::redis_key(self.namespace(), w.key());
-        let undo = serde_json::json!({ "post": written.after, "pre": written.before });
-        let mut invocation = UNDO.key(key.as_str());
-        invocation.arg(undo.to_string());
-        let out = self.call(&key, self.link.run(&key, &invocation)).await?;
+        let undo = serde_json::json!({ "post": written.after, "pre": before });
+        let mut call = UNDO.call(&[&key]);
+        call.arg(undo.to_string()).arg(op_id());
+        let out = self.run_once(&key, &UNDO, &call).await?;
         Ok(matches!(out, redis::Value::Int(1)))
     }
 }

@@ -1,7 +1,8 @@
 //! The Redis store itself ([`RedisStore`]): the contract's calls as Lua scripts run on
 //! the item's node (a debit, a read, a credit, a commit — over several Cluster slots by
 //! `spread.rs`), their replies decoded, their failures classified. The connection is
-//! `link.rs`'s, the item format and script arguments `codec.rs`'s.
+//! `link.rs`'s, the item format `codec.rs`'s, the scripts' arguments `args.rs`'s and
+//! `commit_args.rs`'s.
 
 use std::collections::BTreeSet;
 use std::future::Future;
@@ -10,13 +11,14 @@ use std::time::Duration;
 
 use redis::Value;
 
+use super::args::{created, credit_args, debit_args, debited};
 use super::batch::Batches;
-use super::codec::{
-    created, credit_args, debit_args, debited, decode, decode_joined, redis_key, script_write, slot,
-};
+use super::codec::{decode, decode_joined, op_id, redis_key, slot};
+use super::commit_args::script_write;
 use super::failure::classify;
-use super::link::{redact, Link, RedisMode, RedisOptions};
-use super::scripts::{COMMIT, CREDIT, DEBIT};
+use super::link::Link;
+use super::options::{redact, RedisMode, RedisOptions};
+use super::scripts::{Lua, COMMIT, CREDIT, DEBIT};
 
 use super::super::key::{check_commit, check_item, check_key, check_once, MAX_ITEM_BYTES};
 use super::super::{
@@ -34,7 +36,10 @@ pub const DEFAULT_KEY_WRITE_BUDGET: u64 = 5_000;
 
 /// One item a commit script wrote, as it was and as it left it (its hash fields, flat).
 pub(super) struct Written {
-    pub(super) before: Vec<String>,
+    /// `None` when the answer came from a second run of the commit (its first run's
+    /// answer was lost): the item as it was is not known, so it cannot be put back
+    /// exactly (`spread.rs` gives the claim back instead).
+    pub(super) before: Option<Vec<String>>,
     pub(super) after: Vec<String>,
     /// `after`, decoded.
     pub(super) image: BucketItem,
@@ -83,7 +88,7 @@ impl RedisStore {
         RedisStore {
             namespace: options.namespace.clone(),
             timeout: options.timeout,
-            link: Arc::new(Link::new(options)),
+            link: Link::new(options),
             batches: OnceLock::new(),
         }
     }
@@ -135,6 +140,29 @@ impl RedisStore {
         }
     }
 
+    /// Runs `call`, a call of `lua` that carries an operation id (a commit, a credit, an
+    /// undo), under the store's deadline; sent once more when the connection was lost
+    /// before its answer came. The script may have run: its operation id makes a second
+    /// run answer as the first did and write nothing (`lua/lib.lua`, `record`), so a
+    /// call the client or the store sends again never gives tokens twice. (The Cluster
+    /// client sends such calls again by itself; so does this on one server.)
+    pub(super) async fn run_once(
+        &self,
+        key: &str,
+        lua: &Lua,
+        call: &redis::Cmd,
+    ) -> Result<Value, StoreError> {
+        let twice = async {
+            match self.link.run(key, lua, call).await {
+                Err(e) if e.is_connection_dropped() || e.is_io_error() => {
+                    self.link.run(key, lua, call).await
+                }
+                answered => answered,
+            }
+        };
+        self.call(key, twice).await
+    }
+
     /// A call past the store's deadline: the store's failure.
     fn late(&self, key: &str) -> StoreError {
         StoreError::Unavailable {
@@ -165,55 +193,66 @@ impl RedisStore {
         decoded.map_err(|reason| Self::corrupt(key, reason))
     }
 
+    /// The items a commit answered, one per key: `before, after` pairs (`with_before`),
+    /// or each `after` alone (a second run's answer).
+    fn written(
+        keys: &[String],
+        images: &[Value],
+        with_before: bool,
+    ) -> Result<Vec<Written>, StoreError> {
+        let bad = |what: &str| Self::corrupt(&keys[0], format!("commit answered {what}"));
+        let step = if with_before { 2 } else { 1 };
+        if images.len() != keys.len() * step {
+            return Err(bad("another count of images"));
+        }
+        let written = images.chunks(step).zip(keys).map(|(chunk, key)| {
+            let flat = |v| -> Result<Vec<String>, StoreError> {
+                redis::from_redis_value_ref(v).map_err(|e| Self::corrupt(key, e.to_string()))
+            };
+            let after = flat(&chunk[step - 1])?;
+            let before = if with_before {
+                Some(flat(&chunk[0])?)
+            } else {
+                None
+            };
+            let image = decode(&after)
+                .map_err(|reason| Self::corrupt(key, reason))?
+                .ok_or_else(|| bad("a missing item"))?;
+            Ok(Written {
+                before,
+                after,
+                image,
+            })
+        });
+        written.collect()
+    }
+
     /// One commit script over `writes`, whose keys are `keys`; `images`: answer the
-    /// items as the commit left them.
+    /// items as the commit left them. `op`: its operation id (the same id sent again
+    /// answers what the first run did).
     pub(super) async fn commit_together(
         &self,
         writes: &[Write],
         keys: &[String],
         images: bool,
+        op: &str,
     ) -> Result<Applied, StoreError> {
         let json: Vec<_> = writes.iter().map(script_write).collect();
         let json = serde_json::to_string(&json).expect("plain strings and booleans");
-        let mut invocation = COMMIT.prepare_invoke();
-        for k in keys {
-            invocation.key(k.as_str());
-        }
-        invocation.arg(json);
-        if images {
-            invocation.arg("images");
-        }
-        let out = self
-            .call(&keys[0], self.link.run(&keys[0], &invocation))
-            .await?;
+        let mut call = COMMIT.call(keys);
+        call.arg(json)
+            .arg(if images { "images" } else { "" })
+            .arg(op);
+        let out = self.run_once(&keys[0], &COMMIT, &call).await?;
         let bad = |what: &str| Self::corrupt(&keys[0], format!("commit answered {what}"));
         let Value::Array(parts) = &out else {
             return Err(bad("no array"));
         };
         match parts.first() {
-            Some(Value::Int(1)) => {
-                let mut written = Vec::with_capacity(keys.len());
-                for (i, pair) in parts[1..].chunks(2).enumerate() {
-                    let key = keys.get(i).ok_or_else(|| bad("too many items"))?;
-                    let [before, after] = pair else {
-                        return Err(bad("an odd list of images"));
-                    };
-                    let flat = |v| -> Result<Vec<String>, StoreError> {
-                        redis::from_redis_value_ref(v)
-                            .map_err(|e| Self::corrupt(key, e.to_string()))
-                    };
-                    let (before, after) = (flat(before)?, flat(after)?);
-                    let image = decode(&after)
-                        .map_err(|reason| Self::corrupt(key, reason))?
-                        .ok_or_else(|| bad("a missing item"))?;
-                    written.push(Written {
-                        before,
-                        after,
-                        image,
-                    });
-                }
-                Ok(Applied::Committed(written))
-            }
+            Some(Value::Int(1 | 3)) if !images => Ok(Applied::Committed(Vec::new())),
+            Some(Value::Int(1)) => Self::written(keys, &parts[1..], true).map(Applied::Committed),
+            // A second run: the first applied every write (its answer was lost).
+            Some(Value::Int(3)) => Self::written(keys, &parts[1..], false).map(Applied::Committed),
             Some(Value::Int(0)) => {
                 let mut failed = Vec::new();
                 for pair in parts[1..].chunks(2) {
@@ -260,15 +299,15 @@ impl RedisStore {
 
     /// One debit, its own script.
     async fn debit_alone(&self, rk: &str, args: Vec<String>) -> Result<Value, StoreError> {
-        let mut invocation = DEBIT.key(rk);
+        let mut call = DEBIT.call(&[rk]);
         for a in args {
-            invocation.arg(a);
+            call.arg(a);
         }
-        self.call(rk, self.link.run(rk, &invocation)).await
+        self.call(rk, self.link.run(rk, &DEBIT, &call)).await
     }
 
     /// One debit script; where the key holds no item and `created` is given (the seed,
-    /// debited: `codec::created`), the script writes it (see
+    /// debited: `args::created`), the script writes it (see
     /// [`BucketStore::debit_or_create`]).
     async fn debit_seeded(
         &self,
@@ -376,10 +415,12 @@ impl BucketStore for RedisStore {
         if !self.one_node(&keys) {
             return self.commit_spread(writes, &keys).await;
         }
-        Ok(match self.commit_together(writes, &keys, false).await? {
-            Applied::Committed(_) => CommitOutcome::Committed,
-            Applied::Refused(failed) => CommitOutcome::Conflict(failed),
-        })
+        Ok(
+            match self.commit_together(writes, &keys, false, &op_id()).await? {
+                Applied::Committed(_) => CommitOutcome::Committed,
+                Applied::Refused(failed) => CommitOutcome::Conflict(failed),
+            },
+        )
     }
 
     async fn credit(
@@ -391,11 +432,11 @@ impl BucketStore for RedisStore {
         check_key(key)?;
         check_once(key, credits, |c| &c.limit)?;
         let rk = redis_key(&self.namespace, key);
-        let mut invocation = CREDIT.key(rk.as_str());
-        for a in credit_args(guard, credits) {
-            invocation.arg(a);
+        let mut call = CREDIT.call(&[&rk]);
+        for a in credit_args(guard, credits, &op_id()) {
+            call.arg(a);
         }
-        let out = self.call(&rk, self.link.run(&rk, &invocation)).await?;
+        let out = self.run_once(&rk, &CREDIT, &call).await?;
         let applied: Vec<usize> =
             redis::from_redis_value_ref(&out).map_err(|e| Self::corrupt(&rk, e.to_string()))?;
         Ok(applied

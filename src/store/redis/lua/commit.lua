@@ -6,14 +6,25 @@
 --     {"n", "add": {"lo", "hi", "tk", "tc", "turn", "up"}} or
 --     {"n", "set": [field, value, ...], "rtc"?}
 --   {"debit": [[name, need, amount, negated, turn], ...], "ttl": t?}
--- ARGV[2] 'images': a commit answers every item as it was and as it left it ({1, before,
--- after, before, after, ...}), to undo a commit spread over Cluster slots (`spread.rs`).
+-- ARGV[2] 'images' (else ''): a commit answers every item as it was and as it left it
+-- ({1, before, after, before, after, ...}), to undo a commit spread over Cluster slots
+-- (`spread.rs`). ARGV[3]: the operation id ('': none; `lib.lua`, `record`), recorded on
+-- the first item when the commit writes: a second run answers {3} (with 'images', {3,
+-- after, after, ...}: each item as it is now) and writes nothing.
 -- Returns {1} (committed) or {0, i, image, j, image, ...}: each refused write's 0-based
 -- position and its item as it is (an empty array: no item), or {2, i, bytes}: write i
 -- would leave an item of that many bytes, more than DynamoDB stores (`mx`), and nothing
 -- is written. That one condition is measured on the items written (each update carries
 -- `kb`, its key's own bytes) and, when it fails, every item is put back as it was,
 -- expiry included, before the script returns: no one sees the difference.
+local op = ARGV[3] or ''
+if op ~= '' and redis.call('HEXISTS', KEYS[1], 'x:' .. op) == 1 then
+  local out = {3}
+  if ARGV[2] == 'images' then
+    for i = 1, #KEYS do out[#out + 1] = redis.call('HGETALL', KEYS[i]) end
+  end
+  return out
+end
 local writes = cjson.decode(ARGV[1])
 local current = {}
 local before = {}
@@ -71,11 +82,14 @@ if #refused > 0 then
   table.insert(refused, 1, 0)
   return refused
 end
--- Each key's expiry, to put back should an update leave an item too large (below).
+-- Each key's expiry, to put back should an update leave an item too large (below): its
+-- time left (`PTTL`, ms; negative: none), put back by `PEXPIRE`. Not `PEXPIRETIME`, which
+-- Redis 6 lacks; Redis 7 freezes the clock for a script, so the two read the same
+-- instant, and on 6 the expiry comes back at most the script's own run time later.
 local expiry = {}
 for _, w in ipairs(writes) do
   if w.update then
-    for i = 1, #writes do expiry[i] = redis.call('PEXPIRETIME', KEYS[i]) end
+    for i = 1, #writes do expiry[i] = redis.call('PTTL', KEYS[i]) end
     break
   end
 end
@@ -116,13 +130,14 @@ for i, w in ipairs(writes) do
         redis.call('DEL', KEYS[j])
         if #before[j] > 0 then
           hset_all(KEYS[j], before[j])
-          if expiry[j] > 0 then redis.call('PEXPIREAT', KEYS[j], expiry[j]) end
+          if expiry[j] > 0 then redis.call('PEXPIRE', KEYS[j], expiry[j]) end
         end
       end
       return {2, i - 1, bytes}
     end
   end
 end
+record(KEYS[1], op, '1', before[1])
 if ARGV[2] == 'images' then
   local out = {1}
   for i = 1, #writes do

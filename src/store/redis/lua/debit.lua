@@ -3,13 +3,13 @@
 -- to create where the key holds none, its field/value strings joined by single spaces
 -- ('': none), ARGV[4] its `ttl` (empty: never expires). Such an item is written as sent —
 -- the seed of a `debit_or_create` with the debit already applied, its conditions checked
--- by the caller on the seed (`codec.rs`, `created`) — and nothing else is done. One
+-- by the caller on the seed (`args.rs`, `created`) — and nothing else is done. One
 -- string, split only here where it is used: most debits find their item, and each
 -- argument costs Redis a string to parse and Lua one to intern.
 -- Then 8 per debit: limit name, the least balance that covers it, the amount, its
 -- negation, the `tc` past which adding the amount saturates, and the parameters cp, ra,
 -- rp the fast path requires (empty: none). Returns {0} (no item, nothing written),
 -- {0, image} (refused), {1, image} (applied; the image as it was BEFORE the debit, which
--- the caller applies itself, `codec.rs`, `debited` — cheaper than reading the hash back),
+-- the caller applies itself, `args.rs`, `debited` — cheaper than reading the hash back),
 -- or {2} (created as sent). An image is one string (`lib.lua`, `image`).
 return debit(KEYS[1], ARGV, 0, #ARGV)

@@ -89,6 +89,54 @@ local function take(key, f, sets, p, amount, negated, turn)
   f[ktc] = tc
 end
 
+-- Operations that run once. A script the client may send again after a lost connection
+-- (the Cluster client does; the store does for these) carries an operation id, `op`
+-- ('': none). When it writes, it records on its item the field `x:{op}` = '{ms}:{answer}'
+-- (Redis's clock, and what it answered, without spaces: images are joined by spaces),
+-- and a run that finds the record answers what the first run did and writes nothing.
+-- Records older than OP_KEEP_MS (far past any resend: a call's deadline is seconds) are
+-- dropped by the next record on the item, and an item keeps at most OP_MAX (the oldest
+-- go first). Readers of an item skip `x:` fields; they are not the item's.
+local OP_KEEP_MS = 120000
+local OP_MAX = 16
+
+-- What an earlier run of `op` answered on the item whose fields are `f` (nil: none).
+local function done_before(f, op)
+  if op == '' or not f then return nil end
+  local record = f['x:' .. op]
+  if not record then return nil end
+  return string.match(record, '^%d+:(.*)$') or ''
+end
+
+-- Whether a field is an operation's record.
+local function is_record(field)
+  return byte(field, 1) == 120 and byte(field, 2) == 58
+end
+
+-- Records that `op` ran on `key` and answered `answer`; `flat`: the item's fields as the
+-- script found them (the records to prune).
+local function record(key, op, answer, flat)
+  if op == '' then return end
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local kept = {}
+  for i = 1, #flat, 2 do
+    if is_record(flat[i]) then
+      local at = tonumber(string.match(flat[i + 1], '^(%d+)')) or 0
+      if now - at > OP_KEEP_MS then
+        redis.call('HDEL', key, flat[i])
+      else
+        kept[#kept + 1] = {at, flat[i]}
+      end
+    end
+  end
+  if #kept >= OP_MAX then
+    table.sort(kept, function(a, b) return a[1] < b[1] end)
+    for i = 1, #kept - OP_MAX + 1 do redis.call('HDEL', key, kept[i][2]) end
+  end
+  redis.call('HSET', key, 'x:' .. op, format('%d', now) .. ':' .. answer)
+end
+
 -- The bytes DynamoDB counts for a number given as a canonical decimal string: one per two
 -- significant digits, plus one (`store/key.rs`, `number_bytes`).
 local function number_bytes(v)
@@ -105,7 +153,9 @@ local function item_bytes(key, kb)
   local bytes = kb
   for i = 1, #flat, 2 do
     local field = flat[i]
-    if field == 'rf' then
+    if is_record(field) then
+      -- An operation's record: not the item's, not DynamoDB's.
+    elseif field == 'rf' then
       bytes = bytes + 2
     elseif field == 'sc' then
       bytes = bytes + 11
@@ -114,7 +164,7 @@ local function item_bytes(key, kb)
     else
       bytes = bytes + #field + 1
     end
-    bytes = bytes + number_bytes(flat[i + 1])
+    if not is_record(field) then bytes = bytes + number_bytes(flat[i + 1]) end
   end
   return bytes
 end
@@ -168,10 +218,23 @@ end
 -- distinct buckets). As the list itself when a field's name holds a space (no rule names
 -- a limit so; the contract allows it), which the client reads as well. Values are not
 -- looked at: every one is an integer a script wrote (a writer of other values could as
--- well write any balance).
+-- well write any balance). Operations' records are left out (a hot shard whose leases
+-- come back holds up to OP_MAX of them, and every debit's answer would carry them).
 local function image(flat)
+  local records = false
   for i = 1, #flat, 2 do
     if find(flat[i], ' ', 1, true) then return flat end
+    if byte(flat[i], 1) == 120 and byte(flat[i], 2) == 58 then records = true end
+  end
+  if records then
+    local kept = {}
+    for i = 1, #flat, 2 do
+      if not is_record(flat[i]) then
+        kept[#kept + 1] = flat[i]
+        kept[#kept + 1] = flat[i + 1]
+      end
+    end
+    flat = kept
   end
   return concat(flat, ' ')
 end
