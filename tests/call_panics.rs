@@ -8,7 +8,7 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{one, StoreServer};
+use common::server::{one, serve_defaults, StoreServer};
 use shardgate::store::memory::MemoryStore;
 use shardgate::store::{
     BucketItem, BucketKey, BucketStore, CommitOutcome, Credit, CreditGuard, Debit, DebitMode,
@@ -62,7 +62,7 @@ impl BucketStore for Panicking {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_panicking_call_among_500_fails_alone() {
     let store = Arc::new(Panicking(MemoryStore::new()));
-    let server = StoreServer::start(RULES, store, common::serve_defaults()).await;
+    let server = StoreServer::start(RULES, store, serve_defaults()).await;
     // One client: one HTTP/2 connection carries every call.
     let client = server.client().await;
     let mut calls = Vec::new();
