@@ -5,8 +5,9 @@
 //! are polled before the connection is polled again, which writes their answers — the
 //! first answer of a burst of 1024 calls does not wait for the whole burst. **Per wake**,
 //! on a runtime with more than one worker: once the wake has run for [`INLINE_BUDGET`] and
-//! a worker is idle, each further new call of the wake is spawned as a task of its own,
-//! which the idle worker steals. A connection whose wakes stay short (Envoy's usual load,
+//! workers are idle, the further new calls of each round are split into lanes, one task
+//! per idle worker polling its share of the calls (one spawn per lane, not per call), the
+//! connection's task keeping a share. A connection whose wakes stay short (Envoy's usual load,
 //! cheap calls) keeps the savings of running its calls in its own task (no task, no wake
 //! per call, one write per burst), and so does one whose runtime is busy anyway (spawning
 //! would add that cost for no core gained); a connection busy with more than one core
@@ -59,18 +60,27 @@ fn spreadable() -> Option<RuntimeMetrics> {
     (multi && metrics.num_workers() > 1).then_some(metrics)
 }
 
-/// Whether a worker of the runtime is parked (idle): only then does a spawned call run
-/// beside the connection rather than after it, on a thread that was busy anyway.
+/// The runtime's workers parked (idle) now: only on those does a spawned lane run beside
+/// the connection rather than after it, on a thread that was busy anyway.
 #[cfg(target_has_atomic = "64")]
-fn a_worker_is_idle(metrics: &RuntimeMetrics) -> bool {
+fn idle_workers(metrics: &RuntimeMetrics) -> usize {
     // An odd count of parks and unparks: parked now.
-    (0..metrics.num_workers()).any(|w| metrics.worker_park_unpark_count(w) % 2 == 1)
+    (0..metrics.num_workers())
+        .filter(|&w| metrics.worker_park_unpark_count(w) % 2 == 1)
+        .count()
 }
 
-/// Without 64-bit atomics tokio does not say; spread.
+/// Without 64-bit atomics tokio does not say; one lane.
 #[cfg(not(target_has_atomic = "64"))]
-fn a_worker_is_idle(_: &RuntimeMetrics) -> bool {
-    true
+fn idle_workers(_: &RuntimeMetrics) -> usize {
+    1
+}
+
+/// A lane: calls handed to another worker, polled together in one task (one spawn, not
+/// one per call) until each has answered.
+async fn lane(calls: Vec<Guarded>) {
+    let mut calls: FuturesUnordered<Guarded> = calls.into_iter().collect();
+    while calls.next().await.is_some() {}
 }
 
 /// What the connection's task holds between wakes.
@@ -87,28 +97,28 @@ struct Driven {
 /// One wake's account of its inline work.
 struct WakeBudget {
     started: Instant,
-    /// Decided once the budget is spent: whether this wake's further new calls are
-    /// spawned (a worker was idle then).
-    spawning: Option<bool>,
+    /// Decided once the budget is spent: how many lanes this wake's new calls are split
+    /// into besides the connection's own share (the workers idle then).
+    lanes: Option<usize>,
 }
 
 impl WakeBudget {
-    /// Whether a new call is spawned rather than decided here.
-    fn spawns(&mut self, spread: &Option<RuntimeMetrics>) -> bool {
+    /// The lanes to split new calls into now: none while the wake is within its budget,
+    /// or when no worker is idle.
+    fn lanes(&mut self, spread: &Option<RuntimeMetrics>) -> usize {
         let Some(metrics) = spread else {
-            return false;
+            return 0;
         };
-        if let Some(spawning) = self.spawning {
-            return spawning;
+        if let Some(lanes) = self.lanes {
+            return lanes;
         }
         if self.started.elapsed() < INLINE_BUDGET {
-            return false;
+            return 0;
         }
-        // Asked once per wake: the first spawn wakes the idle worker, which is then busy,
-        // and the calls after it are what it steals.
-        let spawning = a_worker_is_idle(metrics);
-        self.spawning = Some(spawning);
-        spawning
+        // Asked once per wake: the first lane wakes an idle worker, which is busy after.
+        let lanes = idle_workers(metrics);
+        self.lanes = Some(lanes);
+        lanes
     }
 }
 
@@ -205,7 +215,7 @@ where
     wakes.inside.store(true, SeqCst);
     let mut wake = WakeBudget {
         started: Instant::now(),
-        spawning: None,
+        lanes: None,
     };
     let mut inner = Context::from_waker(task_waker);
     let mut done = None;
@@ -236,8 +246,9 @@ where
 }
 
 /// One round's deciding: the calls that can go on, then the new ones, at most
-/// [`CALLS_PER_ROUND`] polls; past the wake's [`INLINE_BUDGET`], if a worker is idle, new
-/// calls are spawned. Whether anything moved.
+/// [`CALLS_PER_ROUND`] polls; past the wake's [`INLINE_BUDGET`], if workers are idle, the
+/// round's further new calls are split into lanes, one per idle worker, the connection
+/// keeping a share. Whether anything moved.
 fn decide(driven: &mut Driven, inner: &mut Context<'_>, wake: &mut WakeBudget) -> bool {
     let mut moved = false;
     let mut budget = CALLS_PER_ROUND;
@@ -250,11 +261,15 @@ fn decide(driven: &mut Driven, inner: &mut Context<'_>, wake: &mut WakeBudget) -
             _ => break,
         }
     }
+    let mut split = false;
     while let Some(mut call) = driven.fresh.pop_front() {
         moved = true;
-        if wake.spawns(&driven.spread) {
-            tokio::spawn(call.in_current_span());
-            continue;
+        if !split {
+            let lanes = wake.lanes(&driven.spread);
+            if lanes > 0 {
+                split = true;
+                spawn_lanes(&mut driven.fresh, lanes);
+            }
         }
         if budget == 0 {
             driven.fresh.push_front(call);
@@ -268,6 +283,19 @@ fn decide(driven: &mut Driven, inner: &mut Context<'_>, wake: &mut WakeBudget) -
         }
     }
     moved
+}
+
+/// Hands `lanes` equal shares of `fresh` to lanes of their own, keeping one share (the
+/// first calls, and any rest) for the connection's task.
+fn spawn_lanes(fresh: &mut VecDeque<Guarded>, lanes: usize) {
+    let share = (fresh.len() + 1) / (lanes + 1);
+    if share == 0 {
+        return;
+    }
+    for _ in 0..lanes {
+        let calls: Vec<Guarded> = fresh.drain(fresh.len() - share..).collect();
+        tokio::spawn(lane(calls).in_current_span());
+    }
 }
 
 /// The waker the connection and its calls are polled with. h2 wakes the connection's
