@@ -47,9 +47,15 @@ const ROUNDS_PER_WAKE: usize = 8;
 /// answers).
 pub(super) const CALLS_PER_ROUND: usize = 64;
 
-/// How long one wake of the connection's task decides calls itself before it spawns the
-/// further ones: about 5 calls of 16 regex-matched descriptors, 30 hot-key calls.
+/// How long one wake of the connection's task decides calls itself before it hands the
+/// further ones to lanes: about 5 calls of 16 regex-matched descriptors, 30 hot-key calls.
 const INLINE_BUDGET: Duration = Duration::from_micros(100);
+
+/// The fewest calls a lane is given: a smaller share costs its spawn and the wakes from
+/// another thread for less work than they save (measured: two connections of a hot key,
+/// each splitting its last few calls whenever a worker parked for a moment, cost 1.13×
+/// the CPU per call of no lanes at all).
+const MIN_LANE_CALLS: usize = 8;
 
 /// The runtime's metrics, if it has other workers to spread a busy connection's calls
 /// over.
@@ -289,7 +295,7 @@ fn decide(driven: &mut Driven, inner: &mut Context<'_>, wake: &mut WakeBudget) -
 /// first calls, and any rest) for the connection's task.
 fn spawn_lanes(fresh: &mut VecDeque<Guarded>, lanes: usize) {
     let share = (fresh.len() + 1) / (lanes + 1);
-    if share == 0 {
+    if share < MIN_LANE_CALLS {
         return;
     }
     for _ in 0..lanes {
