@@ -14,11 +14,11 @@ use crate::support::text::elide;
 /// The most of a client's content type quoted back to it.
 const QUOTED_BYTES: usize = 64;
 
-/// Whether a request with these headers is a gRPC request; the 415 answer if not.
-pub fn check(headers: &HeaderMap) -> Result<(), Response<AnswerBody>> {
+/// The 415 answer to a request with these headers, unless it is a gRPC request.
+pub fn refusal(headers: &HeaderMap) -> Option<Response<AnswerBody>> {
     let sent = headers.get("content-type").map(|v| v.as_bytes());
     if sent.is_some_and(is_grpc) {
-        return Ok(());
+        return None;
     }
     let sent = sent.map_or_else(
         || "none".to_string(),
@@ -29,7 +29,7 @@ pub fn check(headers: &HeaderMap) -> Result<(), Response<AnswerBody>> {
     ));
     let mut answer = unary_response::failure(status);
     *answer.status_mut() = StatusCode::UNSUPPORTED_MEDIA_TYPE;
-    Err(answer)
+    Some(answer)
 }
 
 /// `application/grpc`, alone or followed by `+` or `;` (a subtype or parameters).
@@ -64,17 +64,17 @@ mod tests {
             assert!(!is_grpc(bad.as_bytes()), "{bad}");
         }
         let mut headers = HeaderMap::new();
-        let refused = check(&headers).unwrap_err();
+        let refused = refusal(&headers).unwrap();
         assert_eq!(refused.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
         assert!(refused.headers()["grpc-message"]
             .to_str()
             .unwrap()
             .contains("none"));
         headers.insert("content-type", "application/json".parse().unwrap());
-        let refused = check(&headers).unwrap_err();
+        let refused = refusal(&headers).unwrap();
         assert_eq!(refused.status(), 415);
         assert_eq!(refused.headers()["grpc-status"], "13");
         headers.insert("content-type", "application/grpc".parse().unwrap());
-        assert!(check(&headers).is_ok());
+        assert!(refusal(&headers).is_none());
     }
 }

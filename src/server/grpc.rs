@@ -197,7 +197,7 @@ impl<S: BucketStore> Service<Request<Body>> for Port<S> {
     fn call(&mut self, request: Request<Body>) -> Self::Future {
         // Before anything else: the caller's clock started when it sent the request.
         let arrived = tokio::time::Instant::now();
-        if let Err(refused) = content_type::check(request.headers()) {
+        if let Some(refused) = content_type::refusal(request.headers()) {
             return PortFuture::Refused(Some(refused));
         }
         let id = CallId::next(&self.context, request.headers());

@@ -26,8 +26,11 @@ use super::*;
 struct CountingWrites {
     io: DuplexStream,
     writes: Arc<AtomicUsize>,
-    decided: Option<(Arc<AtomicUsize>, Arc<Mutex<Vec<usize>>>)>,
+    decided: Option<DecidedAtWrites>,
 }
+
+/// The count of calls decided, and its value at each write.
+type DecidedAtWrites = (Arc<AtomicUsize>, Arc<Mutex<Vec<usize>>>);
 
 impl AsyncRead for CountingWrites {
     fn poll_read(
