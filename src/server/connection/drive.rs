@@ -6,8 +6,8 @@
 //! first answer of a burst of 1024 calls does not wait for the whole burst. **Per wake**,
 //! on a runtime with more than one worker: once the wake has run for [`INLINE_BUDGET`] and
 //! workers are idle, the further new calls of each round are split into lanes, one task
-//! per idle worker polling its share of the calls (one spawn per lane, not per call), the
-//! connection's task keeping a share. A connection whose wakes stay short (Envoy's usual load,
+//! per idle worker and one for this worker, each polling its share of the calls (one
+//! spawn per lane, not per call); the connection's task goes back to writing. A connection whose wakes stay short (Envoy's usual load,
 //! cheap calls) keeps the savings of running its calls in its own task (no task, no wake
 //! per call, one write per burst), and so does one whose runtime is busy anyway (spawning
 //! would add that cost for no core gained); a connection busy with more than one core
@@ -253,8 +253,8 @@ where
 
 /// One round's deciding: the calls that can go on, then the new ones, at most
 /// [`CALLS_PER_ROUND`] polls; past the wake's [`INLINE_BUDGET`], if workers are idle, the
-/// round's further new calls are split into lanes, one per idle worker, the connection
-/// keeping a share. Whether anything moved.
+/// round's further new calls are split into lanes, one per idle worker and one for this
+/// worker. Whether anything moved.
 fn decide(driven: &mut Driven, inner: &mut Context<'_>, wake: &mut WakeBudget) -> bool {
     let mut moved = false;
     let mut budget = CALLS_PER_ROUND;
@@ -291,15 +291,21 @@ fn decide(driven: &mut Driven, inner: &mut Context<'_>, wake: &mut WakeBudget) -
     moved
 }
 
-/// Hands `lanes` equal shares of `fresh` to lanes of their own, keeping one share (the
-/// first calls, and any rest) for the connection's task.
+/// Hands `fresh` to `lanes` + 1 lanes of their own, in equal shares: one for each idle
+/// worker and one for this worker, which runs it once the connection's task has written.
+/// All are spawned because tokio puts a task spawned from a worker in that worker's LIFO
+/// slot, which no other worker may steal, and tells the idle ones only when it pushes the
+/// slot's task out to the queue: a single lane would run after the connection, on the
+/// same thread, and spread nothing. Each lane spawned after the first pushes the one
+/// before it out, and wakes an idle worker to steal it.
 fn spawn_lanes(fresh: &mut VecDeque<Guarded>, lanes: usize) {
-    let share = (fresh.len() + 1) / (lanes + 1);
+    let share = fresh.len() / (lanes + 1);
     if share < MIN_LANE_CALLS {
         return;
     }
-    for _ in 0..lanes {
-        let calls: Vec<Guarded> = fresh.drain(fresh.len() - share..).collect();
+    for i in 0..=lanes {
+        let take = if i == lanes { fresh.len() } else { share };
+        let calls: Vec<Guarded> = fresh.drain(fresh.len() - take..).collect();
         tokio::spawn(lane(calls).in_current_span());
     }
 }
