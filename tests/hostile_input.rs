@@ -273,7 +273,8 @@ async fn broken_grpc_framing_is_a_client_error() {
 }
 
 /// A request the client compressed is refused as gRPC asks (UNIMPLEMENTED, naming what is
-/// accepted): shardgate negotiates no compression. `identity` is no compression.
+/// accepted): shardgate negotiates no compression. `identity` is no compression, and a
+/// declared encoding whose message is not compressed is served (as grpc-go serves it).
 #[tokio::test]
 async fn a_compressed_request_is_unimplemented() {
     let server = TestServer::start(RULES).await;
@@ -293,7 +294,7 @@ async fn a_compressed_request_is_unimplemented() {
         &server,
         SHOULD_RATE_LIMIT,
         &[("grpc-encoding", long)],
-        &[b""],
+        &[b"\x01\x00\x00\x00\x00"],
     )
     .await;
     assert_eq!(answer.status, "12");
@@ -308,6 +309,15 @@ async fn a_compressed_request_is_unimplemented() {
         (answer.status.as_str(), answer.message.as_str()),
         ("3", "the request body holds no message")
     );
+    // Declared, not used: the message is read and decided.
+    use prost::Message;
+    let message = one("hostile", &[("user", "declared")]).encode_to_vec();
+    let mut body = vec![0u8];
+    body.extend((message.len() as u32).to_be_bytes());
+    body.extend(&message);
+    let body: &'static [u8] = Box::leak(body.into_boxed_slice());
+    let answer = raw_call_with(&server, SHOULD_RATE_LIMIT, &gzip, &[body]).await;
+    assert_eq!(answer.status, "0", "{}", answer.message);
 }
 
 /// The port routes the rate-limit service's paths to it and every other to tonic's

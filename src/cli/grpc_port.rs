@@ -29,6 +29,11 @@ pub(crate) struct GrpcPort {
     /// (default, or 0: never; envoyproxy/ratelimit's GRPC_MAX_CONNECTION_AGE).
     #[arg(long, env = "SHARDGATE_GRPC_MAX_CONNECTION_AGE", value_parser = parse_duration)]
     pub(crate) grpc_max_connection_age: Option<Duration>,
+    /// How long an aged connection's calls may take after its GOAWAY before it is closed
+    /// anyway; a health Watch or reflection stream is ended at the GOAWAY
+    /// (envoyproxy/ratelimit's GRPC_MAX_CONNECTION_AGE_GRACE).
+    #[arg(long, env = "SHARDGATE_GRPC_MAX_CONNECTION_AGE_GRACE", default_value = "30s", value_parser = parse_duration)]
+    pub(crate) grpc_max_connection_age_grace: Duration,
 }
 
 impl GrpcPort {
@@ -40,6 +45,8 @@ impl GrpcPort {
             keepalive_interval: nonzero(self.grpc_keepalive_interval),
             keepalive_timeout: self.grpc_keepalive_timeout,
             max_connection_age: self.grpc_max_connection_age.and_then(nonzero),
+            max_connection_age_grace: self.grpc_max_connection_age_grace,
+            preface_timeout: port_limits::PREFACE_TIMEOUT,
             max_message_bytes: self.grpc_max_message_bytes,
         }
     }

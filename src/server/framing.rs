@@ -43,8 +43,8 @@ pub enum FramingError {
     MessageCut { announced: usize, missing: usize },
     #[error("the request message announces {announced} bytes, more than the {limit}-byte limit")]
     TooLarge { announced: usize, limit: usize },
-    /// No compression is negotiated (`framing::check_encoding`), so no message may be
-    /// compressed.
+    /// No compression is negotiated, so no message may be compressed (under an encoding
+    /// the client declared, [`Encoding::status`] makes it UNIMPLEMENTED).
     #[error(
         "protocol error: received message with compressed-flag but no grpc-encoding was specified"
     )]
@@ -208,11 +208,16 @@ pub struct BodyBounds {
 ///
 /// The kept bytes are a slice of the HTTP/2 frame they came in, which keeps that frame's
 /// read buffer allocated until the call ends: at most one such buffer per call in flight.
-pub async fn first_message<B>(body: B, bounds: BodyBounds) -> Result<Bytes, Status>
+pub async fn first_message<B>(
+    body: B,
+    bounds: BodyBounds,
+    encoding: Encoding,
+) -> Result<Bytes, Status>
 where
     B: Body<Data = Bytes, Error = Status>,
 {
-    let mut read = std::pin::pin!(read_first_message(body, bounds.max_message_len));
+    let read = read_first_message(body, bounds.max_message_len, encoding);
+    let mut read = std::pin::pin!(read);
     // Read first: a body already whole is never late, however late the call was polled.
     if let Poll::Ready(read) = futures::poll!(read.as_mut()) {
         return read;
@@ -226,7 +231,7 @@ where
     }
 }
 
-async fn read_first_message<B>(body: B, limit: usize) -> Result<Bytes, Status>
+async fn read_first_message<B>(body: B, limit: usize, encoding: Encoding) -> Result<Bytes, Status>
 where
     B: Body<Data = Bytes, Error = Status>,
 {
@@ -236,7 +241,7 @@ where
     while let Some(frame) = body.frame().await {
         // Trailers (a client may send some) are not the message's.
         if let Ok(data) = frame?.into_data() {
-            framing.feed(&data)?;
+            framing.feed(&data).map_err(|e| encoding.status(e))?;
             first.add(data);
         }
     }
@@ -301,24 +306,47 @@ impl FirstMessage {
     }
 }
 
-/// A request's `grpc-encoding`: only `identity` (or none) is accepted, as shardgate
-/// negotiates no compression; any other is UNIMPLEMENTED, naming what is accepted.
-pub fn check_encoding(headers: &http::HeaderMap) -> Result<(), Status> {
-    match headers.get("grpc-encoding") {
-        None => Ok(()),
-        Some(v) if v.as_bytes() == b"identity" => Ok(()),
-        Some(v) => {
-            let mut status = Status::unimplemented(format!(
-                "the request is compressed with '{}', and only identity is accepted",
-                elide(&String::from_utf8_lossy(v.as_bytes()), NAME_BYTES)
-            ));
-            status.metadata_mut().insert(
-                "grpc-accept-encoding",
-                tonic::metadata::MetadataValue::from_static("identity"),
-            );
-            Err(status)
+/// What a request's `grpc-encoding` declares: no compression (`identity`, or none), or
+/// another encoding. shardgate negotiates none, but a client may declare one and send its
+/// messages uncompressed (grpc-go's does, with a compressor registered): only a message
+/// that is actually compressed is refused.
+#[derive(Debug, Clone, Default)]
+pub enum Encoding {
+    #[default]
+    Identity,
+    Other(http::HeaderValue),
+}
+
+impl Encoding {
+    pub fn of(headers: &http::HeaderMap) -> Encoding {
+        match headers.get("grpc-encoding") {
+            Some(v) if v.as_bytes() != b"identity" => Encoding::Other(v.clone()),
+            _ => Encoding::Identity,
         }
     }
+
+    /// The status of a framing error in a body sent with this encoding: a compressed
+    /// message under a declared encoding is UNIMPLEMENTED, naming what is accepted
+    /// (`grpc-accept-encoding`); without one it is the protocol error it always is.
+    fn status(&self, e: FramingError) -> Status {
+        match (e, self) {
+            (FramingError::Compressed, Encoding::Other(name)) => refused_encoding(name),
+            _ => e.into(),
+        }
+    }
+}
+
+/// UNIMPLEMENTED for a message compressed with `name`, naming what is accepted.
+fn refused_encoding(name: &http::HeaderValue) -> Status {
+    let mut status = Status::unimplemented(format!(
+        "the request is compressed with '{}', and only identity is accepted",
+        elide(&String::from_utf8_lossy(name.as_bytes()), NAME_BYTES)
+    ));
+    status.metadata_mut().insert(
+        "grpc-accept-encoding",
+        tonic::metadata::MetadataValue::from_static("identity"),
+    );
+    status
 }
 
 #[cfg(test)]
@@ -341,7 +369,11 @@ mod tests {
             .enable_time()
             .build()
             .unwrap();
-        rt.block_on(first_message(body, bounds(Duration::from_secs(60))))
+        rt.block_on(first_message(
+            body,
+            bounds(Duration::from_secs(60)),
+            Encoding::Identity,
+        ))
     }
 
     fn bounds(within: Duration) -> BodyBounds {
@@ -362,7 +394,9 @@ mod tests {
             )))])
             .chain(futures::stream::pending()),
         );
-        let status = first_message(stalled, bounds(within)).await.unwrap_err();
+        let status = first_message(stalled, bounds(within), Encoding::Identity)
+            .await
+            .unwrap_err();
         assert_eq!(status.code(), tonic::Code::DeadlineExceeded);
         assert_eq!(
             status.message(),
@@ -371,7 +405,8 @@ mod tests {
         // A whole body is read however little time is left.
         let whole = http_body_util::Full::new(Bytes::from_static(b"\x00\x00\x00\x00\x01a"))
             .map_err(|never| match never {});
-        let message = first_message(whole, bounds(Duration::from_nanos(1))).await;
+        let message =
+            first_message(whole, bounds(Duration::from_nanos(1)), Encoding::Identity).await;
         assert_eq!(&message.unwrap()[..], b"a");
     }
 
@@ -434,21 +469,38 @@ mod tests {
         assert_eq!(status.code(), tonic::Code::InvalidArgument);
     }
 
-    #[test]
-    fn only_identity_encoding_is_accepted() {
+    /// A declared encoding is refused only for a message actually compressed.
+    #[tokio::test]
+    async fn a_declared_encoding_is_refused_only_when_used() {
         let mut headers = http::HeaderMap::new();
-        assert!(check_encoding(&headers).is_ok());
+        assert!(matches!(Encoding::of(&headers), Encoding::Identity));
         headers.insert("grpc-encoding", "identity".parse().unwrap());
-        assert!(check_encoding(&headers).is_ok());
+        assert!(matches!(Encoding::of(&headers), Encoding::Identity));
         headers.insert("grpc-encoding", "gzip".parse().unwrap());
-        let status = check_encoding(&headers).unwrap_err();
+        let gzip = Encoding::of(&headers);
+        let read = |body: &'static [u8], encoding: Encoding| {
+            let body =
+                http_body_util::Full::new(Bytes::from_static(body)).map_err(|never| match never {});
+            first_message(body, bounds(Duration::from_secs(60)), encoding)
+        };
+        let plain = read(b"\x00\x00\x00\x00\x01a", gzip.clone()).await;
+        assert_eq!(&plain.unwrap()[..], b"a");
+        let status = read(b"\x01\x00\x00\x00\x01a", gzip).await.unwrap_err();
         assert_eq!(status.code(), tonic::Code::Unimplemented);
+        assert!(status.message().contains("'gzip'"), "{status:?}");
         assert_eq!(
             status.metadata().get("grpc-accept-encoding").unwrap(),
             "identity"
         );
         headers.insert("grpc-encoding", "y".repeat(5000).parse().unwrap());
-        assert!(check_encoding(&headers).unwrap_err().message().len() < 200);
+        let status = read(b"\x01\x00\x00\x00\x01a", Encoding::of(&headers))
+            .await
+            .unwrap_err();
+        assert!(status.message().len() < 200);
+        let status = read(b"\x01\x00\x00\x00\x01a", Encoding::Identity)
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), tonic::Code::Internal);
     }
 
     fn framed(chunks: &[&[u8]]) -> Result<(), FramingError> {

@@ -4,16 +4,19 @@
 //! it decides nothing itself.
 //!
 //! The rate-limit service's calls go to it straight from the port ([`Port`]); only the
-//! others (health, reflection, any unknown service) go through tonic's router. The port's
-//! HTTP/2 limits are `port_limits.rs`'; its connections are accepted by `accept.rs` and
-//! served, each by one task with its calls, by `connection.rs`.
+//! others (health, reflection, any unknown service) go through tonic's router, held to
+//! their deadline and the connection's close (`others.rs`). Every call is fenced against
+//! a panic (`panics.rs`); a request that is not gRPC is refused HTTP 415
+//! (`content_type.rs`). The port's HTTP/2 limits are `port_limits.rs`'; its connections
+//! are accepted by `accept.rs` and served, each by one task with its calls, by
+//! `connection/`.
 
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use futures::future::{Either, Map};
-use futures::FutureExt;
+use std::pin::Pin;
+
 use http_body_util::Either as EitherBody;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -24,7 +27,10 @@ use tonic_health::ServingStatus;
 use tower::{Layer, Service};
 
 use super::accept::Accepting;
-use super::connection;
+use super::connection::{self, ConnectionContext};
+use super::content_type;
+use super::others::{self, OtherFuture};
+use super::panics::{CallId, Fenced};
 use super::port_limits::PortLimits;
 use super::rls::{self, Rls, SERVICE_NAME};
 use super::tls::TlsState;
@@ -103,31 +109,38 @@ pub async fn serve_with<S: BucketStore>(
 ) {
     let metrics = limiter.metrics().clone();
     let limits = options.limits;
-    let port = Port {
-        rls: Rls::new(limiter).with_max_message_len(limits.max_message_len()),
-        others: others(options.health, limits.max_message_len()).await,
+    let rls = Rls::new(limiter).with_max_message_len(limits.max_message_len());
+    let others = others(options.health, limits.max_message_len()).await;
+    let trace_context = options.trace_context;
+    let make = move |context| {
+        layers(trace_context).layer(Port {
+            rls: rls.clone(),
+            others: others.clone(),
+            context,
+        })
     };
-    let port = layers(options.trace_context).layer(port);
     let accepting = Accepting::new(listener, metrics.clone());
     match options.tls {
         Some(tls) => {
-            let incoming = tls.incoming(accepting, metrics);
-            connection::serve(incoming, port, limits, shutdown).await
+            let incoming = tls.incoming(accepting, metrics.clone());
+            connection::serve(incoming, make, limits, metrics, shutdown).await
         }
-        None => connection::serve(accepting, port, limits, shutdown).await,
+        None => connection::serve(accepting, make, limits, metrics, shutdown).await,
     }
 }
 
-/// The gRPC port's calls: the rate-limit service's to it directly, after one comparison of
-/// the path, and every other call through tonic's router. Through the router, every call
-/// paid its routing: axum's path match, its URL-parameter and matched-path request
-/// extensions (a map allocated per call), a clone of the route's boxed service and the
-/// request's body boxed once more (measured in bench/README.md, "Where a request's CPU
-/// goes").
+/// The gRPC port's calls on one connection: the rate-limit service's to it directly,
+/// after one comparison of the path, and every other call through tonic's router. Through
+/// the router, every call paid its routing: axum's path match, its URL-parameter and
+/// matched-path request extensions (a map allocated per call), a clone of the route's
+/// boxed service and the request's body boxed once more (measured in bench/README.md,
+/// "Where a request's CPU goes"). Every call is fenced against a panic (`panics.rs`); a
+/// request that is not gRPC is refused before either.
 struct Port<S: BucketStore> {
     rls: Rls<S>,
     /// Health, reflection, and UNIMPLEMENTED for any other service.
     others: Routes,
+    context: Arc<ConnectionContext>,
 }
 
 impl<S: BucketStore> Clone for Port<S> {
@@ -135,6 +148,7 @@ impl<S: BucketStore> Clone for Port<S> {
         Port {
             rls: self.rls.clone(),
             others: self.others.clone(),
+            context: self.context.clone(),
         }
     }
 }
@@ -144,24 +158,36 @@ type PortBody = EitherBody<AnswerBody, Body>;
 
 type Answered<B> = Result<Response<B>, Infallible>;
 
-fn rls_body(answered: Answered<AnswerBody>) -> Answered<PortBody> {
-    answered.map(|r| r.map(EitherBody::Left))
+/// A call's answer on the port.
+enum PortFuture {
+    Rls(Fenced<rls::CallFuture>),
+    Other(Fenced<OtherFuture>),
+    Refused(Option<Response<AnswerBody>>),
 }
 
-fn other_body(answered: Answered<Body>) -> Answered<PortBody> {
-    answered.map(|r| r.map(EitherBody::Right))
+impl std::future::Future for PortFuture {
+    type Output = Answered<PortBody>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Answered<PortBody>> {
+        match self.get_mut() {
+            PortFuture::Rls(call) => Pin::new(call)
+                .poll(cx)
+                .map(|a| a.map(|r| r.map(EitherBody::Left))),
+            PortFuture::Other(call) => Pin::new(call)
+                .poll(cx)
+                .map(|a| a.map(|r| r.map(EitherBody::Right))),
+            PortFuture::Refused(answer) => match answer.take() {
+                Some(answer) => Poll::Ready(Ok(answer.map(EitherBody::Left))),
+                None => Poll::Pending,
+            },
+        }
+    }
 }
 
 impl<S: BucketStore> Service<Request<Body>> for Port<S> {
     type Response = Response<PortBody>;
     type Error = Infallible;
-    type Future = Either<
-        Map<
-            <Rls<S> as Service<Request<Body>>>::Future,
-            fn(Answered<AnswerBody>) -> Answered<PortBody>,
-        >,
-        Map<<Routes as Service<Request<Body>>>::Future, fn(Answered<Body>) -> Answered<PortBody>>,
-    >;
+    type Future = PortFuture;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         // The rate-limit service is always ready.
@@ -169,10 +195,30 @@ impl<S: BucketStore> Service<Request<Body>> for Port<S> {
     }
 
     fn call(&mut self, request: Request<Body>) -> Self::Future {
+        // Before anything else: the caller's clock started when it sent the request.
+        let arrived = tokio::time::Instant::now();
+        if let Some(refused) = content_type::refusal(request.headers()) {
+            return PortFuture::Refused(Some(refused));
+        }
+        let id = CallId::next(&self.context, request.headers());
         if rls::serves(request.uri().path()) {
-            Either::Left(self.rls.call(request).map(rls_body as fn(_) -> _))
+            let call = self.rls.call_at(request, arrived);
+            PortFuture::Rls(Fenced::new(
+                call,
+                id,
+                "ShouldRateLimit",
+                self.context.clone(),
+            ))
         } else {
-            Either::Right(self.others.call(request).map(other_body as fn(_) -> _))
+            let deadline = others::deadline(request.headers(), arrived);
+            let answer = self.others.call(request);
+            let call = others::bounded(answer, deadline, self.context.closing());
+            PortFuture::Other(Fenced::new(
+                call,
+                id,
+                "health or reflection",
+                self.context.clone(),
+            ))
         }
     }
 }

@@ -1,6 +1,8 @@
 //! The transport: the listeners and the bytes on them. Envoy's gRPC rate-limit API over
 //! HTTP/2 (`rls`, read by `framing`, answered in `unary_response`) with health and
-//! reflection (`grpc`), TLS (`tls`), accepting connections (`accept`, `socket`) and
+//! reflection (`grpc`, held to their deadline and their connection's close in `others`),
+//! every call fenced against a panic (`panics`), a request that is not gRPC refused
+//! (`content_type`), TLS (`tls`), accepting connections (`accept`, `socket`) and
 //! serving each in one task with its calls (`connection`),
 //! the port's HTTP/2 limits (`port_limits`), the caller's trace context
 //! (`trace_context`), the HTTP port (`http`, with `/json` in `json`), and putting a
@@ -13,10 +15,13 @@
 
 mod accept;
 mod connection;
+mod content_type;
 mod framing;
 pub mod grpc;
 pub mod http;
 mod json;
+mod others;
+mod panics;
 pub mod port_limits;
 pub mod rls;
 pub mod serve;

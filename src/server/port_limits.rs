@@ -22,7 +22,15 @@ pub struct PortLimits {
     pub keepalive_timeout: Duration,
     /// After this long a connection is sent GOAWAY: its calls in flight finish, the client
     /// opens a new one (`None`: connections live as long as their clients keep them).
+    /// Jittered by up to a tenth either way for each connection (`connection/ending.rs`).
     pub max_connection_age: Option<Duration>,
+    /// How long an aged connection's calls may take after its GOAWAY before the
+    /// connection is closed anyway (a call that streams, health `Watch` or reflection, is
+    /// ended at the GOAWAY).
+    pub max_connection_age_grace: Duration,
+    /// How long a new connection's client has to send the HTTP/2 preface before it is
+    /// closed (a TCP client that connects and says nothing holds a connection's state).
+    pub preface_timeout: Duration,
     /// The largest request message accepted, in bytes: a larger one is refused as soon as
     /// its 5-byte prefix announces it.
     pub max_message_bytes: u32,
@@ -41,6 +49,15 @@ pub const DEFAULT_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(60);
 /// 20 s for a ping's answer: far above any round trip, short enough to free a dead
 /// connection's state soon after its ping.
 pub const DEFAULT_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// 30 s for an aged connection's calls to finish after its GOAWAY: far more than a
+/// rate-limit call takes (its store's deadline, `--store-timeout`, is a second by
+/// default), so only a call stuck past every deadline is cut.
+pub const DEFAULT_MAX_CONNECTION_AGE_GRACE: Duration = Duration::from_secs(30);
+
+/// 10 s for a client's preface, as for a TLS handshake (`tls.rs`): a client sends it with
+/// its first bytes.
+pub const PREFACE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// 64 KiB per request message: a rate-limit request is a few hundred bytes; this leaves
 /// room for dozens of descriptors with long values, and caps what one call can make the
@@ -88,6 +105,8 @@ impl Default for PortLimits {
             // connection by the same amount, so connections opened together (a fleet's
             // restart) would all reconnect together, again at every age.
             max_connection_age: None,
+            max_connection_age_grace: DEFAULT_MAX_CONNECTION_AGE_GRACE,
+            preface_timeout: PREFACE_TIMEOUT,
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
         }
     }
@@ -130,6 +149,8 @@ mod tests {
         assert_eq!(d.keepalive_interval, Some(Duration::from_secs(60)));
         assert_eq!(d.keepalive_timeout, Duration::from_secs(20));
         assert_eq!(d.max_connection_age, None);
+        assert_eq!(d.max_connection_age_grace, Duration::from_secs(30));
+        assert_eq!(d.preface_timeout, Duration::from_secs(10));
         assert_eq!(d.max_message_bytes, 65_536);
         assert_eq!(d.max_message_len(), 65_536);
     }

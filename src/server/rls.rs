@@ -3,10 +3,11 @@
 //! Every way a call can fail carries its gRPC code by construction — a typed error mapped
 //! to a status, never a message text recognised afterwards.
 //!
-//! tonic still runs the connection (HTTP/2, `grpc-timeout`) and the other services; its
-//! generic unary machinery (a metadata map and a request built per call, a codec, an
-//! encoder stream, a boxed body each way) is what this route does without, for one
-//! method whose request and answer are bytes shardgate reads and writes itself.
+//! The connection is shardgate's own (`connection/`, on hyper's HTTP/2 server); tonic
+//! serves only the other services. tonic's generic unary machinery (a metadata map and a
+//! request built per call, a codec, an encoder stream, a boxed body each way) is what this
+//! route does without, for one method whose request and answer are bytes shardgate reads
+//! and writes itself; the call reads its `grpc-timeout` itself (`service/deadline.rs`).
 //!
 //! It translates between gRPC and [`RateLimiter`]; it decides nothing itself.
 
@@ -16,11 +17,12 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use tokio::time::Instant;
 use tonic::body::Body;
 use tonic::codegen::http;
 use tonic::Status;
 
-use super::framing::{check_encoding, first_message, BodyBounds};
+use super::framing::{first_message, BodyBounds, Encoding};
 use super::port_limits::DEFAULT_MAX_MESSAGE_BYTES;
 use super::unary_response::{self, AnswerBody};
 use crate::service::deadline;
@@ -71,13 +73,15 @@ impl<S: BucketStore> Rls<S> {
 /// One `ShouldRateLimit` call: its message read whole and in place (`wire.rs`), decided,
 /// answered. It owns its limiter, so this future is the whole boxed call: an `async`
 /// block around it would be one more copy of a few KB on every request.
+///
+/// `received` is when its headers arrived: the deadline counts the time the call waited
+/// in its connection before it was polled.
 async fn should_rate_limit<S: BucketStore>(
     limiter: Arc<RateLimiter<S>>,
     max_message_len: usize,
     request: http::Request<Body>,
+    received: Instant,
 ) -> Result<http::Response<AnswerBody>, Infallible> {
-    // Before anything else: the caller's clock started when it sent the request.
-    let received = tokio::time::Instant::now();
     let (parts, body) = request.into_parts();
     let caller = parts
         .headers
@@ -85,9 +89,7 @@ async fn should_rate_limit<S: BucketStore>(
         .and_then(|v| v.to_str().ok())
         .and_then(deadline::parse_grpc_timeout);
     let by = deadline::deadline(received, caller, limiter.store_timeout());
-    if let Err(status) = check_encoding(&parts.headers) {
-        return Ok(unary_response::failure(status));
-    }
+    let encoding = Encoding::of(&parts.headers);
     drop(parts);
     // The body gets `--store-timeout` from the headers' arrival, whatever the caller's
     // `grpc-timeout` says (a shorter one still ends the call earlier): the time a call is
@@ -98,7 +100,7 @@ async fn should_rate_limit<S: BucketStore>(
         due: received + limiter.store_timeout(),
         within: limiter.store_timeout(),
     };
-    let message = match first_message(body, bounds).await {
+    let message = match first_message(body, bounds, encoding).await {
         Ok(message) => message,
         Err(status) => return Ok(unary_response::failure(status)),
     };
@@ -110,6 +112,8 @@ async fn should_rate_limit<S: BucketStore>(
             )))
         }
     };
+    #[cfg(feature = "panic-trigger")]
+    panic_trigger(&view);
     Ok(match limiter.should_rate_limit_by(&view, by).await {
         Ok(reply) => unary_response::answer(reply.bytes()),
         Err(e @ CallError::InvalidArgument(_)) => {
@@ -130,18 +134,26 @@ impl<S: BucketStore> Clone for Rls<S> {
     }
 }
 
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
-
-impl<S: BucketStore> tower::Service<http::Request<Body>> for Rls<S> {
-    type Response = http::Response<AnswerBody>;
-    type Error = Infallible;
-    type Future = BoxFuture<Result<http::Response<AnswerBody>, Infallible>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
+/// A panic on purpose, for the tests that show a call's panic stays in its call: a
+/// descriptor entry keyed `shardgate-test-panic`. Built only with the `panic-trigger`
+/// feature, which only tests build (never a release: no client can reach it).
+#[cfg(feature = "panic-trigger")]
+fn panic_trigger(view: &RequestView<'_>) {
+    let asked = view
+        .descriptors()
+        .any(|d| d.entries.iter().any(|e| e.key == "shardgate-test-panic"));
+    if asked {
+        panic!("the test-only panic trigger (feature panic-trigger)");
     }
+}
 
-    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
+/// One call's answer, boxed: the whole call is this one allocation.
+pub type CallFuture =
+    Pin<Box<dyn Future<Output = Result<http::Response<AnswerBody>, Infallible>> + Send + 'static>>;
+
+impl<S: BucketStore> Rls<S> {
+    /// The call `request`, whose headers arrived at `received`.
+    pub fn call_at(&self, request: http::Request<Body>, received: Instant) -> CallFuture {
         if request.uri().path() != SHOULD_RATE_LIMIT {
             let status =
                 Status::unimplemented(format!("{SERVICE_NAME} has one method, ShouldRateLimit"));
@@ -151,7 +163,22 @@ impl<S: BucketStore> tower::Service<http::Request<Body>> for Rls<S> {
             self.limiter.clone(),
             self.max_message_len,
             request,
+            received,
         ))
+    }
+}
+
+impl<S: BucketStore> tower::Service<http::Request<Body>> for Rls<S> {
+    type Response = http::Response<AnswerBody>;
+    type Error = Infallible;
+    type Future = CallFuture;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
+        self.call_at(request, Instant::now())
     }
 }
 

@@ -24,7 +24,7 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use thiserror::Error;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Semaphore};
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 use tokio_stream::wrappers::ReceiverStream;
@@ -36,6 +36,13 @@ use crate::support::throttle::LogThrottle;
 
 /// How long a client may take to complete its handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Handshakes in progress at once: past it, new connections wait in the listen queue
+/// until one ends (completed, refused, or timed out), so that a flood of clients that
+/// connect and stall cannot make the server hold an unbounded number of half-open TLS
+/// sessions. Far above what a fleet of Envoys reconnecting at once needs (a handshake
+/// takes a millisecond of CPU).
+const MAX_HANDSHAKES: usize = 1024;
 
 /// At most one log line per reason in this interval.
 const FAILURE_LOG_INTERVAL: Duration = Duration::from_secs(10);
@@ -167,8 +174,9 @@ impl TlsState {
     }
 
     /// Takes the TCP connections `accepting` yields and yields those whose TLS handshake
-    /// completes (a handshake never blocks accepting; a failed accept pauses it, see
-    /// `accept.rs`). Refused handshakes are counted in `metrics` and logged (see the
+    /// completes (a handshake never blocks accepting, but at most [`MAX_HANDSHAKES`] run
+    /// at once; a failed accept pauses it, see `accept.rs`). Accepting stops, and the
+    /// listener is closed, as soon as the stream returned is dropped. Refused handshakes are counted in `metrics` and logged (see the
     /// module comment).
     pub fn incoming(
         &self,
@@ -178,11 +186,22 @@ impl TlsState {
         let (tx, rx) = mpsc::channel(128);
         let current = self.current.clone();
         let failures = Arc::new(FailureLog::new(metrics));
+        let handshakes = Arc::new(Semaphore::new(MAX_HANDSHAKES));
         tokio::spawn(async move {
-            while let Some(Ok(tcp)) = accepting.next().await {
-                if tx.is_closed() {
-                    return;
-                }
+            loop {
+                // When the port stops accepting (shutdown), `rx` is dropped: this task
+                // ends at once, and with it the listener, so a new client is refused
+                // rather than accepted and left without a handshake.
+                let slot = tokio::select! {
+                    _ = tx.closed() => return,
+                    slot = handshakes.clone().acquire_owned() => slot,
+                };
+                let Ok(slot) = slot else { return };
+                let tcp = tokio::select! {
+                    _ = tx.closed() => return,
+                    tcp = accepting.next() => tcp,
+                };
+                let Some(Ok(tcp)) = tcp else { return };
                 // A peer gone already still counts, as a failed handshake (`io`).
                 let peer = tcp
                     .peer_addr()
@@ -192,7 +211,9 @@ impl TlsState {
                 let failures = failures.clone();
                 tokio::spawn(async move {
                     let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp));
-                    match handshake.await {
+                    let done = handshake.await;
+                    drop(slot);
+                    match done {
                         Ok(Ok(stream)) => {
                             let _ = tx.send(Ok(TlsConn(stream))).await;
                         }
@@ -322,10 +343,8 @@ impl FailureLog {
 /// One accepted TLS connection.
 pub struct TlsConn(TlsStream<TcpStream>);
 
-impl tonic::transport::server::Connected for TlsConn {
-    type ConnectInfo = Option<std::net::SocketAddr>;
-
-    fn connect_info(&self) -> Self::ConnectInfo {
+impl super::connection::Peer for TlsConn {
+    fn peer(&self) -> Option<std::net::SocketAddr> {
         self.0.get_ref().0.peer_addr().ok()
     }
 }

@@ -3,7 +3,7 @@
 
 /// Upstream variables that configure what shardgate does differently or not at all
 /// (its stats sinks when stats are disabled or a sink is off, caches, Memcached, xDS,
-/// tracing, the forced close after a connection's age), and those of its Redis client when
+/// tracing), and those of its Redis client when
 /// Redis is not the backend. A variable some reader looked at is not ignored: it was
 /// honoured or refused.
 const IGNORED: &[&str] = &[
@@ -13,7 +13,6 @@ const IGNORED: &[&str] = &[
     "EXPIRATION_JITTER_MAX_SECONDS",
     "EXTRA_TAGS",
     "FORCE_START_WITHOUT_INITIAL_CONFIG",
-    "GRPC_MAX_CONNECTION_AGE_GRACE",
     "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
     "LOCAL_CACHE_SIZE_IN_BYTES",
     "NEAR_LIMIT_RATIO",

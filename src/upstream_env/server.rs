@@ -135,21 +135,28 @@ pub(super) fn switches(r: &mut Reader) {
     }
 }
 
-/// `GRPC_MAX_CONNECTION_AGE`, a Go duration.
+/// `GRPC_MAX_CONNECTION_AGE` and `GRPC_MAX_CONNECTION_AGE_GRACE`, Go durations.
 pub(super) fn connection_age(r: &mut Reader) {
-    let Some(age) = r.get("GRPC_MAX_CONNECTION_AGE") else {
-        return;
-    };
-    match go_duration(age) {
-        Some(d) => r.alias(
-            "SHARDGATE_GRPC_MAX_CONNECTION_AGE",
+    for (upstream, ours) in [
+        (
             "GRPC_MAX_CONNECTION_AGE",
-            humantime::format_duration(d).to_string(),
+            "SHARDGATE_GRPC_MAX_CONNECTION_AGE",
         ),
-        None => r.refuse(format!(
-            "GRPC_MAX_CONNECTION_AGE={}: not a duration (e.g. 24h, 90m, 1h30m)",
-            crate::support::text::elide(age, 64)
-        )),
+        (
+            "GRPC_MAX_CONNECTION_AGE_GRACE",
+            "SHARDGATE_GRPC_MAX_CONNECTION_AGE_GRACE",
+        ),
+    ] {
+        let Some(value) = r.get(upstream) else {
+            continue;
+        };
+        match go_duration(value) {
+            Some(d) => r.alias(ours, upstream, humantime::format_duration(d).to_string()),
+            None => r.refuse(format!(
+                "{upstream}={}: not a duration (e.g. 24h, 90m, 1h30m)",
+                crate::support::text::elide(value, 64)
+            )),
+        }
     }
 }
 

@@ -33,3 +33,15 @@ pub(super) struct FailureLabels {
     /// `unavailable` (a `deny` rule: UNAVAILABLE) or `allowed` (OK, nothing counted).
     pub(super) answer: &'static str,
 }
+
+/// An HTTP/2 error code's name (`port.rs`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct CodeLabel {
+    pub(super) code: &'static str,
+}
+
+/// How a call that panicked was ended (`port.rs`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct EndLabel {
+    pub(super) end: &'static str,
+}

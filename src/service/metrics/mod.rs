@@ -3,7 +3,8 @@
 //! reported, store calls left running or shed, the memory store's size and evictions, the
 //! engine's counters (named and described in `engine/stats.rs`), the most sharded buckets,
 //! answers given by `failure_mode`, request latency and requests in flight, refused TLS
-//! handshakes, and connections the gRPC port failed to accept; and, when asked, the same
+//! handshakes, connections the gRPC port failed to accept, and its connection-level
+//! metrics and calls that panicked (`port.rs`); and, when asked, the same
 //! totals as statsd lines in envoyproxy/ratelimit's names (`statsd.rs`; the socket is
 //! `server/statsd.rs`), or those names mapped by a statsd_exporter mapping file
 //! (`statsd_mapping.rs`) into the page upstream's Prometheus port serves
@@ -17,6 +18,7 @@
 
 mod collectors;
 mod labels;
+mod port;
 mod registry;
 mod rule_hits;
 pub mod statsd;
@@ -24,5 +26,6 @@ pub mod statsd_mapping;
 pub mod statsd_prometheus;
 mod striped;
 
+pub use port::{ConnectionClose, PanicEnd, PortMetrics};
 pub use registry::Metrics;
 pub use rule_hits::{HitOutcome, RuleCounters, MAX_RULE_KEYS};

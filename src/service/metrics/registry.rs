@@ -46,6 +46,7 @@ pub struct Metrics {
     store_refused_requests: Counter,
     tls_handshake_failures: Family<ReasonLabel, Counter>,
     grpc_accept_failures: Counter,
+    port: super::port::PortMetrics,
 }
 
 impl Metrics {
@@ -70,9 +71,11 @@ impl Metrics {
             store_refused_requests: Counter::default(),
             tls_handshake_failures: Family::default(),
             grpc_accept_failures: Counter::default(),
+            port: Default::default(),
         };
         m.register_requests_and_config(&mut registry);
         m.register_calls_and_ports(&mut registry);
+        m.port.register(&mut registry);
         registry.register_collector(Box::new(m.rule_hits.clone()));
         Metrics {
             registry: Mutex::new(registry),
@@ -284,6 +287,11 @@ impl Metrics {
         self.tls_handshake_failures
             .get_or_create(&ReasonLabel { reason })
             .inc();
+    }
+
+    /// The gRPC port's connection-level metrics (`port.rs`).
+    pub fn port(&self) -> &super::port::PortMetrics {
+        &self.port
     }
 
     /// A connection the gRPC port failed to accept (`accept.rs`).

@@ -1,0 +1,162 @@
+#!/usr/bin/env python3
+"""One connection against eight: does one busy HTTP/2 connection use every core?
+
+    .venv/bin/python bench/spread.py [SHARDGATE ...] [--rounds 5] [--seconds 8]
+
+For each binary (default: $CARGO_TARGET_DIR or target, /release/shardgate) and each
+scenario — `costly` (16 descriptors, each matched by a `value_regex` rule, memory store)
+and `hot` (one hot key) — every round runs h2load over 1 connection × 64 streams and over
+8 connections × 8 streams (64 in flight either way), in alternating order, on one server
+started for the round (2 s warm-up, then `--seconds` measured). It prints each run's req/s
+and the server's CPU per request, each round's ratio one/eight and their median, and for
+the one-connection runs the CPU each of the server's threads spent (from
+/proc/PID/task/*/stat) and the cores the server used in all (CPU s / s): a connection's
+task moves between workers, so CPU on both workers alone does not show that they ran at
+once; more than one core used by one connection does.
+
+h2load runs with one thread beside the server, so on a 2-core machine it takes part of a
+core: read ratios, not absolute rates. Only 127.0.0.1 is contacted; every run is bounded
+by h2load's duration.
+"""
+import argparse
+import collections
+import os
+import re
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+from envoy.service.ratelimit.v3 import rls_pb2
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TARGET = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
+PATH = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+TICK_HZ = os.sysconf("SC_CLK_TCK")
+DESCRIPTORS = 16
+
+CONFIG = "domain: spread\ndescriptors:\n" + "".join(
+    f"  - key: k{i}\n    value_regex: 'v{i}-[0-9a-f]{{8}}-(alpha|beta|gamma)'\n"
+    f"    rate_limit: {{unit: minute, requests_per_unit: 4000000000}}\n"
+    for i in range(DESCRIPTORS)
+) + "  - key: tenant\n    rate_limit: {unit: minute, requests_per_unit: 4000000000}\n"
+
+SHAPES = {"one": (1, 64), "eight": (8, 8)}
+
+
+def frame(descriptors):
+    req = rls_pb2.RateLimitRequest(domain="spread")
+    for key, value in descriptors:
+        req.descriptors.add().entries.add(key=key, value=value)
+    body = req.SerializeToString()
+    return struct.pack(">BI", 0, len(body)) + body
+
+
+SCENARIOS = {
+    "costly": frame([(f"k{i}", f"v{i}-0badcafe-gamma") for i in range(DESCRIPTORS)]),
+    "hot": frame([("tenant", "hot")]),
+}
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def threads(pid):
+    """{thread id: (name, CPU ticks)} of every thread of `pid`."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            name = open(f"/proc/{pid}/task/{tid}/comm").read().strip()
+            fields = open(f"/proc/{pid}/task/{tid}/stat").read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[tid] = (name, int(fields[11]) + int(fields[12]))
+    return out
+
+
+def h2load(port, body_file, shape, seconds):
+    conns, streams = SHAPES[shape]
+    out = subprocess.run(
+        ["h2load", "-t1", f"-c{conns}", f"-m{streams}", "-D", str(seconds), "-d", body_file,
+         "-H", "content-type: application/grpc", "-H", "te: trailers",
+         f"http://127.0.0.1:{port}{PATH}"],
+        capture_output=True, text=True, timeout=seconds + 30,
+    ).stdout
+    m = re.search(r"(\d+) succeeded", out)
+    if not m:
+        sys.exit(f"cannot read h2load's output:\n{out}")
+    return int(m.group(1))
+
+
+def run(binary, config, body_file, shape, seconds):
+    """(req/s, CPU µs per request, {thread name: CPU s}, cores used) of one shape on a
+    fresh server."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [binary, "serve", "--store", "memory", "--config", config,
+         "--grpc-addr", f"127.0.0.1:{port}", "--http-addr", "127.0.0.1:0"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(100):
+            try:
+                socket.create_connection(("127.0.0.1", port)).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        h2load(port, body_file, shape, 2)  # warm-up
+        before = threads(proc.pid)
+        n = h2load(port, body_file, shape, seconds)
+        after = threads(proc.pid)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    per_thread = collections.Counter()
+    for tid, (name, ticks) in after.items():
+        per_thread[f"{name}/{tid}"] += (ticks - before.get(tid, (name, 0))[1]) / TICK_HZ
+    cpu = sum(per_thread.values())
+    return n / seconds, cpu * 1e6 / max(n, 1), per_thread, cpu / seconds
+
+
+def main():
+    ap = argparse.ArgumentParser(usage=__doc__)
+    ap.add_argument("binaries", nargs="*", default=[os.path.join(TARGET, "release", "shardgate")])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--seconds", type=int, default=8)
+    args = ap.parse_args()
+    work = tempfile.mkdtemp(prefix="spread-")
+    config = os.path.join(work, "spread.yaml")
+    with open(config, "w") as f:
+        f.write(CONFIG)
+    bodies = {}
+    for name, body in SCENARIOS.items():
+        bodies[name] = os.path.join(work, f"{name}.bin")
+        with open(bodies[name], "wb") as f:
+            f.write(body)
+    print(f"{os.cpu_count()} cores; {args.rounds} rounds of {args.seconds} s; 64 streams in flight")
+    for binary in args.binaries:
+        for scenario, body_file in bodies.items():
+            ratios = []
+            print(f"\n## {binary} — {scenario}")
+            print("| round | 1×64 req/s | 8×8 req/s | one/eight | µs CPU/req 1×64 | 8×8 "
+                  "| cores used 1×64 | 8×8 | 1×64 busiest threads (CPU s) |")
+            print("|---|---|---|---|---|---|---|---|---|")
+            for r in range(args.rounds):
+                order = ["one", "eight"] if r % 2 == 0 else ["eight", "one"]
+                got = {shape: run(binary, config, body_file, shape, args.seconds) for shape in order}
+                ratio = got["one"][0] / got["eight"][0]
+                ratios.append(ratio)
+                busiest = ", ".join(f"{name} {s:.2f}" for name, s in got["one"][2].most_common(3))
+                print(f"| {r + 1} | {got['one'][0]:,.0f} | {got['eight'][0]:,.0f} | {ratio:.2f} "
+                      f"| {got['one'][1]:.1f} | {got['eight'][1]:.1f} "
+                      f"| {got['one'][3]:.2f} | {got['eight'][3]:.2f} | {busiest} |", flush=True)
+            print(f"\nmedian one/eight: {statistics.median(ratios):.2f}")
+
+
+if __name__ == "__main__":
+    main()

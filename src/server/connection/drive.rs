@@ -1,0 +1,389 @@
+//! The connection's task: the connection and its calls polled in turn, so that the calls
+//! of one read are decided one after another and their answers leave in one write.
+//!
+//! Two budgets bound what one wake does. **Per round**: at most [`CALLS_PER_ROUND`] calls
+//! are polled before the connection is polled again, which writes their answers — the
+//! first answer of a burst of 1024 calls does not wait for the whole burst. **Per wake**,
+//! on a runtime with more than one worker: once the wake has run for [`INLINE_BUDGET`] and
+//! workers are idle, the further new calls of each round are split into lanes, one task
+//! per idle worker and one for this worker, each polling its share of the calls (one
+//! spawn per lane, not per call); the connection's task goes back to writing. A connection whose wakes stay short (Envoy's usual load,
+//! cheap calls) keeps the savings of running its calls in its own task (no task, no wake
+//! per call, one write per burst), and so does one whose runtime is busy anyway (spawning
+//! would add that cost for no core gained); a connection busy with more than one core
+//! can do (many calls, costly ones: many descriptors, regex values) spreads them over the
+//! idle workers (docs/architecture.md, "Every core for one busy connection").
+
+use std::collections::VecDeque;
+use std::future::{poll_fn, Future};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::{Duration, Instant};
+
+use futures::stream::FuturesUnordered;
+use futures::task::AtomicWaker;
+use futures::{Stream, StreamExt};
+use hyper::body::Incoming;
+use hyper::server::conn::http2;
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::runtime::RuntimeMetrics;
+use tokio::sync::watch;
+use tonic::codegen::http::{Request, Response};
+use tracing::Instrument;
+
+use super::calls::{Calls, Guarded};
+use super::ending::Close;
+use super::watched::{Preface, Watched};
+use crate::service::metrics::ConnectionClose;
+
+/// Rounds of reading, deciding and writing one wake-up may run before the task yields,
+/// so that a connection that always has work cannot keep its thread from the others.
+const ROUNDS_PER_WAKE: usize = 8;
+
+/// Calls polled in one round before the connection is polled again (and writes their
+/// answers).
+pub(super) const CALLS_PER_ROUND: usize = 64;
+
+/// How long one wake of the connection's task decides calls itself before it hands the
+/// further ones to lanes: about 5 calls of 16 regex-matched descriptors, 30 hot-key calls.
+const INLINE_BUDGET: Duration = Duration::from_micros(100);
+
+/// The fewest calls a lane is given: a smaller share costs its spawn and the wakes from
+/// another thread for less work than they save (measured: two connections of a hot key,
+/// each splitting its last few calls whenever a worker parked for a moment, cost 1.13×
+/// the CPU per call of no lanes at all).
+const MIN_LANE_CALLS: usize = 8;
+
+/// The runtime's metrics, if it has other workers to spread a busy connection's calls
+/// over.
+fn spreadable() -> Option<RuntimeMetrics> {
+    let handle = tokio::runtime::Handle::try_current().ok()?;
+    let multi = handle.runtime_flavor() != tokio::runtime::RuntimeFlavor::CurrentThread;
+    let metrics = handle.metrics();
+    (multi && metrics.num_workers() > 1).then_some(metrics)
+}
+
+/// The runtime's workers parked (idle) now: only on those does a spawned lane run beside
+/// the connection rather than after it, on a thread that was busy anyway.
+#[cfg(target_has_atomic = "64")]
+fn idle_workers(metrics: &RuntimeMetrics) -> usize {
+    // An odd count of parks and unparks: parked now.
+    (0..metrics.num_workers())
+        .filter(|&w| metrics.worker_park_unpark_count(w) % 2 == 1)
+        .count()
+}
+
+/// Without 64-bit atomics tokio does not say; one lane.
+#[cfg(not(target_has_atomic = "64"))]
+fn idle_workers(_: &RuntimeMetrics) -> usize {
+    1
+}
+
+/// A lane: calls handed to another worker, polled together in one task (one spawn, not
+/// one per call) until each has answered.
+async fn lane(calls: Vec<Guarded>) {
+    let mut calls: FuturesUnordered<Guarded> = calls.into_iter().collect();
+    while calls.next().await.is_some() {}
+}
+
+/// What the connection's task holds between wakes.
+struct Driven {
+    running: FuturesUnordered<Guarded>,
+    /// New calls, not polled yet.
+    fresh: VecDeque<Guarded>,
+    open: bool,
+    ended: bool,
+    /// The runtime's metrics when it has workers to spread calls over.
+    spread: Option<RuntimeMetrics>,
+}
+
+/// One wake's account of its inline work.
+struct WakeBudget {
+    started: Instant,
+    /// Decided once the budget is spent: how many lanes this wake's new calls are split
+    /// into besides the connection's own share (the workers idle then).
+    lanes: Option<usize>,
+}
+
+impl WakeBudget {
+    /// The lanes to split new calls into now: none while the wake is within its budget,
+    /// or when no worker is idle.
+    fn lanes(&mut self, spread: &Option<RuntimeMetrics>) -> usize {
+        let Some(metrics) = spread else {
+            return 0;
+        };
+        if let Some(lanes) = self.lanes {
+            return lanes;
+        }
+        if self.started.elapsed() < INLINE_BUDGET {
+            return 0;
+        }
+        // Asked once per wake: the first lane wakes an idle worker, which is busy after.
+        let lanes = idle_workers(metrics);
+        self.lanes = Some(lanes);
+        lanes
+    }
+}
+
+/// The connection and its calls, polled in turn until the connection is closed and its
+/// last call has ended (answered, or dropped by hyper when its stream was reset: a
+/// connection gone resets them all). At [`Close::Graceful`] the connection is closed
+/// gracefully (the calls in flight are answered first) and `streams_end` tells the calls
+/// that would stream on to end; at [`Close::Now`], or at a graceful close before the
+/// client's preface (which hyper would wait for), it returns at once, dropping the
+/// connection and its calls. Returns why the server closed it, if it did.
+pub(super) async fn drive<IO, S, B>(
+    mut connection: Pin<&mut http2::Connection<TokioIo<Watched<IO>>, S, Calls>>,
+    calls: Calls,
+    mut ending: Pin<&mut impl Stream<Item = Close>>,
+    preface: &Preface,
+    streams_end: &watch::Sender<bool>,
+) -> Option<ConnectionClose>
+where
+    IO: AsyncRead + AsyncWrite + Unpin,
+    S: hyper::service::Service<Request<Incoming>, Response = Response<B>>,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    S::Future: Send + 'static,
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let mut driven = Driven {
+        running: FuturesUnordered::new(),
+        fresh: VecDeque::new(),
+        open: true,
+        ended: false,
+        spread: spreadable(),
+    };
+    let wakes = Arc::new(ConnectionWakes::default());
+    let task_waker = Waker::from(wakes.clone());
+    let ending_wake = EndingWake::new(&wakes);
+    poll_fn(|cx| {
+        wakes.task.register(cx.waker());
+        while let Some(close) = ending_wake.next(ending.as_mut()) {
+            match close {
+                Close::Now(why) => return Poll::Ready(Some(why)),
+                Close::Graceful if !preface.seen() => {
+                    return Poll::Ready(Some(ConnectionClose::ShutdownBeforePreface))
+                }
+                Close::Graceful if driven.open && !driven.ended => {
+                    connection.as_mut().graceful_shutdown();
+                    let _ = streams_end.send(true);
+                    driven.ended = true;
+                }
+                Close::Graceful => {}
+            }
+        }
+        let polled = rounds(
+            &mut driven,
+            connection.as_mut(),
+            &calls,
+            &wakes,
+            &task_waker,
+        );
+        match polled {
+            Some(Poll::Ready(())) => Poll::Ready(None),
+            // A wake that came as the rounds ended is this task's to answer.
+            Some(Poll::Pending) if !wakes.again.swap(false, SeqCst) => Poll::Pending,
+            // Rounds spent with work left (or a late wake): the task goes to the back of
+            // the queue.
+            _ => {
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            }
+        }
+    })
+    .await
+}
+
+/// Up to [`ROUNDS_PER_WAKE`] rounds of reading, deciding and writing: `Ready` when the
+/// connection is closed and its last call done, `Pending` when nothing moved, `None`
+/// when the rounds were spent with work left.
+fn rounds<IO, S, B>(
+    driven: &mut Driven,
+    mut connection: Pin<&mut http2::Connection<TokioIo<Watched<IO>>, S, Calls>>,
+    calls: &Calls,
+    wakes: &Arc<ConnectionWakes>,
+    task_waker: &Waker,
+) -> Option<Poll<()>>
+where
+    IO: AsyncRead + AsyncWrite + Unpin,
+    S: hyper::service::Service<Request<Incoming>, Response = Response<B>>,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    S::Future: Send + 'static,
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    wakes.inside.store(true, SeqCst);
+    let mut wake = WakeBudget {
+        started: Instant::now(),
+        lanes: None,
+    };
+    let mut inner = Context::from_waker(task_waker);
+    let mut done = None;
+    for _ in 0..ROUNDS_PER_WAKE {
+        wakes.again.store(false, SeqCst);
+        // Read what arrived (queuing its calls) and write what is ready.
+        if driven.open {
+            if let Poll::Ready(result) = connection.as_mut().poll(&mut inner) {
+                driven.open = false;
+                if let Err(e) = result {
+                    tracing::debug!(error = %e, "gRPC connection ended with an error");
+                }
+            }
+        }
+        let mut moved = calls.take(&mut driven.fresh);
+        moved |= decide(driven, &mut inner, &mut wake);
+        if !driven.open && driven.running.is_empty() && driven.fresh.is_empty() {
+            done = Some(Poll::Ready(()));
+            break;
+        }
+        if !moved && !wakes.again.load(SeqCst) {
+            done = Some(Poll::Pending);
+            break;
+        }
+    }
+    wakes.inside.store(false, SeqCst);
+    done
+}
+
+/// One round's deciding: the calls that can go on, then the new ones, at most
+/// [`CALLS_PER_ROUND`] polls; past the wake's [`INLINE_BUDGET`], if workers are idle, the
+/// round's further new calls are split into lanes, one per idle worker and one for this
+/// worker. Whether anything moved.
+fn decide(driven: &mut Driven, inner: &mut Context<'_>, wake: &mut WakeBudget) -> bool {
+    let mut moved = false;
+    let mut budget = CALLS_PER_ROUND;
+    while budget > 0 {
+        match driven.running.poll_next_unpin(inner) {
+            Poll::Ready(Some(())) => {
+                moved = true;
+                budget -= 1;
+            }
+            _ => break,
+        }
+    }
+    let mut split = false;
+    while let Some(mut call) = driven.fresh.pop_front() {
+        moved = true;
+        if !split {
+            let lanes = wake.lanes(&driven.spread);
+            if lanes > 0 {
+                split = true;
+                spawn_lanes(&mut driven.fresh, lanes);
+            }
+        }
+        if budget == 0 {
+            driven.fresh.push_front(call);
+            break;
+        }
+        budget -= 1;
+        // Polled here first: most calls end in this poll, and never take a slot in
+        // `running`.
+        if Pin::new(&mut call).poll(inner).is_pending() {
+            driven.running.push(call);
+        }
+    }
+    moved
+}
+
+/// Hands `fresh` to `lanes` + 1 lanes of their own, in equal shares: one for each idle
+/// worker and one for this worker, which runs it once the connection's task has written.
+/// All are spawned because tokio puts a task spawned from a worker in that worker's LIFO
+/// slot, which no other worker may steal, and tells the idle ones only when it pushes the
+/// slot's task out to the queue: a single lane would run after the connection, on the
+/// same thread, and spread nothing. Each lane spawned after the first pushes the one
+/// before it out, and wakes an idle worker to steal it.
+fn spawn_lanes(fresh: &mut VecDeque<Guarded>, lanes: usize) {
+    let share = fresh.len() / (lanes + 1);
+    if share < MIN_LANE_CALLS {
+        return;
+    }
+    for i in 0..=lanes {
+        let take = if i == lanes { fresh.len() } else { share };
+        let calls: Vec<Guarded> = fresh.drain(fresh.len() - take..).collect();
+        tokio::spawn(lane(calls).in_current_span());
+    }
+}
+
+/// The waker the connection and its calls are polled with. h2 wakes the connection's
+/// task whenever a call has an answer to write, and a call's stream is woken when the
+/// connection has written; the task polls both in turn anyway, so a wake while it is
+/// running ([`inside`](Self::inside)) only asks for one more round. Passed on to the
+/// scheduler instead, each would schedule the task once more after every call (and, on
+/// the multi-thread scheduler, wake a parked worker to steal it: a `futex` and a context
+/// switch per call). A wake from outside (the socket ready, a store's answer, a call
+/// spawned on another worker) wakes the task.
+#[derive(Default)]
+struct ConnectionWakes {
+    /// Set while the connection's task is polling.
+    inside: AtomicBool,
+    /// A wake came: the connection must be polled again.
+    again: AtomicBool,
+    /// The connection's task.
+    task: AtomicWaker,
+}
+
+impl Wake for ConnectionWakes {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        // `again` before `inside`, and the task clears `inside` before it reads `again`:
+        // whichever order the two threads run in, one of them wakes the task.
+        self.again.store(true, SeqCst);
+        if !self.inside.load(SeqCst) {
+            self.task.wake();
+        }
+    }
+}
+
+/// The waker `ending` (shutdown, the connection's age, its preface) is polled with: it
+/// marks that `ending` has something to say and wakes the connection's task, which polls
+/// `ending` only then (and once at the start), not on every wake of the task: most wakes
+/// are reads and answers.
+struct EndingWake {
+    fired: AtomicBool,
+    wakes: Arc<ConnectionWakes>,
+}
+
+impl EndingWake {
+    fn new(wakes: &Arc<ConnectionWakes>) -> Arc<EndingWake> {
+        Arc::new(EndingWake {
+            fired: AtomicBool::new(true),
+            wakes: wakes.clone(),
+        })
+    }
+
+    /// What `ending` says now, polled only if its waker fired since last asked.
+    fn next(self: &Arc<Self>, ending: Pin<&mut impl Stream<Item = Close>>) -> Option<Close> {
+        if !self.fired.swap(false, SeqCst) {
+            return None;
+        }
+        let waker = Waker::from(self.clone());
+        match ending.poll_next(&mut Context::from_waker(&waker)) {
+            Poll::Ready(Some(close)) => {
+                // It may have more to say (the grace's end): poll it again next time.
+                self.fired.store(true, SeqCst);
+                Some(close)
+            }
+            _ => None,
+        }
+    }
+}
+
+impl Wake for EndingWake {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.fired.store(true, SeqCst);
+        self.wakes.task.wake();
+    }
+}
