@@ -476,15 +476,6 @@ fn a_long_function_after_a_test_only_use_is_found() {
 /// Longest a file of `src/` may be, its unit tests included.
 const MAX_FILE_LINES: usize = 600;
 
-/// Files over [`MAX_FILE_LINES`] being split on other branches, known here until those
-/// merge. Remove each entry at the merge that brings its split.
-const FILES_BEING_SPLIT: [&str; 2] = [
-    // Split by the Redis store's branch (issue 44).
-    "src/store/redis/codec.rs",
-    // Split by the over-admission branch (issue 50).
-    "src/engine/acquire/pass.rs",
-];
-
 #[test]
 fn no_file_is_longer_than_its_limit() {
     fn walk(dir: &Path, out: &mut Vec<String>) {
@@ -495,7 +486,7 @@ fn no_file_is_longer_than_its_limit() {
             } else if path.extension().is_some_and(|e| e == "rs") {
                 let n = std::fs::read_to_string(&path).unwrap().lines().count();
                 let name = path.display().to_string();
-                if n > MAX_FILE_LINES && !FILES_BEING_SPLIT.contains(&name.as_str()) {
+                if n > MAX_FILE_LINES {
                     out.push(format!("{name}: {n} lines"));
                 }
             }

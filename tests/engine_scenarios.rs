@@ -388,8 +388,9 @@ async fn exhaust_wcu<S: BucketStore>(rig: &Rig<S>) -> Acquire {
 }
 
 cross_store! {
-    /// S19 wcu-driven doubling: shard 0's count moves 1→2 (in the same write its balance is
-    /// clamped to the new share), lazy creation of shard 1 at half.
+    /// S19 wcu-driven doubling: shard 0's count moves 1→2 and, in the same commit, shard 1
+    /// is created holding half of what shard 0 held (a split: no token created); the
+    /// request then goes to shard 1.
     async fn s19_wcu_exhaustion_doubles_and_creates_the_drawn_shard<S: BucketStore>(store: S) {
         let rig = rig(store);
         let req = exhaust_wcu(&rig).await;
@@ -405,28 +406,29 @@ cross_store! {
                     missing: false
                 },
                 Call::Read { shards: vec![0] },
+                // Which of the shards shard 0 gives up exist.
+                Call::Read { shards: vec![1] },
                 Call::Commit {
-                    kinds: vec!["raise"],
+                    kinds: vec!["raise", "create"],
                     committed: true
                 },
                 Call::Read { shards: vec![1] },
-                // Shard 1 is absent: shard 0's count sizes it (X07).
-                Call::Read { shards: vec![0] },
                 Call::Commit {
-                    kinds: vec!["create"],
+                    kinds: vec!["update"],
                     committed: true
                 },
             ]
         );
         let s1 = item(&rig, "u1", "api", 1).await;
-        assert_eq!(s1.limits["rpm"].balance, 50_000_000 - 1_000);
+        assert_eq!(s1.limits["rpm"].balance, 49_499_500 - 1_000);
         assert_eq!(s1.shard_count, 2);
         assert_eq!(s1.limits[WCU_LIMIT].balance, 1_000_000);
         let s0 = item(&rig, "u1", "api", 0).await;
         assert_eq!(s0.shard_count, 2);
         assert_eq!(
-            s0.limits["rpm"].balance, 50_000_000,
-            "the doubling clamps shard 0 to its new share (the reference leaves 98,999 tokens)"
+            s0.limits["rpm"].balance, 49_499_500,
+            "the doubling splits shard 0's 98,999 tokens with shard 1 (the reference leaves \
+             shard 0 all of them and creates shard 1 at half the capacity)"
         );
         assert_eq!(rig.engine.known_shard_count("u1", "api"), 2);
     }
@@ -454,8 +456,8 @@ cross_store! {
         let s0 = item(&rig, "u1", "api", 0).await;
         assert_eq!(s0.limits[WCU_LIMIT].balance, 1_000, "1 ms of refill");
         assert_eq!(
-            s0.limits["rpm"].balance, 49_999_000,
-            "clamped to the new share, then debited"
+            s0.limits["rpm"].balance, 49_499_333,
+            "its half of the split, 1 ms of refill at half the rate (833), then debited"
         );
         assert_eq!(s0.refilled_at, T0 + 1);
     }
@@ -552,9 +554,9 @@ async fn double_elsewhere<S: BucketStore>(s: &S, old: u32, new: u32) {
 
 /// Whether the calls include a committed doubling (a raise of shard 0's count).
 fn doubled(calls: &[Call]) -> bool {
-    calls
-        .iter()
-        .any(|c| matches!(c, Call::Commit { kinds, committed: true } if kinds == &vec!["raise"]))
+    calls.iter().any(
+        |c| matches!(c, Call::Commit { kinds, committed: true } if kinds.first() == Some(&"raise")),
+    )
 }
 
 cross_store! {
@@ -570,7 +572,7 @@ cross_store! {
         let calls = rig.store.calls();
         assert!(
             calls.contains(&Call::Commit {
-                kinds: vec!["raise"],
+                kinds: vec!["raise", "create"],
                 committed: false
             }),
             "{calls:?}"
@@ -583,8 +585,8 @@ cross_store! {
 }
 
 cross_store! {
-    /// S23 the doubling's winner passes the count to the existing shards (clamping each to
-    /// its new share) and creates none itself but the one its request goes to.
+    /// S23 the doubling's winner splits every existing shard: each keeps half of what it
+    /// held and creates the shard it gives up with the other half.
     async fn s23_bump_winner_propagates_to_existing_shards<S: BucketStore>(store: S) {
         let rig = rig(store);
         rig.store
@@ -606,7 +608,7 @@ cross_store! {
             .iter()
             .filter(|c| {
                 **c == Call::Commit {
-                    kinds: vec!["raise"],
+                    kinds: vec!["raise", "create"],
                     committed: true,
                 }
             })
@@ -615,11 +617,11 @@ cross_store! {
         for shard in [0, 1] {
             let it = item(&rig, "u1", "api", shard).await;
             assert_eq!(it.shard_count, 4);
-            assert_eq!(it.limits["rpm"].balance, 25_000_000, "clamped to a quarter");
+            assert_eq!(it.limits["rpm"].balance, 25_000_000, "half of its half");
         }
-        // The request itself went to one brand-new shard (2 here), created at a quarter.
+        // The request itself went to one brand-new shard (2 here), shard 0's other half.
         assert_eq!(tk(&rig, 2, "rpm").await, 25_000_000 - 1_000);
-        assert!(!exists(&rig, "u1", 3).await);
+        assert_eq!(tk(&rig, 3, "rpm").await, 25_000_000, "shard 1's other half");
     }
 }
 
@@ -701,7 +703,9 @@ cross_store! {
                     missing: true
                 },
                 Call::Read { shards: vec![3] },
-                Call::Read { shards: vec![0] },
+                // Shard 3's ancestors: none owns it (shard 0 holds four), so it is
+                // created full, for the count shard 0 holds (X07).
+                Call::Read { shards: vec![0, 1] },
                 Call::Commit {
                     kinds: vec!["create"],
                     committed: true
@@ -844,7 +848,8 @@ cross_store! {
     /// X06 shard 0 expired and was created again by a server that knew one shard while
     /// shards 1–3 still say four: it holds the whole capacity. A server that knows four
     /// shards repairs it on its first touch (the fast path refuses a shard whose count is
-    /// behind the drawer's): clamped to a quarter, count four; the first server then learns.
+    /// behind the drawer's): split to four, keeping a quarter of what it held (the quarters
+    /// meant for shards 1–3 are dropped: those exist); the first server then learns.
     async fn x06_a_shard_zero_recreated_with_one_shard_is_repaired<S: BucketStore>(store: S) {
         let rig = rig(store);
         for shard in 1..4 {
@@ -870,7 +875,7 @@ cross_store! {
         assert!(acquire(&rig, &rpm(100, 1)).await.admitted);
         let s0 = item(&rig, "u1", "api", 0).await;
         assert_eq!(s0.shard_count, 4, "repaired: {:?}", rig.store.calls());
-        assert_eq!(s0.limits["rpm"].balance, 25_000 - 1_000, "clamped to a quarter");
+        assert_eq!(s0.limits["rpm"].balance, 99_000 / 4 - 1_000, "a quarter of what it held");
         // The stale server learns four from shard 0's refusal of its count.
         assert!(stale.acquire(&rpm(100, 1)).await.unwrap().admitted);
         assert_eq!(stale.known_shard_count("u1", "api"), 4);

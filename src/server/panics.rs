@@ -23,7 +23,7 @@ use tonic::Status;
 
 use super::connection::ConnectionContext;
 use crate::service::metrics::PanicEnd;
-use crate::support::text::elide;
+use crate::support::text::{elide, panic_text};
 
 /// The most of a panic's message or a client's request id written to the log.
 const LOGGED_BYTES: usize = 256;
@@ -59,16 +59,6 @@ impl fmt::Display for CallId {
     }
 }
 
-/// A panic's message, as `panic!` was given it (bounded).
-pub fn panic_text(panic: &(dyn Any + Send)) -> String {
-    let text = match (panic.downcast_ref::<&str>(), panic.downcast_ref::<String>()) {
-        (Some(s), _) => s,
-        (_, Some(s)) => s.as_str(),
-        _ => "(not a message)",
-    };
-    elide(text, LOGGED_BYTES).into_owned()
-}
-
 /// A call's answer (`call`), or INTERNAL if it panics.
 pub struct Fenced<F> {
     /// `None` once it has answered or panicked.
@@ -98,7 +88,7 @@ impl<F> Fenced<F> {
         tracing::error!(
             request_id = %self.id,
             method = self.method,
-            panic = %panic_text(panic),
+            panic = %panic_text(panic, LOGGED_BYTES),
             "a call panicked; it was answered INTERNAL, the connection's other calls go on"
         );
         Status::internal(format!(
@@ -175,7 +165,7 @@ mod tests {
                 panic!("{}", "x".repeat(5000));
             }
         });
-        let text = panic_text(&*long.unwrap_err());
+        let text = panic_text(&*long.unwrap_err(), LOGGED_BYTES);
         assert!(text.len() < 300, "{}", text.len());
     }
 }

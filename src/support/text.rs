@@ -55,3 +55,14 @@ mod tests {
         assert!(quote(&long).len() < QUOTE_BYTES + 20);
     }
 }
+
+/// A panic's message, as `panic!` was given it, at most `max` bytes (cut as [`elide`]
+/// cuts): what a log line says of a caught panic.
+pub fn panic_text(panic: &(dyn std::any::Any + Send), max: usize) -> String {
+    let text = match (panic.downcast_ref::<&str>(), panic.downcast_ref::<String>()) {
+        (Some(s), _) => s,
+        (_, Some(s)) => s.as_str(),
+        _ => "(not a message)",
+    };
+    elide(text, max).into_owned()
+}

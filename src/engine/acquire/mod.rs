@@ -29,6 +29,7 @@ mod peek;
 mod refund;
 mod resolve;
 mod slow;
+mod split;
 mod state;
 
 pub(crate) use state::Deciding;

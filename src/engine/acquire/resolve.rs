@@ -6,16 +6,13 @@
 //! `outcome.rs`).
 
 use futures::future::join_all;
-use smallvec::SmallVec;
 
-use super::pass;
+use super::split::Split;
 use super::state::{wrap, Deciding, Draw, Progress};
 use crate::engine::bucket::now_s;
 use crate::engine::bucket::{refill, LimitParams, MILLI};
 use crate::engine::{BucketClaim, EngineError, EngineStats, MAX_SHARD_COUNT};
-use crate::store::{
-    BucketItem, BucketKey, BucketStore, CommitOutcome, DebitOutcome, StoreError, WCU_LIMIT,
-};
+use crate::store::{BucketItem, BucketKey, BucketStore, DebitOutcome, StoreError, WCU_LIMIT};
 
 /// The hot shard a doubling answers: its image as a refusal returned it, or only its
 /// number (a throttled debit returns no image; the doubling's read brings it).
@@ -54,15 +51,6 @@ impl Seen<'_> {
             image: self.image,
         }
     }
-}
-
-/// What a doubling's write of the new count on shard 0 came to.
-enum ZeroCount {
-    Raised,
-    /// Not written: shard 0 is gone, or kept changing under the write.
-    Kept,
-    /// Shard 0 already holds this count, at least the one asked for.
-    Found(u32),
 }
 
 /// Why the fast path refused, judged from the old image alone.
@@ -299,76 +287,33 @@ impl<S: BucketStore> Deciding<'_, S> {
                 return Ok(count);
             }
         }
-        // Only the bucket's limits are rewritten (refilled, clamped); no claim is taken.
-        let clamp = BucketClaim {
-            limits: SmallVec::new(),
-            ..b.clone()
-        };
-        let ctx = self.pass_context(self.engine.clock.now_ms());
-        match self
-            .raise_count_on_zero(&clamp, &keys[0], &mut images[0], new, &ctx)
-            .await?
-        {
-            ZeroCount::Raised => {}
-            ZeroCount::Kept => return Ok(count),
+        // Shard 0 holds the bucket's authoritative count: split it first, so that no
+        // server creates a shard for the new count before shard 0 has given up its part.
+        match self.split_shard(b, 0, images[0].take(), new).await? {
+            Split::Raised => {}
+            Split::Kept => return Ok(count),
             // Someone else doubled first: adopt their count.
-            ZeroCount::Found(theirs) => return Ok(count.max(theirs)),
+            Split::Found(theirs) => return Ok(count.max(theirs)),
         }
         EngineStats::bump(&self.engine.stats.shard_doublings);
         tracing::info!(resource = %b.resource, from = count, to = new, "bucket doubled its shards");
-        // The other existing shards learn the count the same way, each under its own
-        // lock. One that changed since the read is left to its next slow pass: the fast
-        // path refuses a shard whose count is behind the drawer's, and that pass clamps.
-        join_all(keys.iter().zip(&images).skip(1).filter_map(|(key, image)| {
-            let image = image.as_ref()?;
-            let plan = pass::plan_bucket(&clamp, key, Some(image), new, &ctx);
-            let write = [plan.write];
-            Some(async move {
-                if let Err(e) = self.engine.store.commit(&write).await {
-                    tracing::debug!(error = %e, "a shard could not learn the doubled count");
-                }
-            })
-        }))
+        // The other existing shards split the same way, each under its own lock. One that
+        // changed under every try is left to its next slow pass: the fast path refuses a
+        // shard whose count is behind the drawer's, and that pass splits it.
+        join_all(
+            images
+                .into_iter()
+                .enumerate()
+                .skip(1)
+                .map(|(s, image)| async move {
+                    if let Err(e) = self.split_shard(b, s as u32, image, new).await {
+                        tracing::debug!(error = %e, "a shard could not split to the doubled count");
+                    }
+                }),
+        )
         .await;
         self.engine.shards.learn(&b.entity, &b.resource, new);
         Ok(new)
-    }
-
-    /// Moves the count shard 0 holds (the bucket's authoritative one) to `new` in one
-    /// write under its `rf` lock, which also clamps its balances to the new share (left as
-    /// they were, shard 0 would hold a share sized for fewer shards while new ones are
-    /// created with theirs: more than the capacity in all). Three tries, `zero` updated
-    /// to the image each conflict returns.
-    async fn raise_count_on_zero(
-        &self,
-        clamp: &BucketClaim,
-        key: &BucketKey,
-        zero: &mut Option<BucketItem>,
-        new: u32,
-        ctx: &pass::PassContext,
-    ) -> Result<ZeroCount, EngineError> {
-        for _ in 0..3 {
-            let Some(image) = zero.as_ref() else {
-                return Ok(ZeroCount::Kept);
-            };
-            if image.shard_count >= new {
-                let theirs = image.shard_count;
-                self.engine
-                    .shards
-                    .learn(&clamp.entity, &clamp.resource, theirs);
-                return Ok(ZeroCount::Found(theirs));
-            }
-            let plan = pass::plan_bucket(clamp, key, Some(image), new, ctx);
-            let commit = self.engine.store.commit(&[plan.write]).await;
-            match commit.map_err(wrap(clamp))? {
-                CommitOutcome::Committed => return Ok(ZeroCount::Raised),
-                CommitOutcome::Conflict(failed) => {
-                    *zero = failed.into_iter().next().and_then(|(_, image)| image);
-                }
-            }
-        }
-        // Shard 0 kept changing under us: the next exhaustion tries again.
-        Ok(ZeroCount::Kept)
     }
 
     /// Whether a doubling to `new` shards would leave a shard's share of any of the

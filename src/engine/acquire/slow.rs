@@ -5,8 +5,9 @@
 //! when a lock or a create race is lost.
 
 use super::pass::{self, BucketPlan, PassContext};
+use super::split;
 use super::state::{wrap, Avoid, Deciding, Draw, Progress, SlowTarget};
-use crate::engine::{BucketOutcome, EngineError, EngineStats};
+use crate::engine::{BucketClaim, BucketOutcome, EngineError, EngineStats};
 use crate::store::{
     BucketItem, BucketKey, BucketStore, CommitOutcome, DebitOutcome, StoreError, Write,
 };
@@ -77,11 +78,11 @@ impl<S: BucketStore> Deciding<'_, S> {
             })
             .collect();
         let first = &self.req.buckets[targets[0].bucket];
-        let images = self
+        let mut images = self
             .read_present(&keys, targets)
             .await
             .map_err(wrap(first))?;
-        let counts = self.creation_counts(targets, &images).await?;
+        let counts = self.prepare_shards(targets, &keys, &mut images).await?;
         let ctx = self.pass_context(self.engine.clock.now_ms());
         let plans = self.plan_targets(targets, &keys, &images, &counts, &ctx);
         if !plans.iter().all(|p| p.fits) {
@@ -215,45 +216,78 @@ impl<S: BucketStore> Deciding<'_, S> {
             .collect())
     }
 
-    /// The count each target's pass sizes its shard for: the target's own, except that a
-    /// shard about to be created (absent from `images`) other than shard 0 is sized for at
-    /// least the count shard 0 holds. Shard 0 holds the bucket's authoritative count (a
-    /// doubling raises it there first), and the target's count may be stale: this process
-    /// may not have seen the doubling, and a shard created for fewer shards would hold a
-    /// share too large, an over-admission no later pass takes back. Costs one more read,
-    /// only when a shard is created. (Existing shards need none: their own item carries a
-    /// count at least the one they were last written under, and the plan keeps the larger.)
-    async fn creation_counts(
+    /// Readies each target's shard for its pass and returns the count each is planned
+    /// for (see `split.rs`). A shard that holds fewer shards than the target's count is
+    /// split to that count first (its pass then finds it holding its part and the count).
+    /// A missing shard other than 0 is created by the split of the shard that owns it, if
+    /// one exists (its ancestors are read in one call, shard 0 among them: the bucket's
+    /// count is at least the one shard 0 holds, and a shard created for fewer shards would
+    /// hold a share too large); otherwise its owner has expired full, and the pass creates
+    /// it full. Splits are rare (after a doubling, on a shard no pass has touched since):
+    /// the usual pass reads nothing more.
+    async fn prepare_shards(
         &self,
         targets: &[SlowTarget],
-        images: &[Option<BucketItem>],
+        keys: &[BucketKey],
+        images: &mut [Option<BucketItem>],
     ) -> Result<Vec<u32>, EngineError> {
         let mut counts: Vec<u32> = targets.iter().map(|t| t.count).collect();
-        let created: Vec<usize> = (0..targets.len())
-            .filter(|&i| images[i].is_none() && targets[i].shard > 0)
-            .collect();
-        let Some(&first) = created.first() else {
-            return Ok(counts);
-        };
-        let zeros: Vec<BucketKey> = created
-            .iter()
-            .map(|&i| {
-                let b = &self.req.buckets[targets[i].bucket];
-                BucketKey::new(&b.entity, &b.resource, 0)
-            })
-            .collect();
-        let b = &self.req.buckets[targets[first].bucket];
-        let zero_images = self.engine.store.read(&zeros).await.map_err(wrap(b))?;
-        for (&i, zero) in created.iter().zip(&zero_images) {
-            if let Some(zero) = zero {
-                let b = &self.req.buckets[targets[i].bucket];
-                self.engine
-                    .shards
-                    .learn(&b.entity, &b.resource, zero.shard_count);
-                counts[i] = counts[i].max(zero.shard_count);
+        for (i, t) in targets.iter().enumerate() {
+            let b = &self.req.buckets[t.bucket];
+            let split = match &images[i] {
+                Some(img) if img.shard_count < t.count => {
+                    self.split_shard(b, t.shard, images[i].clone(), t.count)
+                        .await?;
+                    true
+                }
+                Some(_) => false,
+                None if t.shard > 0 => self.split_owner(b, t.shard, &mut counts[i]).await?,
+                None => false,
+            };
+            if split {
+                let again = self.engine.store.read(std::slice::from_ref(&keys[i]));
+                images[i] = again.await.map_err(wrap(b))?.pop().flatten();
+            }
+            if let Some(img) = &images[i] {
+                // An existing shard is planned at the count it holds: only a split raises it.
+                counts[i] = img.shard_count;
             }
         }
         Ok(counts)
+    }
+
+    /// For missing shard `k` of `b`: raises `count` to what shard 0 holds, and splits the
+    /// existing shard that owns `k` (if any) to that count. Returns whether it split one.
+    async fn split_owner(
+        &self,
+        b: &BucketClaim,
+        k: u32,
+        count: &mut u32,
+    ) -> Result<bool, EngineError> {
+        let ancestors = split::ancestors(k);
+        let keys: Vec<BucketKey> = ancestors
+            .iter()
+            .map(|&a| BucketKey::new(&b.entity, &b.resource, a))
+            .collect();
+        let found = self.engine.store.read(&keys).await.map_err(wrap(b))?;
+        if let Some(zero) = found.first().and_then(Option::as_ref) {
+            self.engine
+                .shards
+                .learn(&b.entity, &b.resource, zero.shard_count);
+            *count = (*count).max(zero.shard_count);
+        }
+        let held: Vec<(u32, u32)> = ancestors
+            .iter()
+            .zip(&found)
+            .filter_map(|(&a, img)| Some((a, img.as_ref()?.shard_count)))
+            .collect();
+        let Some((q, _)) = split::owner(k, &held) else {
+            return Ok(false);
+        };
+        let at = ancestors.iter().position(|&a| a == q);
+        let image = at.and_then(|at| found.into_iter().nth(at)).flatten();
+        self.split_shard(b, q, image, *count).await?;
+        Ok(true)
     }
 
     /// What a slow pass knows at `now`.

@@ -23,15 +23,6 @@ use crate::store::{BucketStore, Credit, CreditGuard};
 /// store), so the store still has three quarters to decide it.
 pub const WAIT_SHARE_OF_DEADLINE: u32 = 4;
 
-/// What a panic said, when it said it with a string.
-fn panic_text(panic: &(dyn std::any::Any + Send)) -> &str {
-    panic
-        .downcast_ref::<&str>()
-        .copied()
-        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
-        .unwrap_or("(not a string)")
-}
-
 /// A caller with at least this long left waits (its share) for a move even when the store
 /// holds enough for it: the store's answer then counts the tokens on the move, so the
 /// `remaining` it reports is exact. One with less (Envoy's 20 ms leaves the store
@@ -147,7 +138,7 @@ impl<'a, S: BucketStore> Leasing<'a, S> {
             EngineStats::bump(&self.engine.stats.lease_task_failures);
             let returns = self.book.close();
             tracing::error!(
-                panic = panic_text(panic.as_ref()),
+                panic = crate::support::text::panic_text(panic.as_ref(), 256),
                 leases = returns.len(),
                 "the lease task died: leasing is off until restart, the leases held are given back",
             );

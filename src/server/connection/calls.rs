@@ -18,8 +18,8 @@ use std::task::{Context, Poll};
 use parking_lot::Mutex;
 
 use super::context::ConnectionContext;
-use crate::server::panics::panic_text;
 use crate::service::metrics::PanicEnd;
+use crate::support::text::panic_text;
 
 /// One call (hyper's stream task), boxed so that one queue holds every kind.
 type Call = Pin<Box<dyn Future<Output = ()> + Send>>;
@@ -103,7 +103,7 @@ impl Future for Guarded {
         context.metrics.port().call_panicked(PanicEnd::Reset);
         tracing::error!(
             connection = context.id,
-            panic = %panic_text(&*panicked),
+            panic = %panic_text(&*panicked, 256),
             "a call panicked while its answer was sent; its stream was reset, the connection's other calls go on"
         );
         Poll::Ready(())
