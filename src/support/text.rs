@@ -41,6 +41,17 @@ pub fn quote(text: &str) -> Cow<'_, str> {
     elide(text, QUOTE_BYTES)
 }
 
+/// A panic's message, as `panic!` was given it, at most `max` bytes (cut as [`elide`]
+/// cuts): what a log line says of a caught panic.
+pub fn panic_text(panic: &(dyn std::any::Any + Send), max: usize) -> String {
+    let text = match (panic.downcast_ref::<&str>(), panic.downcast_ref::<String>()) {
+        (Some(s), _) => s,
+        (_, Some(s)) => s.as_str(),
+        _ => "(not a message)",
+    };
+    elide(text, max).into_owned()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -54,15 +65,4 @@ mod tests {
         let long = "/".repeat(10_000);
         assert!(quote(&long).len() < QUOTE_BYTES + 20);
     }
-}
-
-/// A panic's message, as `panic!` was given it, at most `max` bytes (cut as [`elide`]
-/// cuts): what a log line says of a caught panic.
-pub fn panic_text(panic: &(dyn std::any::Any + Send), max: usize) -> String {
-    let text = match (panic.downcast_ref::<&str>(), panic.downcast_ref::<String>()) {
-        (Some(s), _) => s,
-        (_, Some(s)) => s.as_str(),
-        _ => "(not a message)",
-    };
-    elide(text, max).into_owned()
 }
