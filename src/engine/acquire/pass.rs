@@ -309,8 +309,10 @@ fn plan_update(
         expected_refilled_at: refilled_at,
         refilled_at: written_refilled_at,
         ttl: later_ttl(expiry(now, ctx.ttl_multiplier, horizons), item.ttl),
-        // A shard that knows fewer shards than the bucket has holds a share sized for
-        // that smaller count: the balance is clamped above, the count raised here.
+        // Reached only when the split before this pass gave up (the shard kept changing
+        // under three tries): the balance is clamped above and the count raised, and the
+        // indices given up, owned by no shard now, are created full later: the one way
+        // left for a count raise to add tokens (issue 50), after three lost races.
         shard_count: (count > item.shard_count).then_some(CountChange {
             read: item.shard_count,
             new: count,
