@@ -197,7 +197,8 @@ def test_default_flags_on_a_cold_store_answer_as_the_embedded_store(shardgate, c
     # entity as shardgate encodes it, stored under its digest.
     entity = "user=" + "%2F" * 1024
     r = subprocess.run(
-        [binary(), "inspect", "--table", "shardgate", "--dynamodb-endpoint", cold_ddb.endpoint,
+        [binary(), "inspect", "--store", "dynamodb", "--table", "shardgate",
+         "--dynamodb-endpoint", cold_ddb.endpoint,
          "--entity", entity, "--resource", "cold"],
         env={**os.environ, **AWS_LOCAL_ENV}, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
