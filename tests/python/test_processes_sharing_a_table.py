@@ -9,9 +9,8 @@ doubled (`INFO commandstats` of each).
 Checked after a bounded run:
 - no debit lost: the consumed counter `tc` summed over every shard of the bucket (read
   with `shardgate inspect`) equals the hits the servers admitted;
-- the limit holds: admitted ≤ capacity + rate × elapsed + the doubling transient (a new
-  shard starts full with its share, so each doubling may lend up to half the capacity
-  once: capacity/2 per doubling);
+- the limit holds: admitted ≤ capacity + rate × elapsed, doublings included (a doubling
+  splits a shard's balance between the shards it creates, never mints: issue 50);
 - the bucket doubled at least once, never to a count whose share is less than one request,
   and every server reloaded its config several times.
 
@@ -275,8 +274,7 @@ def test_processes_share_one_bucket_during_doubling_and_reloads(shardgate, tmp_p
     hits = sum(admitted)
 
     check_consumed(total_tc, hits, lost, f"{len(existing)} shards")
-    doublings = max(count.bit_length() - 1, 0)
-    bound = CAPACITY + RATE * elapsed + doublings * CAPACITY / 2
+    bound = CAPACITY + RATE * elapsed
     assert hits <= bound, (hits, bound, count)
     assert count >= 2, f"no doubling: {hits} admitted, {sum(refused)} refused in {elapsed:.1f} s"
     # No doubling past the point where a shard's share is less than one request (30 over
@@ -377,3 +375,85 @@ def test_three_servers_with_leases_keep_the_bound_and_count_every_token(shardgat
     assert hits <= LEASE_CAPACITY + LEASE_RATE * elapsed, report
     check_consumed(total_tc, hits, sum(unanswered[0]), f"{n_shards} shards; {report}")
     check_consumed(roomy_tc, sum(roomy_admitted), sum(unanswered[1]), f"roomy; {report}")
+
+
+# ----------------------------------------------------------------------------------------
+# Issue 50: two leasing servers on a bucket that doubles under their load. Once in four
+# tries a run admitted 8,960 where 8,821 fit, because a doubling created its new shards
+# full while the shard they split from kept (or had lent) its balance. Each run starts on
+# a fresh bucket; the second keeps both cores busy with two other processes, so that the
+# servers' store calls, lease fetches and doublings interleave as they do on a loaded node.
+
+# Per store: the bucket's rate (its burst the same) and the writes per second one shard
+# absorbs before the bucket doubles. DynamoDB Local answers a few hundred writes a second
+# on this machine: a bucket of 100 it runs dry even on busy cores, doubling at 20 writes a
+# second to 4–8 shards. Redis is offered 900–1,000 calls a second by these clients (a
+# bucket of 600 leaves some refused even while other processes keep both cores busy): at
+# 20 writes a second it would double to 32 shards at once, whose shares (19 tokens) are
+# too small for a lease; at 100 it stops at 8–16 shards, where leases are taken.
+DOUBLING = {"dynamodb": (100, 20), "redis": (600, 100), "redis-cluster": (600, 100)}
+DOUBLING_RUN_S = 5.0
+BURNER = "import time\nend = time.monotonic() + {s}\nwhile time.monotonic() < end: pass\n"
+
+
+def cpu_burners(seconds):
+    """Two processes that keep both cores busy for `seconds` (bounded by time)."""
+    return [subprocess.Popen(["python3", "-c", BURNER.format(s=seconds)]) for _ in range(2)]
+
+
+@pytest.mark.parametrize("kind", STORES)
+def test_two_leasing_servers_doubling_admit_no_more_than_the_bucket_holds(shardgate, tmp_path,
+                                                                          kind):
+    """The issue's scenario with default flags but the write budget: two servers, leases
+    on, one bucket of RATE per second with a burst of RATE, doubling under the clients'
+    load. Every run: admitted ≤ capacity + rate × elapsed, and Σtc over the shards holds
+    every admitted hit (no debit lost; more only by lease returns dropped or clipped,
+    tokens lost, never minted)."""
+    rate, write_budget = DOUBLING[kind]
+    seen = []
+    for run, busy in enumerate([False, True]):
+        shared = SharedStore(kind, f"dbl-{uuid.uuid4().hex[:8]}")
+        path = tmp_path / f"doubling{run}.yaml"
+        path.write_text(CONFIG.format(rate=rate, capacity=rate, other=ROOMY))
+        servers = [shardgate(config=path, store=shared.store, env=AWS_ENV,
+                             args=[*shared.args, "--partition-write-budget",
+                                   str(write_budget)])
+                   for _ in range(2)]
+        burners = cpu_burners(DOUBLING_RUN_S + 2) if busy else []
+        try:
+            (admitted,), (refused,), (unanswered,), elapsed = run_clients(
+                servers, [request()], DOUBLING_RUN_S, 1_000_000)
+        finally:
+            for b in burners:
+                b.kill()
+                b.wait()
+        lost = check_unanswered([unanswered], [admitted], [refused])
+        metrics = [s.metrics() for s in servers]
+        taken = sum(m.value("shardgate_leases_taken_total") for m in metrics)
+        doublings = sum(m.value("shardgate_shard_doublings_total") for m in metrics)
+        dropped = sum(m.value("shardgate_lease_returns_dropped_total") for m in metrics)
+        for s in servers:
+            s.proc.send_signal(signal.SIGTERM)
+        for s in servers:
+            assert s.proc.wait(timeout=20) == 0, s.log()[-2000:]
+        hits = sum(admitted)
+        bound = rate + rate * elapsed
+        report = (f"{kind} run {run}{' (cores busy)' if busy else ''}: admitted {hits}, "
+                  f"bound {bound:.0f}, refused {sum(refused)}, {lost} unanswered in "
+                  f"{elapsed:.1f} s; leases taken {taken:.0f}, doublings {doublings:.0f}, "
+                  f"lease returns dropped {dropped:.0f}")
+        print(report)
+        seen.append((taken, doublings))
+        assert sum(refused) > 0, f"the clients must offer more than the limit: {report}"
+        assert hits <= bound, report
+        total_tc, n_shards = bucket_tc(shared, "user=hot")
+        # No debit lost: every admitted token is in `tc`. More than admitted only as tokens
+        # lost, never minted: a lease return that met its shard doubled is dropped, one
+        # clipped at a shard's ceiling is applied in part (docs/configuration.md,
+        # "Accounting").
+        assert hits * 1000 <= total_tc, (total_tc, report)
+        print(f"  Σtc {total_tc} millitokens over {n_shards} shards: "
+              f"{total_tc - hits * 1000} taken but not admitted")
+    # The runs tested what they are for: leases were taken and the bucket doubled.
+    assert sum(t for t, _ in seen) > 0, seen
+    assert sum(d for _, d in seen) > 0, seen
