@@ -6,6 +6,10 @@
 //! `cli/stores.rs`.
 
 #![forbid(unsafe_code)]
+// A panic on the request path ends that call (`server/panics.rs`), never the process; still
+// none is written casually: an `expect` outside tests is allowed where it stands, with the
+// reason it cannot fail, and `unwrap` not at all. Tests unwrap freely.
+#![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -196,7 +196,7 @@ cross_store! {
             let EngineError::Store { source, .. } = &err else {
                 panic!("{entity}: {err}");
             };
-            let StoreError::Corrupt { key, reason } = source else {
+            let StoreError::Corrupt { key, reason, .. } = source else {
                 panic!("{entity}: {err}");
             };
             assert!(key.contains(&format!("{entity}#api#0")), "{key}");

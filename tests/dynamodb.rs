@@ -603,7 +603,7 @@ async fn a_corrupt_item_is_an_error_naming_its_key_and_reason() {
         .await
         .unwrap_err();
     match &err {
-        StoreError::Corrupt { key, reason } => {
+        StoreError::Corrupt { key, reason, .. } => {
             assert_eq!(key, &pk);
             assert_eq!(reason, "limit 'rpm' has refill period 0");
         }

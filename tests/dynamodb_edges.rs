@@ -163,7 +163,7 @@ async fn a_foreign_items_shard_count_past_32_is_that_buckets_corrupt_item() {
         let shardgate::engine::EngineError::Store { source, .. } = &err else {
             panic!("{err}");
         };
-        let StoreError::Corrupt { key, reason } = source else {
+        let StoreError::Corrupt { key, reason, .. } = source else {
             panic!("{err}");
         };
         assert!(key.ends_with(&format!("/BUCKET#{entity}#api#0")), "{key}");

@@ -50,6 +50,7 @@ impl Switchable {
             Err(StoreError::Unavailable {
                 key: "test".into(),
                 reason: "switched off".into(),
+                source: None,
             })
         } else {
             Ok(())

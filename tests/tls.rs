@@ -144,3 +144,58 @@ async fn certificates_are_reread_when_they_change() {
         .await
         .expect("still served with the last good certificate");
 }
+
+/// The cap on TLS handshakes under way: clients that connect and never send a ClientHello
+/// hold at most `MAX_HANDSHAKES` of them (the gauge shows it); the next client waits in the
+/// listen queue, not refused, and gets its handshake as soon as one of them leaves.
+#[tokio::test]
+async fn stalled_clients_hold_at_most_the_handshake_cap_and_the_next_gets_in_when_one_leaves() {
+    use shardgate::server::tls::MAX_HANDSHAKES;
+    let MutualTls {
+        server,
+        server_pki,
+        client_pki,
+        ..
+    } = &start_mutual().await;
+    let handshakes = || server.metrics.port().handshakes();
+    let mut stalled = Vec::with_capacity(MAX_HANDSHAKES + 8);
+    // A few past the cap: they wait in the listen queue.
+    for _ in 0..MAX_HANDSHAKES + 8 {
+        let tcp = tokio::net::TcpStream::connect(("127.0.0.1", server.port))
+            .await
+            .expect("a TCP connection (raise `ulimit -n` past 2,100 if this fails)");
+        stalled.push(tcp);
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while handshakes() < MAX_HANDSHAKES as i64 {
+        assert!(Instant::now() < deadline, "{} handshakes", handshakes());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (ccert, ckey) = client_pki.leaf(&["client-1"]);
+    let port = server.port;
+    let ca = server_pki.ca_pem.clone();
+    let client = tokio::spawn(async move { call(port, &ca, Some((&ccert, &ckey))).await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(handshakes(), MAX_HANDSHAKES as i64, "never past the cap");
+    assert!(
+        !client.is_finished(),
+        "a client past the cap waits for a slot"
+    );
+
+    // The stalled clients leave (each handshake ends as `io`): the queue moves on.
+    stalled.clear();
+    let answered = tokio::time::timeout(Duration::from_secs(5), client)
+        .await
+        .expect("the waiting client got in once slots were free")
+        .unwrap();
+    answered.expect("and its call was answered");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while handshakes() != 0 {
+        assert!(
+            Instant::now() < deadline,
+            "{} handshakes left",
+            handshakes()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}

@@ -184,6 +184,7 @@ impl Tree {
 }
 
 impl Compiler<'_> {
+    #[expect(clippy::expect_used, reason = "fewer than 2^32 descriptors")]
     fn add_children(&mut self, parent: usize, descriptors: &[DescriptorModel], up: &Inherited) {
         for d in descriptors {
             let mut levels = up.levels.clone();

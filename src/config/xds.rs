@@ -30,6 +30,7 @@ pub fn from_resources(
 }
 
 /// `(name, text)` of the document `config` stands for.
+#[expect(clippy::expect_used, reason = "JSON values only")]
 pub fn document(config: &RateLimitConfig) -> (String, String) {
     let doc = json!({
         "domain": config.domain,

@@ -87,6 +87,7 @@ impl Plan {
 
     /// Claims `hits` of every limit `rule` states, in the bucket of `entity`; `child`:
     /// the descriptor matched this rule itself (not a cascade parent).
+    #[expect(clippy::expect_used, reason = "taken only by the last limit")]
     fn claim_rule(
         &mut self,
         rule: &Rule,

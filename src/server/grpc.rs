@@ -274,6 +274,7 @@ const READY_NAMES: [&str; 3] = ["", HEALTH_SERVICES[0], HEALTH_SERVICES[1]];
 
 /// Health and reflection, in tonic's router, their request messages bounded as the
 /// rate-limit service's are.
+#[expect(clippy::expect_used, reason = "the embedded descriptor sets are valid")]
 async fn others(health: Option<HealthWatch>, max_message_len: usize) -> Routes {
     let (reporter, service) = tonic_health::server::health_reporter();
     let service = service.max_decoding_message_size(max_message_len);

@@ -112,7 +112,7 @@ async fn should_rate_limit<S: BucketStore>(
             )))
         }
     };
-    #[cfg(feature = "panic-trigger")]
+    #[cfg(feature = "test-hooks")]
     panic_trigger(&view);
     Ok(match limiter.should_rate_limit_by(&view, by).await {
         Ok(reply) => unary_response::answer(reply.bytes()),
@@ -135,15 +135,15 @@ impl<S: BucketStore> Clone for Rls<S> {
 }
 
 /// A panic on purpose, for the tests that show a call's panic stays in its call: a
-/// descriptor entry keyed `shardgate-test-panic`. Built only with the `panic-trigger`
+/// descriptor entry keyed `shardgate-test-panic`. Built only with the `test-hooks`
 /// feature, which only tests build (never a release: no client can reach it).
-#[cfg(feature = "panic-trigger")]
+#[cfg(feature = "test-hooks")]
 fn panic_trigger(view: &RequestView<'_>) {
     let asked = view
         .descriptors()
         .any(|d| d.entries.iter().any(|e| e.key == "shardgate-test-panic"));
     if asked {
-        panic!("the test-only panic trigger (feature panic-trigger)");
+        panic!("the test-only panic trigger (feature test-hooks)");
     }
 }
 

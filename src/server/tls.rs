@@ -37,12 +37,12 @@ use crate::support::throttle::LogThrottle;
 /// How long a client may take to complete its handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Handshakes in progress at once: past it, new connections wait in the listen queue
+/// Handshakes in progress at once (`shardgate_tls_handshakes_in_progress`): past it, new connections wait in the listen queue
 /// until one ends (completed, refused, or timed out), so that a flood of clients that
 /// connect and stall cannot make the server hold an unbounded number of half-open TLS
 /// sessions. Far above what a fleet of Envoys reconnecting at once needs (a handshake
 /// takes a millisecond of CPU).
-const MAX_HANDSHAKES: usize = 1024;
+pub const MAX_HANDSHAKES: usize = 1024;
 
 /// At most one log line per reason in this interval.
 const FAILURE_LOG_INTERVAL: Duration = Duration::from_secs(10);
@@ -209,9 +209,12 @@ impl TlsState {
                 let acceptor = TlsAcceptor::from(current.load_full());
                 let tx = tx.clone();
                 let failures = failures.clone();
+                let port = failures.metrics.clone();
+                port.port().handshake_started();
                 tokio::spawn(async move {
                     let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp));
                     let done = handshake.await;
+                    port.port().handshake_ended();
                     drop(slot);
                     match done {
                         Ok(Ok(stream)) => {

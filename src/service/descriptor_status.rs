@@ -100,6 +100,7 @@ fn remaining_tokens(l: &LimitOutcome) -> u32 {
 /// The limit that speaks for it is one that refused, else the one with least left (the
 /// first stated, on a tie); the reset is when every limit is full again, or, refused,
 /// when every refused one fits (none, if one never will).
+#[expect(clippy::expect_used, reason = "a limited rule states a limit")]
 fn status_of<'a>(rule: &'a Rule, v: &Verdict) -> StatusLine<'a> {
     let parent_limits = rule.cascade_parent.as_deref().into_iter();
     let stated = rule

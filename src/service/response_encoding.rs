@@ -128,6 +128,7 @@ impl Reply {
     }
 
     /// The answer as a prost message (the HTTP surface and the tests read it so).
+    #[expect(clippy::expect_used, reason = "a reply decodes as it was encoded")]
     pub fn to_response(&self) -> RateLimitResponse {
         RateLimitResponse::decode(self.bytes()).expect("a reply decodes as it was encoded")
     }

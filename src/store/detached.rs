@@ -197,6 +197,7 @@ impl<S: BucketStore> Detached<S> {
             Err(StoreError::Unavailable {
                 key: key.to_string(),
                 reason: format!("store call ended without an answer: {e}"),
+                source: None,
             })
         })
     }

@@ -80,6 +80,7 @@ pub fn check_key(key: &BucketKey) -> Result<(), StoreError> {
             reason: format!(
                 "the partition key would be {bytes} bytes (at most {MAX_PARTITION_KEY_BYTES})"
             ),
+            source: None,
         });
     }
     Ok(())
@@ -132,6 +133,7 @@ pub fn check_item(key: &BucketKey, item: &BucketItem) -> Result<(), StoreError> 
         return Err(StoreError::Invalid {
             key: key.to_string(),
             reason: format!("the item would be {bytes} bytes (at most {MAX_ITEM_BYTES})"),
+            source: None,
         });
     }
     Ok(())
@@ -153,6 +155,7 @@ pub fn check_once<T>(
             return Err(StoreError::Invalid {
                 key: key.to_string(),
                 reason: format!("limit '{}' is named twice in one call", elide(name, 64)),
+                source: None,
             });
         }
     }
@@ -172,6 +175,7 @@ pub fn check_commit(
                 "a commit carries 1..={MAX_COMMIT_ITEMS} items, not {}",
                 writes.len()
             ),
+            source: None,
         });
     }
     for w in writes {

@@ -33,7 +33,7 @@ pub use contract::{
     check_store_timeout, BucketStore, DEFAULT_STORE_TIMEOUT, MAX_COMMIT_ITEMS, MAX_STORE_TIMEOUT,
 };
 pub use credit::{Credit, CreditGuard, Stamp};
-pub use error::StoreError;
+pub use error::{Cause, StoreError};
 pub use inspect::{inspect, InspectedShard};
 pub use item::{
     checked_stored, stored_shard_count, validate_stored, BucketItem, BucketKey, LimitParams,

@@ -52,6 +52,23 @@ pub fn panic_text(panic: &(dyn std::any::Any + Send), max: usize) -> String {
     elide(text, max).into_owned()
 }
 
+/// `err` and each of its sources, joined by ": ", for a log line; a source whose text the
+/// line already ends with (an error that shows its source in its own text) is not
+/// repeated.
+pub fn with_causes(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut line = err.to_string();
+    let mut at = err.source();
+    while let Some(e) = at {
+        let text = e.to_string();
+        if !text.is_empty() && !line.ends_with(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+        at = e.source();
+    }
+    line
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -64,5 +81,18 @@ mod tests {
         assert_eq!(elide("éé", 3), "é…(4 bytes)");
         let long = "/".repeat(10_000);
         assert!(quote(&long).len() < QUOTE_BYTES + 20);
+    }
+
+    #[test]
+    fn a_source_shown_in_its_parent_text_is_not_repeated() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("bucket b: {0}")]
+        struct Shows(#[source] std::io::Error);
+        #[derive(Debug, thiserror::Error)]
+        #[error("bucket b")]
+        struct Hides(#[source] std::io::Error);
+        let io = || std::io::Error::other("refused");
+        assert_eq!(with_causes(&Shows(io())), "bucket b: refused");
+        assert_eq!(with_causes(&Hides(io())), "bucket b: refused");
     }
 }

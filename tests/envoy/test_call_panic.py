@@ -1,13 +1,13 @@
 """One call's panic stays in its call, seen through a real Envoy.
 
-The server is a build with the test-only `panic-trigger` feature (a descriptor entry keyed
+The server is a build with the test-only `test-hooks` feature (a descriptor entry keyed
 `shardgate-test-panic` makes its call panic; no release build has it):
 
-    cargo build --bin shardgate --features panic-trigger
-    cp target/debug/shardgate target/debug/shardgate-panic-trigger
+    cargo build --bin shardgate --features test-hooks
+    cp target/debug/shardgate target/debug/shardgate-test-hooks
     cargo build --bin shardgate   # the ordinary binary back (a relink)
 
-and `SHARDGATE_PANIC_TRIGGER_BIN` names it (default: target/debug/shardgate-panic-trigger).
+and `SHARDGATE_TEST_HOOKS_BIN` names it (default: target/debug/shardgate-test-hooks).
 200 requests go through one Envoy worker at once, so their rate-limit calls are in flight
 together on its one HTTP/2 connection to shardgate; one of them carries the trigger.
 Envoy must count exactly one `ratelimit.error` (the panicking call, answered INTERNAL, which
@@ -36,9 +36,9 @@ descriptors:
 """
 
 
-def panic_trigger_bin():
+def hooks_bin():
     path = pathlib.Path(os.environ.get(
-        "SHARDGATE_PANIC_TRIGGER_BIN", REPO / "target" / "debug" / "shardgate-panic-trigger"))
+        "SHARDGATE_TEST_HOOKS_BIN", REPO / "target" / "debug" / "shardgate-test-hooks"))
     if not path.is_file():
         pytest.fail(f"{path} not found: build it as this module's docstring says")
     return str(path)
@@ -64,7 +64,7 @@ def test_a_panicking_call_costs_envoy_one_error(envoy_bin, tmp_path):
     config.mkdir()
     (config / "panics.yaml").write_text(CONFIG)
     stack = start_stack(
-        panic_trigger_bin(), envoy_bin, Store("memory"), tmp_path, "panic",
+        hooks_bin(), envoy_bin, Store("memory"), tmp_path, "panic",
         envoy_config, config=str(config),
         wait_ready=lambda st: _ready(st))
     try:

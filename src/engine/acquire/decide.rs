@@ -381,6 +381,7 @@ impl<S: BucketStore> Deciding<'_, S> {
     /// Every bucket's outcome in request order: the fast path's applied buckets from the
     /// images their debits returned, the others from `slow` (one per slow bucket, in
     /// order).
+    #[expect(clippy::expect_used, reason = "one outcome per slow bucket")]
     fn merged_outcomes(
         &self,
         progress: &[Progress],

@@ -2,6 +2,7 @@
 //! condition that nothing refilled or doubled the shard since (see
 //! `BucketStore::credit`). Best effort: a lost refund under-admits, never over-admits.
 
+use crate::support::text::with_causes;
 use futures::future::join_all;
 
 use super::state::{Deciding, Progress};
@@ -61,7 +62,7 @@ impl<S: BucketStore> Deciding<'_, S> {
         if let Err(e) = self.engine.store.credit(&key, stamp.into(), &credits).await {
             // A lost refund costs this bucket one request's tokens; never an over-admission.
             if let Some(suppressed) = self.engine.refund_log.admit() {
-                tracing::warn!(resource = %b.resource, error = %e, similar_not_logged = suppressed, "refund of a voided debit failed");
+                tracing::warn!(resource = %b.resource, error = %with_causes(&e), similar_not_logged = suppressed, "refund of a voided debit failed");
             }
         }
     }

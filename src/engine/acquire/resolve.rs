@@ -151,6 +151,7 @@ impl<S: BucketStore> Deciding<'_, S> {
     /// own limit too (a bucket at its own limit never drives doubling), the slow pass when
     /// `wcu` refills in time (not a hot partition), else a doubling, the request going on
     /// to one of the new shards.
+    #[expect(clippy::expect_used, reason = "classified with wcu")]
     async fn relieve_wcu(&self, seen: Seen<'_>, now: i64) -> Result<Progress, EngineError> {
         let Seen { b, draw, count, .. } = seen;
         let shard = draw.shard;

@@ -3,6 +3,7 @@
 //! told to the book; the lease task (fetches and returns, supervised); a refund into a
 //! lease. The book (`book/`) keeps the leases and the demand; `size.rs` is the arithmetic.
 
+use crate::support::text::with_causes;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
@@ -263,7 +264,7 @@ impl<'a, S: BucketStore> Leasing<'a, S> {
                 }
                 Ok(_) => break,
                 Err(e) => {
-                    tracing::debug!(resource = %want.bucket.resource, error = %e, "lease fetch failed");
+                    tracing::debug!(resource = %want.bucket.resource, error = %with_causes(&e), "lease fetch failed");
                     break;
                 }
             }
@@ -354,7 +355,7 @@ impl<'a, S: BucketStore> Leasing<'a, S> {
                 Err(e) => {
                     EngineStats::bump(&self.engine.stats.lease_returns_dropped);
                     if let Some(suppressed) = self.engine.lease_return_log.admit() {
-                        tracing::warn!(resource = %r.key.resource, error = %e, similar_not_logged = suppressed, "lease return failed");
+                        tracing::warn!(resource = %r.key.resource, error = %with_causes(&e), similar_not_logged = suppressed, "lease return failed");
                     }
                 }
             }

@@ -13,6 +13,8 @@ mod serving;
 mod shutdown;
 mod stores;
 mod tasks;
+#[cfg(feature = "test-hooks")]
+mod test_hooks;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -62,6 +64,7 @@ pub async fn run(options: ServeOptions) -> Result<(), ServeError> {
 
 /// The rules to start with: the config loaded (an error stops the start), or none until
 /// the xDS control plane's first push.
+#[expect(clippy::expect_used, reason = "no documents, no errors")]
 fn initial_config(options: &ServeOptions) -> Result<Config, ServeError> {
     Ok(match &options.xds {
         // No rules until the control plane's first push.

@@ -93,13 +93,15 @@ pub(super) async fn serve_on<S: BucketStore>(
     let port = port_options(options, health)?;
     let prune_task = spawn_prune(limiter.engine().clone());
     let (lease_stop_tx, lease_task) = spawn_leases(limiter.engine().clone());
-    let grpc_task = tokio::spawn(grpc::serve_with(
-        limiter.clone(),
-        grpc_listener,
-        port,
-        stopped(),
-    ));
-    let http_task = tokio::spawn(http::serve(limiter.clone(), http_listener, stopped()));
+    let grpc = grpc::serve_with(limiter.clone(), grpc_listener, port, stopped());
+    let http = http::serve(limiter.clone(), http_listener, stopped());
+    #[cfg(feature = "test-hooks")]
+    let (grpc, http) = (
+        super::test_hooks::ended_early("grpc", grpc, ()),
+        super::test_hooks::ended_early("http", http, Ok(())),
+    );
+    let grpc_task = tokio::spawn(grpc);
+    let http_task = tokio::spawn(http);
     let (statsd_stop_tx, statsd_task) = spawn_statsd(options, &metrics);
     let upstream_prometheus_task =
         upstream_prometheus.map(|port| spawn_upstream_prometheus(port, &metrics, stopped()));

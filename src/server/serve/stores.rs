@@ -242,7 +242,11 @@ where
         match attempt().await {
             Ok(()) => return (started.elapsed(), attempts),
             Err(e) => {
-                tracing::warn!(error = %e, attempts, "store not answering yet: health NOT_SERVING");
+                tracing::warn!(
+                    error = %crate::support::text::with_causes(&e),
+                    attempts,
+                    "store not answering yet: health NOT_SERVING"
+                );
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
         }

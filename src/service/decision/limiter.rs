@@ -125,7 +125,7 @@ impl<S: BucketStore> RateLimiter<S> {
         .await
         {
             Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(e.to_string()),
+            Ok(Err(e)) => Err(crate::support::text::with_causes(&e)),
             Err(_) => Err("store did not answer within 2 s".to_string()),
         }
     }

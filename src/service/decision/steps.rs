@@ -416,7 +416,7 @@ impl<S: BucketStore> RateLimiter<S> {
             // alerts on it keep working.
             tracing::warn!(
                 target: "shardgate::service::decision",
-                error = %e,
+                error = %crate::support::text::with_causes(&e),
                 answered = if deny { "UNAVAILABLE (failure_mode: deny)" } else { "OK (failure_mode: allow)" },
                 similar_failures_not_logged = suppressed,
                 "store failed"

@@ -76,6 +76,9 @@ const PANIC_ENDS: [&str; 2] = ["internal", "reset"];
 #[derive(Debug)]
 pub struct PortMetrics {
     connections_open: Gauge,
+    /// TLS handshakes under way (at most `tls.rs`' cap): at the cap, new clients wait in
+    /// the listen queue.
+    handshakes: Gauge,
     calls_in_flight: StripedGauge,
     resets_sent: Family<CodeLabel, Counter>,
     resets_by_code: [Counter; H2_CODES.len() + 1],
@@ -121,6 +124,7 @@ impl Default for PortMetrics {
         }
         PortMetrics {
             connections_open: Gauge::default(),
+            handshakes: Gauge::default(),
             calls_in_flight: StripedGauge::default(),
             resets_by_code: per_code(&resets_sent),
             resets_sent,
@@ -138,6 +142,11 @@ impl PortMetrics {
             "grpc_connections_open",
             "Connections open on the gRPC port (TLS: once the handshake is done)",
             self.connections_open.clone(),
+        );
+        registry.register(
+            "tls_handshakes_in_progress",
+            "TLS handshakes under way on the gRPC port (at most 1024: past it new clients wait in the listen queue)",
+            self.handshakes.clone(),
         );
         registry.register(
             "grpc_calls_in_flight",
@@ -172,6 +181,19 @@ impl PortMetrics {
 
     pub fn connection_closed(&self) {
         self.connections_open.dec();
+    }
+
+    pub fn handshake_started(&self) {
+        self.handshakes.inc();
+    }
+
+    pub fn handshake_ended(&self) {
+        self.handshakes.dec();
+    }
+
+    /// TLS handshakes under way now.
+    pub fn handshakes(&self) -> i64 {
+        self.handshakes.get()
     }
 
     pub fn call_started(&self) {

@@ -247,6 +247,7 @@ impl Metrics {
     }
 
     /// The Prometheus text exposition of every metric.
+    #[expect(clippy::expect_used, reason = "writing to a String cannot fail")]
     pub fn render(&self) -> String {
         let mut out = String::new();
         let registry = self.registry.lock();

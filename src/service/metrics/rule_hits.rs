@@ -214,6 +214,7 @@ impl RuleHits {
 
     /// The counters of a config rule's own key (created, striped, on first sight; a
     /// reload finds the same ones).
+    #[expect(clippy::expect_used, reason = "a config rule's key is always admitted")]
     pub fn for_rule(&self, rule: &Rule) -> RuleCounters {
         let labels = RuleLabels {
             domain: rule.domain.to_string(),
@@ -230,6 +231,7 @@ impl RuleHits {
     }
 
     /// Counts `hits` for a rule whose key carries the values of these entries.
+    #[expect(clippy::expect_used, reason = "an overflow key is always admitted")]
     pub fn count_from_request<E: DescriptorEntry>(
         &self,
         rule: &Rule,

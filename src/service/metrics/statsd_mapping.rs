@@ -86,6 +86,7 @@ impl StatsdMapping {
     /// The mapping envoyproxy/ratelimit uses without `PROMETHEUS_MAPPER_YAML`: the
     /// response time in seconds, or, with `response_time_ms`, its scale line removed as
     /// upstream removes it (milliseconds).
+    #[expect(clippy::expect_used, reason = "the built-in mapping is valid")]
     pub fn upstream_default(response_time_ms: bool) -> StatsdMapping {
         let text = if response_time_ms {
             UPSTREAM_DEFAULT.replacen("    scale: 0.001\n", "", 1)

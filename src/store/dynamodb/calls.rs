@@ -20,7 +20,7 @@ use super::ledger::CallLedger;
 
 use super::codec::Item;
 use super::expr::{credit_expression, debit_expression, update_of, Expr};
-use super::failure::{describe, REASON_BYTES, TRANSACTION_THROTTLING};
+use super::failure::{cause, describe, TRANSACTION_THROTTLING};
 use super::ledger::{capacity, capacity_all};
 
 use super::super::detached::caller_gone;
@@ -30,7 +30,6 @@ use super::super::{
     BucketItem, BucketKey, BucketStore, CommitOutcome, Credit, CreditGuard, Debit, DebitMode,
     DebitOutcome, Seed, StoreError, Write, MAX_COMMIT_ITEMS,
 };
-use crate::support::text::elide;
 
 use super::store::{DynamoOptions, DynamoStore};
 
@@ -226,6 +225,10 @@ impl DynamoStore {
         }
     }
 
+    #[expect(
+        clippy::expect_used,
+        reason = "the builder is given every required field; updates and debits have an expression"
+    )]
     fn transact_item(&self, w: &Write) -> TransactWriteItem {
         let old = ReturnValuesOnConditionCheckFailure::AllOld;
         match w {
@@ -247,6 +250,10 @@ impl DynamoStore {
         }
     }
 
+    #[expect(
+        clippy::expect_used,
+        reason = "the builder is given every required field"
+    )]
     fn transact_update(&self, key: &BucketKey, u: String, c: String, e: Expr) -> TransactWriteItem {
         let (names, values) = e.into_parts();
         TransactWriteItem::builder()
@@ -267,6 +274,7 @@ impl DynamoStore {
             .build()
     }
 
+    #[expect(clippy::expect_used, reason = "updates and debits have an expression")]
     async fn commit_one(&self, w: &Write) -> Result<CommitOutcome, StoreError> {
         let refused = |image: Option<BucketItem>| CommitOutcome::Conflict(vec![(0, image)]);
         Ok(match w {
@@ -445,13 +453,7 @@ impl BucketStore for DynamoStore {
                         Some("None") | None => {}
                         // This request's item (too large, a bad expression): its error.
                         Some(code @ ("ValidationError" | "ItemCollectionSizeLimitExceeded")) => {
-                            return Err(StoreError::Invalid {
-                                key: self.pk(writes[i].key()),
-                                reason: format!(
-                                    "{code}: {}",
-                                    elide(r.message().unwrap_or("no message"), REASON_BYTES)
-                                ),
-                            });
+                            return Err(self.refused_in_transaction(writes[i].key(), code, r));
                         }
                         // That item's partition is throttled: its bucket's contention.
                         Some(code) if TRANSACTION_THROTTLING.contains(&code) => {
@@ -472,7 +474,11 @@ impl BucketStore for DynamoStore {
                     failed.sort_by_key(|f| f.0);
                 }
                 if failed.is_empty() {
-                    return Err(self.unavailable(writes[0].key(), describe(&err)));
+                    return Err(self.unavailable_from(
+                        writes[0].key(),
+                        describe(&err),
+                        cause(&err),
+                    ));
                 }
                 Ok(CommitOutcome::Conflict(failed))
             }

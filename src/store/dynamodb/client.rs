@@ -19,11 +19,11 @@ use aws_smithy_runtime_api::client::retries::classifiers::{RetryClassifierPriori
 use aws_smithy_runtime_api::client::retries::ErrorKind;
 use futures::future::{BoxFuture, FutureExt, Shared};
 
-use super::failure::describe;
+use super::failure::{cause, describe};
 use super::ledger::capacity_all;
 use super::{DynamoOptions, DynamoStore};
 use crate::store::detached::caller_gone;
-use crate::store::{BucketKey, StoreError};
+use crate::store::{BucketKey, Cause, StoreError};
 
 /// Attempts of one SDK call, the first included; all within the call's deadline (the
 /// operation timeout covers them and the waits between them).
@@ -150,6 +150,7 @@ impl DetachedCredentials {
 
     /// The fetch to wait for: the one in flight, or a finished one whose credentials are
     /// still good (its caller gave up before receiving them), else a new one.
+    #[expect(clippy::expect_used, reason = "set above")]
     fn current(&self) -> CredentialsFetch {
         let mut fetch = self.fetch.lock();
         let reusable = fetch.as_ref().is_some_and(|f| match f.peek() {
@@ -201,10 +202,15 @@ pub enum TableCreated {
 
 /// Creates the bucket table (on-demand billing, TTL on `ttl`) if it does not exist, and
 /// makes sure TTL is enabled either way. Idempotent.
+#[expect(
+    clippy::expect_used,
+    reason = "the builders are given every required field"
+)]
 pub async fn create_table(client: &Client, table: &str) -> Result<TableCreated, StoreError> {
-    let err = |e: String| StoreError::Unavailable {
+    let err = |reason: String, source: Option<Cause>| StoreError::Unavailable {
         key: table.to_string(),
-        reason: e,
+        reason,
+        source,
     };
     let attr = |name: &str| {
         AttributeDefinition::builder()
@@ -233,7 +239,7 @@ pub async fn create_table(client: &Client, table: &str) -> Result<TableCreated, 
     {
         Ok(_) => TableCreated::Created,
         Err(e) if e.code() == Some("ResourceInUseException") => TableCreated::AlreadyExisted,
-        Err(e) => return Err(err(describe(&e))),
+        Err(e) => return Err(err(describe(&e), cause(&e))),
     };
     // Wait until the table is active before touching its TTL.
     for _ in 0..60 {
@@ -242,7 +248,7 @@ pub async fn create_table(client: &Client, table: &str) -> Result<TableCreated, 
             .table_name(table)
             .send()
             .await
-            .map_err(|e| err(describe(&e)))?;
+            .map_err(|e| err(describe(&e), cause(&e)))?;
         let active = d
             .table()
             .and_then(|t| t.table_status())
@@ -267,7 +273,7 @@ pub async fn create_table(client: &Client, table: &str) -> Result<TableCreated, 
         Ok(_) => {}
         // Already enabled on this attribute.
         Err(e) if e.code() == Some("ValidationException") => {}
-        Err(e) => return Err(err(describe(&e))),
+        Err(e) => return Err(err(describe(&e), cause(&e))),
     }
     Ok(created)
 }

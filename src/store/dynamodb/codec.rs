@@ -144,6 +144,7 @@ impl DynamoStore {
                 decode(i).map_err(|reason| StoreError::Corrupt {
                     key: self.pk(key),
                     reason,
+                    source: None,
                 })
             })
             .transpose()

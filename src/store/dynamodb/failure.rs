@@ -9,11 +9,11 @@ use aws_sdk_dynamodb::operation::batch_get_item::BatchGetItemError;
 use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
-use aws_sdk_dynamodb::types::ThrottlingReason;
+use aws_sdk_dynamodb::types::{CancellationReason, ThrottlingReason};
 
 use super::codec::Item;
 use super::store::{DynamoStore, CONFLICT};
-use crate::store::{BucketItem, BucketKey, StoreError};
+use crate::store::{BucketItem, BucketKey, Cause, StoreError};
 use crate::support::text::elide;
 
 /// Most bytes of a DynamoDB error text carried into a [`StoreError`].
@@ -99,16 +99,66 @@ pub(super) fn describe<E: ProvideErrorMetadata + std::fmt::Debug, R: std::fmt::D
             )
         }
         SdkError::TimeoutError(_) => "timed out".to_string(),
-        SdkError::DispatchFailure(d) => format!("dispatch failure: {d:?}"),
+        // What the connector met at the bottom (`Connection refused`, a TLS alert), not
+        // its debug dump; the whole chain goes in the error's source ([`cause`]).
+        SdkError::DispatchFailure(d) => match d.as_connector_error() {
+            Some(c) => format!("dispatch failure: {}", root_text(c)),
+            None => "dispatch failure".to_string(),
+        },
         other => format!("{other:?}"),
     }
 }
 
+/// The causes under a failure that its reason only sums up: a dispatch failure's
+/// connector error and what it wraps (a service error's code and message are the reason).
+pub(super) fn cause<E, R>(e: &SdkError<E, R>) -> Option<Cause> {
+    match e {
+        SdkError::DispatchFailure(d) => d.as_connector_error().map(|c| Cause::of(c)),
+        _ => None,
+    }
+}
+
+/// The innermost error's text under `e`.
+fn root_text(e: &(dyn std::error::Error + 'static)) -> String {
+    std::iter::successors(Some(e), |e| e.source())
+        .last()
+        .map_or_else(String::new, ToString::to_string)
+}
+
 impl DynamoStore {
     pub(super) fn unavailable(&self, key: &BucketKey, reason: String) -> StoreError {
+        self.unavailable_from(key, reason, None)
+    }
+
+    /// The store failed on `key`, for `reason`, with the client's own error chain.
+    pub(super) fn unavailable_from(
+        &self,
+        key: &BucketKey,
+        reason: String,
+        source: Option<Cause>,
+    ) -> StoreError {
         StoreError::Unavailable {
             key: self.pk(key),
             reason: elide(&reason, REASON_BYTES).into_owned(),
+            source,
+        }
+    }
+
+    /// A transaction's item refused for itself (`code`: too large, a bad expression):
+    /// this request's error, with DynamoDB's message.
+    pub(super) fn refused_in_transaction(
+        &self,
+        key: &BucketKey,
+        code: &str,
+        reason: &CancellationReason,
+    ) -> StoreError {
+        StoreError::Invalid {
+            key: self.pk(key),
+            reason: format!(
+                "{code}: {}",
+                elide(reason.message().unwrap_or("no message"), REASON_BYTES)
+            ),
+            source: None,
         }
     }
 
@@ -122,6 +172,7 @@ impl DynamoStore {
             Some(code) if REQUEST_ERRORS.contains(&code) => StoreError::Invalid {
                 key: self.pk(key),
                 reason: elide(&describe(err), REASON_BYTES).into_owned(),
+                source: None,
             },
             Some(code)
                 if THROTTLING_ERRORS.contains(&code)
@@ -133,7 +184,7 @@ impl DynamoStore {
             {
                 StoreError::Throttled { key: key.clone() }
             }
-            _ => self.unavailable(key, describe(err)),
+            _ => self.unavailable_from(key, describe(err), cause(err)),
         }
     }
 

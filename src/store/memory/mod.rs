@@ -123,6 +123,7 @@ fn check_held(key: &BucketKey, slot: &CompactItem) -> Result<(), StoreError> {
     let corrupt = |reason| StoreError::Corrupt {
         key: key.to_string(),
         reason,
+        source: None,
     };
     stored_shard_count("shard count", i64::from(slot.shard_count)).map_err(corrupt)?;
     for (name, params) in slot.shape.limits() {
@@ -143,6 +144,7 @@ fn partition_of(key: &BucketKey) -> usize {
 
 impl MemoryStore {
     /// A store under the default bound ([`DEFAULT_MAX_BYTES`]).
+    #[expect(clippy::expect_used, reason = "the default bound is valid")]
     pub fn new() -> MemoryStore {
         MemoryStore::with_max_bytes(DEFAULT_MAX_BYTES).expect("the default bound is valid")
     }
@@ -404,6 +406,7 @@ impl BucketStore for MemoryStore {
             .collect()
     }
 
+    #[expect(clippy::expect_used, reason = "locked above")]
     async fn commit(&self, writes: &[Write]) -> Result<CommitOutcome, StoreError> {
         check_commit(writes, |k| k.to_string())?;
         let parts: BTreeSet<usize> = writes.iter().map(|w| partition_of(w.key())).collect();

@@ -75,6 +75,7 @@ impl Partition {
 
     /// Writes `slot` at `key`, first evicting (as ranked at `now_s`) what it takes to
     /// keep the partition within its budget once it is written; returns what went.
+    #[expect(clippy::expect_used, reason = "inserted above")]
     pub(super) fn insert(&mut self, key: &BucketKey, slot: CompactItem, now_s: i64) -> Evicted {
         let address = Address::of(key);
         let incoming = charge(&address, &slot);
@@ -105,6 +106,7 @@ impl Partition {
     }
 
     /// Removes the lowest-ranked items (`bound.rs`) holding at least `wanted` bytes.
+    #[expect(clippy::expect_used, reason = "one rank per item")]
     fn evict(&mut self, wanted: usize, now_s: i64) -> Evicted {
         let moment = Moment { now_s };
         let mut histogram = Histogram::default();

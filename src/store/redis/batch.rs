@@ -84,6 +84,7 @@ impl Batches {
                 Ok(Some(Err(StoreError::Unavailable {
                     key: refused.key,
                     reason: format!("{MAX_WAITING} debits already wait for Redis: not sent"),
+                    source: None,
                 })))
             }
         }
@@ -144,11 +145,13 @@ async fn send(link: Arc<Link>, batch: Vec<Queued>, timeout: Duration) {
                     Ok(Ok(other)) => StoreError::Corrupt {
                         key: q.key.clone(),
                         reason: format!("a batch of debits answered {}", kind(other)),
+                        source: None,
                     },
                     Ok(Err(e)) => classify(&q.key, e),
                     Err(_) => StoreError::Unavailable {
                         key: q.key.clone(),
                         reason: format!("no answer from Redis within {timeout:?}"),
+                        source: None,
                     },
                 };
                 let _ = q.reply.send(Err(failure));

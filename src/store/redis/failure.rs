@@ -7,7 +7,7 @@
 
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 
-use crate::store::StoreError;
+use crate::store::{Cause, StoreError};
 use crate::support::text::elide;
 
 /// Most bytes of a Redis error text carried into a [`StoreError`].
@@ -17,10 +17,20 @@ const REASON_BYTES: usize = 256;
 pub(super) fn classify(key: &str, err: &RedisError) -> StoreError {
     let reason = elide(&err.to_string(), REASON_BYTES).into_owned();
     let key = key.to_string();
+    // The client's text already holds the reply; an I/O error under it is kept.
+    let source = std::error::Error::source(err).map(Cause::of);
     if is_this_items(err) {
-        StoreError::Corrupt { key, reason }
+        StoreError::Corrupt {
+            key,
+            reason,
+            source,
+        }
     } else {
-        StoreError::Unavailable { key, reason }
+        StoreError::Unavailable {
+            key,
+            reason,
+            source,
+        }
     }
 }
 

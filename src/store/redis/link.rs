@@ -22,7 +22,7 @@
 //! node (`nodes.rs`) as it is sent. Nothing here knows the item format.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwapOption;
@@ -69,6 +69,7 @@ pub(super) struct Link {
     /// One connect at a time; the calls that wait for it use what it opened.
     connecting: tokio::sync::Mutex<()>,
     /// The last connect, when it failed (cleared by one that succeeds).
+    /// Poisoning is ignored: a panic while it was held leaves a plain value, still meaningful.
     failed: Mutex<Option<Failed>>,
     /// Whether the task that reconnects after a failover runs.
     reconnecting: AtomicBool,
@@ -115,7 +116,7 @@ impl Link {
             return Ok(open);
         }
         let pause = {
-            let failed = self.failed.lock().expect("not poisoned");
+            let failed = self.failed.lock().unwrap_or_else(PoisonError::into_inner);
             match &*failed {
                 Some(f) if self.reconnecting.load(Ordering::Acquire) => {
                     return Err(f.error.clone())
@@ -138,12 +139,12 @@ impl Link {
                     self.nodes.keep_fresh(conn.clone(), Arc::downgrade(&open));
                 }
                 self.open.store(Some(open.clone()));
-                *self.failed.lock().expect("not poisoned") = None;
+                *self.failed.lock().unwrap_or_else(PoisonError::into_inner) = None;
                 Ok(open)
             }
             Err(error) => {
                 tracing::debug!(%error, ?pause, "Redis connect failed");
-                *self.failed.lock().expect("not poisoned") = Some(Failed {
+                *self.failed.lock().unwrap_or_else(PoisonError::into_inner) = Some(Failed {
                     at: Instant::now(),
                     error: error.clone(),
                     pause,
@@ -163,7 +164,7 @@ impl Link {
         if !prev.as_ref().is_some_and(|p| Arc::ptr_eq(p, failed)) {
             return; // Another call dropped it first.
         }
-        *self.failed.lock().expect("not poisoned") = Some(Failed {
+        *self.failed.lock().unwrap_or_else(PoisonError::into_inner) = Some(Failed {
             at: Instant::now(),
             error: RedisError::from((
                 ErrorKind::Io,

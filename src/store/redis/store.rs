@@ -168,6 +168,7 @@ impl RedisStore {
         StoreError::Unavailable {
             key: key.to_string(),
             reason: format!("no answer from Redis within {:?}", self.timeout),
+            source: None,
         }
     }
 
@@ -175,6 +176,7 @@ impl RedisStore {
         StoreError::Corrupt {
             key: key.to_string(),
             reason: reason.into(),
+            source: None,
         }
     }
 
@@ -230,6 +232,7 @@ impl RedisStore {
     /// One commit script over `writes`, whose keys are `keys`; `images`: answer the
     /// items as the commit left them. `op`: its operation id (the same id sent again
     /// answers what the first run did).
+    #[expect(clippy::expect_used, reason = "plain strings and booleans")]
     pub(super) async fn commit_together(
         &self,
         writes: &[Write],
@@ -278,6 +281,7 @@ impl RedisStore {
                 Err(StoreError::Invalid {
                     key: key.clone(),
                     reason: format!("the item would be {bytes} bytes (at most {MAX_ITEM_BYTES})"),
+                    source: None,
                 })
             }
             _ => Err(bad("an unknown status")),
@@ -328,6 +332,7 @@ impl RedisStore {
                         return Err(StoreError::Unavailable {
                             key: rk,
                             reason: "the batch sender stopped before answering".into(),
+                            source: None,
                         })
                     }
                     Ok(Err(args)) => self.debit_alone(&rk, args).await?,

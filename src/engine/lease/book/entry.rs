@@ -307,6 +307,10 @@ pub(super) fn note_available<'a>(
 
 /// Takes `b`'s claims from `lease` (which covers them) and reports the bucket as a debit
 /// on its shard would: the shard's balance at the last grant plus the lease's rest.
+#[expect(
+    clippy::expect_used,
+    reason = "a covering lease holds every claimed limit"
+)]
 pub(super) fn take(lease: &mut ShardLease, b: &BucketClaim) -> BucketOutcome {
     let limits = b
         .limits

@@ -95,6 +95,7 @@ impl<'a> Locked<'a> {
         }
     }
 
+    #[expect(clippy::expect_used, reason = "every spot's partition is locked")]
     fn part(&mut self, i: usize) -> &mut Part {
         let (_, guard) = self
             .guards
@@ -185,6 +186,7 @@ impl LeaseBook {
     /// `req` answered from the leases when they cover every bucket of it; else a wait for
     /// a fetch in flight (when `count`), or a miss with the leases that no longer cover
     /// their bucket taken out to be given back.
+    #[expect(clippy::expect_used, reason = "covered")]
     fn answer(
         &self,
         locked: &mut Locked<'_>,

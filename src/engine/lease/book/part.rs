@@ -37,6 +37,7 @@ impl Part {
 
     /// The entry of a bucket whose lease was granted, admitted again if it was forgotten
     /// meanwhile (whatever the bound: the tokens it holds must be kept track of).
+    #[expect(clippy::expect_used, reason = "present or just inserted")]
     pub(super) fn entry_for_grant(
         &mut self,
         entity: &str,
