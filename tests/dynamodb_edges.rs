@@ -522,3 +522,62 @@ async fn unprocessed_keys_are_asked_again_only_within_the_deadline() {
     assert!(patient.read(&[BucketKey::new("e", "r", 0)]).await.is_err());
     assert_eq!(requests.load(Ordering::SeqCst), 4);
 }
+
+/// A bucket's first request is one `UpdateItem` that creates the item (`seeded.rs`), but an
+/// item that exists without a `ttl` (one that never refills, or a debt past any expiry)
+/// must keep none: with a seed that has one, the one-write debit refuses it with its
+/// image, untouched, and the plain debit still applies to it.
+#[tokio::test]
+#[cfg_attr(
+    not(dynamodb_local),
+    ignore = "needs DynamoDB Local: run scripts/test, or set SHARDGATE_TEST_DYNAMODB_ENDPOINT and build again"
+)]
+async fn an_item_without_an_expiry_keeps_none_when_a_seeded_debit_meets_it() {
+    use shardgate::store::{
+        BucketItem, Debit, DebitMode, DebitOutcome, LimitState, Limits, Write, WCU_LIMIT,
+    };
+    let store = common::dynamo::store().await;
+    let now_s = 1_800_000_000;
+    let rpm = LimitParams::new(10, 10, 60_000);
+    let item = |ttl: Option<i64>| {
+        let mut limits = Limits::new();
+        limits.insert("rpm", LimitState::new(rpm, 10_000, 0));
+        limits.insert(
+            WCU_LIMIT,
+            LimitState::new(LimitParams::new(1_000, 1_000, 1_000), 1_000_000, 0),
+        );
+        BucketItem {
+            refilled_at: now_s * 1_000,
+            shard_count: 1,
+            ttl,
+            limits,
+        }
+    };
+    let key = BucketKey::new("no-expiry", "api", 0);
+    store
+        .commit(&[Write::Create {
+            key: key.clone(),
+            item: item(None),
+        }])
+        .await
+        .unwrap();
+    let debit = [Debit {
+        limit: "rpm".into(),
+        amount: 1_000,
+        gated: true,
+        params: Some(rpm),
+    }];
+    let fast = DebitMode::Fast {
+        now_s,
+        shard_count: 1,
+    };
+    let seeded = store
+        .debit_or_create(&key, &debit, fast, &|| item(Some(now_s + 60)))
+        .await
+        .unwrap();
+    assert_eq!(seeded, DebitOutcome::Refused(Some(item(None))));
+    let DebitOutcome::Applied(after) = store.debit(&key, &debit, fast).await.unwrap() else {
+        panic!("the plain debit applies");
+    };
+    assert_eq!((after.ttl, after.limits["rpm"].balance), (None, 9_000));
+}

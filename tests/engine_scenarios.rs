@@ -8,7 +8,7 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{creates_on_debit, Call, Hook, Recorder};
+use common::{Call, Hook, Recorder};
 use shardgate::engine::{
     Acquire, BucketClaim, Decision, Engine, EngineOptions, EngineStats, LimitClaim, LimitParams,
     ManualClock, ScriptedDraw,
@@ -196,10 +196,9 @@ cross_store! {
 }
 
 cross_store! {
-    /// Ours: a bucket's first request is one store call where the store creates the
-    /// missing shard with its debit (memory, Redis), a refused debit and a create on
-    /// DynamoDB; either way the item and the answer are the slow pass's create: the claim
-    /// taken, `wcu` untouched, the same `ttl`.
+    /// Ours: a bucket's first request is one store call on every store, which creates the
+    /// missing shard with its debit; the item and the answer are the slow pass's create:
+    /// the claim taken, `wcu` untouched, the same `ttl`.
     async fn a_new_buckets_first_request_is_one_call_and_admitted<S: BucketStore>(store: S) {
         let rig = rig(store);
         let d = acquire(&rig, &rpm(10, 3)).await;
@@ -207,19 +206,12 @@ cross_store! {
         let l = d.buckets[0].limits[0];
         assert_eq!((l.remaining, l.share.ceiling, l.wait_ms), (7_000, 10_000, Some(0)));
         let calls = rig.store.calls();
-        let created = creates_on_debit::<S>();
-        let mut expected = vec![Call::Debit {
+        let expected = vec![Call::Debit {
             shard: 0,
             retry_only: false,
-            applied: created,
-            missing: !created,
+            applied: true,
+            missing: false,
         }];
-        if !created {
-            expected.push(Call::Commit {
-                kinds: vec!["create"],
-                committed: true,
-            });
-        }
         assert_eq!(calls, expected);
         let it = item(&rig, "u1", "api", 0).await;
         assert_eq!((it.limits["rpm"].balance, it.limits["rpm"].taken), (7_000, 3_000));
@@ -237,7 +229,7 @@ cross_store! {
 
 cross_store! {
     /// Ours: a cascade whose parent has no item and whose child is short is refused
-    /// whole: the parent a debit created is given back (or, on DynamoDB, never created).
+    /// whole: the parent a debit created is given back.
     async fn a_cascade_refused_by_its_child_leaves_a_new_parent_full<S: BucketStore>(store: S) {
         let rig = rig(store);
         let mut drained = rpm_item(1, 10, 0, 1_000_000);
@@ -246,20 +238,12 @@ cross_store! {
         let d = acquire(&rig, &cascade(10, 100)).await;
         assert!(!d.admitted);
         assert_eq!(tk_of(&rig, "key1").await, 0);
-        let parent = rig
-            .store
-            .get(&BucketKey::new("org", "api", 0))
-            .await;
-        if let Some(parent) = parent {
-            assert!(creates_on_debit::<S>());
-            assert_eq!(
-                (parent.limits["rpm"].balance, parent.limits["rpm"].taken),
-                (100_000, 0),
-                "the parent's debit refunded"
-            );
-        } else {
-            assert!(!creates_on_debit::<S>());
-        }
+        let parent = item(&rig, "org", "api", 0).await;
+        assert_eq!(
+            (parent.limits["rpm"].balance, parent.limits["rpm"].taken),
+            (100_000, 0),
+            "the parent's debit refunded"
+        );
         // And then admitted once the child refills: the parent debited from full.
         rig.clock.set(T0 + 6_000);
         assert!(acquire(&rig, &cascade(10, 100)).await.admitted);
@@ -1024,16 +1008,9 @@ cross_store! {
         let req = cascade(10, 3);
         assert!(acquire(&rig, &req).await.admitted);
         let calls = rig.store.calls();
-        if creates_on_debit::<S>() {
-            // Each debit created its bucket.
-            assert_eq!(commits(&calls), 0, "{calls:?}");
-            assert!(calls.iter().all(|c| matches!(c, Call::Debit { applied: true, .. })));
-        } else {
-            assert!(calls.contains(&Call::Commit {
-                kinds: vec!["create", "create"],
-                committed: true
-            }));
-        }
+        // Each debit created its bucket.
+        assert_eq!(commits(&calls), 0, "{calls:?}");
+        assert!(calls.iter().all(|c| matches!(c, Call::Debit { applied: true, .. })));
         for _ in 0..2 {
             rig.store.clear();
             assert!(acquire(&rig, &req).await.admitted);
@@ -1127,18 +1104,13 @@ cross_store! {
         assert_eq!(EngineStats::get(&rig.engine.stats().shard_retries), 0);
         // The parent has no item yet: the child (on the untried shard 1) is read, the
         // parent not (its fast debit found it absent; the reference read both), and both
-        // are committed in one transaction, as in the reference. A store that creates
-        // with the debit created the parent there: the commit is the child's alone.
+        // are committed in one transaction, as in the reference; here the parent's
+        // debit created it, so the commit is the child's alone.
         let calls = rig.store.calls();
         assert!(calls.contains(&Call::Read { shards: vec![1] }), "{calls:?}");
         assert!(!calls.contains(&Call::Read { shards: vec![1, 0] }), "{calls:?}");
-        let kinds = if creates_on_debit::<S>() {
-            vec!["update"]
-        } else {
-            vec!["update", "create"]
-        };
         assert!(calls.contains(&Call::Commit {
-            kinds,
+            kinds: vec!["update"],
             committed: true
         }), "{calls:?}");
         assert_eq!(d.buckets[0].shard, 1);

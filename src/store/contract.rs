@@ -62,7 +62,7 @@ pub trait BucketStore: Send + Sync + 'static {
     /// store). When the conditions fail on the seed,
     /// nothing is written and the answer is `Refused(None)`, as for any missing item. A
     /// store calls `seed` only when the item is missing, or once per call if it must send
-    /// the seed ahead (Redis). The seed must be refused (as an error, nothing written)
+    /// the seed ahead (Redis, DynamoDB). The seed must be refused (as an error, nothing written)
     /// exactly where a [`Write::Create`] of it would be.
     ///
     /// By default nothing is created: a missing item is `Refused(None)` and the caller

@@ -103,14 +103,6 @@ macro_rules! cross_store {
     };
 }
 
-/// Whether a store of type `S` creates a missing shard with its debit
-/// ([`BucketStore::debit_or_create`]), a bucket's first request being one call: every
-/// store but DynamoDB (`src/store/dynamodb/calls.rs` says why), whatever wraps it. By
-/// type, not by trying: a store that should and does not must fail the tests.
-pub fn creates_on_debit<S: BucketStore>() -> bool {
-    !std::any::type_name::<S>().contains("DynamoStore")
-}
-
 /// A key prefix no other test uses (a shared store's tests never see each other's items).
 pub fn unique_namespace() -> String {
     use std::sync::atomic::{AtomicU64, Ordering};

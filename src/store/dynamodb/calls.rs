@@ -24,12 +24,14 @@ use super::failure::{cause, describe, TRANSACTION_THROTTLING};
 use super::ledger::{capacity, capacity_all};
 
 use super::super::detached::caller_gone;
-use super::super::key::{check_commit, check_key, check_once};
+use super::super::key::{check_commit, check_item, check_key, check_once};
+use super::super::write::seed_after_debit;
 use super::super::DEFAULT_STORE_TIMEOUT;
 use super::super::{
     BucketItem, BucketKey, BucketStore, CommitOutcome, Credit, CreditGuard, Debit, DebitMode,
     DebitOutcome, Seed, StoreError, Write, MAX_COMMIT_ITEMS,
 };
+use super::seeded::debit_or_create_expression;
 
 use super::store::{DynamoOptions, DynamoStore};
 
@@ -313,20 +315,32 @@ impl BucketStore for DynamoStore {
         )
     }
 
-    /// Creates nothing: a missing item is refused and created by the caller's commit, one
-    /// call more on a bucket's first request only. One `UpdateItem` cannot do both
-    /// honestly: on a missing item it may write every attribute (`if_not_exists`), but
-    /// an existing item that has no `ttl` (a limit that never refills) must keep having
-    /// none, while a new one must get the seed's, and no update expression both leaves an
-    /// attribute absent and sets it depending on the item.
+    /// One `UpdateItem` for a bucket's first request too (`seeded.rs`): a missing item is
+    /// created from the seed, debited. Where the seed does not fit the debit, or one
+    /// expression cannot serve (see `seeded.rs`), the plain debit: a missing item is
+    /// refused as missing and created by the caller's commit.
     async fn debit_or_create(
         &self,
         key: &BucketKey,
         debits: &[Debit],
         mode: DebitMode,
-        _seed: &Seed<'_>,
+        seed: &Seed<'_>,
     ) -> Result<DebitOutcome, StoreError> {
-        self.debit(key, debits, mode).await
+        check_key(key)?;
+        check_once(key, debits, |d| &d.limit)?;
+        let item = seed();
+        let one_write =
+            check_item(key, &item).is_ok() && seed_after_debit(&item, debits, mode).is_some();
+        let expression = || {
+            one_write
+                .then(|| debit_or_create_expression(key, debits, mode, &item))
+                .flatten()
+                .unwrap_or_else(|| debit_expression(debits, mode, None))
+        };
+        Ok(match self.update(key, expression).await? {
+            Ok(image) => DebitOutcome::Applied(image),
+            Err(image) => DebitOutcome::Refused(image),
+        })
     }
 
     async fn read(&self, keys: &[BucketKey]) -> Result<Vec<Option<BucketItem>>, StoreError> {

@@ -10,7 +10,8 @@
 //! the request's) about 30 KB, copied and allocated on every decision.
 //!
 //! This file holds the contract's calls; `failure.rs` what DynamoDB's errors mean,
-//! `client.rs` reaching the table, `expr.rs` the expressions, `codec.rs` the item format
+//! `client.rs` reaching the table, `expr.rs` the expressions, `seeded.rs` the
+//! debit that creates a missing item in the same call, `codec.rs` the item format
 //! and keys, `ledger.rs` the call accounting. Table: `PK` (S) + `SK` (S), on-demand, TTL on `ttl`.
 //! This module decides nothing about limits.
 
@@ -20,6 +21,7 @@ mod codec;
 mod expr;
 mod failure;
 mod ledger;
+mod seeded;
 mod store;
 
 pub use client::{client, create_table, DetachedCredentials, TableCreated};

@@ -6,15 +6,8 @@
 //! as decimal strings that the scripts compare exactly (Lua's numbers are doubles).
 
 use super::codec::{seed_arg, DecodeError};
-use crate::store::{
-    BucketItem, Credit, CreditGuard, Debit, DebitMode, MILLI, MIN_BALANCE, WCU_LIMIT,
-};
-
-/// The least balance that covers `d` (`tk − amount ≥ floor`, as `tk ≥ floor + amount`).
-pub(super) fn need(d: &Debit) -> i128 {
-    let floor = if d.gated { 0 } else { i128::from(MIN_BALANCE) };
-    floor + i128::from(d.amount)
-}
+pub(super) use crate::store::write::{debit_need as need, seed_after_debit as created};
+use crate::store::{BucketItem, Credit, CreditGuard, Debit, DebitMode, MILLI, WCU_LIMIT};
 
 /// The value past which adding `delta` leaves `i64` (upward for `delta ≥ 0`).
 pub(super) fn turn(delta: i64) -> (i128, bool) {
@@ -23,39 +16,6 @@ pub(super) fn turn(delta: i64) -> (i128, bool) {
     } else {
         (i128::from(i64::MIN) - i128::from(delta), false)
     }
-}
-
-/// The item a debit creates from `seed` where there is none: `seed` with `debits` applied
-/// (no `wcu` token taken: a create takes none), when the debit's conditions under `mode`
-/// hold on it — the very conditions `lua/debit.lua` checks on a stored item (expiry,
-/// shard count, a `wcu` token, each limit present with its parameters and covering its
-/// amount). `None`: they do not, and nothing is to be created. Checked here, where the
-/// seed is, so that the script only writes what it is sent.
-pub(super) fn created(seed: &BucketItem, debits: &[Debit], mode: DebitMode) -> Option<BucketItem> {
-    let fast = match mode {
-        DebitMode::Fast { now_s, shard_count } => {
-            let wcu = seed.limit(WCU_LIMIT).map_or(0, |w| w.balance);
-            if seed.ttl.is_some_and(|t| t <= now_s)
-                || seed.shard_count != shard_count
-                || wcu < MILLI
-            {
-                return None;
-            }
-            true
-        }
-        DebitMode::RetryOnly => false,
-    };
-    let mut item = seed.clone();
-    for d in debits {
-        let st = item.limits.get_mut(&d.limit)?;
-        let params_differ = d.params.is_some_and(|p| st.params() != p);
-        if i128::from(st.balance) < need(d) || (fast && params_differ) {
-            return None;
-        }
-        st.balance -= d.amount;
-        st.taken = st.taken.saturating_add(d.amount);
-    }
-    Some(item)
 }
 
 /// An integer as the scripts read it: canonical decimal text.
@@ -168,7 +128,7 @@ pub(super) fn credit_args(guard: CreditGuard, credits: &[Credit], op: &str) -> V
 mod tests {
     use super::super::codec::fields_of;
     use super::*;
-    use crate::store::{LimitParams, LimitState, Limits};
+    use crate::store::{LimitParams, LimitState, Limits, MIN_BALANCE};
 
     #[test]
     fn the_scripts_name_the_reserved_limit_and_its_unit_as_the_contract_does() {
