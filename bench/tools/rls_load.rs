@@ -133,6 +133,42 @@ impl ZipfTable {
     }
 }
 
+/// The least store writes any design could have made for the requests sent (issue 45):
+/// a key needs at least one write in each window of a lease's lifetime (1 s, shardgate's
+/// default) in which it is touched, so the floor is the number of distinct (frame, window)
+/// pairs sent. Frames are keys: `distinct.bin` holds one bucket per frame.
+struct Floor {
+    started: Instant,
+    touched: std::sync::Mutex<std::collections::HashSet<u64>>,
+}
+
+/// The floor's window: shardgate's lease lifetime (`engine/lease/options.rs`).
+const FLOOR_WINDOW_MS: u128 = 1_000;
+
+impl Floor {
+    fn new(started: Instant) -> Floor {
+        Floor {
+            started,
+            touched: std::sync::Mutex::new(std::collections::HashSet::new()),
+        }
+    }
+
+    /// Frame `frame` sent now.
+    fn touch(&self, frame: usize) {
+        self.touch_at(frame, self.started.elapsed().as_millis());
+    }
+
+    fn touch_at(&self, frame: usize, at_ms: u128) {
+        let window = (at_ms / FLOOR_WINDOW_MS) as u64;
+        let pair = (frame as u64) << 32 | (window & 0xffff_ffff);
+        self.touched.lock().expect("never poisoned").insert(pair);
+    }
+
+    fn writes(&self) -> usize {
+        self.touched.lock().expect("never poisoned").len()
+    }
+}
+
 /// Which frame each request sends.
 enum Order {
     /// In turn from `--offset`.
@@ -313,6 +349,7 @@ impl Tally {
 struct Shared {
     bodies: Vec<Bytes>,
     order: Order,
+    floor: Floor,
     issued: AtomicU64,
     max_requests: u64,
     deadline: Instant,
@@ -332,6 +369,7 @@ impl Shared {
             return None;
         }
         let i = self.order.next(self.bodies.len());
+        self.floor.touch(i);
         Some(self.bodies[i].clone())
     }
 }
@@ -461,6 +499,7 @@ async fn run(args: Args) -> Result<serde_json::Value, String> {
             None => Order::InTurn(AtomicUsize::new(args.offset % bodies.len())),
         },
         bodies,
+        floor: Floor::new(started),
         issued: AtomicU64::new(0),
         max_requests: args.max_requests,
         deadline: started + args.duration,
@@ -540,6 +579,10 @@ async fn run(args: Args) -> Result<serde_json::Value, String> {
         "grpc_status": by_number(&tally.grpc),
         "overall_code": overall,
         "latency_us": latency::summary(&tally.latency_us),
+        "floor": {
+            "window_ms": FLOOR_WINDOW_MS as u64,
+            "writes": shared.floor.writes(),
+        },
     }))
 }
 
@@ -572,6 +615,23 @@ fn main() -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_floor_counts_each_key_once_per_window() {
+        let floor = Floor::new(Instant::now());
+        for (frame, at_ms) in [
+            (7, 0),
+            (7, 999),
+            (8, 500),
+            (7, 1_000),
+            (7, 1_999),
+            (7, 5_000),
+        ] {
+            floor.touch_at(frame, at_ms);
+        }
+        // Key 7 in windows 0, 1 and 5; key 8 in window 0.
+        assert_eq!(floor.writes(), 4);
+    }
 
     #[test]
     fn zipf_draws_follow_the_law() {
