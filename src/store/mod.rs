@@ -27,6 +27,8 @@ pub mod memory;
 pub mod metered;
 #[cfg(feature = "redis")]
 pub mod redis;
+#[cfg(any(feature = "dynamodb", feature = "redis"))]
+pub(crate) mod seed;
 mod write;
 
 pub use contract::{

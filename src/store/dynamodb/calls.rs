@@ -25,7 +25,7 @@ use super::ledger::{capacity, capacity_all};
 
 use super::super::detached::caller_gone;
 use super::super::key::{check_commit, check_item, check_key, check_once};
-use super::super::write::seed_after_debit;
+use super::super::seed::seed_after_debit;
 use super::super::DEFAULT_STORE_TIMEOUT;
 use super::super::{
     BucketItem, BucketKey, BucketStore, CommitOutcome, Credit, CreditGuard, Debit, DebitMode,

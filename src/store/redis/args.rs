@@ -6,7 +6,7 @@
 //! as decimal strings that the scripts compare exactly (Lua's numbers are doubles).
 
 use super::codec::{seed_arg, DecodeError};
-pub(super) use crate::store::write::{debit_need as need, seed_after_debit as created};
+pub(super) use crate::store::seed::{debit_need as need, seed_after_debit as created};
 use crate::store::{BucketItem, Credit, CreditGuard, Debit, DebitMode, MILLI, WCU_LIMIT};
 
 /// The value past which adding `delta` leaves `i64` (upward for `delta ≥ 0`).
