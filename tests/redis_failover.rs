@@ -9,7 +9,13 @@
 //!   the first write that succeeds is printed;
 //! - a Cluster whose nodes do not all take `SCRIPT LOAD` (a node that renamed `SCRIPT`,
 //!   as a node just promoted or unreachable fails it): a script missing on the key's node
-//!   is run with its body on that node alone.
+//!   is run with its body on that node alone;
+//! - a Cluster migrating a slot: a bucket's key already on the importing master, the slot
+//!   still the migrating one's, and sixteen callers at once on it and on other keys of
+//!   the importing master. Every call is answered `ASK`, and redis-rs's `ASKING`, sent
+//!   apart from the command on a shared connection, is often taken by another call's
+//!   command (252 of 640 calls failed so before `src/store/redis/redirect.rs`): every
+//!   call must land, each once.
 
 #![cfg(feature = "redis")]
 
