@@ -5,9 +5,10 @@ replica is promoted within about two seconds. For tests that change the topology
 failovers, a master killed, a slot migrated — which must never touch the shared Cluster
 scripts/test starts.
 
-It reads the topology as the servers see it (`CLUSTER NODES` of a live node), and drives
-it as an operator does: `CLUSTER FAILOVER` on a replica, SIGKILL of a master, a slot moved
-with `CLUSTER SETSLOT … IMPORTING/MIGRATING`, `MIGRATE` and `SETSLOT … NODE`.
+It reads the topology as the servers see it (`CLUSTER NODES` of a live node), kills a node
+(SIGKILL) and starts it again (it rejoins as its nodes.conf says), and waits until the
+Cluster has settled; `Resp` polls a node without a process a poll. The tests drive the rest
+as an operator does (test_redis_cluster_failover.py).
 """
 import socket
 import subprocess
