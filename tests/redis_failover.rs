@@ -9,7 +9,13 @@
 //!   the first write that succeeds is printed;
 //! - a Cluster whose nodes do not all take `SCRIPT LOAD` (a node that renamed `SCRIPT`,
 //!   as a node just promoted or unreachable fails it): a script missing on the key's node
-//!   is run with its body on that node alone.
+//!   is run with its body on that node alone;
+//! - a Cluster migrating a slot: a bucket's key already on the importing master, the slot
+//!   still the migrating one's, and sixteen callers at once on it and on other keys of
+//!   the importing master. Every call is answered `ASK`, and redis-rs's `ASKING`, sent
+//!   apart from the command on a shared connection, is often taken by another call's
+//!   command (252 of 640 calls failed so before `src/store/redis/redirect.rs`): every
+//!   call must land, each once.
 
 #![cfg(feature = "redis")]
 
@@ -19,7 +25,7 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::redis::{full_item, one_token, options, LocalRedis};
+use common::redis::{free_port, full_item, one_token, options, LocalRedis};
 use common::tcp_proxy::Proxy;
 use shardgate::store::redis::{RedisMode, RedisStore};
 use shardgate::store::{BucketKey, BucketStore, DebitMode, DebitOutcome};
@@ -141,26 +147,20 @@ async fn behind_a_stable_address_writes_resume_on_the_promoted_replica() {
     assert_eq!(failed_after, 0, "writes failed a second after they resumed");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_script_missing_on_a_cluster_node_is_run_there_alone() {
-    // Two masters; the second refuses `SCRIPT` altogether (renamed away), so a `SCRIPT
-    // LOAD` sent to every node fails there.
-    let ports = [
-        LocalRedis::free_port_with_bus(),
-        LocalRedis::free_port_with_bus(),
-    ];
-    let cluster_args = |extra: &'static [&'static str]| {
-        let mut args = vec![
-            "--cluster-enabled",
-            "yes",
-            "--cluster-config-file",
-            "nodes.conf",
-        ];
+/// A two-master Cluster of the test's own, its slots split in halves; the second master
+/// started with `second_args` too.
+async fn two_masters(second_args: &[&str]) -> (LocalRedis, LocalRedis) {
+    // Each node's bus port is a free port of its own (`--cluster-port`, Redis 7), not the
+    // node's + 10000.
+    let start = |extra: &[&str]| {
+        let bus = free_port().to_string();
+        let mut args = vec!["--cluster-enabled", "yes", "--cluster-config-file"];
+        args.extend(["nodes.conf", "--cluster-port", &bus]);
         args.extend_from_slice(extra);
-        args
+        (LocalRedis::start_on(free_port(), &args), bus)
     };
-    let a = LocalRedis::start_on(ports[0], &cluster_args(&[]));
-    let b = LocalRedis::start_on(ports[1], &cluster_args(&["--rename-command", "SCRIPT", ""]));
+    let (a, _) = start(&[]);
+    let (b, b_bus) = start(second_args);
     let slots = |range: std::ops::Range<u32>| {
         let mut cmd = vec!["CLUSTER".to_string(), "ADDSLOTS".to_string()];
         cmd.extend(range.map(|s| s.to_string()));
@@ -171,7 +171,7 @@ async fn a_script_missing_on_a_cluster_node_is_run_there_alone() {
         let cmd: Vec<&str> = cmd.iter().map(String::as_str).collect();
         node.cmd(&cmd).await.unwrap();
     }
-    a.cmd(&["CLUSTER", "MEET", "127.0.0.1", &b.port.to_string()])
+    a.cmd(&["CLUSTER", "MEET", "127.0.0.1", &b.port.to_string(), &b_bus])
         .await
         .unwrap();
     for node in [&a, &b] {
@@ -187,6 +187,14 @@ async fn a_script_missing_on_a_cluster_node_is_run_there_alone() {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
+    (a, b)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_script_missing_on_a_cluster_node_is_run_there_alone() {
+    // Two masters; the second refuses `SCRIPT` altogether (renamed away), so a `SCRIPT
+    // LOAD` sent to every node fails there.
+    let (a, b) = two_masters(&["--rename-command", "SCRIPT", ""]).await;
     let store = RedisStore::new(options(vec![a.url(), b.url()], RedisMode::Cluster));
     // Buckets on both nodes (40 keys: both slot ranges): each script is new to its node.
     for n in 0..40 {
@@ -208,4 +216,117 @@ async fn a_script_missing_on_a_cluster_node_is_run_there_alone() {
         );
         assert!(stats.contains("cmdstat_evalsha:"), "then its hash: {stats}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_on_a_key_mid_migration_reach_it_through_ask_under_load() {
+    // A bucket's key moved to the other master while its slot is still being migrated:
+    // every call is sent to the old owner, answered `ASK`, and must reach the new one with
+    // `ASKING` just before it, on a connection that other calls to that node share.
+    let (a, b) = two_masters(&[]).await;
+    let store = Arc::new(RedisStore::new(options(
+        vec![a.url(), b.url()],
+        RedisMode::Cluster,
+    )));
+    let per_minute = 1_000_000;
+    let key = (0..)
+        .map(|n| BucketKey::new(format!("moving-{n}"), "api", 0))
+        .find(|k| slot_of(store.namespace(), k) < 8_192)
+        .unwrap();
+    let slot = slot_of(store.namespace(), &key);
+    let seed = || full_item(per_minute, NOW_S);
+    let created = store
+        .debit_or_create(&key, &one_token(per_minute), FAST, &seed)
+        .await;
+    assert!(
+        matches!(created, Ok(DebitOutcome::Applied(_))),
+        "{created:?}"
+    );
+    // Keys of the other master, called meanwhile on the same connection.
+    let others: Vec<BucketKey> = (0..)
+        .map(|n| BucketKey::new(format!("staying-{n}"), "api", 0))
+        .filter(|k| slot_of(store.namespace(), k) >= 8_192)
+        .take(4)
+        .collect();
+
+    let id = |node: &LocalRedis| {
+        let node = node.url();
+        async move {
+            let client = redis::Client::open(node).unwrap();
+            let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+            let id: String = redis::cmd("CLUSTER")
+                .arg("MYID")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            id
+        }
+    };
+    let (a_id, b_id) = (id(&a).await, id(&b).await);
+    let slot = slot.to_string();
+    b.cmd(&["CLUSTER", "SETSLOT", &slot, "IMPORTING", &a_id])
+        .await
+        .unwrap();
+    a.cmd(&["CLUSTER", "SETSLOT", &slot, "MIGRATING", &b_id])
+        .await
+        .unwrap();
+    let rk = format!("{{}}{}/BUCKET#{}#api#0", store.namespace(), key.entity);
+    let port = b.port.to_string();
+    a.cmd(&["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS", &rk])
+        .await
+        .unwrap();
+
+    // Sixteen callers, 40 calls each: half on the moved key, half on the other master's.
+    let mut callers = Vec::new();
+    for caller in 0..16 {
+        let store = store.clone();
+        let key = if caller % 2 == 0 {
+            key.clone()
+        } else {
+            others[caller % others.len()].clone()
+        };
+        callers.push(tokio::spawn(async move {
+            let mut failed = Vec::new();
+            for _ in 0..40 {
+                let seed = || full_item(per_minute, NOW_S);
+                match store
+                    .debit_or_create(&key, &one_token(per_minute), FAST, &seed)
+                    .await
+                {
+                    Ok(DebitOutcome::Applied(_)) => {}
+                    other => failed.push(format!("{other:?}")),
+                }
+            }
+            failed
+        }));
+    }
+    let mut failed = Vec::new();
+    for c in callers {
+        failed.extend(c.await.unwrap());
+    }
+    let asked = info(&b, "commandstats").await;
+    assert!(asked.contains("cmdstat_asking:"), "{asked}");
+    assert!(
+        failed.is_empty(),
+        "{} of 640 calls failed: {:?}",
+        failed.len(),
+        &failed[..failed.len().min(3)]
+    );
+    // The migration ends; every debit on the moved key landed on it where it now is:
+    // 1 + 8 × 40 tokens.
+    for node in [&b, &a] {
+        node.cmd(&["CLUSTER", "SETSLOT", &slot, "NODE", &b_id])
+            .await
+            .unwrap();
+    }
+    let tc: i64 =
+        redis::from_redis_value(b.cmd(&["HGET", &rk, "b:rpm:tc"]).await.unwrap()).unwrap();
+    assert_eq!(tc, (1 + 8 * 40) * 1_000);
+}
+
+/// The Cluster slot of `key`'s item in `namespace`, as the store names it: CRC16 (XMODEM)
+/// of the whole key.
+fn slot_of(namespace: &str, key: &BucketKey) -> u16 {
+    let rk = format!("{{}}{namespace}/BUCKET#{}#api#{}", key.entity, key.shard);
+    crc16::State::<crc16::XMODEM>::calculate(rk.as_bytes()) % 16_384
 }

@@ -89,13 +89,27 @@ pub async fn sweep(store: &RedisStore, now_s: i64) -> usize {
     deleted
 }
 
-/// A free loopback port.
+/// A free loopback port: the kernel's pick, or with `SHARDGATE_TEST_PORTS=LOW-HIGH` (a
+/// machine shared by several test runs, each given a range) one of that range not handed
+/// out before in this process.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    let Some((low, high)) = std::env::var("SHARDGATE_TEST_PORTS").ok().and_then(|r| {
+        let (low, high) = r.split_once('-')?;
+        Some((low.parse::<u16>().ok()?, high.parse::<u16>().ok()?))
+    }) else {
+        return std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+    };
+    static HANDED_OUT: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
+    let port = (low..=high)
+        .find(|p| !handed_out.contains(p) && std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok())
+        .expect("a free port left in SHARDGATE_TEST_PORTS");
+    handed_out.push(port);
+    port
 }
 
 /// The `redis-server` the tests' own servers run: `SHARDGATE_TEST_REDIS_SERVER` (another

@@ -31,15 +31,34 @@ EXIT_TIMEOUT_S = 10.0
 
 _HANDED_OUT = set()
 
+# `SHARDGATE_TEST_PORTS=LOW-HIGH`: hand out listening ports from that range only (a
+# machine shared by several test runs gives each a range of its own); else the kernel's.
+_RANGE = os.environ.get("SHARDGATE_TEST_PORTS")
+
+
+def _bind_free(port):
+    """The port bound (0: the kernel picks), or None when it is taken."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return None
+        return s.getsockname()[1]
+
 
 def free_port():
     """A free loopback port never handed out before in this process: the kernel may give
     the same ephemeral port to two binds in a row once the first socket is closed, and two
     processes of one test must not be given the same port."""
+    if _RANGE:
+        low, high = (int(p) for p in _RANGE.split("-"))
+        for port in range(low, high + 1):
+            if port not in _HANDED_OUT and _bind_free(port):
+                _HANDED_OUT.add(port)
+                return port
+        raise RuntimeError(f"no free port left in SHARDGATE_TEST_PORTS={_RANGE}")
     for _ in range(100):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = _bind_free(0)
         if port not in _HANDED_OUT:
             _HANDED_OUT.add(port)
             return port

@@ -18,8 +18,10 @@
 //! the address again), not in a request's call; until the address leads to the promoted
 //! replica, connecting finds a replica and is refused, and is tried again after the
 //! pause above. Under Sentinel every outage does the same (the Sentinels are asked again).
-//! On a Cluster an outage has the slot map read again. Each keyed call is counted on its
-//! node (`nodes.rs`) as it is sent. Nothing here knows the item format.
+//! On a Cluster an outage has the slot map read again, and a redirection the Cluster client
+//! gave up on (an `ASK` whose `ASKING` another call's command took) is followed
+//! (`redirect.rs`). Each keyed call is counted on its node (`nodes.rs`) as it is sent.
+//! Nothing here knows the item format.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
@@ -35,6 +37,7 @@ use super::codec::slot;
 use super::failure::{is_demoted, is_this_items};
 use super::nodes::NodeOps;
 use super::options::{sentinel_client, RedisMode, RedisOptions};
+use super::redirect;
 use super::scripts::Lua;
 use super::server::{self, Role};
 
@@ -235,13 +238,7 @@ impl Link {
             Err(e) => return (Err(e), None),
         };
         self.nodes.count(|| slot(key));
-        let mut conn = open.connection();
-        let mut result = Box::pin(conn.query(call)).await;
-        if let Err(e) = &result {
-            if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) {
-                result = Box::pin(conn.query(&lua.with_body(call))).await;
-            }
-        }
+        let result = Box::pin(open.connection().send(call, Some(lua))).await;
         let result = self.after(&open, result);
         (result, Some(Served(open)))
     }
@@ -260,7 +257,7 @@ impl Link {
         if let Some(key) = key {
             self.nodes.count(|| slot(key));
         }
-        let result = open.connection().query(cmd).await;
+        let result = Box::pin(open.connection().send(cmd, None)).await;
         self.after(&open, result)
     }
 }
@@ -279,6 +276,24 @@ impl Connection {
         match self {
             Connection::Single(conn) => cmd.query_async(conn).await,
             Connection::Cluster(conn) => cmd.query_async(conn).await,
+        }
+    }
+
+    /// `cmd`, a call of `lua` when it is a script: on `NOSCRIPT`, again with the script's
+    /// body, to the same key (`scripts.rs`); on a Cluster, a redirection the client gave up
+    /// on is followed (`redirect.rs`).
+    async fn send(&mut self, cmd: &Cmd, lua: Option<&Lua>) -> RedisResult<Value> {
+        let mut result = self.query(cmd).await;
+        if let (Err(e), Some(lua)) = (&result, lua) {
+            if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) {
+                result = self.query(&lua.with_body(cmd)).await;
+            }
+        }
+        match (result, self) {
+            (Err(e), Connection::Cluster(conn)) if redirect::is_redirect(&e) => {
+                redirect::follow(conn, cmd, lua, e).await
+            }
+            (result, _) => result,
         }
     }
 }

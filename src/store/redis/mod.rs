@@ -24,8 +24,8 @@
 //! reaching Redis, `server.rs` which server it is (refused when the scripts cannot run
 //! there), `codec.rs` the item format, `args.rs` and `commit_args.rs` the scripts'
 //! arguments, `scripts.rs` the scripts, `batch.rs` debits sent together, `failure.rs`
-//! what Redis's errors mean, `nodes.rs` the count of calls per node. None decides
-//! anything about limits.
+//! what Redis's errors mean, `nodes.rs` the count of calls per node, `redirect.rs` a
+//! Cluster's redirections the client gave up on. None decides anything about limits.
 
 mod args;
 mod batch;
@@ -35,6 +35,7 @@ mod failure;
 mod link;
 mod nodes;
 mod options;
+mod redirect;
 mod scripts;
 mod server;
 mod spread;
