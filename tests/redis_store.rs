@@ -19,8 +19,9 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::redis::{options, LocalRedis};
+use common::serve_process::ServeProcess;
+use common::tls_sentinel::TlsSentinel;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use shardgate::store::breaker::{Breaker, CircuitState};
 use shardgate::store::redis::{RedisMode, RedisStore};
 use shardgate::store::{
@@ -504,210 +505,92 @@ async fn under_sentinel_a_failover_moves_the_store_to_the_promoted_replica() {
     assert!(image.limits["rpm"].balance <= 8 * MILLI, "{image:?}");
 }
 
-/// `scripts/redis-local sentinel-tls`: a master, its replica and a Sentinel on TLS ports
-/// only, with certificates of the test's own CA; stopped when dropped (the script stops
-/// its servers on TERM).
-struct TlsSentinel {
-    sentinel: u16,
-    master: u16,
-    replica: u16,
-    ca: std::path::PathBuf,
-    /// A client certificate the CA signed (and its key), for when the servers require one.
-    client: ClientCertificate,
-    /// The servers' own certificate: redis-cli presents it as its client certificate.
-    server: ClientCertificate,
-    /// Holds the certificates the servers read.
-    _dir: tempfile::TempDir,
-    script: std::process::Child,
+/// `EVALSHA` and `EVAL` calls `redis` has run.
+async fn scripts_and_bodies_run(redis: &LocalRedis) -> u64 {
+    let info = redis.cmd(&["INFO", "commandstats"]).await.unwrap();
+    let info: String = redis::from_redis_value(info).unwrap();
+    info.lines()
+        .filter_map(|l| {
+            l.strip_prefix("cmdstat_evalsha:calls=")
+                .or_else(|| l.strip_prefix("cmdstat_eval:calls="))
+        })
+        .map(|l| l.split(',').next().unwrap().parse::<u64>().unwrap())
+        .sum()
 }
 
-/// A PEM certificate and its key, as files.
-struct ClientCertificate {
-    cert: std::path::PathBuf,
-    key: std::path::PathBuf,
-}
-
-impl ClientCertificate {
-    fn cert(&self) -> &str {
-        self.cert.to_str().unwrap()
-    }
-
-    fn key(&self) -> &str {
-        self.key.to_str().unwrap()
-    }
-}
-
-impl TlsSentinel {
-    /// `clients`: the servers' `tls-auth-clients`, `optional` or `yes` (a client
-    /// certificate required of every client).
-    fn start(clients: &str) -> TlsSentinel {
-        let pki = common::tls::Pki::new("redis-sentinel");
-        // The name the master's certificate must carry is the address the Sentinel
-        // reports for it.
-        let (cert, key_pem) = pki.leaf(&["127.0.0.1", "localhost"]);
-        let (client_cert, client_key) = pki.leaf(&["shardgate"]);
-        let dir = tempfile::tempdir().unwrap();
-        let ca = common::tls::write(dir.path(), "ca.pem", &pki.ca_pem);
-        let server = ClientCertificate {
-            cert: common::tls::write(dir.path(), "redis.pem", &cert),
-            key: common::tls::write(dir.path(), "redis-key.pem", &key_pem),
-        };
-        let client = ClientCertificate {
-            cert: common::tls::write(dir.path(), "client.pem", &client_cert),
-            key: common::tls::write(dir.path(), "client-key.pem", &client_key),
-        };
-        let (master, replica, sentinel) = (
-            common::redis::free_port(),
-            common::redis::free_port(),
-            common::redis::free_port(),
-        );
-        let mut script =
-            std::process::Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/redis-local"))
-                .arg("sentinel-tls")
-                .args([master, replica, sentinel].map(|p| p.to_string()))
-                .arg(dir.path())
-                .arg(clients)
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::inherit())
-                .spawn()
-                .expect("scripts/redis-local");
-        // Its stdout says `ready` once the replica has synced and the Sentinel sees it.
-        let stdout = script.stdout.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            use std::io::BufRead;
-            for line in std::io::BufReader::new(stdout)
-                .lines()
-                .map_while(Result::ok)
-            {
-                if line == "ready" {
-                    let _ = tx.send(());
-                }
-            }
-        });
-        let started = TlsSentinel {
-            sentinel,
-            master,
-            replica,
-            ca,
-            client,
-            server,
-            _dir: dir,
-            script,
-        };
-        rx.recv_timeout(Duration::from_secs(60))
-            .expect("scripts/redis-local sentinel-tls did not say ready");
-        started
-    }
-
-    /// `redis-cli` over TLS to `port`; its output.
-    fn cli(&self, port: u16, args: &[&str]) -> String {
-        let out = std::process::Command::new("redis-cli")
-            .args(["--tls", "--cacert"])
-            .arg(&self.ca)
-            .arg("--cert")
-            .arg(&self.server.cert)
-            .arg("--key")
-            .arg(&self.server.key)
-            .args(["-p", &port.to_string()])
-            .args(args)
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-}
-
-impl Drop for TlsSentinel {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("kill")
-            .arg(self.script.id().to_string())
-            .status();
-        let _ = self.script.wait();
-    }
-}
-
-/// A `shardgate serve` process on the Redis store, its log in a file.
-struct ServeProcess {
-    grpc: u16,
-    http: u16,
-    log: std::path::PathBuf,
-    child: std::process::Child,
-}
-
-impl ServeProcess {
-    /// `shardgate serve` on `rules` with `args` and nothing of the test's environment
-    /// but `env` (a `SHARDGATE_*` variable of the caller's would win over upstream's).
-    fn start(dir: &std::path::Path, name: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
-        let rules = common::tls::write(
-            dir,
-            "rules.yaml",
-            "domain: sentinel\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 5}\n",
-        );
-        let (grpc, http) = (common::redis::free_port(), common::redis::free_port());
-        let log = dir.join(format!("{name}.log"));
-        let out = std::fs::File::create(&log).unwrap();
-        let child = std::process::Command::new(env!("CARGO_BIN_EXE_shardgate"))
-            .arg("serve")
-            .arg("--config")
-            .arg(&rules)
-            .args(["--grpc-addr", &format!("127.0.0.1:{grpc}")])
-            .args(["--http-addr", &format!("127.0.0.1:{http}")])
-            .args(args)
-            .env_clear()
-            .envs(env.iter().copied())
-            .stdout(out.try_clone().unwrap())
-            .stderr(out)
-            .spawn()
-            .expect("shardgate starts");
-        ServeProcess {
-            grpc,
-            http,
-            log,
-            child,
+/// A failover the old master does not notice (`SENTINEL FAILOVER`, the master up):
+/// Sentinel promotes the replica, names it within a second, and demotes the old master
+/// only when it next hears from it, about 10 s later; until then the old master takes
+/// every write, and loses them all when it resyncs. The store follows the Sentinels'
+/// switch (it asks them every 500 ms), not the demotion: before, its writes went on
+/// landing on the old master until it was demoted.
+#[tokio::test]
+async fn under_sentinel_a_failover_is_followed_when_the_sentinels_switch_not_when_the_old_master_is_demoted(
+) {
+    let master = LocalRedis::start(&[]);
+    let replica = LocalRedis::start(&["--replicaof", "127.0.0.1", &master.port.to_string()]);
+    let sentinel = Sentinel::start(master.port);
+    let mut o = options(
+        vec![format!("redis://127.0.0.1:{}", sentinel.port)],
+        RedisMode::Sentinel {
+            master: "mymaster".into(),
+        },
+    );
+    o.timeout = Duration::from_millis(500);
+    let store = RedisStore::new(o);
+    create(&store, key("k", 0)).await;
+    let client = redis::Client::open(format!("redis://127.0.0.1:{}", sentinel.port)).unwrap();
+    let mut to_sentinel = client.get_multiplexed_async_connection().await.unwrap();
+    // The Sentinel must know the replica (from the master's INFO) before it can promote it.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let out: redis::RedisResult<String> = redis::cmd("SENTINEL")
+            .arg("FAILOVER")
+            .arg("mymaster")
+            .query_async(&mut to_sentinel)
+            .await;
+        match out {
+            Ok(_) => break,
+            Err(e) => assert!(Instant::now() < deadline, "no failover: {e}"),
         }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+    let failover = Instant::now();
+    while sentinel.master_port().await != Some(replica.port) {
+        assert!(
+            failover.elapsed() < Duration::from_secs(20),
+            "the Sentinel never named the replica"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
-
-    /// The status of `GET /healthcheck` (`None`: not listening yet).
-    fn health(&self) -> Option<u16> {
-        use std::io::{Read, Write};
-        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.http)).ok()?;
-        s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-        s.write_all(b"GET /healthcheck HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            .ok()?;
-        let mut out = String::new();
-        s.read_to_string(&mut out).ok()?;
-        out.split(' ').nth(1)?.parse().ok()
-    }
-
-    /// Waits until it is serving (its store answered).
-    async fn ready(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while self.health() != Some(200) {
-            if let Ok(Some(exit)) = self.child.try_wait() {
-                panic!("shardgate exited ({exit}):\n{}", self.log());
-            }
-            assert!(Instant::now() < deadline, "not serving:\n{}", self.log());
-            tokio::time::sleep(Duration::from_millis(50)).await;
+    let switched = failover.elapsed();
+    let before = scripts_and_bodies_run(&replica).await;
+    let followed = loop {
+        let _ = store.debit(&key("k", 0), &one_token(), FAST).await;
+        if scripts_and_bodies_run(&replica).await > before {
+            break failover.elapsed();
         }
-    }
-
-    async fn client(&self) -> RateLimitServiceClient<tonic::transport::Channel> {
-        RateLimitServiceClient::connect(format!("http://127.0.0.1:{}", self.grpc))
-            .await
-            .expect("the gRPC port answers")
-    }
+        assert!(
+            failover.elapsed() < switched + Duration::from_secs(3),
+            "no write on the promoted replica 3 s after the Sentinel named it \
+             (named {switched:?} after the failover)"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let old_role: String = redis::from_redis_value(match master.cmd(&["ROLE"]).await.unwrap() {
+        redis::Value::Array(parts) => parts[0].clone(),
+        other => other,
+    })
+    .unwrap();
+    println!(
+        "failover: the Sentinel named the replica after {switched:?}, the store wrote there \
+         after {followed:?}; the old master's role then: {old_role}"
+    );
 }
 
-impl Drop for ServeProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+/// The rules of the Sentinel servers: 5 an hour per user, a burst of 5.
+const SENTINEL_RULES: &str =
+    "domain: sentinel\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 5}\n";
 
 /// Under Sentinel with `tls-auth-clients yes`: the Sentinel and the master it names both
 /// require a client certificate, given by our flags or by upstream's variables.
@@ -747,11 +630,18 @@ async fn under_sentinel_over_tls_servers_share_a_limit_through_the_master_the_se
     };
     // One server by our flags, the other by an upstream Deployment's variables; the
     // same namespace, so the same buckets.
-    let mut by_flags = ServeProcess::start(dirs[0].path(), "flags", &by_flags_args(true), &[]);
+    let mut by_flags = ServeProcess::start(
+        dirs[0].path(),
+        "flags",
+        &[SENTINEL_RULES],
+        &by_flags_args(true),
+        &[],
+    );
     let upstream_url = format!("mymaster,127.0.0.1:{}", redis.sentinel);
     let mut by_upstream_env = ServeProcess::start(
         dirs[1].path(),
         "upstream",
+        &[SENTINEL_RULES],
         &[],
         &[
             ("REDIS_TYPE", "sentinel"),
@@ -765,7 +655,13 @@ async fn under_sentinel_over_tls_servers_share_a_limit_through_the_master_the_se
         ],
     );
     // A third without a certificate: the Sentinel refuses its handshake.
-    let mut without = ServeProcess::start(dirs[2].path(), "without", &by_flags_args(false), &[]);
+    let mut without = ServeProcess::start(
+        dirs[2].path(),
+        "without",
+        &[SENTINEL_RULES],
+        &by_flags_args(false),
+        &[],
+    );
     by_flags.ready().await;
     by_upstream_env.ready().await;
     let started = Instant::now();
@@ -803,7 +699,8 @@ async fn under_sentinel_over_tls_servers_share_a_limit_through_the_master_the_se
     }
     // A failover over TLS: the Sentinel promotes the replica, and each server finds it
     // by itself (a write refused by the demoted master is an outage, so it asks again).
-    let scripts_before = evalsha_calls(&redis.cli(redis.replica, &["INFO", "commandstats"]));
+    let scripts_before =
+        common::tls_sentinel::evalsha_calls(&redis.cli(redis.replica, &["INFO", "commandstats"]));
     let failover = redis.cli(redis.sentinel, &["SENTINEL", "FAILOVER", "mymaster"]);
     assert!(failover.contains("OK"), "{failover}");
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -845,51 +742,18 @@ async fn under_sentinel_over_tls_servers_share_a_limit_through_the_master_the_se
         (1..=5 + refilled).contains(&admitted),
         "admitted {admitted}"
     );
-    let scripts_after = evalsha_calls(&redis.cli(redis.replica, &["INFO", "commandstats"]));
+    let scripts_after =
+        common::tls_sentinel::evalsha_calls(&redis.cli(redis.replica, &["INFO", "commandstats"]));
     assert!(
         scripts_after >= scripts_before + 2,
         "the promoted replica ran {scripts_before} then {scripts_after} scripts"
     );
 
-    let error = store_warning(&mut without).await;
+    let error = without.store_warning().await;
     assert!(error.contains("Sentinel"), "{error}");
     assert!(error.contains("CertificateRequired"), "{error}");
     assert!(error.len() < 200, "{} bytes: {error}", error.len());
     assert_ne!(without.health(), Some(200), "serving without its store");
-}
-
-/// `EVALSHA` calls in an `INFO commandstats` answer (0 when none has run).
-fn evalsha_calls(info: &str) -> u64 {
-    info.lines()
-        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
-        .map_or(0, |l| l.split(',').next().unwrap().parse().unwrap())
-}
-
-/// The error of a `--log-format json` server's first "store not answering yet" warning;
-/// it must not exit meanwhile.
-async fn store_warning(server: &mut ServeProcess) -> String {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let line = loop {
-        if let Some(line) = server
-            .log()
-            .lines()
-            .find(|l| l.contains("store not answering yet"))
-        {
-            break line.to_string();
-        }
-        assert!(
-            server.child.try_wait().unwrap().is_none(),
-            "a store not answering yet is no reason to exit:\n{}",
-            server.log()
-        );
-        assert!(Instant::now() < deadline, "no warning:\n{}", server.log());
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    let line: serde_json::Value = serde_json::from_str(&line).expect("a JSON log line");
-    line["fields"]["error"]
-        .as_str()
-        .expect("the error")
-        .to_string()
 }
 
 #[tokio::test]
@@ -901,6 +765,7 @@ async fn under_sentinel_over_tls_a_wrong_ca_is_a_short_clear_error_and_never_ser
     let mut server = ServeProcess::start(
         dir.path(),
         "wrong-ca",
+        &[SENTINEL_RULES],
         &[
             "--store",
             "redis",
@@ -917,7 +782,7 @@ async fn under_sentinel_over_tls_a_wrong_ca_is_a_short_clear_error_and_never_ser
         ],
         &[],
     );
-    let error = store_warning(&mut server).await;
+    let error = server.store_warning().await;
     assert!(error.contains("Sentinel"), "{error}");
     assert!(error.contains("UnknownIssuer"), "{error}");
     assert!(error.len() < 200, "{} bytes: {error}", error.len());

@@ -7,6 +7,10 @@
 //!   [`tcp_proxy`]: a forwarder in front of a Redis (a failover behind one address, an
 //!   answer cut after its call ran);
 //! - [`server`]: in-process shardgate servers on loopback and request builders;
+//!   [`serve_process`]: a `shardgate serve` process, read from outside (health,
+//!   `/metrics`, its log, its memory);
+//! - [`tls_sentinel`]: `scripts/redis-local sentinel-tls`, a master, a replica and a
+//!   Sentinel on TLS ports;
 //! - [`control_plane`]: a test xDS control plane that pushes rules;
 //! - [`h2_call`]: one gRPC call over the `h2` crate, its bytes and stream under the test's
 //!   control;
@@ -27,10 +31,13 @@ pub mod held;
 pub mod raw_h2;
 #[cfg(feature = "redis")]
 pub mod redis;
+pub mod serve_process;
 pub mod server;
 #[cfg(feature = "redis")]
 pub mod tcp_proxy;
 pub mod tls;
+#[cfg(feature = "redis")]
+pub mod tls_sentinel;
 
 /// Defines a case written once against any store, and one test of it per store:
 /// `<case>::memory`; built with the `dynamodb` feature, `<case>::dynamodb` (ignored

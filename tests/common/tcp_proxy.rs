@@ -4,13 +4,17 @@
 //! before where they were (a failover behind a stable address). It can also cut one
 //! call's answer: armed with a marker, it forwards the next request holding the marker,
 //! then drops the server's answer and closes that connection, so the call ran but its
-//! caller never hears it.
+//! caller never hears it. And it can play a slow server: every answer held back a set
+//! time (a delay line: each chunk leaves that long after it came, in order), and it
+//! counts the connections open through it at once, and the most since asked.
 
-use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::time::Instant;
 
 #[derive(Default)]
 struct State {
@@ -21,6 +25,28 @@ struct State {
     cut: AtomicUsize,
     /// Connections accepted so far.
     accepted: AtomicUsize,
+    /// Connections open now, and the most open at once since [`Proxy::reset_peak`].
+    open: AtomicUsize,
+    peak: AtomicUsize,
+    /// How long each answer is held back, in ms.
+    delay_ms: AtomicU64,
+}
+
+/// Counts one open connection while it lives.
+struct OpenGuard(Arc<State>);
+
+impl OpenGuard {
+    fn new(state: Arc<State>) -> OpenGuard {
+        let now = state.open.fetch_add(1, Ordering::SeqCst) + 1;
+        state.peak.fetch_max(now, Ordering::SeqCst);
+        OpenGuard(state)
+    }
+}
+
+impl Drop for OpenGuard {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// The forwarder; it stops with the test's runtime.
@@ -52,6 +78,7 @@ impl Proxy {
                 shared.accepted.fetch_add(1, Ordering::SeqCst);
                 let state = shared.clone();
                 tokio::spawn(async move {
+                    let _open = OpenGuard::new(state.clone());
                     let target = state.target.load(Ordering::SeqCst);
                     if let Ok(server) = TcpStream::connect(("127.0.0.1", target)).await {
                         pump(client, server, state).await;
@@ -85,6 +112,28 @@ impl Proxy {
     /// Connections accepted so far.
     pub fn accepted(&self) -> usize {
         self.state.accepted.load(Ordering::SeqCst)
+    }
+
+    /// Connections open through it now.
+    pub fn open(&self) -> usize {
+        self.state.open.load(Ordering::SeqCst)
+    }
+
+    /// The most connections open at once since the last [`Proxy::reset_peak`].
+    pub fn peak(&self) -> usize {
+        self.state.peak.load(Ordering::SeqCst)
+    }
+
+    /// Starts a new count of the most open at once, from those open now.
+    pub fn reset_peak(&self) {
+        self.state.peak.store(self.open(), Ordering::SeqCst);
+    }
+
+    /// Holds back every answer `delay` from now on (zero: none); what was held back
+    /// already leaves when it was due, answers keeping their order.
+    pub fn delay_answers(&self, delay: Duration) {
+        let ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+        self.state.delay_ms.store(ms, Ordering::SeqCst);
     }
 }
 
@@ -120,7 +169,10 @@ async fn pump(client: TcpStream, server: TcpStream, state: Arc<State>) {
             }
         }
     };
-    let answers = async move {
+    // Answers go through a delay line: read as they come, each written when due.
+    let (line, mut due) = tokio::sync::mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
+    let answers_state = state.clone();
+    let read_answers = async move {
         let mut buf = vec![0u8; 64 * 1024];
         loop {
             let n = match server_rx.read(&mut buf).await {
@@ -128,13 +180,27 @@ async fn pump(client: TcpStream, server: TcpStream, state: Arc<State>) {
                 Ok(n) => n,
             };
             if cut_next.load(Ordering::SeqCst) {
-                state.cut.fetch_add(1, Ordering::SeqCst);
+                answers_state.cut.fetch_add(1, Ordering::SeqCst);
                 return;
             }
-            if client_tx.write_all(&buf[..n]).await.is_err() {
+            let delay = answers_state.delay_ms.load(Ordering::SeqCst);
+            let at = Instant::now() + Duration::from_millis(delay);
+            if line.send((at, buf[..n].to_vec())).is_err() {
                 return;
             }
         }
+    };
+    let write_answers = async move {
+        while let Some((at, chunk)) = due.recv().await {
+            tokio::time::sleep_until(at).await;
+            if client_tx.write_all(&chunk).await.is_err() {
+                return;
+            }
+        }
+    };
+    // The server closing (or an answer cut) ends the line once what it holds is out.
+    let answers = async move {
+        tokio::join!(read_answers, write_answers);
     };
     // Whichever ends first ends the connection: both halves are dropped.
     tokio::select! {

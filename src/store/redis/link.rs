@@ -17,7 +17,9 @@
 //! They are dropped, and the link connects again at once in a task of its own (resolving
 //! the address again), not in a request's call; until the address leads to the promoted
 //! replica, connecting finds a replica and is refused, and is tried again after the
-//! pause above. Under Sentinel every outage does the same (the Sentinels are asked again).
+//! pause above. Under Sentinel every outage does the same (the Sentinels are asked again),
+//! and so does the Sentinels naming another master than the one the connections reach
+//! (`sentinel.rs` asks them, for the old master that keeps taking writes after a failover).
 //! On a Cluster an outage has the slot map read again, and a redirection the Cluster client
 //! gave up on (an `ASK` whose `ASKING` another call's command took) is followed
 //! (`redirect.rs`). Each keyed call is counted on its node (`nodes.rs`) as it is sent.
@@ -31,7 +33,10 @@ use arc_swap::ArcSwapOption;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, ErrorKind, IntoConnectionInfo, RedisError, RedisResult, ServerErrorKind, Value};
+use redis::{
+    Cmd, ConnectionAddr, ErrorKind, IntoConnectionInfo, RedisError, RedisResult, ServerErrorKind,
+    Value,
+};
 
 use super::codec::slot;
 use super::failure::{is_demoted, is_this_items};
@@ -39,6 +44,7 @@ use super::nodes::NodeOps;
 use super::options::{sentinel_client, RedisMode, RedisOptions};
 use super::redirect;
 use super::scripts::Lua;
+use super::sentinel::{self, Named};
 use super::server::{self, Role};
 
 /// The pause before connecting again after a connect failed or a failover dropped the
@@ -53,6 +59,8 @@ enum Open {
     Single {
         pool: Vec<ConnectionManager>,
         next: AtomicUsize,
+        /// Under Sentinel, the master as the Sentinels named it when these connected.
+        master: Option<Named>,
     },
     Cluster(ClusterConnection),
 }
@@ -76,6 +84,8 @@ pub(super) struct Link {
     failed: Mutex<Option<Failed>>,
     /// Whether the task that reconnects after a failover runs.
     reconnecting: AtomicBool,
+    /// Whether the Sentinels are watched (`sentinel.rs`; started by the first connect).
+    watching: AtomicBool,
     /// Itself, for that task.
     me: Weak<Link>,
 }
@@ -89,6 +99,7 @@ impl Link {
             connecting: tokio::sync::Mutex::new(()),
             failed: Mutex::new(None),
             reconnecting: AtomicBool::new(false),
+            watching: AtomicBool::new(false),
             me: me.clone(),
         })
     }
@@ -143,6 +154,7 @@ impl Link {
                 }
                 self.open.store(Some(open.clone()));
                 *self.failed.lock().unwrap_or_else(PoisonError::into_inner) = None;
+                self.watch_sentinels();
                 Ok(open)
             }
             Err(error) => {
@@ -200,6 +212,47 @@ impl Link {
                 pause = (pause * 2).min(MAX_RECONNECT_AFTER);
             }
         });
+    }
+
+    /// Under Sentinel, starts the watch of the master the Sentinels name (once).
+    fn watch_sentinels(&self) {
+        let RedisMode::Sentinel { master } = self.options.mode() else {
+            return;
+        };
+        if self.watching.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let watch = sentinel::watch(
+                self.me.clone(),
+                self.options.clone(),
+                master,
+                |link: &Link, named| link.sentinels_name(named),
+            );
+            runtime.spawn(watch);
+        }
+    }
+
+    /// The Sentinels name `named` as the master: if the open connections reach another
+    /// (a failover they have not seen fail), they are dropped and the link connects to it.
+    fn sentinels_name(&self, named: &Named) {
+        let Some(open) = self.open.load_full() else {
+            return;
+        };
+        if let Open::Single {
+            master: Some(reached),
+            ..
+        } = &*open
+        {
+            if reached != named {
+                tracing::warn!(
+                    from = %reached,
+                    to = %named,
+                    "the Sentinels name another Redis master: connecting to it"
+                );
+                self.drop_and_reconnect(&open);
+            }
+        }
     }
 
     /// What a failed call on `failed` means for the connections: a demoted primary's
@@ -302,7 +355,7 @@ impl Open {
     /// The next connection of the pool, or the Cluster's.
     fn connection(&self) -> Connection {
         match self {
-            Open::Single { pool, next } => {
+            Open::Single { pool, next, .. } => {
                 Connection::Single(pool[next.fetch_add(1, Ordering::Relaxed) % pool.len()].clone())
             }
             Open::Cluster(conn) => Connection::Cluster(conn.clone()),
@@ -311,8 +364,12 @@ impl Open {
 }
 
 /// A few multiplexed connections to the server `client` names, once it is found to be a
-/// primary the scripts run on.
-async fn pool(client: redis::Client, options: &RedisOptions) -> RedisResult<Open> {
+/// primary the scripts run on; `master`: the Sentinels' name for it.
+async fn pool(
+    client: redis::Client,
+    options: &RedisOptions,
+    master: Option<Named>,
+) -> RedisResult<Open> {
     let config = ConnectionManagerConfig::new()
         .set_connection_timeout(Some(options.timeout))
         .set_response_timeout(Some(options.timeout))
@@ -333,7 +390,44 @@ async fn pool(client: redis::Client, options: &RedisOptions) -> RedisResult<Open
     Ok(Open::Single {
         pool,
         next: AtomicUsize::new(0),
+        master,
     })
+}
+
+/// The master the Sentinels name for `master`: a client for it, and its address as they
+/// gave it.
+async fn sentinels_master(
+    options: &RedisOptions,
+    master: &str,
+    certs: Option<redis::TlsCertificates>,
+) -> RedisResult<(redis::Client, Option<Named>)> {
+    let mut sentinels = sentinel_client(options, master, certs)?;
+    let client = tokio::time::timeout(options.timeout, sentinels.async_get_client())
+        .await
+        .map_err(|_| {
+            RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "no Sentinel named the master in time",
+            ))
+        })?
+        // Whether a Sentinel or the master it named failed (a certificate, a password),
+        // the operator reads it as this lookup's: say so. An outage either way, never
+        // one item's.
+        .map_err(|e| {
+            RedisError::from(std::io::Error::other(format!(
+                "Sentinel lookup of master '{master}': {e}"
+            )))
+        })?;
+    let named = match client.get_connection_info().addr() {
+        ConnectionAddr::Tcp(host, port) | ConnectionAddr::TcpTls { host, port, .. } => {
+            Some(Named {
+                host: host.clone(),
+                port: *port,
+            })
+        }
+        _ => None,
+    };
+    Ok((client, named))
 }
 
 async fn connect(options: &RedisOptions, nodes: &NodeOps) -> RedisResult<Open> {
@@ -353,29 +447,13 @@ async fn connect(options: &RedisOptions, nodes: &NodeOps) -> RedisResult<Open> {
                 Some(certs) => redis::Client::build_with_tls(info, certs)?,
                 None => redis::Client::open(info)?,
             };
-            let open = pool(client.clone(), options).await?;
+            let open = pool(client.clone(), options, None).await?;
             nodes.one_node(&client.get_connection_info().addr().to_string());
             Ok(open)
         }
         RedisMode::Sentinel { master } => {
-            let mut sentinels = sentinel_client(options, &master, certs)?;
-            let client = tokio::time::timeout(options.timeout, sentinels.async_get_client())
-                .await
-                .map_err(|_| {
-                    RedisError::from(std::io::Error::new(
-                        std::io::ErrorKind::TimedOut,
-                        "no Sentinel named the master in time",
-                    ))
-                })?
-                // Whether a Sentinel or the master it named failed (a certificate, a
-                // password), the operator reads it as this lookup's: say so. An outage
-                // either way, never one item's.
-                .map_err(|e| {
-                    RedisError::from(std::io::Error::other(format!(
-                        "Sentinel lookup of master '{master}': {e}"
-                    )))
-                })?;
-            let open = pool(client.clone(), options).await?;
+            let (client, named) = sentinels_master(options, &master, certs).await?;
+            let open = pool(client.clone(), options, named).await?;
             // The master as the Sentinels named it: after a failover, the promoted one.
             nodes.one_node(&client.get_connection_info().addr().to_string());
             Ok(open)

@@ -21,8 +21,9 @@
 //! debit is mostly the call around it.
 //!
 //! `store.rs` holds the contract's calls; `options.rs` what an operator gives, `link.rs`
-//! reaching Redis, `server.rs` which server it is (refused when the scripts cannot run
-//! there), `codec.rs` the item format, `args.rs` and `commit_args.rs` the scripts'
+//! reaching Redis, `sentinel.rs` the master the Sentinels name (watched, so that a
+//! failover is followed even when the old master still answers), `server.rs` which
+//! server it is (refused when the scripts cannot run there), `codec.rs` the item format, `args.rs` and `commit_args.rs` the scripts'
 //! arguments, `scripts.rs` the scripts, `batch.rs` debits sent together, `failure.rs`
 //! what Redis's errors mean, `nodes.rs` the count of calls per node, `redirect.rs` a
 //! Cluster's redirections the client gave up on. None decides anything about limits.
@@ -37,6 +38,7 @@ mod nodes;
 mod options;
 mod redirect;
 mod scripts;
+mod sentinel;
 mod server;
 mod spread;
 mod store;
