@@ -81,12 +81,14 @@ ERRORS = {
 }
 
 def first_debit(body):
-    """The millitokens an `UpdateItem` body's first debit takes (`ADD #t0 :n0`, `:n0`
+    """The millitokens an `UpdateItem` body's first debit takes (`ADD #t0 :n0`, or
+    `SET #t0 = if_not_exists(#t0, :st0) + :n0` where the debit may create its item; `:n0`
     negative: shardgate's debit); 0 for anything else (a credit adds `:a0` to `#t0`, a
     read, a transaction, a body that is not JSON)."""
     try:
         request = json.loads(body)
-        if "#t0 :n0" not in request["UpdateExpression"]:
+        update = request["UpdateExpression"]
+        if "#t0 :n0" not in update and "if_not_exists(#t0, :st0) + :n0" not in update:
             return 0
         return -int(request["ExpressionAttributeValues"][":n0"]["N"])
     except (ValueError, KeyError, TypeError):

@@ -696,8 +696,8 @@ def test_slow_store_calls_fire_ShardgateStoreLatencyNearDeadline(stack):
     assert delayed >= calls[0] > 0, (delayed, calls[0])
     # The store calls meanwhile were the delayed ones: (almost) none was fast. A
     # background call (health check, lease) forwarded just before the switch may be.
-    # Each call is a new bucket: a debit finding it absent, then its create.
-    assert total_after - total >= 2 * calls[0], (total, total_after, calls[0])
+    # Each call is a new bucket: one debit that creates it (issue 45).
+    assert total_after - total >= calls[0], (total, total_after, calls[0])
     assert fast_after - fast <= 2, (fast, fast_after)
     # Slow, not failed: every call was answered by the store, none by failure_mode.
     assert server.metrics().sum("shardgate_store_failure_answers_total") == answers
