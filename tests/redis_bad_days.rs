@@ -480,6 +480,15 @@ async fn loaded_server(
     (redis, proxy, server, load, rss)
 }
 
+/// No connection storm: at most the pool's connections open at once, as the server's
+/// metrics saw them (`open`) and the forwarder counted them (`peak`), and as many left on
+/// Redis afterwards (`after`).
+fn assert_within_the_pool(open: usize, peak: usize, after: usize) {
+    assert!(open <= POOL, "{open} connections open at once (metrics)");
+    assert!(peak <= POOL, "{peak} connections open at once (forwarder)");
+    assert!(after <= POOL, "{after} clients on Redis afterwards");
+}
+
 /// What was answered while Redis misbehaved (from `SETTLE` after it began until it
 /// ended): `deny` UNAVAILABLE, `allow` OK, every time (an impatient caller may have given
 /// up first).
@@ -538,17 +547,7 @@ async fn redis_down_under_load_is_failure_mode_without_a_connection_storm_then_s
     );
     assert_all_answered_in_time(&calls);
     assert_failure_mode_while(&calls, down, up);
-    assert!(
-        watched.open_max <= POOL,
-        "{} connections open at once",
-        watched.open_max
-    );
-    assert!(
-        proxy.peak() <= POOL,
-        "{} connections open at once",
-        proxy.peak()
-    );
-    assert!(after <= POOL, "{after} clients on Redis after the outage");
+    assert_within_the_pool(watched.open_max, proxy.peak(), after);
     // Paced by the breaker, never one per call (the load makes 200 a second): its probe
     // every 500 ms and the health check every 5 s, each up to two connects (the client
     // tries once more), and the pool's reconnects when Redis went: ~5 a second measured.
@@ -635,17 +634,7 @@ async fn redis_slow_under_load_is_failure_mode_with_bounded_waiting_then_served(
         "{} calls left running by their callers",
         watched.abandoned_max
     );
-    assert!(
-        watched.open_max <= POOL,
-        "{} connections open at once",
-        watched.open_max
-    );
-    assert!(
-        proxy.peak() <= POOL,
-        "{} connections open at once",
-        proxy.peak()
-    );
-    assert!(after <= POOL, "{after} clients on Redis after");
+    assert_within_the_pool(watched.open_max, proxy.peak(), after);
     assert!(
         watched.rss_max_kib <= rss_before + RSS_GROWTH_KIB,
         "RSS {} KiB, {rss_before} KiB before",
