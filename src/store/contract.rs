@@ -109,7 +109,21 @@ pub trait BucketStore: Send + Sync + 'static {
         guard: CreditGuard,
         credits: &[Credit],
     ) -> impl Future<Output = Result<Vec<Credit>, StoreError>> + Send;
+
+    /// Which part of the store answers for `key`, as a small number
+    /// (below [`FAULT_DOMAINS`]): calls on one domain fail together when it is down, and
+    /// calls on another go on (a Redis Cluster's master and its slots). A circuit breaker
+    /// keeps one circuit per domain, so that one dead node does not fail the calls the
+    /// healthy ones would answer. One domain (0) unless a store says otherwise.
+    fn fault_domain(&self, key: &BucketKey) -> usize {
+        let _ = key;
+        0
+    }
 }
+
+/// Most fault domains a store tells apart ([`BucketStore::fault_domain`]); a larger
+/// number shares a circuit with another.
+pub const FAULT_DOMAINS: usize = 64;
 
 #[cfg(test)]
 mod tests {
