@@ -8,8 +8,13 @@
 #![forbid(unsafe_code)]
 // A panic on the request path ends that call (`server/panics.rs`), never the process; still
 // none is written casually: an `expect` outside tests is allowed where it stands, with the
-// reason it cannot fail, and `unwrap` not at all. Tests unwrap freely.
-#![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
+// reason it cannot fail, and `unwrap` not at all; nor an index or a slice (`v[i]`, `&s[a..]`)
+// but where an `#[expect]` on the smallest item says why it is in range: the rest use
+// `get`, iterators, slice patterns or checked splits. Tests unwrap and index freely.
+#![cfg_attr(
+    not(test),
+    warn(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)
+)]
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -93,7 +93,7 @@ pub(crate) fn default_entity<E: DescriptorEntry>(levels: &[Level], entries: &[E]
 }
 
 pub(crate) fn entity_for<E: DescriptorEntry>(rule: &Rule, entries: &[E]) -> CompactString {
-    let entries = &entries[..rule.depth().min(entries.len())];
+    let entries = entries.get(..rule.depth()).unwrap_or(entries);
     match &rule.entity {
         Some(template) => template.render(&rule.levels, entries),
         None => default_entity(&rule.levels, entries),
@@ -211,7 +211,7 @@ impl EntityTemplate {
     /// the encoded value of the first entry with that key (the level's pattern when that
     /// level has `share_threshold`); a key absent from those entries renders as nothing.
     pub fn render<E: DescriptorEntry>(&self, levels: &[Level], entries: &[E]) -> CompactString {
-        let entries = &entries[..levels.len().min(entries.len())];
+        let entries = entries.get(..levels.len()).unwrap_or(entries);
         // No pre-sizing: a capacity above 24 bytes would force a heap buffer even for the
         // short entities that fit inline.
         let mut out = CompactString::default();
@@ -219,8 +219,8 @@ impl EntityTemplate {
             match part {
                 Part::Literal(s) => out.push_str(s),
                 Part::Key(k) => {
-                    if let Some(i) = entries.iter().position(|e| e.key() == k) {
-                        push_level_value(&mut out, levels.get(i), entries[i].value());
+                    if let Some((i, e)) = entries.iter().enumerate().find(|(_, e)| e.key() == k) {
+                        push_level_value(&mut out, levels.get(i), e.value());
                     }
                 }
             }

@@ -77,7 +77,10 @@ impl Tree {
             end: End::Empty,
             shallower: Vec::new(),
         };
-        let mut node = &self.nodes[0];
+        // The root is node 0 and every child id names a node (`Tree::lookup`).
+        let Some(mut node) = self.nodes.first() else {
+            return walk;
+        };
         for (i, entry) in entries.iter().enumerate() {
             let (depth, key, value) = (i + 1, entry.key(), entry.value());
             let Some(children) = node.children.get(key) else {
@@ -100,7 +103,10 @@ impl Tree {
                 };
                 return walk;
             };
-            node = &self.nodes[id as usize];
+            let Some(next) = self.nodes.get(id as usize) else {
+                return walk;
+            };
+            node = next;
             let source = node.source.clone().unwrap_or_else(|| Arc::from("?"));
             walk.steps.push(Step {
                 depth,
@@ -154,7 +160,8 @@ impl Tree {
             Pattern::Glob(g) => ("wildcard", g.as_ref()),
             Pattern::Regex(r) => ("value_regex", r.as_str()),
         };
-        format!("{kind} '{text}' ({})", source_of(&self.nodes[id as usize]))
+        let source = self.nodes.get(id as usize).map_or("?", source_of);
+        format!("{kind} '{text}' ({source})")
     }
 }
 

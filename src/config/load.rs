@@ -102,21 +102,20 @@ pub(crate) fn from_documents(
         }
     }
 
-    // The documents of each domain, in file order.
-    let mut by_domain: Vec<Vec<DomainPart>> = Vec::new();
+    // Each domain's first document, and all of its documents in file order.
+    let mut by_domain: Vec<(DomainPart, Vec<DomainPart>)> = Vec::new();
     for (file, doc) in &models {
         let part = DomainPart { file, doc };
         match by_domain
             .iter_mut()
-            .find(|parts| parts[0].doc.domain == doc.domain)
+            .find(|(first, _)| first.doc.domain == doc.domain)
         {
-            None => by_domain.push(vec![part]),
-            Some(parts) if options.merge_domains => {
+            None => by_domain.push((part, vec![part])),
+            Some((_, parts)) if options.merge_domains => {
                 errors.extend(merge_conflicts(parts, part));
                 parts.push(part);
             }
-            Some(parts) => {
-                let first = parts[0];
+            Some((first, _)) => {
                 errors.push(ConfigError::new(
                     file,
                     doc.pos,
@@ -135,8 +134,8 @@ pub(crate) fn from_documents(
     let mut rule_count = 0;
     let domains = by_domain
         .into_iter()
-        .map(|parts| {
-            let name = parts[0].doc.domain.clone();
+        .map(|(first, parts)| {
+            let name = first.doc.domain.clone();
             let domain_name: Arc<str> = name.as_str().into();
             let domain = Domain {
                 failure_mode: parts

@@ -167,10 +167,11 @@ impl Tree {
 
     pub(crate) fn lookup<E: DescriptorEntry>(&self, entries: &[E]) -> Option<&Arc<Rule>> {
         let last = entries.len().checked_sub(1)?;
-        let mut node = &self.nodes[0];
+        // The root is node 0 and every child id names a node: `get` finds each one.
+        let mut node = self.nodes.first()?;
         for (i, entry) in entries.iter().enumerate() {
             let id = node.children.get(entry.key())?.find(entry.value())?;
-            node = &self.nodes[id as usize];
+            node = self.nodes.get(id as usize)?;
             if i == last {
                 return node.rule.as_ref();
             }
@@ -180,6 +181,15 @@ impl Tree {
 
     pub(crate) fn rules(&self) -> impl Iterator<Item = &Arc<Rule>> {
         self.rules.iter()
+    }
+
+    /// The children keyed `key` of node `parent`, while compiling.
+    #[expect(
+        clippy::indexing_slicing,
+        reason = "`parent` is the root (0) or a node pushed before its children"
+    )]
+    fn children_under(&mut self, parent: usize, key: &str) -> &mut KeyChildren {
+        self.nodes[parent].children.entry(key.into()).or_default()
     }
 }
 
@@ -234,10 +244,7 @@ impl Compiler<'_> {
                 children: FastMap::default(),
                 source: Some(source),
             });
-            let siblings = self.tree.nodes[parent]
-                .children
-                .entry(d.key.as_str().into())
-                .or_default();
+            let siblings = self.tree.children_under(parent, &d.key);
             // Validation rejected duplicate siblings, so nothing is overwritten here.
             match (&d.value, &d.value_regex) {
                 (None, Some(regex)) => siblings.patterns.push((Pattern::Regex(regex.clone()), id)),
@@ -272,11 +279,12 @@ pub(crate) fn glob_match(pattern: &str, value: &str) -> bool {
     let (mut pi, mut vi) = (0, 0);
     // Position after the last `*` seen, and where in `value` it started matching.
     let mut star: Option<(usize, usize)> = None;
-    while vi < v.len() {
-        if pi < p.len() && p[pi] == b'*' {
+    while let Some(&vb) = v.get(vi) {
+        let pb = p.get(pi).copied();
+        if pb == Some(b'*') {
             star = Some((pi + 1, vi));
             pi += 1;
-        } else if pi < p.len() && p[pi] == v[vi] {
+        } else if pb == Some(vb) {
             pi += 1;
             vi += 1;
         } else if let Some((after_star, start)) = star {
@@ -288,7 +296,7 @@ pub(crate) fn glob_match(pattern: &str, value: &str) -> bool {
             return false;
         }
     }
-    p[pi..].iter().all(|&b| b == b'*')
+    p.iter().skip(pi).all(|&b| b == b'*')
 }
 
 #[cfg(test)]

@@ -51,6 +51,10 @@ impl<K: Hash + Eq, V> Partitioned<K, V> {
         self.len() == 0
     }
 
+    #[expect(
+        clippy::indexing_slicing,
+        reason = "reduced modulo PARTS, the parts' number"
+    )]
     fn part<Q: Hash + ?Sized>(&self, key: &Q) -> MutexGuard<'_, HashMap<K, V, Hasher>> {
         self.parts[(self.hasher.hash_one(key) as usize) % PARTS].lock()
     }

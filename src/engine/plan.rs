@@ -77,7 +77,8 @@ impl Plan {
         let own = self.claim_rule(rule, rule.entity_for(entries), hits, forced, true)?;
         let parent = match &rule.cascade_parent {
             Some(parent) if matches!(parent.limit, RuleLimit::Limited(_)) => {
-                let entity = parent.entity_for(&entries[..parent.depth()]);
+                // The parent is shallower: its entity is of the entries down to its depth.
+                let entity = parent.entity_for(entries);
                 Some(self.claim_rule(parent, entity, hits, forced, false)?)
             }
             _ => None,
@@ -169,11 +170,19 @@ impl Plan {
                 self.acquire.buckets.len() - 1
             }
         };
+        #[expect(
+            clippy::indexing_slicing,
+            reason = "`bi` is the bucket found or the one just pushed"
+        )]
         let bucket = &mut self.acquire.buckets[bi];
         bucket.cascades |= cascades;
         bucket.strict |= strict;
-        if let Some(li) = bucket.limits.iter().position(|l| l.limit == limit_name) {
-            let l = &mut bucket.limits[li];
+        let same = bucket
+            .limits
+            .iter_mut()
+            .enumerate()
+            .find(|(_, l)| l.limit == limit_name);
+        if let Some((li, l)) = same {
             l.amount = l.amount.checked_add(amount).ok_or_else(overflow)?;
             l.forced |= forced;
             return Ok((bi, li));

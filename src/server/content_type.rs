@@ -35,9 +35,11 @@ pub fn refusal(headers: &HeaderMap) -> Option<Response<AnswerBody>> {
 /// `application/grpc`, alone or followed by `+` or `;` (a subtype or parameters).
 fn is_grpc(content_type: &[u8]) -> bool {
     const GRPC: &[u8] = b"application/grpc";
-    content_type.len() >= GRPC.len()
-        && content_type[..GRPC.len()].eq_ignore_ascii_case(GRPC)
-        && matches!(content_type.get(GRPC.len()), None | Some(b'+' | b';'))
+    content_type
+        .split_at_checked(GRPC.len())
+        .is_some_and(|(head, rest)| {
+            head.eq_ignore_ascii_case(GRPC) && matches!(rest.first(), None | Some(b'+' | b';'))
+        })
 }
 
 #[cfg(test)]

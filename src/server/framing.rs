@@ -111,12 +111,15 @@ impl Framing {
         while !chunk.is_empty() {
             match &mut self.position {
                 Position::Prefix { have, bytes } => {
-                    let take = (PREFIX_BYTES - *have).min(chunk.len());
-                    bytes[*have..*have + take].copy_from_slice(&chunk[..take]);
-                    *have += take;
-                    chunk = &chunk[take..];
+                    let (head, rest) = chunk.split_at((PREFIX_BYTES - *have).min(chunk.len()));
+                    for (slot, byte) in bytes.iter_mut().skip(*have).zip(head) {
+                        *slot = *byte;
+                    }
+                    *have += head.len();
+                    chunk = rest;
                     if *have == PREFIX_BYTES {
-                        match bytes[0] {
+                        let [flag, ..] = *bytes;
+                        match flag {
                             0 => {}
                             1 => return Err(FramingError::Compressed),
                             flag => return Err(FramingError::UnknownFlag { flag }),
@@ -132,9 +135,9 @@ impl Framing {
                     }
                 }
                 Position::Message { left, .. } => {
-                    let take = (*left).min(chunk.len());
-                    *left -= take;
-                    chunk = &chunk[take..];
+                    let (taken, rest) = chunk.split_at((*left).min(chunk.len()));
+                    *left -= taken.len();
+                    chunk = rest;
                     if *left == 0 {
                         self.end_message();
                     }

@@ -192,21 +192,22 @@ fn unit_name(unit: i32) -> &'static str {
 }
 
 fn status_json(s: &DescriptorStatus) -> Value {
-    let mut out = json!({
-        "code": code_name(s.code),
-        "limitRemaining": s.limit_remaining,
-    });
+    let mut out = Map::new();
+    out.insert("code".to_owned(), json!(code_name(s.code)));
+    out.insert("limitRemaining".to_owned(), json!(s.limit_remaining));
     if let Some(l) = &s.current_limit {
-        out["currentLimit"] = json!({
+        let limit = json!({
             "name": l.name,
             "requestsPerUnit": l.requests_per_unit,
             "unit": unit_name(l.unit),
         });
+        out.insert("currentLimit".to_owned(), limit);
     }
     if let Some(d) = &s.duration_until_reset {
-        out["durationUntilReset"] = Value::String(duration_text(d.seconds, d.nanos));
+        let text = Value::String(duration_text(d.seconds, d.nanos));
+        out.insert("durationUntilReset".to_owned(), text);
     }
-    out
+    Value::Object(out)
 }
 
 /// Canonical proto3-JSON duration: seconds with 0, 3, 6 or 9 fraction digits.
@@ -245,14 +246,14 @@ fn value_json(v: &ProtoValue) -> Value {
 
 /// Renders a `RateLimitResponse` as proto3 JSON.
 pub fn render_response(r: &RateLimitResponse) -> Value {
-    let mut out = json!({
-        "overallCode": code_name(r.overall_code),
-        "statuses": r.statuses.iter().map(status_json).collect::<Vec<_>>(),
-    });
+    let mut out = Map::new();
+    out.insert("overallCode".to_owned(), json!(code_name(r.overall_code)));
+    let statuses = r.statuses.iter().map(status_json).collect();
+    out.insert("statuses".to_owned(), Value::Array(statuses));
     if let Some(m) = &r.dynamic_metadata {
-        out["dynamicMetadata"] = struct_json(m);
+        out.insert("dynamicMetadata".to_owned(), struct_json(m));
     }
-    out
+    Value::Object(out)
 }
 
 #[cfg(test)]

@@ -331,7 +331,9 @@ impl FailureLog {
         error: &dyn std::fmt::Display,
     ) {
         self.metrics.tls_handshake_failed(reason.label());
-        if let Some(suppressed) = self.throttles[reason.index()].admit() {
+        // One throttle per kind (`throttles` has `ALL.len()` of them): never `None`.
+        let throttle = self.throttles.get(reason.index());
+        if let Some(suppressed) = throttle.and_then(LogThrottle::admit) {
             tracing::warn!(
                 %peer,
                 reason = reason.label(),

@@ -44,7 +44,8 @@ pub fn deadline(now: Instant, caller: Option<Duration>, cap: Duration) -> Instan
 /// (`H`, `M`, `S`, `m`, `u`, `n`), per gRPC's HTTP/2 protocol. `None` when malformed (the
 /// call then runs to the cap, as one without a deadline).
 pub fn parse_grpc_timeout(value: &str) -> Option<Duration> {
-    let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
+    // Checked: a value ending in a multi-byte character has no one-byte unit to split off.
+    let (digits, unit) = value.split_at_checked(value.len().checked_sub(1)?)?;
     if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
@@ -121,6 +122,15 @@ mod tests {
             Some(Duration::from_nanos(99_999_999))
         );
         for bad in ["", "m", "20", "20x", "123456789m", "-1m", "1.5S", "20 m"] {
+            assert_eq!(parse_grpc_timeout(bad), None, "{bad:?}");
+        }
+    }
+
+    /// A value ending in a character of more than one byte: before the split was
+    /// checked, cutting its last byte off panicked (not a char boundary).
+    #[test]
+    fn a_value_ending_in_a_multibyte_character_is_refused_not_a_panic() {
+        for bad in ["1é", "20µ", "é", "5ms€"] {
             assert_eq!(parse_grpc_timeout(bad), None, "{bad:?}");
         }
     }

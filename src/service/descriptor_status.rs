@@ -49,14 +49,21 @@ pub(super) fn record(decision: &Decision, placed: &[Placed], verdicts: &mut [Opt
     if decision.buckets.is_empty() {
         return; // failed open: no outcome to report
     }
+    // The decision answers the plan the slots point into, bucket for bucket and limit
+    // for limit, and `verdicts` has one place per descriptor: every `get` finds its item.
     let outcomes = |slots: &BucketSlots| -> Outcomes {
-        let bucket = &decision.buckets[slots.bucket];
-        slots.limits.iter().map(|&l| bucket.limits[l]).collect()
+        let Some(bucket) = decision.buckets.get(slots.bucket) else {
+            return Outcomes::new();
+        };
+        let limit = |&l: &usize| bucket.limits.get(l).copied();
+        slots.limits.iter().filter_map(limit).collect()
     };
     for p in placed {
-        let own = outcomes(&p.slot.own);
-        let parent = p.slot.parent.as_ref().map(outcomes);
-        verdicts[p.descriptor] = Some(Verdict { own, parent });
+        if let Some(verdict) = verdicts.get_mut(p.descriptor) {
+            let own = outcomes(&p.slot.own);
+            let parent = p.slot.parent.as_ref().map(outcomes);
+            *verdict = Some(Verdict { own, parent });
+        }
     }
 }
 

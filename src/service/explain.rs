@@ -139,15 +139,22 @@ fn bucket_lines(
     what: &str,
     out: &mut String,
 ) {
-    let claim = &plan.acquire.buckets[slots.bucket];
-    let outcome = &decision.buckets[slots.bucket];
+    // The decision answers `plan`, bucket for bucket and limit for limit.
+    let (Some(claim), Some(outcome)) = (
+        plan.acquire.buckets.get(slots.bucket),
+        decision.buckets.get(slots.bucket),
+    ) else {
+        return;
+    };
     let _ = writeln!(
         out,
         "{what}: entity '{}', resource '{}', shard {} of {}",
         claim.entity, claim.resource, outcome.shard, outcome.shard_count
     );
     for (stated, &l) in rule.stated_limits().zip(&slots.limits) {
-        let o = &outcome.limits[l];
+        let Some(o) = outcome.limits.get(l) else {
+            continue;
+        };
         let _ = writeln!(
             out,
             "  {} {}: {} of {} tokens left on this shard",
@@ -189,10 +196,12 @@ fn refusal(
     parent: Option<&BucketSlots>,
 ) -> String {
     let named = |r: &Rule, s: &BucketSlots| -> Vec<(String, LimitOutcome)> {
-        let b = &decision.buckets[s.bucket];
+        let Some(b) = decision.buckets.get(s.bucket) else {
+            return Vec::new();
+        };
         r.stated_limits()
             .zip(&s.limits)
-            .map(|(st, &l)| (limit_label(r, &st), b.limits[l]))
+            .filter_map(|(st, &l)| Some((limit_label(r, &st), *b.limits.get(l)?)))
             .collect()
     };
     let mut all = named(rule, own);

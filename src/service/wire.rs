@@ -197,11 +197,10 @@ fn varint(wire_type: WireType, buf: &mut &[u8], at: At) -> Result<u64, WireError
 fn delimited<'a>(wire_type: WireType, buf: &mut &'a [u8], at: At) -> Result<&'a [u8], WireError> {
     expect(wire_type, WireType::LengthDelimited, at)?;
     let len = decode_varint(buf).map_err(|e| at.fail(Flaw::from_prost(e)))?;
-    let len = usize::try_from(len)
+    let (body, rest) = usize::try_from(len)
         .ok()
-        .filter(|&l| l <= buf.len())
+        .and_then(|len| buf.split_at_checked(len))
         .ok_or_else(|| at.fail(Flaw::Truncated))?;
-    let (body, rest) = buf.split_at(len);
     *buf = rest;
     Ok(body)
 }
@@ -310,9 +309,9 @@ impl<'a> RequestView<'a> {
         self.slots.iter().map(|s| self.at(s))
     }
 
-    /// Descriptor `i` (of those kept).
-    pub fn descriptor(&self, i: usize) -> Descriptor<'_> {
-        self.at(&self.slots[i])
+    /// Descriptor `i` (of those kept), if there is one.
+    pub fn descriptor(&self, i: usize) -> Option<Descriptor<'_>> {
+        self.slots.get(i).map(|s| self.at(s))
     }
 
     /// How many descriptors are kept: all of them once `request.rs` has accepted the
@@ -333,8 +332,11 @@ impl<'a> RequestView<'a> {
 
     fn at(&self, s: &DescriptorSpan) -> Descriptor<'_> {
         let first = s.first as usize;
+        // `read_descriptor` pushed exactly `kept` entries from `first` on: never empty
+        // for want of them.
+        let entries = self.entries.get(first..first + s.kept as usize);
         Descriptor {
-            entries: &self.entries[first..first + s.kept as usize],
+            entries: entries.unwrap_or_default(),
             entries_seen: s.seen as usize,
             limit: s.limit,
             hits_addend: s.hits_addend,

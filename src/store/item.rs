@@ -171,11 +171,14 @@ impl Limits {
     }
 
     pub fn get(&self, name: &str) -> Option<&LimitState> {
-        self.position(name).ok().map(|i| &self.0[i].1)
+        let (_, state) = self.0.get(self.position(name).ok()?)?;
+        Some(state)
     }
 
     pub fn get_mut(&mut self, name: &str) -> Option<&mut LimitState> {
-        self.position(name).ok().map(|i| &mut self.0[i].1)
+        let at = self.position(name).ok()?;
+        let (_, state) = self.0.get_mut(at)?;
+        Some(state)
     }
 
     pub fn contains(&self, name: &str) -> bool {
@@ -186,7 +189,10 @@ impl Limits {
     pub fn insert(&mut self, name: impl AsRef<str>, state: LimitState) -> Option<LimitState> {
         let name = name.as_ref();
         match self.position(name) {
-            Ok(i) => Some(std::mem::replace(&mut self.0[i].1, state)),
+            Ok(i) => self
+                .0
+                .get_mut(i)
+                .map(|(_, old)| std::mem::replace(old, state)),
             Err(i) => {
                 self.0.insert(i, (Name::new(name), state));
                 None

@@ -154,7 +154,7 @@ pub fn check_once<T>(
     // decision (an allocation here would be one per decision).
     for (i, a) in items.iter().enumerate() {
         let name = limit(a);
-        if items[..i].iter().any(|b| limit(b) == name) {
+        if items.iter().take(i).any(|b| limit(b) == name) {
             return Err(StoreError::Invalid {
                 key: key.to_string(),
                 reason: format!("limit '{}' is named twice in one call", elide(name, 64)),
@@ -167,20 +167,24 @@ pub fn check_once<T>(
 
 /// Refuses a commit no store takes: no write or more than [`MAX_COMMIT_ITEMS`], a key too
 /// long, an item created too large. `name` is how the store names a key in its errors.
+/// Returns the first write (a commit that passes has one).
 pub fn check_commit(
     writes: &[Write],
     name: impl Fn(&BucketKey) -> String,
-) -> Result<(), StoreError> {
-    if writes.is_empty() || writes.len() > MAX_COMMIT_ITEMS {
-        return Err(StoreError::Invalid {
-            key: writes.first().map(|w| name(w.key())).unwrap_or_default(),
-            reason: format!(
-                "a commit carries 1..={MAX_COMMIT_ITEMS} items, not {}",
-                writes.len()
-            ),
-            source: None,
-        });
-    }
+) -> Result<&Write, StoreError> {
+    let first = match writes.first() {
+        Some(first) if writes.len() <= MAX_COMMIT_ITEMS => first,
+        _ => {
+            return Err(StoreError::Invalid {
+                key: writes.first().map(|w| name(w.key())).unwrap_or_default(),
+                reason: format!(
+                    "a commit carries 1..={MAX_COMMIT_ITEMS} items, not {}",
+                    writes.len()
+                ),
+                source: None,
+            })
+        }
+    };
     for w in writes {
         check_key(w.key())?;
         match w {
@@ -192,7 +196,7 @@ pub fn check_commit(
             check_item(key, item)?;
         }
     }
-    Ok(())
+    Ok(first)
 }
 
 fn decimal_digits(mut v: u64) -> usize {

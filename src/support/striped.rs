@@ -65,14 +65,19 @@ impl<const N: usize> Default for StripedCells<N> {
 impl<const N: usize> StripedCells<N> {
     /// Adds `by` to counter `cell` in this thread's stripe.
     pub fn add(&self, cell: usize, by: u64) {
-        self.stripes[stripe()][cell].fetch_add(by, Relaxed);
+        // `stripe()` is below `stripe_count()`, the stripes' number; a `cell` past `N`
+        // (a caller's slip) moves nothing.
+        if let Some(c) = self.stripes.get(stripe()).and_then(|s| s.get(cell)) {
+            c.fetch_add(by, Relaxed);
+        }
     }
 
     /// Counter `cell` summed over the stripes.
     pub fn get(&self, cell: usize) -> u64 {
         self.stripes
             .iter()
-            .map(|s| s[cell].load(Relaxed))
+            .filter_map(|s| s.get(cell))
+            .map(|c| c.load(Relaxed))
             .fold(0, u64::wrapping_add)
     }
 }
@@ -109,12 +114,17 @@ impl Default for StripedGauge {
 }
 
 impl StripedGauge {
+    // `stripe()` is below `stripe_count()`, the stripes' number: `get` always finds one.
     pub fn inc(&self) {
-        self.stripes[stripe()].fetch_add(1, Relaxed);
+        if let Some(s) = self.stripes.get(stripe()) {
+            s.fetch_add(1, Relaxed);
+        }
     }
 
     pub fn dec(&self) {
-        self.stripes[stripe()].fetch_sub(1, Relaxed);
+        if let Some(s) = self.stripes.get(stripe()) {
+            s.fetch_sub(1, Relaxed);
+        }
     }
 
     pub fn get(&self) -> i64 {
@@ -178,8 +188,14 @@ impl StripedHistogram {
             .iter()
             .position(|&upper| secs <= upper)
             .unwrap_or(self.bounds.len() - 1);
-        let s = &self.stripes[stripe()];
-        s.buckets[bucket].fetch_add(1, Relaxed);
+        // `stripe()` is below the stripes' number and `bucket` below `bounds.len()`,
+        // at most `MAX_BUCKETS` (`new`): both `get`s find their item.
+        let Some(s) = self.stripes.get(stripe()) else {
+            return;
+        };
+        if let Some(b) = s.buckets.get(bucket) {
+            b.fetch_add(1, Relaxed);
+        }
         let nanos = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
         s.sum_nanos.fetch_add(nanos, Relaxed);
     }

@@ -139,6 +139,7 @@ impl Validator<'_> {
         };
         let mut item_names: Vec<String> = Vec::with_capacity(entries.len());
         let mut ok = true;
+        let first_overdraft = entries.first().map(|(_, m)| overdraft(m));
         for (i, (pos, m)) in entries.iter().enumerate() {
             let item_name = m.name.clone().unwrap_or_else(|| match i {
                 0 => "rl".to_string(),
@@ -148,7 +149,7 @@ impl Validator<'_> {
                 self.error(*pos, K::DuplicateLimitName(item_name.clone()));
                 ok = false;
             }
-            if overdraft(m) != overdraft(&entries[0].1) {
+            if Some(overdraft(m)) != first_overdraft {
                 self.error(*pos, K::OverdraftDiffers);
                 ok = false;
             }

@@ -11,7 +11,7 @@ impl<S: BucketStore> Deciding<'_, S> {
     /// A refusal from the rejection cache for bucket `i`, if every shard of it is proven
     /// short; otherwise fills `avoid` with the shards known short.
     pub(super) fn cached_refusal(&self, i: usize, avoid: &mut Avoid, now: i64) -> Option<Decision> {
-        let b = &self.req.buckets[i];
+        let b = self.req.buckets.get(i)?;
         if b.limits.iter().any(|c| c.forced) {
             return None;
         }

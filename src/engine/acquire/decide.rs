@@ -110,13 +110,10 @@ impl<S: BucketStore> Deciding<'_, S> {
     /// joined in place: `join_all` allocates.
     async fn fast_debits(&self, draws: &[Draw], now: i64) -> FastAnswers {
         let buckets = &self.req.buckets[..];
-        if let [b] = buckets {
-            smallvec::smallvec![self.fast_debit(b, draws[0], now).await]
-        } else if let [a, b] = buckets {
-            let (x, y) = futures::join!(
-                self.fast_debit(a, draws[0], now),
-                self.fast_debit(b, draws[1], now)
-            );
+        if let ([b], &[d]) = (buckets, draws) {
+            smallvec::smallvec![self.fast_debit(b, d, now).await]
+        } else if let ([a, b], &[da, db]) = (buckets, draws) {
+            let (x, y) = futures::join!(self.fast_debit(a, da, now), self.fast_debit(b, db, now));
             smallvec::smallvec![x, y]
         } else {
             // Three or more: `join_all` allocates its output, which is kept as it is.
@@ -201,8 +198,9 @@ impl<S: BucketStore> Deciding<'_, S> {
     ) -> Result<SmallVec<[Progress; 2]>, Refunding> {
         let mut progress: SmallVec<[Progress; 2]> = SmallVec::new();
         let mut first_error = None;
-        for ((b, &draw), result) in self.req.buckets.iter().zip(draws).zip(fast) {
-            let idx = progress.len();
+        // `draws`, `fast` and `avoid` hold one item per bucket, in order.
+        let per_bucket = self.req.buckets.iter().zip(draws).zip(fast).zip(avoid);
+        for (((b, &draw), result), avoid) in per_bucket {
             let next = match result {
                 Ok(DebitOutcome::Applied(image)) => {
                     EngineStats::bump(&self.engine.stats.fast_path_hits);
@@ -212,7 +210,7 @@ impl<S: BucketStore> Deciding<'_, S> {
                     })
                 }
                 Ok(DebitOutcome::Refused(image)) => {
-                    Box::pin(self.resolve(b, draw, image, &avoid[idx], now)).await
+                    Box::pin(self.resolve(b, draw, image, avoid, now)).await
                 }
                 // The partition refused the write for its rate: the bucket doubles if it can
                 // (resolve.rs), else the throttle is this bucket's refusal.
@@ -238,15 +236,15 @@ impl<S: BucketStore> Deciding<'_, S> {
     async fn finish(&self, progress: &[Progress], now: i64) -> Result<Decision, EngineError> {
         let slow: Vec<SlowTarget> = progress
             .iter()
-            .enumerate()
-            .filter_map(|(bucket, p)| match *p {
+            .zip(&self.req.buckets)
+            .filter_map(|(p, claim)| match *p {
                 Progress::Slow {
                     shard,
                     count,
                     absent,
                     ..
                 } => Some(SlowTarget {
-                    bucket,
+                    claim,
                     shard,
                     count,
                     absent,
@@ -263,10 +261,10 @@ impl<S: BucketStore> Deciding<'_, S> {
         }
 
         EngineStats::bump(&self.engine.stats.slow_paths);
-        let _leading = self.engine.slow_passes.lead(slow.iter().map(|t| {
-            let b = &self.req.buckets[t.bucket];
-            BucketKey::new(&b.entity, &b.resource, t.shard)
-        }));
+        let _leading = self.engine.slow_passes.lead(
+            slow.iter()
+                .map(|t| BucketKey::new(&t.claim.entity, &t.claim.resource, t.shard)),
+        );
         match Box::pin(self.slow_path(&slow)).await {
             Ok((admitted, outcomes)) => {
                 let now = self.engine.clock.now_ms();

@@ -18,7 +18,18 @@ impl<S: BucketStore> Deciding<'_, S> {
             .collect();
         let images = match self.engine.store.read(&keys).await {
             Ok(images) => images,
-            Err(e) => return self.busy_refusal(wrap(&self.req.buckets[0])(e)),
+            Err(e) => {
+                // One read for every bucket: its failure is named for the first.
+                let error = match self.req.buckets.first() {
+                    Some(b) => wrap(b)(e),
+                    None => EngineError::Store {
+                        entity: String::new(),
+                        resource: String::new(),
+                        source: e,
+                    },
+                };
+                return self.busy_refusal(error);
+            }
         };
         let buckets: Vec<BucketOutcome> = self
             .req

@@ -290,7 +290,8 @@ impl<S: BucketStore> Deciding<'_, S> {
         }
         // Shard 0 holds the bucket's authoritative count: split it first, so that no
         // server creates a shard for the new count before shard 0 has given up its part.
-        match self.split_shard(b, 0, images[0].take(), new).await? {
+        let shard0 = images.first_mut().and_then(Option::take);
+        match self.split_shard(b, 0, shard0, new).await? {
             Split::Raised => {}
             Split::Kept => return Ok(count),
             // Someone else doubled first: adopt their count.

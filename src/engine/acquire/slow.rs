@@ -37,11 +37,11 @@ impl<S: BucketStore> Deciding<'_, S> {
         avoid: &[Avoid],
     ) -> Result<Option<i64>, EngineError> {
         let mut waited_until = None;
-        for (i, p) in progress.iter_mut().enumerate() {
+        // `progress` and `avoid` hold one item per bucket, in order.
+        for ((p, b), avoid) in progress.iter_mut().zip(&self.req.buckets).zip(avoid) {
             let Progress::Slow { shard, count, .. } = *p else {
                 continue;
             };
-            let b = &self.req.buckets[i];
             let key = BucketKey::new(&b.entity, &b.resource, shard);
             let Some(pass_done) = self.engine.slow_passes.in_flight(&key) else {
                 continue;
@@ -56,9 +56,7 @@ impl<S: BucketStore> Deciding<'_, S> {
                     EngineStats::bump(&self.engine.stats.fast_path_hits);
                     Progress::Applied { shard, image }
                 }
-                DebitOutcome::Refused(image) => {
-                    self.resolve(b, draw, image, &avoid[i], now).await?
-                }
+                DebitOutcome::Refused(image) => self.resolve(b, draw, image, avoid, now).await?,
             };
         }
         Ok(waited_until)
@@ -68,16 +66,16 @@ impl<S: BucketStore> Deciding<'_, S> {
     /// committed, and their outcomes.
     pub(super) async fn slow_path(
         &self,
-        targets: &[SlowTarget],
+        targets: &[SlowTarget<'_>],
     ) -> Result<(bool, Vec<BucketOutcome>), EngineError> {
         let keys: Vec<BucketKey> = targets
             .iter()
-            .map(|t| {
-                let b = &self.req.buckets[t.bucket];
-                BucketKey::new(&b.entity, &b.resource, t.shard)
-            })
+            .map(|t| BucketKey::new(&t.claim.entity, &t.claim.resource, t.shard))
             .collect();
-        let first = &self.req.buckets[targets[0].bucket];
+        // `finish` sends one target at least; none would fit, with nothing to write.
+        let Some(first) = targets.first().map(|t| t.claim) else {
+            return Ok((true, Vec::new()));
+        };
         let mut images = self
             .read_present(&keys, targets)
             .await
@@ -106,7 +104,7 @@ impl<S: BucketStore> Deciding<'_, S> {
     /// empty since then (see `split_owner`).
     fn plan_targets(
         &self,
-        targets: &[SlowTarget],
+        targets: &[SlowTarget<'_>],
         keys: &[BucketKey],
         images: &[Option<BucketItem>],
         counts: &[u32],
@@ -119,7 +117,7 @@ impl<S: BucketStore> Deciding<'_, S> {
             .zip(images)
             .zip(counts.iter().zip(given_up))
             .map(|(((t, key), img), (&count, &given_up_at))| {
-                let b = &self.req.buckets[t.bucket];
+                let b = t.claim;
                 match img {
                     Some(img) => {
                         self.engine
@@ -140,13 +138,14 @@ impl<S: BucketStore> Deciding<'_, S> {
     /// contention persists.
     async fn commit_plans(
         &self,
-        targets: &[SlowTarget],
+        targets: &[SlowTarget<'_>],
         keys: &[BucketKey],
         counts: &[u32],
         plans: Vec<BucketPlan>,
         ctx: &PassContext,
     ) -> Result<(bool, Vec<BucketOutcome>), StoreError> {
         let now = ctx.now;
+        let total = plans.len();
         let mut writes: Vec<Write> = plans.iter().map(|p| p.write.clone()).collect();
         let mut admitted: Vec<BucketOutcome> = plans.iter().map(|p| p.admitted.clone()).collect();
         for round in 0..3 {
@@ -158,25 +157,39 @@ impl<S: BucketStore> Deciding<'_, S> {
             }
             EngineStats::bump(&self.engine.stats.consumption_only_retries);
             for (idx, current) in failed {
-                let SlowTarget { bucket, shard, .. } = targets[idx];
-                let (b, count) = (&self.req.buckets[bucket], counts[idx]);
-                if let Write::Debit { .. } = writes[idx] {
+                // The store names places in `writes`, each one a plan's: a place past
+                // them is a broken answer, this request's error.
+                let (Some(t), Some(key), Some(&count), Some(write), Some(outcome)) = (
+                    targets.get(idx),
+                    keys.get(idx),
+                    counts.get(idx),
+                    writes.get_mut(idx),
+                    admitted.get_mut(idx),
+                ) else {
+                    return Err(refusal_out_of_range(keys, idx, total));
+                };
+                let SlowTarget {
+                    claim: b, shard, ..
+                } = *t;
+                if let Write::Debit { .. } = write {
                     // The balance no longer covers the request.
                     let mut outcomes: Vec<BucketOutcome> =
                         plans.into_iter().map(|p| p.refused).collect();
                     if let Some(img) = &current {
-                        outcomes[idx] = self.outcome_from_image(b, shard, img, now, false);
-                        self.engine.rejections.remember(&keys[idx], img, now);
+                        if let Some(outcome) = outcomes.get_mut(idx) {
+                            *outcome = self.outcome_from_image(b, shard, img, now, false);
+                        }
+                        self.engine.rejections.remember(key, img, now);
                     }
                     return Ok((false, outcomes));
                 }
-                writes[idx] = match &current {
+                *write = match &current {
                     // Lost the lock or the create race: take the tokens only if the item
                     // as it stands covers them, with no refill. What it reports is that
                     // item after the debit.
                     Some(img) => {
-                        admitted[idx] = self.retry_outcome(b, shard, img, now);
-                        pass::retry_debit(b, &keys[idx], img, ctx)
+                        *outcome = self.retry_outcome(b, shard, img, now);
+                        pass::retry_debit(b, key, img, ctx)
                     }
                     // The item vanished (evicted, or a Cluster's spread commit undid
                     // the create that made it) since the read: create it again — shard
@@ -184,11 +197,11 @@ impl<S: BucketStore> Deciding<'_, S> {
                     // may be a split's part, taken back: never full).
                     None => {
                         let plan = if shard == 0 {
-                            pass::plan_bucket(b, &keys[idx], None, count, ctx)
+                            pass::plan_bucket(b, key, None, count, ctx)
                         } else {
-                            pass::plan_given_up(b, &keys[idx], count, now, ctx)
+                            pass::plan_given_up(b, key, count, now, ctx)
                         };
-                        admitted[idx] = plan.admitted;
+                        *outcome = plan.admitted;
                         plan.write
                     }
                 };
@@ -204,10 +217,11 @@ impl<S: BucketStore> Deciding<'_, S> {
     async fn read_present(
         &self,
         keys: &[BucketKey],
-        targets: &[SlowTarget],
+        targets: &[SlowTarget<'_>],
     ) -> Result<Vec<Option<BucketItem>>, crate::store::StoreError> {
         if !targets.iter().any(|t| t.absent) {
-            return self.engine.store.read(keys).await;
+            let images = self.engine.store.read(keys).await?;
+            return one_per_key(keys, images);
         }
         let present: Vec<BucketKey> = keys
             .iter()
@@ -218,7 +232,7 @@ impl<S: BucketStore> Deciding<'_, S> {
         let mut read = if present.is_empty() {
             Vec::new()
         } else {
-            self.engine.store.read(&present).await?
+            one_per_key(&present, self.engine.store.read(&present).await?)?
         }
         .into_iter();
         Ok(targets
@@ -245,34 +259,36 @@ impl<S: BucketStore> Deciding<'_, S> {
     /// nothing more.
     async fn prepare_shards(
         &self,
-        targets: &[SlowTarget],
+        targets: &[SlowTarget<'_>],
         keys: &[BucketKey],
         images: &mut [Option<BucketItem>],
         given_up: &mut [i64],
     ) -> Result<Vec<u32>, EngineError> {
         let mut counts: Vec<u32> = targets.iter().map(|t| t.count).collect();
-        for (i, t) in targets.iter().enumerate() {
-            let b = &self.req.buckets[t.bucket];
-            let split = match &images[i] {
+        // `keys`, `images` and `counts` hold one item per target, in order.
+        let per_target = targets.iter().zip(keys).zip(
+            images
+                .iter_mut()
+                .zip(counts.iter_mut().zip(given_up.iter_mut())),
+        );
+        for ((t, key), (image, (count, given_up))) in per_target {
+            let b = t.claim;
+            let split = match image.as_ref() {
                 Some(img) if img.shard_count < t.count => {
-                    self.split_shard(b, t.shard, images[i].clone(), t.count)
-                        .await?;
+                    self.split_shard(b, t.shard, image.clone(), t.count).await?;
                     true
                 }
                 Some(_) => false,
-                None if t.shard > 0 => {
-                    self.split_owner(b, t.shard, &mut counts[i], &mut given_up[i])
-                        .await?
-                }
+                None if t.shard > 0 => self.split_owner(b, t.shard, count, given_up).await?,
                 None => false,
             };
             if split {
-                let again = self.engine.store.read(std::slice::from_ref(&keys[i]));
-                images[i] = again.await.map_err(wrap(b))?.pop().flatten();
+                let again = self.engine.store.read(std::slice::from_ref(key));
+                *image = again.await.map_err(wrap(b))?.pop().flatten();
             }
-            if let Some(img) = &images[i] {
+            if let Some(img) = image {
                 // An existing shard is planned at the count it holds: only a split raises it.
-                counts[i] = img.shard_count;
+                *count = img.shard_count;
             }
         }
         Ok(counts)
@@ -335,5 +351,35 @@ impl<S: BucketStore> Deciding<'_, S> {
             wcu: self.engine.wcu,
             ttl_multiplier: self.engine.options.ttl_multiplier,
         }
+    }
+}
+
+/// A store's read answer, checked to hold one image per key (the contract's): a store
+/// answering another count is broken, and that is this request's error, never a panic
+/// or a bucket planned without its image.
+fn one_per_key(
+    keys: &[BucketKey],
+    images: Vec<Option<BucketItem>>,
+) -> Result<Vec<Option<BucketItem>>, StoreError> {
+    if images.len() == keys.len() {
+        return Ok(images);
+    }
+    Err(StoreError::Corrupt {
+        key: keys.first().map(ToString::to_string).unwrap_or_default(),
+        reason: format!(
+            "a read of {} keys answered {} items",
+            keys.len(),
+            images.len()
+        ),
+        source: None,
+    })
+}
+
+/// A commit's refusal naming write `idx` of `total`: a broken answer.
+fn refusal_out_of_range(keys: &[BucketKey], idx: usize, total: usize) -> StoreError {
+    StoreError::Corrupt {
+        key: keys.first().map(ToString::to_string).unwrap_or_default(),
+        reason: format!("a commit of {total} writes refused write {idx}"),
+        source: None,
     }
 }

@@ -67,8 +67,9 @@ pub(super) enum Progress {
 /// One bucket a slow pass plans: its index in the request, the shard, the shard count
 /// its plan is sized for.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct SlowTarget {
-    pub bucket: usize,
+pub(super) struct SlowTarget<'a> {
+    /// The bucket's claim in the request.
+    pub claim: &'a BucketClaim,
     pub shard: u32,
     pub count: u32,
     /// Known absent (see `Progress::Slow`): not read.

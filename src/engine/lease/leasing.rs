@@ -233,17 +233,17 @@ impl<'a, S: BucketStore> Leasing<'a, S> {
             match Deciding::new(self.engine, &req).decide().await {
                 Ok(d) if d.admitted => {
                     EngineStats::bump(&self.engine.stats.leases_taken);
-                    book.granted(
-                        &want.bucket,
-                        &limits,
-                        &d.buckets[0],
-                        self.engine.clock.now_ms(),
-                    );
+                    // The request carried one bucket: the decision answers that one.
+                    if let Some(granted) = d.buckets.first() {
+                        book.granted(&want.bucket, &limits, granted, self.engine.clock.now_ms());
+                    }
                     return;
                 }
                 Ok(d) if attempt == 0 => {
                     // Take what fits, if that is still worth a lease.
-                    let o = &d.buckets[0];
+                    let Some(o) = d.buckets.first() else {
+                        break;
+                    };
                     let fitted: Option<SmallVec<[LimitClaim; 2]>> = limits
                         .iter()
                         .zip(&o.limits)

@@ -84,10 +84,13 @@ impl<IO> Watched<IO> {
         while !written.is_empty() {
             match &mut self.scan {
                 Scan::Header { bytes, have } => {
-                    let take = (FRAME_HEADER_BYTES - *have).min(written.len());
-                    bytes[*have..*have + take].copy_from_slice(&written[..take]);
-                    *have += take;
-                    written = &written[take..];
+                    let (head, rest) =
+                        written.split_at((FRAME_HEADER_BYTES - *have).min(written.len()));
+                    for (slot, byte) in bytes.iter_mut().skip(*have).zip(head) {
+                        *slot = *byte;
+                    }
+                    *have += head.len();
+                    written = rest;
                     if *have == FRAME_HEADER_BYTES {
                         let [a, b, c, kind, ..] = *bytes;
                         let left = u32::from_be_bytes([0, a, b, c]) as usize;
@@ -109,18 +112,21 @@ impl<IO> Watched<IO> {
                     code_at,
                     code,
                 } => {
-                    let take = (*left).min(written.len());
+                    let (payload, rest) = written.split_at((*left).min(written.len()));
                     if *kind == RST_STREAM || *kind == GOAWAY {
-                        for (i, byte) in written[..take].iter().enumerate() {
-                            let offset = *at + i;
-                            if (*code_at..*code_at + 4).contains(&offset) {
-                                code[offset - *code_at] = *byte;
+                        for (i, byte) in payload.iter().enumerate() {
+                            // The error code's four bytes start `code_at` into the payload.
+                            let slot = (*at + i)
+                                .checked_sub(*code_at)
+                                .and_then(|offset| code.get_mut(offset));
+                            if let Some(slot) = slot {
+                                *slot = *byte;
                             }
                         }
                     }
-                    *at += take;
-                    *left -= take;
-                    written = &written[take..];
+                    *at += payload.len();
+                    *left -= payload.len();
+                    written = rest;
                     self.end_of_payload();
                 }
             }
@@ -156,9 +162,9 @@ impl<IO> Watched<IO> {
             if n == 0 {
                 return;
             }
-            let take = buf.len().min(n);
-            self.scan(&buf[..take]);
-            n -= take;
+            let (written, _) = buf.split_at(buf.len().min(n));
+            self.scan(written);
+            n -= written.len();
         }
     }
 }
@@ -191,7 +197,9 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Watched<IO> {
         let this = self.get_mut();
         let polled = Pin::new(&mut this.io).poll_write(cx, buf);
         if let Poll::Ready(Ok(n)) = polled {
-            this.scan(&buf[..n]);
+            // `n <= buf.len()` is `AsyncWrite`'s contract; a writer breaking it is not
+            // followed past the buffer.
+            this.scan(buf.get(..n).unwrap_or(buf));
         }
         polled
     }

@@ -17,7 +17,7 @@ use crate::service::metrics::HitOutcome;
 use crate::service::request::validate;
 use crate::service::response_encoding::Reply;
 use crate::service::treatment::{any_in, treatments, Group, PerDescriptor, Treatment};
-use crate::service::wire::RequestView;
+use crate::service::wire::{EntryView, RequestView};
 use crate::store::BucketStore;
 
 use super::call::{log_decision, CallError, CallState, RuleKeys, StoreFailure};
@@ -128,7 +128,8 @@ impl<S: BucketStore> RateLimiter<S> {
         treatments: &[Treatment<'_>],
         verdicts: &[Option<Verdict>],
     ) {
-        for (i, (t, v)) in treatments.iter().zip(verdicts).enumerate() {
+        // `treatments` and `verdicts` hold one item per descriptor of `req`, in order.
+        for ((t, v), d) in treatments.iter().zip(verdicts).zip(req.descriptors()) {
             if let (Treatment::Limited { rule, hits, group }, Some(v)) = (t, v) {
                 let outcome = if v.fits() {
                     // 80 % or more of the capacity used after this request.
@@ -144,7 +145,7 @@ impl<S: BucketStore> RateLimiter<S> {
                 self.metrics.record_hit(
                     &snapshot.counters,
                     rule,
-                    req.descriptor(i).entries,
+                    d.entries,
                     (*hits).max(1),
                     outcome,
                 );
@@ -163,50 +164,47 @@ impl<S: BucketStore> RateLimiter<S> {
             plan: Plan::new(),
             placed: Placements::new(),
         };
-        for (i, t) in treatments.iter().enumerate() {
+        for (i, (t, d)) in treatments.iter().zip(req.descriptors()).enumerate() {
             if let Treatment::Limited { group, .. } = t {
                 if keep(*group) {
-                    self.place(&mut planned, req, treatments, i)?;
+                    self.place(&mut planned, i, t, d.entries)?;
                 }
             }
         }
         Ok(planned)
     }
 
-    /// A plan of descriptor `index` alone.
+    /// A plan of descriptor `index` (treated `t`, with `entries`) alone.
     fn plan_one(
         &self,
-        req: &RequestView<'_>,
-        treatments: &[Treatment<'_>],
         index: usize,
+        t: &Treatment<'_>,
+        entries: &[EntryView<'_>],
     ) -> Result<Planned, CallError> {
         let mut planned = Planned {
             plan: Plan::new(),
             placed: Placements::new(),
         };
-        self.place(&mut planned, req, treatments, index)?;
+        self.place(&mut planned, index, t, entries)?;
         Ok(planned)
     }
 
-    /// Adds descriptor `i` (if limited, and not refused by a deny rule already) to
-    /// `planned`.
+    /// Adds descriptor `i` (treated `t`, with `entries`), if limited and not refused by a
+    /// deny rule already, to `planned`.
     fn place(
         &self,
         planned: &mut Planned,
-        req: &RequestView<'_>,
-        treatments: &[Treatment<'_>],
         i: usize,
+        t: &Treatment<'_>,
+        entries: &[EntryView<'_>],
     ) -> Result<(), CallError> {
-        if never_admits(&treatments[i]) {
+        if never_admits(t) {
             return Ok(());
         }
-        if let Treatment::Limited { rule, hits, .. } = &treatments[i] {
-            let slot = planned
-                .plan
-                .add(rule, req.descriptor(i).entries, *hits)
-                .map_err(|e| {
-                    CallError::InvalidArgument(format!("descriptors[{i}].hits_addend: {e}"))
-                })?;
+        if let Treatment::Limited { rule, hits, .. } = t {
+            let slot = planned.plan.add(rule, entries, *hits).map_err(|e| {
+                CallError::InvalidArgument(format!("descriptors[{i}].hits_addend: {e}"))
+            })?;
             planned.placed.push(Placed {
                 descriptor: i,
                 slot,
@@ -244,7 +242,7 @@ impl<S: BucketStore> RateLimiter<S> {
         // 3. Quota descriptors: over only if all of them are.
         let mut quota_seen = 0;
         let mut quota_over = 0;
-        for (i, t) in treatments.iter().enumerate() {
+        for (i, (t, d)) in treatments.iter().zip(req.descriptors()).enumerate() {
             if let Treatment::Limited {
                 group: Group::Quota,
                 ..
@@ -255,7 +253,7 @@ impl<S: BucketStore> RateLimiter<S> {
                     quota_over += 1;
                     continue;
                 }
-                let single = self.plan_one(req, treatments, i)?;
+                let single = self.plan_one(i, t, d.entries)?;
                 if over {
                     self.acquire_or_peek(&single, treatments, false, verdicts, progress)
                         .await?;
@@ -278,7 +276,7 @@ impl<S: BucketStore> RateLimiter<S> {
         }
         // 4. Shadow rules: evaluated and counted, never enforced; they take tokens only
         // when the request is admitted.
-        for (i, t) in treatments.iter().enumerate() {
+        for (i, (t, d)) in treatments.iter().zip(req.descriptors()).enumerate() {
             if let Treatment::Limited {
                 group: Group::Shadow,
                 ..
@@ -287,7 +285,7 @@ impl<S: BucketStore> RateLimiter<S> {
                 if never_admits(t) {
                     continue;
                 }
-                let single = self.plan_one(req, treatments, i)?;
+                let single = self.plan_one(i, t, d.entries)?;
                 if over {
                     self.acquire_or_peek(&single, treatments, false, verdicts, progress)
                         .await?;
@@ -362,10 +360,10 @@ impl<S: BucketStore> RateLimiter<S> {
         match result {
             Ok(decision) => {
                 record(&decision, &planned.placed, verdicts);
-                Ok(planned
-                    .placed
-                    .iter()
-                    .all(|p| verdicts[p.descriptor].as_ref().is_none_or(Verdict::fits)))
+                Ok(planned.placed.iter().all(|p| {
+                    let verdict = verdicts.get(p.descriptor).and_then(Option::as_ref);
+                    verdict.is_none_or(Verdict::fits)
+                }))
             }
             Err(e) => self
                 .on_store_failure(e, &planned.placed, treatments, progress)
@@ -404,9 +402,9 @@ impl<S: BucketStore> RateLimiter<S> {
                 )));
             }
         }
-        let deny = placed.iter().any(|p| match &treatments[p.descriptor] {
-            Treatment::Limited { rule, .. } => rule.failure_mode == FailureMode::Deny,
-            Treatment::Free { .. } => false,
+        let deny = placed.iter().any(|p| match treatments.get(p.descriptor) {
+            Some(Treatment::Limited { rule, .. }) => rule.failure_mode == FailureMode::Deny,
+            Some(Treatment::Free { .. }) | None => false,
         });
         let _ = progress.failure.set(e.cause());
         self.metrics

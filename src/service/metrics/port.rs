@@ -206,12 +206,17 @@ impl PortMetrics {
 
     /// An RST_STREAM frame sent with this HTTP/2 error code.
     pub fn reset_sent(&self, code: u32) {
-        self.resets_by_code[code_index(code)].inc();
+        // `code_index` is at most `H2_CODES.len()`, the arrays' last place.
+        if let Some(counter) = self.resets_by_code.get(code_index(code)) {
+            counter.inc();
+        }
     }
 
     /// A GOAWAY frame sent with this HTTP/2 error code.
     pub fn goaway_sent(&self, code: u32) {
-        self.goaways_by_code[code_index(code)].inc();
+        if let Some(counter) = self.goaways_by_code.get(code_index(code)) {
+            counter.inc();
+        }
     }
 
     pub fn closed_by_server(&self, why: ConnectionClose) {

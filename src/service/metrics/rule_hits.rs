@@ -83,7 +83,9 @@ impl HitCells {
         match self {
             HitCells::Striped(cells) => cells.add(cell, by),
             HitCells::Shared(cells) => {
-                cells[cell].fetch_add(by, Relaxed);
+                if let Some(c) = cells.get(cell) {
+                    c.fetch_add(by, Relaxed);
+                }
             }
         }
     }
@@ -91,7 +93,7 @@ impl HitCells {
     fn get(&self, cell: usize) -> u64 {
         match self {
             HitCells::Striped(cells) => cells.get(cell),
-            HitCells::Shared(cells) => cells[cell].load(Relaxed),
+            HitCells::Shared(cells) => cells.get(cell).map_or(0, |c| c.load(Relaxed)),
         }
     }
 
@@ -162,6 +164,10 @@ impl Default for RuleHits {
 }
 
 impl RuleHits {
+    #[expect(
+        clippy::indexing_slicing,
+        reason = "reduced modulo SHARDS, the array's length"
+    )]
     fn shard(&self, labels: &RuleLabels) -> &ArcSwap<KeyMap> {
         &self.shards[(self.hasher.hash_one(labels) as usize) % SHARDS]
     }

@@ -178,7 +178,7 @@ fn check_globs(rules: &[Rule], ordering: bool) -> Result<(), String> {
         let Matcher::Glob(g2) = &later.matcher else {
             continue;
         };
-        for (i, earlier) in rules[..j].iter().enumerate() {
+        for (i, earlier) in rules.iter().take(j).enumerate() {
             let Matcher::Glob(g1) = &earlier.matcher else {
                 continue;
             };

@@ -230,7 +230,7 @@ fn keys_and_values_are_borrowed_from_the_message() {
     let bytes = req.encode_to_vec();
     let view = RequestView::decode(&bytes, Keep::ALL).unwrap();
     let range = bytes.as_ptr_range();
-    let d = view.descriptor(0);
+    let d = view.descriptor(0).unwrap();
     for s in [view.domain, d.entries[0].key, d.entries[1].value] {
         assert!(range.contains(&s.as_ptr()), "{s} is not in the message");
     }
@@ -326,7 +326,7 @@ fn later_occurrences_win_or_merge_as_protobuf_says() {
     assert_eq!(view.hits_addend, 7);
     assert_eq!(view.len(), 2);
     assert_eq!(
-        view.descriptor(0).limit,
+        view.descriptor(0).unwrap().limit,
         Some(LimitOverride {
             requests_per_unit: 5,
             unit: 3
@@ -364,9 +364,9 @@ fn past_the_bounds_only_the_counts_are_kept() {
     .unwrap();
     assert_eq!(view.descriptors_seen(), 100);
     assert_eq!(view.len(), 64);
-    assert_eq!(view.descriptor(0).entries.len(), 16);
-    assert_eq!(view.descriptor(0).entries_seen, 40);
-    assert_eq!(view.descriptor(1).entries_seen, 1);
+    assert_eq!(view.descriptor(0).unwrap().entries.len(), 16);
+    assert_eq!(view.descriptor(0).unwrap().entries_seen, 40);
+    assert_eq!(view.descriptor(1).unwrap().entries_seen, 1);
     // Everything past the bounds is still read: a bad byte there is refused.
     let mut bad = bytes.clone();
     let last = bad.len() - 1;

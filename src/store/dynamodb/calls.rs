@@ -424,9 +424,9 @@ impl BucketStore for DynamoStore {
     }
 
     async fn commit(&self, writes: &[Write]) -> Result<CommitOutcome, StoreError> {
-        check_commit(writes, |k| self.pk(k))?;
-        if writes.len() == 1 {
-            return self.commit_one(&writes[0]).await;
+        let first = check_commit(writes, |k| self.pk(k))?;
+        if let [only] = writes {
+            return self.commit_one(only).await;
         }
         let items: Vec<TransactWriteItem> = writes.iter().map(|w| self.transact_item(w)).collect();
         let result = Box::pin(
@@ -454,45 +454,41 @@ impl BucketStore for DynamoStore {
                     _ => None,
                 };
                 let Some(reasons) = reasons else {
-                    return Err(self.failed("TransactWriteItems", writes[0].key(), &err));
+                    return Err(self.failed("TransactWriteItems", first.key(), &err));
                 };
                 self.ledger.record("TransactWriteItems", "cancelled", 0.0);
                 let mut failed = Vec::new();
                 let mut unknown = Vec::new();
-                for (i, r) in reasons.iter().enumerate().take(writes.len()) {
+                // One reason per write, in order; a reason past the writes is ignored.
+                for (i, (r, w)) in reasons.iter().zip(writes).enumerate() {
                     match r.code() {
                         Some("ConditionalCheckFailed") => {
-                            failed.push((i, self.decode_opt(writes[i].key(), r.item())?));
+                            failed.push((i, self.decode_opt(w.key(), r.item())?));
                         }
                         Some("None") | None => {}
                         // This request's item (too large, a bad expression): its error.
                         Some(code @ ("ValidationError" | "ItemCollectionSizeLimitExceeded")) => {
-                            return Err(self.refused_in_transaction(writes[i].key(), code, r));
+                            return Err(self.refused_in_transaction(w.key(), code, r));
                         }
                         // That item's partition is throttled: its bucket's contention.
                         Some(code) if TRANSACTION_THROTTLING.contains(&code) => {
                             return Err(StoreError::Throttled {
-                                key: writes[i].key().clone(),
+                                key: w.key().clone(),
                             });
                         }
                         // A conflicting concurrent transaction: treat as a lost race and
                         // let the caller retry against the item as it is now.
-                        Some(_) => unknown.push(i),
+                        Some(_) => unknown.push((i, w.key().clone())),
                     }
                 }
                 if !unknown.is_empty() {
-                    let keys: Vec<BucketKey> =
-                        unknown.iter().map(|&i| writes[i].key().clone()).collect();
+                    let (places, keys): (Vec<usize>, Vec<BucketKey>) = unknown.into_iter().unzip();
                     let images = self.read(&keys).await?;
-                    failed.extend(unknown.into_iter().zip(images));
+                    failed.extend(places.into_iter().zip(images));
                     failed.sort_by_key(|f| f.0);
                 }
                 if failed.is_empty() {
-                    return Err(self.unavailable_from(
-                        writes[0].key(),
-                        describe(&err),
-                        cause(&err),
-                    ));
+                    return Err(self.unavailable_from(first.key(), describe(&err), cause(&err)));
                 }
                 Ok(CommitOutcome::Conflict(failed))
             }

@@ -90,7 +90,10 @@ pub(super) fn decode(item: &Item) -> Result<BucketItem, String> {
         } else {
             parse_n(name, v)?
         };
-        fields.entry(limit).or_default()[slot] = Some(value);
+        // `slot` is one of the five places: `get_mut` finds it.
+        if let Some(place) = fields.entry(limit).or_default().get_mut(slot) {
+            *place = Some(value);
+        }
     }
     let mut limits = Limits::new();
     for (limit, [tk, cp, ra, rp, tc]) in fields {

@@ -64,7 +64,15 @@ fn index(names: &[&str], name: &str) -> usize {
 
 impl CallLedger {
     pub(super) fn record(&self, operation: &'static str, outcome: &'static str, capacity: f64) {
-        let tally = &self.tallies[index(&OPERATIONS, operation)][index(&OUTCOMES, outcome)];
+        // `index` answers a place in `OPERATIONS` or `OUTCOMES`, whose lengths size
+        // `tallies`: both `get`s find their item.
+        let tally = self
+            .tallies
+            .get(index(&OPERATIONS, operation))
+            .and_then(|row| row.get(index(&OUTCOMES, outcome)));
+        let Some(tally) = tally else {
+            return;
+        };
         tally.calls.fetch_add(1, Ordering::Relaxed);
         let scaled = (capacity * CAPACITY_SCALE).round().max(0.0) as u64;
         if scaled > 0 {
@@ -82,17 +90,14 @@ impl CallLedger {
     /// Totals per (operation, outcome) of every kind of call made at least once.
     pub fn totals(&self) -> BTreeMap<CallKind, CallTotals> {
         let mut out = BTreeMap::new();
-        for (o, row) in self.tallies.iter().enumerate() {
-            for (c, tally) in row.iter().enumerate() {
+        for (row, operation) in self.tallies.iter().zip(OPERATIONS) {
+            for (tally, outcome) in row.iter().zip(OUTCOMES) {
                 let calls = tally.calls.load(Ordering::Relaxed);
                 if calls == 0 {
                     continue;
                 }
                 let capacity = tally.capacity.load(Ordering::Relaxed) as f64 / CAPACITY_SCALE;
-                let kind = CallKind {
-                    operation: OPERATIONS[o],
-                    outcome: OUTCOMES[c],
-                };
+                let kind = CallKind { operation, outcome };
                 out.insert(kind, CallTotals { calls, capacity });
             }
         }
@@ -101,8 +106,10 @@ impl CallLedger {
 
     /// Calls of one operation, any outcome.
     pub fn calls_of(&self, operation: &str) -> u64 {
-        self.tallies[index(&OPERATIONS, operation)]
-            .iter()
+        self.tallies
+            .get(index(&OPERATIONS, operation))
+            .into_iter()
+            .flatten()
             .map(|t| t.calls.load(Ordering::Relaxed))
             .sum()
     }

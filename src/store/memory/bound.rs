@@ -169,7 +169,10 @@ impl Default for Histogram {
 
 impl Histogram {
     pub(super) fn add(&mut self, rank: Rank, bytes: usize) {
-        self.bytes[usize::from(rank)] += bytes;
+        // A rank is below `RANKS` (what `rank` answers).
+        if let Some(total) = self.bytes.get_mut(usize::from(rank)) {
+            *total += bytes;
+        }
     }
 
     /// The cut that frees at least `wanted` bytes taking the lowest ranks first (all

@@ -167,7 +167,16 @@ impl MemoryStore {
     }
 
     fn part(&self, key: &BucketKey) -> MutexGuard<'_, Partition> {
-        self.partitions[partition_of(key)].lock()
+        self.partition(partition_of(key)).lock()
+    }
+
+    /// Partition `i`, a number `partition_of` answered.
+    #[expect(
+        clippy::indexing_slicing,
+        reason = "`partition_of` reduces modulo PARTITIONS, the number of partitions"
+    )]
+    fn partition(&self, i: usize) -> &Mutex<Partition> {
+        &self.partitions[i]
     }
 
     /// The compact form of `item`, marked as used now; `like` is a shape to reuse when
@@ -413,12 +422,15 @@ impl BucketStore for MemoryStore {
         let parts: BTreeSet<usize> = writes.iter().map(|w| partition_of(w.key())).collect();
         let mut guards: std::collections::HashMap<usize, MutexGuard<'_, Partition>> = parts
             .iter()
-            .map(|&i| (i, self.partitions[i].lock()))
+            .map(|&i| (i, self.partition(i).lock()))
             .collect();
         let mut staged = Vec::with_capacity(writes.len());
         let mut failed = Vec::new();
         for (i, w) in writes.iter().enumerate() {
-            let current = guards[&partition_of(w.key())].get(w.key());
+            let current = guards
+                .get(&partition_of(w.key()))
+                .expect("locked above")
+                .get(w.key());
             match self.stage(current, w)? {
                 Some(next) => staged.push(next),
                 None => failed.push((i, current.map(|slot| image_of(w.key(), slot)).transpose()?)),

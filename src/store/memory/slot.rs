@@ -161,13 +161,14 @@ impl CompactItem {
     }
 
     pub(super) fn balance(&self, limit: &str) -> Option<(&LimitParams, &Balance)> {
+        // `balances` holds one balance per limit of the shape, in its order.
         let i = self.shape.position(limit)?;
-        Some((&self.shape.0[i].1, &self.balances[i]))
+        Some((&self.shape.0.get(i)?.1, self.balances.get(i)?))
     }
 
     pub(super) fn balance_mut(&mut self, limit: &str) -> Option<&mut Balance> {
         let i = self.shape.position(limit)?;
-        Some(&mut self.balances[i])
+        self.balances.get_mut(i)
     }
 }
 

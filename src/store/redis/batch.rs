@@ -131,7 +131,9 @@ async fn send(link: Arc<Link>, batch: Vec<Queued>, timeout: Duration) {
             call.arg(a.as_str());
         }
     }
-    let first = &batch[0].key;
+    let Some(Queued { key: first, .. }) = batch.first() else {
+        return; // nothing queued, nobody to answer
+    };
     let run = link.run_reporting(first, &DEBITS, &call);
     let (outcome, served) = match tokio::time::timeout(timeout, run).await {
         Ok((result, served)) => (Ok(result), served),

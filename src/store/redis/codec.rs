@@ -147,13 +147,16 @@ fn limit_field<'a>(
         "tc" => 4,
         _ => return Err(format!("unknown field '{field}'")),
     };
-    match fields.iter_mut().find(|(n, _)| *n == name) {
-        Some((_, parts)) => parts[slot] = Some(v),
+    let parts = match fields.iter_mut().position(|(n, _)| *n == name) {
+        Some(at) => fields.get_mut(at),
         None => {
-            let mut parts = [None; 5];
-            parts[slot] = Some(v);
-            fields.push((name, parts));
+            fields.push((name, [None; 5]));
+            fields.last_mut()
         }
+    };
+    // `slot` is one of the five places: `get_mut` finds it.
+    if let Some(part) = parts.and_then(|(_, parts)| parts.get_mut(slot)) {
+        *part = Some(v);
     }
     Ok(())
 }

@@ -353,6 +353,10 @@ impl Connection {
 
 impl Open {
     /// The next connection of the pool, or the Cluster's.
+    #[expect(
+        clippy::indexing_slicing,
+        reason = "reduced modulo the pool's length; `pool()` opens at least one connection"
+    )]
     fn connection(&self) -> Connection {
         match self {
             Open::Single { pool, next, .. } => {

@@ -84,7 +84,7 @@ impl NodeOps {
     pub(super) fn cell_of(&self, slot: impl FnOnce() -> u16) -> u8 {
         match &**self.table.load() {
             Table::One(cell) => *cell,
-            Table::Slots(slots) => slots[usize::from(slot()) % SLOTS],
+            Table::Slots(slots) => slots.get(usize::from(slot())).copied().unwrap_or(OTHER),
         }
     }
 
@@ -141,8 +141,10 @@ impl NodeOps {
         let mut slots = Box::new([OTHER; SLOTS]);
         for (start, end, node) in ranges {
             let cell = *cells.entry(node).or_insert_with_key(|n| self.cell(n));
-            for s in start..=end.min(SLOTS as u16 - 1) {
-                slots[usize::from(s)] = cell;
+            // Slots past the table's end (none in a valid answer) are ignored.
+            let range = slots.iter_mut().take(usize::from(end) + 1);
+            for s in range.skip(usize::from(start)) {
+                *s = cell;
             }
         }
         self.table.store(Arc::new(Table::Slots(slots)));

@@ -45,6 +45,15 @@ use super::codec::{op_id, slot};
 use super::scripts::UNDO;
 use super::store::{Applied, RedisStore, Written};
 
+/// The writes of a spread commit on one slot.
+struct SlotGroup {
+    slot: u16,
+    /// Their places in the commit's writes.
+    members: Vec<usize>,
+    writes: Vec<Write>,
+    keys: Vec<String>,
+}
+
 impl RedisStore {
     /// `writes` (whose Redis keys are `keys`) slot by slot; see the module comment.
     pub(super) async fn commit_spread(
@@ -52,28 +61,42 @@ impl RedisStore {
         writes: &[Write],
         keys: &[String],
     ) -> Result<CommitOutcome, StoreError> {
-        let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
-        for (i, k) in keys.iter().enumerate() {
+        let mut groups: Vec<SlotGroup> = Vec::new();
+        for (i, (w, k)) in writes.iter().zip(keys).enumerate() {
             let s = slot(k);
-            match groups.iter_mut().find(|(g, _)| *g == s) {
-                Some((_, members)) => members.push(i),
-                None => groups.push((s, vec![i])),
+            match groups.iter_mut().find(|g| g.slot == s) {
+                Some(g) => {
+                    g.members.push(i);
+                    g.writes.push(w.clone());
+                    g.keys.push(k.clone());
+                }
+                None => groups.push(SlotGroup {
+                    slot: s,
+                    members: vec![i],
+                    writes: vec![w.clone()],
+                    keys: vec![k.clone()],
+                }),
             }
         }
         let mut applied: Vec<(usize, Written)> = Vec::new();
-        for (_, members) in &groups {
-            let group: Vec<Write> = members.iter().map(|&i| writes[i].clone()).collect();
-            let group_keys: Vec<String> = members.iter().map(|&i| keys[i].clone()).collect();
+        for SlotGroup {
+            members,
+            writes: group,
+            keys: group_keys,
+            ..
+        } in &groups
+        {
             let op = op_id();
-            match self.commit_together(&group, &group_keys, true, &op).await {
+            match self.commit_together(group, group_keys, true, &op).await {
                 Ok(Applied::Committed(images)) => {
                     applied.extend(members.iter().copied().zip(images));
                 }
                 Ok(Applied::Refused(failed)) => {
                     self.give_back(writes, &applied).await;
+                    // `commit_together` answers places in `group`, one per member.
                     let failed = failed
                         .into_iter()
-                        .map(|(j, image)| (members[j], image))
+                        .filter_map(|(j, image)| Some((*members.get(j)?, image)))
                         .collect();
                     return Ok(CommitOutcome::Conflict(failed));
                 }
@@ -84,7 +107,7 @@ impl RedisStore {
                     // rest. Not a store's refusal of this request, which wrote nothing.
                     if e.is_fault() {
                         if let Ok(Applied::Committed(images)) =
-                            self.commit_together(&group, &group_keys, true, &op).await
+                            self.commit_together(group, group_keys, true, &op).await
                         {
                             applied.extend(members.iter().copied().zip(images));
                         }
@@ -102,7 +125,10 @@ impl RedisStore {
     /// the bucket).
     async fn give_back(&self, writes: &[Write], applied: &[(usize, Written)]) {
         for (i, written) in applied.iter().rev() {
-            let w = &writes[*i];
+            // `applied` holds places in `writes`.
+            let Some(w) = writes.get(*i) else {
+                continue;
+            };
             let raised = matches!(
                 w,
                 Write::Update {

@@ -202,20 +202,19 @@ impl RedisStore {
         images: &[Value],
         with_before: bool,
     ) -> Result<Vec<Written>, StoreError> {
-        let bad = |what: &str| Self::corrupt(&keys[0], format!("commit answered {what}"));
+        let bad = |what: &str| Self::corrupt(first_key(keys), format!("commit answered {what}"));
         let step = if with_before { 2 } else { 1 };
         if images.len() != keys.len() * step {
             return Err(bad("another count of images"));
         }
-        let written = images.chunks(step).zip(keys).map(|(chunk, key)| {
+        let written = images.chunks_exact(step).zip(keys).map(|(chunk, key)| {
             let flat = |v| -> Result<Vec<String>, StoreError> {
                 redis::from_redis_value_ref(v).map_err(|e| Self::corrupt(key, e.to_string()))
             };
-            let after = flat(&chunk[step - 1])?;
-            let before = if with_before {
-                Some(flat(&chunk[0])?)
-            } else {
-                None
+            let (before, after) = match chunk {
+                [before, after] => (Some(flat(before)?), flat(after)?),
+                [after] => (None, flat(after)?),
+                _ => return Err(bad("another count of images")),
             };
             let image = decode(&after)
                 .map_err(|reason| Self::corrupt(key, reason))?
@@ -246,32 +245,34 @@ impl RedisStore {
         call.arg(json)
             .arg(if images { "images" } else { "" })
             .arg(op);
-        let out = self.run_once(&keys[0], &COMMIT, &call).await?;
-        let bad = |what: &str| Self::corrupt(&keys[0], format!("commit answered {what}"));
+        let first = first_key(keys);
+        let out = self.run_once(first, &COMMIT, &call).await?;
+        let bad = |what: &str| Self::corrupt(first, format!("commit answered {what}"));
         let Value::Array(parts) = &out else {
             return Err(bad("no array"));
         };
-        match parts.first() {
-            Some(Value::Int(1 | 3)) if !images => Ok(Applied::Committed(Vec::new())),
-            Some(Value::Int(1)) => Self::written(keys, &parts[1..], true).map(Applied::Committed),
+        match parts.split_first() {
+            Some((Value::Int(1 | 3), _)) if !images => Ok(Applied::Committed(Vec::new())),
+            Some((Value::Int(1), rest)) => Self::written(keys, rest, true).map(Applied::Committed),
             // A second run: the first applied every write (its answer was lost).
-            Some(Value::Int(3)) => Self::written(keys, &parts[1..], false).map(Applied::Committed),
-            Some(Value::Int(0)) => {
+            Some((Value::Int(3), rest)) => Self::written(keys, rest, false).map(Applied::Committed),
+            Some((Value::Int(0), rest)) => {
                 let mut failed = Vec::new();
-                for pair in parts[1..].chunks(2) {
+                for pair in rest.chunks(2) {
                     let [Value::Int(i), image] = pair else {
                         return Err(bad("a malformed refusal"));
                     };
-                    let i = usize::try_from(*i)
+                    let (i, key) = usize::try_from(*i)
                         .ok()
                         .filter(|i| *i < writes.len())
+                        .and_then(|i| Some((i, keys.get(i)?)))
                         .ok_or_else(|| bad("a refusal out of range"))?;
-                    failed.push((i, Self::image(&keys[i], image)?));
+                    failed.push((i, Self::image(key, image)?));
                 }
                 Ok(Applied::Refused(failed))
             }
-            Some(Value::Int(2)) => {
-                let [Value::Int(i), Value::Int(bytes)] = &parts[1..] else {
+            Some((Value::Int(2), rest)) => {
+                let [Value::Int(i), Value::Int(bytes)] = rest else {
                     return Err(bad("a malformed size refusal"));
                 };
                 let key = usize::try_from(*i)
@@ -287,6 +288,11 @@ impl RedisStore {
             _ => Err(bad("an unknown status")),
         }
     }
+}
+
+/// The key a call's errors name: its first (a call without keys names none).
+fn first_key(keys: &[String]) -> &str {
+    keys.first().map_or("", String::as_str)
 }
 
 impl RedisStore {

@@ -47,12 +47,13 @@ impl DemandSketch {
             (hash >> 8) as usize & (WIDTH - 1),
             WIDTH + ((hash >> 20) as usize & (WIDTH - 1)),
         ];
-        let least = at.iter().map(|&i| self.counts[i]).min().unwrap_or(0);
-        let counted = least.saturating_add(1);
+        // Both places are below `2 * WIDTH`, within `counts` (`ROWS * WIDTH`).
+        let least = at.iter().filter_map(|&i| self.counts.get(i)).min();
+        let counted = least.copied().unwrap_or(0).saturating_add(1);
         for i in at {
             // Conservative update: a counter already above the estimate holds others' counts.
-            if self.counts[i] < counted {
-                self.counts[i] = counted;
+            if let Some(c) = self.counts.get_mut(i).filter(|c| **c < counted) {
+                *c = counted;
             }
         }
         counted

@@ -91,7 +91,11 @@ impl<'a> Locked<'a> {
         at.sort_unstable();
         at.dedup();
         Locked {
-            guards: at.into_iter().map(|i| (i, parts[i].lock())).collect(),
+            // A spot's part is below `PARTS`, the parts' number: `get` finds each one.
+            guards: at
+                .into_iter()
+                .filter_map(|i| Some((i, parts.get(i)?.lock())))
+                .collect(),
         }
     }
 
@@ -145,6 +149,10 @@ impl LeaseBook {
     }
 
     /// The partition of `spot`, locked alone.
+    #[expect(
+        clippy::indexing_slicing,
+        reason = "a spot's part is reduced modulo PARTS, the parts' number"
+    )]
     fn part(&self, spot: Spot) -> MutexGuard<'_, Part> {
         self.parts[spot.part].lock()
     }
@@ -186,7 +194,11 @@ impl LeaseBook {
     /// `req` answered from the leases when they cover every bucket of it; else a wait for
     /// a fetch in flight (when `count`), or a miss with the leases that no longer cover
     /// their bucket taken out to be given back.
-    #[expect(clippy::expect_used, reason = "covered")]
+    #[expect(
+        clippy::expect_used,
+        clippy::indexing_slicing,
+        reason = "covered: each entry and lease was found above, under the same locks"
+    )]
     fn answer(
         &self,
         locked: &mut Locked<'_>,
@@ -419,7 +431,9 @@ impl LeaseBook {
             .collect();
         let Some(held) = held else { return false };
         for (c, i) in b.limits.iter().zip(held) {
-            l.limits[i].rest = l.limits[i].rest.saturating_add(c.amount);
+            if let Some(h) = l.limits.get_mut(i) {
+                h.rest = h.rest.saturating_add(c.amount);
+            }
         }
         true
     }

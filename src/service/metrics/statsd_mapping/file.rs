@@ -276,7 +276,11 @@ fn buckets(bounds: &[f64]) -> Result<Option<Vec<f64>>, String> {
     if bounds.iter().any(|b| !b.is_finite()) {
         return Err(format!("buckets {bounds:?}: not all finite numbers"));
     }
-    if bounds.windows(2).any(|w| w[0] >= w[1]) {
+    if bounds
+        .iter()
+        .zip(bounds.iter().skip(1))
+        .any(|(a, b)| a >= b)
+    {
         return Err(format!("buckets {bounds:?}: not in increasing order"));
     }
     Ok((!bounds.is_empty()).then(|| bounds.to_vec()))

@@ -9,16 +9,13 @@
 pub(super) fn valid_name_template(template: &str) -> bool {
     let bytes = template.as_bytes();
     let mut at = 0;
-    while at < bytes.len() {
-        if bytes[at] == b'$' {
+    while let Some(&byte) = bytes.get(at) {
+        if byte == b'$' {
             match reference_end(bytes, at) {
                 Some(end) => at = end,
                 None => return false,
             }
-        } else if bytes[at].is_ascii_alphabetic()
-            || bytes[at] == b'_'
-            || (at > 0 && bytes[at].is_ascii_digit())
-        {
+        } else if byte.is_ascii_alphabetic() || byte == b'_' || (at > 0 && byte.is_ascii_digit()) {
             at += 1;
         } else {
             return false;
@@ -34,8 +31,9 @@ fn reference_end(bytes: &[u8], at: usize) -> Option<usize> {
     if bytes.get(end) == Some(&b'{') {
         end += 1;
     }
-    let digits = bytes[end..]
+    let digits = bytes
         .iter()
+        .skip(end)
         .take_while(|b| b.is_ascii_digit())
         .count();
     if digits == 0 {
