@@ -23,6 +23,7 @@ mod json;
 mod others;
 mod panics;
 pub mod port_limits;
+pub mod rlqs;
 pub mod rls;
 pub mod serve;
 mod socket;
