@@ -115,6 +115,7 @@ async fn served<S: BucketStore>(
                 return;
             }
         };
+        tracing::debug!(report = ?report, "an RLQS report");
         let config = limiter.config();
         let answer = match stream.answer(report, &config, Instant::now()) {
             Ok(answer) => answer,
@@ -128,6 +129,7 @@ async fn served<S: BucketStore>(
         if answer.response.bucket_action.is_empty() {
             continue;
         }
+        tracing::debug!(answer = ?answer.response, "an RLQS answer");
         if answers.send(Ok(answer.response)).await.is_err() {
             return;
         }

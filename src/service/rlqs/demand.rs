@@ -16,20 +16,24 @@ use parking_lot::Mutex;
 /// A bucket of the server: the filter's domain and the bucket id's entries sorted by key.
 pub type BucketKey = (Arc<str>, Vec<(String, String)>);
 
-/// One stream's report for a bucket: requests per second, and when.
+/// One stream's report for a bucket: requests per second, when, and the fraction of the
+/// limit it was last assigned.
 #[derive(Debug, Clone, Copy)]
 struct Reported {
     per_second: f64,
     at: Instant,
+    held: f64,
 }
 
 /// What a stream's report sees of a bucket: its own demand, the total over the streams
-/// that reported it recently, and how many they are (the stream itself included).
+/// that reported it recently, how many they are (the stream itself included), and the
+/// fractions the others hold.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Totals {
     pub own: f64,
     pub total: f64,
     pub streams: usize,
+    pub others_held: f64,
 }
 
 /// Every stream's reported demand, per bucket.
@@ -51,19 +55,33 @@ impl Demands {
     ) -> Totals {
         let mut buckets = self.buckets.lock();
         let streams = buckets.entry(key.clone()).or_default();
-        streams.insert(
-            stream,
-            Reported {
-                per_second,
-                at: now,
-            },
-        );
+        let held = streams.get(&stream).map_or(0.0, |r| r.held);
+        let reported = Reported {
+            per_second,
+            at: now,
+            held,
+        };
+        streams.insert(stream, reported);
         streams.retain(|_, r| now.saturating_duration_since(r.at) <= stale_after);
         let total = streams.values().map(|r| r.per_second).sum();
+        let others_held = streams
+            .iter()
+            .filter(|(id, _)| **id != stream)
+            .map(|(_, r)| r.held)
+            .sum();
         Totals {
             own: per_second,
             total,
             streams: streams.len(),
+            others_held,
+        }
+    }
+
+    /// Records the fraction `stream` was assigned for `key` (after [`Self::report`]).
+    pub fn hold(&self, key: &BucketKey, stream: u64, fraction: f64) {
+        let mut buckets = self.buckets.lock();
+        if let Some(r) = buckets.get_mut(key).and_then(|s| s.get_mut(&stream)) {
+            r.held = fraction;
         }
     }
 
@@ -135,8 +153,12 @@ mod tests {
         let a = Subscription::new(demands.clone(), 1);
         let b = Subscription::new(demands.clone(), 2);
         a.demands().report(&key("x"), a.id(), 30.0, now, long);
+        a.demands().hold(&key("x"), a.id(), 0.7);
         let t = b.demands().report(&key("x"), b.id(), 10.0, now, long);
-        assert_eq!((t.own, t.total, t.streams), (10.0, 40.0, 2));
+        assert_eq!(
+            (t.own, t.total, t.streams, t.others_held),
+            (10.0, 40.0, 2, 0.7)
+        );
         drop(a);
         let t = b.demands().report(&key("x"), b.id(), 10.0, now, long);
         assert_eq!((t.total, t.streams), (10.0, 1));

@@ -47,6 +47,15 @@ pub fn settled(held: Option<f64>, computed: f64) -> f64 {
     }
 }
 
+/// `share` cut to what the other streams of the bucket leave (1 − `others_held`), but
+/// never below the floor: a stream that joins a bucket, or whose demand grew, waits for
+/// the others to give up their part at their next report rather than overcommit the
+/// limit. The fractions held then sum to at most 1 plus one floor (the newest stream's).
+pub fn capped(share: f64, others_held: f64, streams: usize) -> f64 {
+    let floor = FLOOR_FRACTION / streams.max(1) as f64;
+    share.min((1.0 - others_held).max(floor))
+}
+
 /// A token bucket as Envoy's `envoy.type.v3.TokenBucket` says it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Bucket {
@@ -55,35 +64,59 @@ pub struct Bucket {
     pub fill_interval: Duration,
 }
 
+/// Longest fill interval searched for the closest rate in whole seconds; a share slower
+/// than a token in it is one token per as many seconds as it takes.
+const MAX_FILL_SECONDS: u64 = 60;
+
 /// The token bucket for `fraction` of a limit of `tokens` per `period` with `burst`
-/// tokens: its refill rate is at most the fraction of the limit (tokens per fill rounded
-/// down, the interval rounded up to the millisecond), about one fill a second when the
-/// share allows a token a second; its size is the fraction of the burst, at most one
-/// fill and at least one token (a new bucket starts full: a larger one would be a burst
-/// at every new assignment).
+/// tokens. Its refill rate is at most the fraction of the limit: a whole number of tokens
+/// per a whole number of seconds, the closest below the share within a minute's interval,
+/// because Envoy 1.40 reads the interval in whole seconds (a 990 ms interval is 0 s to it,
+/// a rate without bound). The interval carries as many nanoseconds as it has seconds:
+/// Envoy tells a new bucket from the one it holds by `max_tokens`, `tokens_per_fill` and
+/// the interval's nanoseconds only, so two buckets that differ in whole seconds alone
+/// would otherwise leave it on the old one. Its size is the fraction of the burst, at most
+/// one fill and at least one token: a new bucket starts full, a larger one would be a
+/// burst at every new assignment.
 pub fn bucket(fraction: f64, tokens: u64, period: Duration, burst: u64) -> Option<Bucket> {
     let fraction = if fraction.is_finite() {
         fraction.clamp(0.0, 1.0)
     } else {
         0.0
     };
-    let period_ms = period.as_millis() as f64;
-    let share = fraction * tokens as f64;
-    if share <= 0.0 || period_ms <= 0.0 {
+    let period_s = period.as_secs_f64();
+    let per_second = fraction * tokens as f64 / period_s;
+    if !(per_second.is_finite() && per_second > 0.0) {
         return None;
     }
-    let per_second = share * 1000.0 / period_ms;
-    let tokens_per_fill = per_second.floor().clamp(1.0, f64::from(u32::MAX));
-    let interval_ms = (period_ms * tokens_per_fill / share).ceil();
-    let fill_interval = Duration::from_millis(interval_ms as u64);
-    let tokens_per_fill = tokens_per_fill as u32;
+    let (tokens_per_fill, seconds) = whole_rate(per_second);
     let burst_share = (fraction * burst as f64).floor();
     let max_tokens = burst_share.clamp(1.0, f64::from(tokens_per_fill)) as u32;
     Some(Bucket {
         max_tokens,
         tokens_per_fill,
-        fill_interval,
+        fill_interval: Duration::new(seconds, seconds.min(999_999_999) as u32),
     })
+}
+
+/// The largest rate of `n` tokens per `s` whole seconds at most `per_second` (the
+/// shortest interval among equals), `s` within [`MAX_FILL_SECONDS`]; below a token in
+/// that, one token per the seconds a token takes.
+fn whole_rate(per_second: f64) -> (u32, u64) {
+    if per_second * (MAX_FILL_SECONDS as f64) < 1.0 {
+        return (1, (1.0 / per_second).ceil().min(u64::MAX as f64) as u64);
+    }
+    let mut best = (0u32, 1u64);
+    for s in 1..=MAX_FILL_SECONDS {
+        // A hair over, so that a rate a float's rounding puts just under a whole number
+        // of tokens (a third of 100 a minute, times 9 s) still makes it.
+        let n = (per_second * s as f64 * (1.0 + 1e-12)).floor();
+        let n = n.min(f64::from(u32::MAX)) as u32;
+        if u64::from(n) * best.1 > u64::from(best.0) * s {
+            best = (n, s);
+        }
+    }
+    best
 }
 
 #[cfg(test)]
@@ -108,19 +141,19 @@ mod tests {
     fn half_of_fifty_per_second_is_twenty_five_a_second() {
         let b = bucket(0.5, 50, Duration::from_secs(1), 50).unwrap();
         assert_eq!(b.tokens_per_fill, 25);
-        assert_eq!(b.fill_interval, Duration::from_secs(1));
+        assert_eq!(b.fill_interval.as_secs(), 1);
         assert_eq!(b.max_tokens, 25);
     }
 
     #[test]
     fn a_slow_share_is_one_token_per_longer_interval() {
-        // 100 per minute, a third: 33.3 a minute, one token every 1.8 s.
+        // 100 per minute, a third: 33.3 a minute, 5 tokens every 9 s (33.3 a minute).
         let b = bucket(1.0 / 3.0, 100, Duration::from_secs(60), 100).unwrap();
-        assert_eq!(b.tokens_per_fill, 1);
-        // 1800 ms, or 1801 where the float's rounding lands above it: never below.
-        let ms = b.fill_interval.as_millis();
-        assert!((1800..=1801).contains(&ms), "{ms}");
-        assert_eq!(b.max_tokens, 1);
+        assert_eq!((b.tokens_per_fill, b.fill_interval.as_secs()), (5, 9));
+        assert_eq!(b.max_tokens, 5);
+        // A few a day: one token per the whole seconds it takes.
+        let b = bucket(0.5, 10, Duration::from_secs(86_400), 10).unwrap();
+        assert_eq!((b.tokens_per_fill, b.fill_interval.as_secs()), (1, 17_280));
     }
 
     #[test]
@@ -135,6 +168,17 @@ mod tests {
         assert_eq!(settled(Some(0.5), 0.6), 0.6);
         assert_eq!(settled(Some(0.5), 0.49), 0.49);
         assert_eq!(settled(None, 0.3), 0.3);
+    }
+
+    #[test]
+    fn a_newcomer_waits_for_the_holders_to_give_way() {
+        // One stream holds the whole limit; a second one with equal demand joins.
+        let joined = capped(fraction(10.0, 20.0, 2), 1.0, 2);
+        assert!((joined - FLOOR_FRACTION / 2.0).abs() < 1e-12);
+        // The holder's next report brings it down to half; the newcomer's then takes half.
+        let holder = capped(fraction(10.0, 20.0, 2), joined, 2);
+        assert!((holder - 0.5).abs() < 1e-12);
+        assert!((capped(fraction(10.0, 20.0, 2), holder, 2) - 0.5).abs() < 1e-12);
     }
 
     proptest! {
@@ -162,10 +206,13 @@ mod tests {
             let period = Duration::from_secs(period_s);
             let share_per_s = fraction * tokens as f64 / period_s as f64;
             if let Some(b) = bucket(fraction, tokens, period, tokens + burst_extra) {
-                let rate = f64::from(b.tokens_per_fill) / b.fill_interval.as_secs_f64();
+                let rate = f64::from(b.tokens_per_fill) / b.fill_interval.as_secs() as f64;
                 prop_assert!(rate <= share_per_s * (1.0 + 1e-9), "rate {rate} share {share_per_s}");
                 prop_assert!(b.max_tokens >= 1 && b.max_tokens <= b.tokens_per_fill);
-                prop_assert!(b.fill_interval > Duration::ZERO);
+                // Whole seconds to Envoy, the seconds again in the nanoseconds.
+                prop_assert!(b.fill_interval.as_secs() >= 1);
+                let nanos = b.fill_interval.as_secs().min(999_999_999) as u32;
+                prop_assert_eq!(b.fill_interval.subsec_nanos(), nanos);
             }
         }
     }

@@ -20,7 +20,7 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
 
 use super::assign::{action, kind, Assignment, Kind};
 use super::demand::{BucketKey, Subscription};
-use super::share::{bucket, fraction, settled};
+use super::share::{bucket, capped, fraction, settled};
 use crate::config::Config;
 
 /// Most entries of one bucket id (a descriptor is a handful).
@@ -33,11 +33,13 @@ pub const ABANDON_AFTER: u32 = 5;
 /// to its `expired_assignment_behavior`, and a server that is gone stops binding it soon.
 pub const TTL_INTERVALS: u32 = 3;
 
-/// The report interval assumed until a report says how long it covers.
-const DEFAULT_INTERVAL: Duration = Duration::from_secs(1);
+/// The report interval assumed until a report says how long it covers: Envoy 1.40 reports
+/// every 5 s whatever the bucket's `reporting_interval` says, and a new bucket's first
+/// report covers nothing (0 s).
+const DEFAULT_INTERVAL: Duration = Duration::from_secs(5);
 
-/// Bounds on the interval a report may claim (Envoy's `reporting_interval` is ≥ 100 ms).
-const MIN_INTERVAL: Duration = Duration::from_millis(100);
+/// Bounds on the interval a report may claim (Envoy says it in whole seconds).
+const MIN_INTERVAL: Duration = Duration::from_secs(1);
 const MAX_INTERVAL: Duration = Duration::from_secs(600);
 
 /// Why a stream is ended.
@@ -215,7 +217,12 @@ impl Stream {
             .demands()
             .report(key, sub.id(), per_second, now, stale_after);
         let computed = fraction(totals.own, totals.total, totals.streams);
-        let share = settled(tracked.held, computed);
+        let share = capped(
+            settled(tracked.held, computed),
+            totals.others_held,
+            totals.streams,
+        );
+        sub.demands().hold(key, sub.id(), share);
         tracked.held = Some(share);
         match bucket(share, tokens, period, burst) {
             Some(b) => Assignment::TokenBucket(b),
@@ -295,7 +302,7 @@ mod tests {
         assert!(ra + rb <= 50.0 + 1e-9);
         drop(b);
         let ra = rate(&a.answer(report("acme", 25, 175), &config, now).unwrap()).unwrap();
-        assert!((ra - 50.0).abs() < 1e-9, "{ra}");
+        assert!((ra - 50.0).abs() < 1e-6, "{ra}");
     }
 
     #[test]
