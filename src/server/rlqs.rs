@@ -24,6 +24,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::service::metrics::Metrics;
 use crate::service::rlqs::demand::{Demands, Subscription};
 use crate::service::rlqs::stream::Stream;
 use crate::service::RateLimiter;
@@ -76,6 +77,7 @@ impl<S: BucketStore> RateLimitQuotaService for Rlqs<S> {
             MAX_BUCKETS_PER_STREAM,
         );
         let (tx, rx) = mpsc::channel(ANSWERS_QUEUED);
+        self.limiter.metrics().rlqs().stream_opened();
         let served = served(
             self.limiter.clone(),
             stream,
@@ -98,10 +100,37 @@ impl<S: BucketStore> RateLimitQuotaService for Rlqs<S> {
 /// One stream, until its client ends it or stops reading, or a report is refused.
 async fn served<S: BucketStore>(
     limiter: Arc<RateLimiter<S>>,
-    mut stream: Stream,
+    stream: Stream,
+    reports: Streaming<RateLimitQuotaUsageReports>,
+    answers: mpsc::Sender<Result<RateLimitQuotaResponse, Status>>,
+) {
+    let metrics = limiter.metrics().clone();
+    let mut stream = Counted { stream, metrics };
+    answered(&limiter, &mut stream, reports, answers).await;
+}
+
+/// A stream whose end is counted, the buckets it held with it, however it ends (an
+/// unwinding panic too).
+struct Counted {
+    stream: Stream,
+    metrics: Arc<Metrics>,
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.metrics.rlqs().stream_closed(self.stream.buckets());
+    }
+}
+
+/// Answers each report of `reports` on `answers`.
+async fn answered<S: BucketStore>(
+    limiter: &RateLimiter<S>,
+    counted: &mut Counted,
     mut reports: Streaming<RateLimitQuotaUsageReports>,
     answers: mpsc::Sender<Result<RateLimitQuotaResponse, Status>>,
 ) {
+    let metrics = counted.metrics.rlqs();
+    let stream = &mut counted.stream;
     loop {
         let report = tokio::select! {
             report = reports.message() => report,
@@ -126,6 +155,8 @@ async fn served<S: BucketStore>(
                 return;
             }
         };
+        metrics.reported(answer.allowed, answer.denied, answer.refused);
+        metrics.answered(answer.buckets_added, answer.buckets_removed, &answer.sent);
         if answer.response.bucket_action.is_empty() {
             continue;
         }

@@ -11,10 +11,11 @@ import time
 
 import pytest
 
-from envoy_e2e import E2EError, Envoy, Shardgate, Store, wait_until
+from envoy_e2e import E2EError, Envoy, Shardgate, Store, http_get, wait_until
 from rlqs_e2e import LIMIT, REPORT_S, RULES, Load, rlqs_envoy_config
 
 LOAD_S = 12.0
+ENVOY_REPORT_S = 5.0  # Envoy 1.40's fixed report cycle
 
 
 @pytest.fixture
@@ -82,3 +83,39 @@ def test_deny_and_allow_rules_become_blanket_assignments(rlqs_stack):
     finally:
         load.stop()
     assert load.statuses().get(200, 0) > 0 and set(load.statuses()) == {200}, load.statuses()
+
+
+def metric(sg, line_start):
+    """The value of the first line of shardgate's /metrics that starts with `line_start`."""
+    body = http_get(sg.http_port, "/metrics").body.decode()
+    for line in body.splitlines():
+        if line.startswith(line_start):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"no {line_start} in /metrics:\n{body}")
+
+
+def test_a_reload_that_lowers_the_limit_is_enforced_within_two_report_intervals(
+        rlqs_stack, tmp_path):
+    sg, envoy = rlqs_stack
+    load = Load(envoy.port, "acme", threads=2, per_thread=50).start()
+    try:
+        time.sleep(3)
+        # An atomic rename, as a ConfigMap update or a deploy does it.
+        staged = tmp_path / "staged.yaml"
+        staged.write_text(RULES.replace(f"requests_per_unit: {LIMIT}", "requests_per_unit: 10"))
+        staged.rename(tmp_path / "rlqs.yaml")
+        reloaded = time.monotonic()
+        time.sleep(2 * ENVOY_REPORT_S + 3)
+    finally:
+        load.stop()
+    after = reloaded + 2 * ENVOY_REPORT_S
+    lowered = load.admitted(after, after + 3)
+    print(f"admitted per second {[load.admitted(reloaded + i, reloaded + i + 1) for i in range(13)]}")
+    # 10 a second from then on (and the bucket it starts full: a second of it).
+    assert lowered <= 10 * 3 + 10, lowered
+    assert lowered >= 0.8 * 10 * 3, lowered
+    assert metric(sg, "shardgate_rlqs_streams_open ") == 1
+    assert metric(sg, "shardgate_rlqs_buckets ") == 1
+    assert metric(sg, 'shardgate_rlqs_assignments_sent_total{kind="token_bucket"}') >= 2
+    assert metric(sg, 'shardgate_rlqs_reported_requests_total{verdict="denied"}') > 0
+    assert metric(sg, 'shardgate_rlqs_reported_requests_total{verdict="allowed"}') > 0
