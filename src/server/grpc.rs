@@ -1,11 +1,11 @@
-//! The gRPC listener: Envoy's `RateLimitService` (`rls.rs`), `grpc.health.v1` health and
-//! gRPC reflection on one listener, over TLS when configured, each call in its caller's
-//! trace context when spans are exported (`trace_context.rs`). It assembles and serves;
-//! it decides nothing itself.
+//! The gRPC listener: Envoy's `RateLimitService` (`rls.rs`), its Rate Limit Quota Service
+//! (`rlqs.rs`), `grpc.health.v1` health and gRPC reflection on one listener, over TLS when
+//! configured, each call in its caller's trace context when spans are exported
+//! (`trace_context.rs`). It assembles and serves; it decides nothing itself.
 //!
 //! The rate-limit service's calls go to it straight from the port ([`Port`]); only the
-//! others (health, reflection, any unknown service) go through tonic's router, held to
-//! their deadline and the connection's close (`others.rs`). Every call is fenced against
+//! others (RLQS, health, reflection, any unknown service) go through tonic's router, held
+//! to their deadline and the connection's close (`others.rs`). Every call is fenced against
 //! a panic (`panics.rs`); a request that is not gRPC is refused HTTP 415
 //! (`content_type.rs`). The port's HTTP/2 limits are `port_limits.rs`'; its connections
 //! are accepted by `accept.rs` and served, each by one task with its calls, by

@@ -140,7 +140,10 @@ async fn answered<S: BucketStore>(
             Ok(Some(report)) => report,
             Ok(None) => return,
             Err(status) => {
+                // A report past the message bound, or the client's own end: said back, in
+                // case the client still reads.
                 tracing::debug!(%status, "an RLQS stream ended");
+                let _ = answers.try_send(Err(status));
                 return;
             }
         };
