@@ -111,6 +111,11 @@ impl RlqsMetrics {
         self.refused.inc_by(refused as u64);
     }
 
+    /// Buckets the open streams hold now.
+    pub fn buckets(&self) -> i64 {
+        self.buckets.get()
+    }
+
     /// Streams open now.
     pub fn streams_open(&self) -> i64 {
         self.streams_open.get()
