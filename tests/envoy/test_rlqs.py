@@ -119,3 +119,26 @@ def test_a_reload_that_lowers_the_limit_is_enforced_within_two_report_intervals(
     assert metric(sg, 'shardgate_rlqs_assignments_sent_total{kind="token_bucket"}') >= 2
     assert metric(sg, 'shardgate_rlqs_reported_requests_total{verdict="denied"}') > 0
     assert metric(sg, 'shardgate_rlqs_reported_requests_total{verdict="allowed"}') > 0
+
+
+def test_a_broken_stream_is_reopened_and_the_limit_holds_across_it(rlqs_stack):
+    sg, envoy = rlqs_stack
+    load = Load(envoy.port, "acme", threads=2, per_thread=50).start()
+    try:
+        first_denial(envoy, "acme")
+        # The server goes away and comes back on the same port: the stream breaks, Envoy
+        # keeps its assignment (15 s TTL) and opens a new stream at a later report.
+        sg.restart()
+        restarted = time.monotonic()
+        wait_until(lambda: metric(sg, "shardgate_rlqs_streams_open ") == 1,
+                   3 * ENVOY_REPORT_S, "Envoy's new RLQS stream")
+        reopened = time.monotonic()
+        time.sleep(3)
+    finally:
+        load.stop()
+    window = time.monotonic() - restarted
+    admitted = load.admitted(restarted)
+    print(f"stream reopened {reopened - restarted:.1f}s after the restart; "
+          f"{admitted} admitted in {window:.1f}s")
+    assert admitted <= LIMIT * window + 2 * LIMIT, (admitted, window)
+    assert load.count(429, reopened) > 0
