@@ -1,11 +1,11 @@
-//! The gRPC listener: Envoy's `RateLimitService` (`rls.rs`), `grpc.health.v1` health and
-//! gRPC reflection on one listener, over TLS when configured, each call in its caller's
-//! trace context when spans are exported (`trace_context.rs`). It assembles and serves;
-//! it decides nothing itself.
+//! The gRPC listener: Envoy's `RateLimitService` (`rls.rs`), its Rate Limit Quota Service
+//! (`rlqs.rs`), `grpc.health.v1` health and gRPC reflection on one listener, over TLS when
+//! configured, each call in its caller's trace context when spans are exported
+//! (`trace_context.rs`). It assembles and serves; it decides nothing itself.
 //!
 //! The rate-limit service's calls go to it straight from the port ([`Port`]); only the
-//! others (health, reflection, any unknown service) go through tonic's router, held to
-//! their deadline and the connection's close (`others.rs`). Every call is fenced against
+//! others (RLQS, health, reflection, any unknown service) go through tonic's router, held
+//! to their deadline and the connection's close (`others.rs`). Every call is fenced against
 //! a panic (`panics.rs`); a request that is not gRPC is refused HTTP 415
 //! (`content_type.rs`). The port's HTTP/2 limits are `port_limits.rs`'; its connections
 //! are accepted by `accept.rs` and served, each by one task with its calls, by
@@ -17,6 +17,7 @@ use std::task::{Context, Poll};
 
 use std::pin::Pin;
 
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaServiceServer;
 use http_body_util::Either as EitherBody;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -32,6 +33,7 @@ use super::content_type;
 use super::others::{self, OtherFuture};
 use super::panics::{CallId, Fenced};
 use super::port_limits::PortLimits;
+use super::rlqs::Rlqs;
 use super::rls::{self, Rls, SERVICE_NAME};
 use super::tls::TlsState;
 #[cfg(feature = "otel")]
@@ -109,8 +111,9 @@ pub async fn serve_with<S: BucketStore>(
 ) {
     let metrics = limiter.metrics().clone();
     let limits = options.limits;
+    let rlqs = Rlqs::server(limiter.clone(), limits.max_message_len());
     let rls = Rls::new(limiter).with_max_message_len(limits.max_message_len());
-    let others = others(options.health, limits.max_message_len()).await;
+    let others = others(options.health, limits.max_message_len(), rlqs).await;
     let trace_context = options.trace_context;
     let make = move |context| {
         layers(trace_context).layer(Port {
@@ -272,10 +275,15 @@ fn layers(_trace_context: bool) -> tower::layer::util::Identity {
 /// Readiness names: the server's own and [`HEALTH_SERVICES`].
 const READY_NAMES: [&str; 3] = ["", HEALTH_SERVICES[0], HEALTH_SERVICES[1]];
 
-/// Health and reflection, in tonic's router, their request messages bounded as the
-/// rate-limit service's are.
+/// Health, reflection and the Rate Limit Quota Service (`rlqs.rs`, a long-lived stream:
+/// not on the rate-limit route's unary path), in tonic's router, their request messages
+/// bounded as the rate-limit service's are.
 #[expect(clippy::expect_used, reason = "the embedded descriptor sets are valid")]
-async fn others(health: Option<HealthWatch>, max_message_len: usize) -> Routes {
+async fn others<S: BucketStore>(
+    health: Option<HealthWatch>,
+    max_message_len: usize,
+    rlqs: RateLimitQuotaServiceServer<Rlqs<S>>,
+) -> Routes {
     let (reporter, service) = tonic_health::server::health_reporter();
     let service = service.max_decoding_message_size(max_message_len);
     match health {
@@ -294,5 +302,8 @@ async fn others(health: Option<HealthWatch>, max_message_len: usize) -> Routes {
         .build_v1()
         .expect("the embedded descriptor sets are valid")
         .max_decoding_message_size(max_message_len);
-    Routes::new(service).add_service(reflection).prepare()
+    Routes::new(service)
+        .add_service(reflection)
+        .add_service(rlqs)
+        .prepare()
 }

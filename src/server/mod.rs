@@ -8,7 +8,8 @@
 //! (`trace_context`), the HTTP port (`http`, with `/json` in `json`), and putting a
 //! server together (`serve`); the statsd socket and its flush timer (`statsd`);
 //! envoyproxy/ratelimit's Prometheus port (`upstream_prometheus`); the xDS stream that
-//! brings rules from a control plane (`xds`).
+//! brings rules from a control plane (`xds`); the Rate Limit Quota Service's streams
+//! (`rlqs`).
 //!
 //! It decides nothing: every call is handed to the policy (`service/`), whose answer it
 //! writes back.
@@ -23,6 +24,7 @@ mod json;
 mod others;
 mod panics;
 pub mod port_limits;
+pub mod rlqs;
 pub mod rls;
 pub mod serve;
 mod socket;

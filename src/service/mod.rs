@@ -19,6 +19,7 @@ mod explain;
 pub mod metrics;
 mod request;
 pub mod response_encoding;
+pub mod rlqs;
 mod treatment;
 pub mod wire;
 

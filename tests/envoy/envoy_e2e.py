@@ -50,10 +50,19 @@ _HANDED_OUT = set()
 def free_port() -> int:
     """A free loopback port never handed out before in this process: the kernel may give
     the same ephemeral port to two binds in a row once the first socket is closed, and two
-    processes of one test must not be given the same port."""
-    for _ in range(100):
+    processes of one test must not be given the same port. With $SHARDGATE_TEST_PORTS
+    (`LOW-HIGH`), only ports of that range: runs that share a machine keep to their own."""
+    allowed = os.environ.get("SHARDGATE_TEST_PORTS")
+    candidates = None
+    if allowed:
+        low, _, high = allowed.partition("-")
+        candidates = iter(range(int(low), int(high) + 1))
+    for _ in range(100 if candidates is None else 1000):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("127.0.0.1", 0))
+            try:
+                s.bind(("127.0.0.1", 0 if candidates is None else next(candidates)))
+            except OSError:
+                continue
             port = s.getsockname()[1]
         if port not in _HANDED_OUT:
             _HANDED_OUT.add(port)

@@ -45,3 +45,15 @@ pub(super) struct CodeLabel {
 pub(super) struct EndLabel {
     pub(super) end: &'static str,
 }
+
+/// The kind of an RLQS assignment sent (`rlqs.rs`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct KindLabel {
+    pub(super) kind: &'static str,
+}
+
+/// What Envoy did with the requests it reported over RLQS (`rlqs.rs`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct VerdictLabel {
+    pub(super) verdict: &'static str,
+}

@@ -4,7 +4,8 @@
 //! engine's counters (named and described in `engine/stats.rs`), the most sharded buckets,
 //! answers given by `failure_mode`, request latency and requests in flight, refused TLS
 //! handshakes, connections the gRPC port failed to accept, and its connection-level
-//! metrics and calls that panicked (`port.rs`); and, when asked, the same
+//! metrics and calls that panicked (`port.rs`); the Rate Limit Quota Service's streams,
+//! buckets and assignments (`rlqs.rs`); and, when asked, the same
 //! totals as statsd lines in envoyproxy/ratelimit's names (`statsd.rs`; the socket is
 //! `server/statsd.rs`), or those names mapped by a statsd_exporter mapping file
 //! (`statsd_mapping.rs`) into the page upstream's Prometheus port serves
@@ -20,6 +21,7 @@ mod collectors;
 mod labels;
 mod port;
 mod registry;
+mod rlqs;
 mod rule_hits;
 pub mod statsd;
 pub mod statsd_mapping;
@@ -28,4 +30,5 @@ mod striped;
 
 pub use port::{ConnectionClose, PanicEnd, PortMetrics};
 pub use registry::Metrics;
+pub use rlqs::RlqsMetrics;
 pub use rule_hits::{HitOutcome, RuleCounters, MAX_RULE_KEYS};

@@ -47,6 +47,7 @@ pub struct Metrics {
     tls_handshake_failures: Family<ReasonLabel, Counter>,
     grpc_accept_failures: Counter,
     port: super::port::PortMetrics,
+    rlqs: super::rlqs::RlqsMetrics,
 }
 
 impl Metrics {
@@ -72,10 +73,12 @@ impl Metrics {
             tls_handshake_failures: Family::default(),
             grpc_accept_failures: Counter::default(),
             port: Default::default(),
+            rlqs: Default::default(),
         };
         m.register_requests_and_config(&mut registry);
         m.register_calls_and_ports(&mut registry);
         m.port.register(&mut registry);
+        m.rlqs.register(&mut registry);
         registry.register_collector(Box::new(m.rule_hits.clone()));
         Metrics {
             registry: Mutex::new(registry),
@@ -293,6 +296,10 @@ impl Metrics {
     /// The gRPC port's connection-level metrics (`port.rs`).
     pub fn port(&self) -> &super::port::PortMetrics {
         &self.port
+    }
+
+    pub fn rlqs(&self) -> &super::rlqs::RlqsMetrics {
+        &self.rlqs
     }
 
     /// A connection the gRPC port failed to accept (`accept.rs`).

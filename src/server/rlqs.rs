@@ -1,0 +1,171 @@
+//! The `envoy.service.rate_limit_quota.v3.RateLimitQuotaService` route: Envoy's
+//! `rate_limit_quota` filter keeps one bidirectional stream open, sends usage reports and
+//! is answered, report by report, with the assignments `service/rlqs/` decides. Served
+//! through tonic's router on the gRPC port (`grpc.rs`), its request messages bounded by
+//! the port's message bound, ended as the connection closes (`others.rs`).
+//!
+//! Each stream runs in a task of its own, fenced: a panic while answering it ends that
+//! stream alone with INTERNAL (its demand leaves the shares as its state is dropped), and
+//! the connection, its other calls and the other streams go on. It decides nothing.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::{
+    RateLimitQuotaService, RateLimitQuotaServiceServer,
+};
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
+    RateLimitQuotaResponse, RateLimitQuotaUsageReports,
+};
+use futures::FutureExt;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::service::metrics::Metrics;
+use crate::service::rlqs::demand::{Demands, Subscription};
+use crate::service::rlqs::stream::Stream;
+use crate::service::RateLimiter;
+use crate::store::BucketStore;
+use crate::support::text::panic_text;
+
+/// Most buckets one stream may hold: a filter's bucket id builder can make one per
+/// header value, so a client could otherwise grow the server's tables without bound.
+pub const MAX_BUCKETS_PER_STREAM: usize = 4096;
+
+/// Answers queued for a stream whose client reads slowly: past it the stream's task
+/// waits, reading no further report.
+const ANSWERS_QUEUED: usize = 4;
+
+type Answers = ReceiverStream<Result<RateLimitQuotaResponse, Status>>;
+
+/// The service: the limiter (for the rules in force) and the server's demand table.
+pub struct Rlqs<S: BucketStore> {
+    limiter: Arc<RateLimiter<S>>,
+    demands: Arc<Demands>,
+    next_stream: AtomicU64,
+}
+
+impl<S: BucketStore> Rlqs<S> {
+    /// The service as tonic's router serves it, request messages bounded to `max_message_len`.
+    pub fn server(
+        limiter: Arc<RateLimiter<S>>,
+        max_message_len: usize,
+    ) -> RateLimitQuotaServiceServer<Rlqs<S>> {
+        let service = Rlqs {
+            limiter,
+            demands: Arc::default(),
+            next_stream: AtomicU64::new(1),
+        };
+        RateLimitQuotaServiceServer::new(service).max_decoding_message_size(max_message_len)
+    }
+}
+
+#[tonic::async_trait]
+impl<S: BucketStore> RateLimitQuotaService for Rlqs<S> {
+    type StreamRateLimitQuotasStream = Answers;
+
+    async fn stream_rate_limit_quotas(
+        &self,
+        request: Request<Streaming<RateLimitQuotaUsageReports>>,
+    ) -> Result<Response<Answers>, Status> {
+        let id = self.next_stream.fetch_add(1, Ordering::Relaxed);
+        let stream = Stream::new(
+            Subscription::new(self.demands.clone(), id),
+            MAX_BUCKETS_PER_STREAM,
+        );
+        let (tx, rx) = mpsc::channel(ANSWERS_QUEUED);
+        self.limiter.metrics().rlqs().stream_opened();
+        let served = served(
+            self.limiter.clone(),
+            stream,
+            request.into_inner(),
+            tx.clone(),
+        );
+        tokio::spawn(async move {
+            if let Err(panic) = AssertUnwindSafe(served).catch_unwind().await {
+                let text = panic_text(&*panic, 256);
+                tracing::error!(stream = id, panic = %text, "an RLQS stream panicked; it alone was ended");
+                let _ = tx
+                    .send(Err(Status::internal("the stream's answer failed")))
+                    .await;
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+/// One stream, until its client ends it or stops reading, or a report is refused.
+async fn served<S: BucketStore>(
+    limiter: Arc<RateLimiter<S>>,
+    stream: Stream,
+    reports: Streaming<RateLimitQuotaUsageReports>,
+    answers: mpsc::Sender<Result<RateLimitQuotaResponse, Status>>,
+) {
+    let metrics = limiter.metrics().clone();
+    let mut stream = Counted { stream, metrics };
+    answered(&limiter, &mut stream, reports, answers).await;
+}
+
+/// A stream whose end is counted, the buckets it held with it, however it ends (an
+/// unwinding panic too).
+struct Counted {
+    stream: Stream,
+    metrics: Arc<Metrics>,
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.metrics.rlqs().stream_closed(self.stream.buckets());
+    }
+}
+
+/// Answers each report of `reports` on `answers`.
+async fn answered<S: BucketStore>(
+    limiter: &RateLimiter<S>,
+    counted: &mut Counted,
+    mut reports: Streaming<RateLimitQuotaUsageReports>,
+    answers: mpsc::Sender<Result<RateLimitQuotaResponse, Status>>,
+) {
+    let metrics = counted.metrics.rlqs();
+    let stream = &mut counted.stream;
+    loop {
+        let report = tokio::select! {
+            report = reports.message() => report,
+            _ = answers.closed() => return,
+        };
+        let report = match report {
+            Ok(Some(report)) => report,
+            Ok(None) => return,
+            Err(status) => {
+                // A report past the message bound, or the client's own end: said back, in
+                // case the client still reads.
+                tracing::debug!(%status, "an RLQS stream ended");
+                let _ = answers.try_send(Err(status));
+                return;
+            }
+        };
+        tracing::debug!(report = ?report, "an RLQS report");
+        let config = limiter.config();
+        let answer = match stream.answer(report, &config, Instant::now()) {
+            Ok(answer) => answer,
+            Err(e) => {
+                let _ = answers
+                    .send(Err(Status::invalid_argument(e.to_string())))
+                    .await;
+                return;
+            }
+        };
+        metrics.reported(answer.allowed, answer.denied, answer.refused);
+        metrics.answered(answer.buckets_added, answer.buckets_removed, &answer.sent);
+        if answer.response.bucket_action.is_empty() {
+            continue;
+        }
+        tracing::debug!(answer = ?answer.response, "an RLQS answer");
+        if answers.send(Ok(answer.response)).await.is_err() {
+            return;
+        }
+    }
+}

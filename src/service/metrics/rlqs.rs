@@ -1,0 +1,123 @@
+//! The Rate Limit Quota Service's metrics: streams open, buckets the streams hold,
+//! assignments sent by kind, the requests Envoys report they allowed and denied, and
+//! buckets refused past a stream's bounds. Recorded by `server/rlqs.rs`; registered with
+//! the others by `registry.rs`. Every label set is created up front: recording takes no
+//! lock. Rare next to the rate-limit service's calls (a message per Envoy per report), so
+//! plain counters, not striped ones.
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use super::labels::{KindLabel, VerdictLabel};
+
+/// The `kind` label of assignments sent, as `service/rlqs/assign.rs` names them.
+pub const ASSIGNMENT_KINDS: [&str; 4] = ["allow_all", "deny_all", "token_bucket", "abandon"];
+
+#[derive(Debug)]
+pub struct RlqsMetrics {
+    streams_open: Gauge,
+    buckets: Gauge,
+    sent: Family<KindLabel, Counter>,
+    sent_by_kind: [Counter; ASSIGNMENT_KINDS.len()],
+    reported: Family<VerdictLabel, Counter>,
+    allowed: Counter,
+    denied: Counter,
+    refused: Counter,
+}
+
+impl Default for RlqsMetrics {
+    fn default() -> RlqsMetrics {
+        let sent: Family<KindLabel, Counter> = Family::default();
+        let sent_by_kind = std::array::from_fn(|i| {
+            sent.get_or_create(&KindLabel {
+                kind: ASSIGNMENT_KINDS[i],
+            })
+            .clone()
+        });
+        let reported: Family<VerdictLabel, Counter> = Family::default();
+        let allowed = reported
+            .get_or_create(&VerdictLabel { verdict: "allowed" })
+            .clone();
+        let denied = reported
+            .get_or_create(&VerdictLabel { verdict: "denied" })
+            .clone();
+        RlqsMetrics {
+            streams_open: Gauge::default(),
+            buckets: Gauge::default(),
+            sent,
+            sent_by_kind,
+            reported,
+            allowed,
+            denied,
+            refused: Counter::default(),
+        }
+    }
+}
+
+impl RlqsMetrics {
+    pub(super) fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "rlqs_streams_open",
+            "Rate Limit Quota Service streams open (one per Envoy per RLQS server and domain)",
+            self.streams_open.clone(),
+        );
+        registry.register(
+            "rlqs_buckets",
+            "RLQS buckets the open streams hold (a bucket two Envoys report counts twice)",
+            self.buckets.clone(),
+        );
+        registry.register(
+            "rlqs_assignments_sent",
+            "RLQS bucket actions sent, by kind (allow_all, deny_all, token_bucket, abandon)",
+            self.sent.clone(),
+        );
+        registry.register(
+            "rlqs_reported_requests",
+            "Requests Envoys reported over RLQS, by what Envoy did (allowed, denied)",
+            self.reported.clone(),
+        );
+        registry.register(
+            "rlqs_buckets_refused",
+            "RLQS bucket reports refused: past a stream's bucket bound or with too many entries (Envoy keeps its no_assignment_behavior)",
+            self.refused.clone(),
+        );
+    }
+
+    pub fn stream_opened(&self) {
+        self.streams_open.inc();
+    }
+
+    /// A stream ended, holding `buckets`.
+    pub fn stream_closed(&self, buckets: usize) {
+        self.streams_open.dec();
+        self.buckets.dec_by(buckets as i64);
+    }
+
+    /// One report answered: buckets gained and let go, what was sent and reported.
+    pub fn answered(&self, added: usize, removed: usize, sent: &[&'static str]) {
+        self.buckets.inc_by(added as i64 - removed as i64);
+        for kind in sent {
+            if let Some(i) = ASSIGNMENT_KINDS.iter().position(|k| k == kind) {
+                self.sent_by_kind[i].inc();
+            }
+        }
+    }
+
+    pub fn reported(&self, allowed: u64, denied: u64, refused: usize) {
+        self.allowed.inc_by(allowed);
+        self.denied.inc_by(denied);
+        self.refused.inc_by(refused as u64);
+    }
+
+    /// Buckets the open streams hold now.
+    pub fn buckets(&self) -> i64 {
+        self.buckets.get()
+    }
+
+    /// Streams open now.
+    pub fn streams_open(&self) -> i64 {
+        self.streams_open.get()
+    }
+}

@@ -1,0 +1,180 @@
+//! The demand every open RLQS stream of this server reports, per bucket: what the share
+//! math divides a limit by. One table for the server, shared by its streams; each stream
+//! writes its own entries when it reports and removes them all when it ends
+//! ([`Subscription`] does it on drop, also when its stream's task unwinds).
+//!
+//! Bounded by the streams and the buckets each may hold (`stream.rs`); an entry not
+//! refreshed for a while (a stream that stopped reporting a bucket without abandoning it)
+//! is left out of the totals and pruned.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+/// A bucket of the server: the filter's domain and the bucket id's entries sorted by key.
+pub type BucketKey = (Arc<str>, Vec<(String, String)>);
+
+/// One stream's report for a bucket: requests per second, when, and the fraction of the
+/// limit it was last assigned.
+#[derive(Debug, Clone, Copy)]
+struct Reported {
+    per_second: f64,
+    at: Instant,
+    held: f64,
+}
+
+/// What a stream's report sees of a bucket: its own demand, the total over the streams
+/// that reported it recently, how many they are (the stream itself included), and the
+/// fractions the others hold.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Totals {
+    pub own: f64,
+    pub total: f64,
+    pub streams: usize,
+    pub others_held: f64,
+}
+
+/// Every stream's reported demand, per bucket.
+#[derive(Debug, Default)]
+pub struct Demands {
+    buckets: Mutex<HashMap<BucketKey, HashMap<u64, Reported>>>,
+}
+
+impl Demands {
+    /// Records `stream`'s demand for `key` and returns the bucket's totals, leaving out
+    /// (and removing) other streams' reports older than `stale_after`.
+    pub fn report(
+        &self,
+        key: &BucketKey,
+        stream: u64,
+        per_second: f64,
+        now: Instant,
+        stale_after: Duration,
+    ) -> Totals {
+        let mut buckets = self.buckets.lock();
+        let streams = buckets.entry(key.clone()).or_default();
+        let held = streams.get(&stream).map_or(0.0, |r| r.held);
+        let reported = Reported {
+            per_second,
+            at: now,
+            held,
+        };
+        streams.insert(stream, reported);
+        streams.retain(|_, r| now.saturating_duration_since(r.at) <= stale_after);
+        let total = streams.values().map(|r| r.per_second).sum();
+        let others_held = streams
+            .iter()
+            .filter(|(id, _)| **id != stream)
+            .map(|(_, r)| r.held)
+            .sum();
+        Totals {
+            own: per_second,
+            total,
+            streams: streams.len(),
+            others_held,
+        }
+    }
+
+    /// Records the fraction `stream` was assigned for `key` (after [`Self::report`]).
+    pub fn hold(&self, key: &BucketKey, stream: u64, fraction: f64) {
+        let mut buckets = self.buckets.lock();
+        if let Some(r) = buckets.get_mut(key).and_then(|s| s.get_mut(&stream)) {
+            r.held = fraction;
+        }
+    }
+
+    /// Removes `stream`'s report for `key` (the bucket was abandoned).
+    pub fn forget(&self, key: &BucketKey, stream: u64) {
+        let mut buckets = self.buckets.lock();
+        if let Some(streams) = buckets.get_mut(key) {
+            streams.remove(&stream);
+            if streams.is_empty() {
+                buckets.remove(key);
+            }
+        }
+    }
+
+    /// Buckets with at least one stream's report.
+    pub fn buckets(&self) -> usize {
+        self.buckets.lock().len()
+    }
+
+    fn forget_stream(&self, stream: u64) {
+        let mut buckets = self.buckets.lock();
+        buckets.retain(|_, streams| {
+            streams.remove(&stream);
+            !streams.is_empty()
+        });
+    }
+}
+
+/// A stream's place in [`Demands`]: its id, its reports removed when it is dropped.
+#[derive(Debug)]
+pub struct Subscription {
+    demands: Arc<Demands>,
+    id: u64,
+}
+
+impl Subscription {
+    pub fn new(demands: Arc<Demands>, id: u64) -> Subscription {
+        Subscription { demands, id }
+    }
+
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    pub fn demands(&self) -> &Demands {
+        &self.demands
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        self.demands.forget_stream(self.id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(v: &str) -> BucketKey {
+        (Arc::from("d"), vec![("tenant".into(), v.into())])
+    }
+
+    #[test]
+    fn totals_cover_the_streams_and_a_dropped_stream_leaves() {
+        let demands = Arc::new(Demands::default());
+        let now = Instant::now();
+        let long = Duration::from_secs(10);
+        let a = Subscription::new(demands.clone(), 1);
+        let b = Subscription::new(demands.clone(), 2);
+        a.demands().report(&key("x"), a.id(), 30.0, now, long);
+        a.demands().hold(&key("x"), a.id(), 0.7);
+        let t = b.demands().report(&key("x"), b.id(), 10.0, now, long);
+        assert_eq!(
+            (t.own, t.total, t.streams, t.others_held),
+            (10.0, 40.0, 2, 0.7)
+        );
+        drop(a);
+        let t = b.demands().report(&key("x"), b.id(), 10.0, now, long);
+        assert_eq!((t.total, t.streams), (10.0, 1));
+        drop(b);
+        assert_eq!(demands.buckets(), 0);
+    }
+
+    #[test]
+    fn a_stale_report_is_left_out() {
+        let demands = Demands::default();
+        let then = Instant::now();
+        let later = then + Duration::from_secs(5);
+        demands.report(&key("x"), 1, 30.0, then, Duration::from_secs(3));
+        let t = demands.report(&key("x"), 2, 10.0, later, Duration::from_secs(3));
+        assert_eq!((t.total, t.streams), (10.0, 1));
+        demands.forget(&key("x"), 2);
+        assert_eq!(demands.buckets(), 0);
+    }
+}

@@ -1,0 +1,15 @@
+//! The Rate Limit Quota Service's policy (`envoy.service.rate_limit_quota.v3`): Envoy's
+//! `rate_limit_quota` filter reports, per bucket, what it allowed and denied; shardgate
+//! answers each bucket with an assignment Envoy enforces itself until it expires. A
+//! bucket id's entries, sorted by key, are a descriptor of the filter's domain in the
+//! loaded rules (`stream.rs`); its rule's kind becomes allow-all, deny-all or a token
+//! bucket (`assign.rs`) whose rate is this Envoy's share of the limit (`share.rs`), from
+//! the demand every stream on this server reports (`demand.rs`).
+//!
+//! It owns no socket (`server/rlqs.rs` carries the stream) and touches no store: the
+//! limit is divided among the Envoys connected to this server.
+
+pub mod assign;
+pub mod demand;
+pub mod share;
+pub mod stream;

@@ -1,0 +1,340 @@
+//! One RLQS stream's state: its domain (the first report's), the buckets it subscribed
+//! to and, for each, the report interval seen, how long it has been idle and the fraction
+//! it holds; and the answer to one report message ([`Stream::answer`]): every bucket it
+//! names assigned from the config in force now (so a reload is sent at the next report,
+//! within one interval), a bucket idle for [`ABANDON_AFTER`] reports abandoned.
+//!
+//! Bounded against a hostile client: at most `max_buckets` buckets and
+//! [`MAX_BUCKET_ENTRIES`] entries per bucket id; a bucket past either is not tracked and
+//! gets no assignment (Envoy applies its `no_assignment_behavior`). It owns no socket:
+//! `server/rlqs.rs` carries the messages.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
+    RateLimitQuotaResponse, RateLimitQuotaUsageReports,
+};
+
+use super::assign::{action, kind, Assignment, Kind};
+use super::demand::{BucketKey, Subscription};
+use super::share::{bucket, capped, fraction, settled};
+use crate::config::Config;
+
+/// Most entries of one bucket id (a descriptor is a handful).
+pub const MAX_BUCKET_ENTRIES: usize = 16;
+
+/// Reports in a row with no request after which a bucket is abandoned.
+pub const ABANDON_AFTER: u32 = 5;
+
+/// An assignment lives this many report intervals: one lost answer does not drop Envoy
+/// to its `expired_assignment_behavior`, and a server that is gone stops binding it soon.
+pub const TTL_INTERVALS: u32 = 3;
+
+/// The report interval assumed until a report says how long it covers: Envoy 1.40 reports
+/// every 5 s whatever the bucket's `reporting_interval` says, and a new bucket's first
+/// report covers nothing (0 s).
+const DEFAULT_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Bounds on the interval a report may claim (Envoy says it in whole seconds).
+const MIN_INTERVAL: Duration = Duration::from_secs(1);
+const MAX_INTERVAL: Duration = Duration::from_secs(600);
+
+/// Why a stream is ended.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StreamError {
+    #[error("the first report of a stream must name its domain")]
+    NoDomain,
+}
+
+/// One tracked bucket.
+#[derive(Debug, Clone, Copy)]
+struct Tracked {
+    interval: Duration,
+    idle_reports: u32,
+    held: Option<f64>,
+}
+
+/// What one report message was answered, for the metrics.
+#[derive(Debug, Default)]
+pub struct Answer {
+    pub response: RateLimitQuotaResponse,
+    pub allowed: u64,
+    pub denied: u64,
+    /// Buckets newly tracked (positive) or let go (abandoned), for the buckets gauge.
+    pub buckets_added: usize,
+    pub buckets_removed: usize,
+    /// Buckets refused: past the stream's bound or with too many entries.
+    pub refused: usize,
+    pub sent: Vec<&'static str>,
+}
+
+/// One stream.
+#[derive(Debug)]
+pub struct Stream {
+    subscription: Subscription,
+    domain: Option<Arc<str>>,
+    buckets: HashMap<Vec<(String, String)>, Tracked>,
+    max_buckets: usize,
+}
+
+impl Stream {
+    pub fn new(subscription: Subscription, max_buckets: usize) -> Stream {
+        Stream {
+            subscription,
+            domain: None,
+            buckets: HashMap::new(),
+            max_buckets,
+        }
+    }
+
+    /// Buckets the stream holds.
+    pub fn buckets(&self) -> usize {
+        self.buckets.len()
+    }
+
+    /// The answer to `reports`, from `config`, at `now`.
+    pub fn answer(
+        &mut self,
+        reports: RateLimitQuotaUsageReports,
+        config: &Config,
+        now: Instant,
+    ) -> Result<Answer, StreamError> {
+        let domain = match &self.domain {
+            Some(d) => d.clone(),
+            None if reports.domain.is_empty() => return Err(StreamError::NoDomain),
+            None => {
+                let d: Arc<str> = Arc::from(reports.domain.as_str());
+                self.domain = Some(d.clone());
+                d
+            }
+        };
+        let mut answer = Answer::default();
+        for usage in reports.bucket_quota_usages {
+            self.answer_bucket(&domain, usage, config, now, &mut answer);
+        }
+        Ok(answer)
+    }
+
+    fn answer_bucket(
+        &mut self,
+        domain: &Arc<str>,
+        usage: BucketQuotaUsage,
+        config: &Config,
+        now: Instant,
+        answer: &mut Answer,
+    ) {
+        let Some(id) = usage.bucket_id else {
+            answer.refused += 1;
+            return;
+        };
+        if id.bucket.len() > MAX_BUCKET_ENTRIES {
+            answer.refused += 1;
+            return;
+        }
+        let mut entries: Vec<(String, String)> = id.bucket.into_iter().collect();
+        entries.sort();
+        let known = self.buckets.contains_key(&entries);
+        if !known && self.buckets.len() >= self.max_buckets {
+            answer.refused += 1;
+            return;
+        }
+        answer.allowed = answer.allowed.saturating_add(usage.num_requests_allowed);
+        answer.denied = answer.denied.saturating_add(usage.num_requests_denied);
+        let requests = usage
+            .num_requests_allowed
+            .saturating_add(usage.num_requests_denied);
+        let mut tracked = self.buckets.get(&entries).copied().unwrap_or(Tracked {
+            interval: DEFAULT_INTERVAL,
+            idle_reports: 0,
+            held: None,
+        });
+        if !known {
+            answer.buckets_added += 1;
+        }
+        if let Some(elapsed) = usage.time_elapsed {
+            let elapsed = Duration::new(elapsed.seconds.max(0) as u64, elapsed.nanos.max(0) as u32);
+            if !elapsed.is_zero() {
+                tracked.interval = elapsed.clamp(MIN_INTERVAL, MAX_INTERVAL);
+            }
+        }
+        tracked.idle_reports = if requests == 0 {
+            tracked.idle_reports + 1
+        } else {
+            0
+        };
+        let key: BucketKey = (domain.clone(), entries);
+        let ttl = (tracked.interval * TTL_INTERVALS).max(Duration::from_secs(2));
+        let assignment = if tracked.idle_reports >= ABANDON_AFTER {
+            let sub = &self.subscription;
+            sub.demands().forget(&key, sub.id());
+            Assignment::Abandon
+        } else {
+            self.assignment(&key, &mut tracked, requests, config, now)
+        };
+        let (_, entries) = key;
+        if assignment == Assignment::Abandon {
+            self.buckets.remove(&entries);
+            answer.buckets_removed += 1;
+        } else {
+            self.buckets.insert(entries.clone(), tracked);
+        }
+        answer.sent.push(assignment.label());
+        answer
+            .response
+            .bucket_action
+            .push(action(&entries, assignment, ttl));
+    }
+
+    /// The assignment of a bucket still in use: its rule's kind, and for a limit this
+    /// stream's share of it.
+    fn assignment(
+        &self,
+        key: &BucketKey,
+        tracked: &mut Tracked,
+        requests: u64,
+        config: &Config,
+        now: Instant,
+    ) -> Assignment {
+        let rule = config
+            .domain(&key.0)
+            .and_then(|d| d.match_descriptor(&key.1));
+        let (tokens, period, burst) = match kind(rule.map(|r| &**r)) {
+            Kind::AllowAll => return self.unshared(key, tracked, Assignment::AllowAll),
+            Kind::DenyAll => return self.unshared(key, tracked, Assignment::DenyAll),
+            Kind::Limited {
+                tokens,
+                period,
+                burst,
+            } => (tokens, period, burst),
+        };
+        let per_second = requests as f64 / tracked.interval.as_secs_f64();
+        let stale_after = tracked.interval * TTL_INTERVALS;
+        let sub = &self.subscription;
+        let totals = sub
+            .demands()
+            .report(key, sub.id(), per_second, now, stale_after);
+        let computed = fraction(totals.own, totals.total, totals.streams);
+        let share = capped(
+            settled(tracked.held, computed),
+            totals.others_held,
+            totals.streams,
+        );
+        sub.demands().hold(key, sub.id(), share);
+        tracked.held = Some(share);
+        match bucket(share, tokens, period, burst) {
+            Some(b) => Assignment::TokenBucket(b),
+            None => Assignment::DenyAll,
+        }
+    }
+
+    /// An assignment that is not a share: the stream's demand leaves the totals.
+    fn unshared(&self, key: &BucketKey, tracked: &mut Tracked, a: Assignment) -> Assignment {
+        tracked.held = None;
+        self.subscription
+            .demands()
+            .forget(key, self.subscription.id());
+        a
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::service::rlqs::demand::Demands;
+    use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::BucketAction as Action;
+    use envoy_types::pb::envoy::service::rate_limit_quota::v3::BucketId;
+    use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::Strategy;
+    use envoy_types::pb::google::protobuf::Duration as PbDuration;
+
+    const RULES: &str = "domain: d\ndescriptors:\n  - key: tenant\n    value: acme\n    rate_limit: {unit: second, requests_per_unit: 50}\n";
+
+    fn report(tenant: &str, allowed: u64, denied: u64) -> RateLimitQuotaUsageReports {
+        RateLimitQuotaUsageReports {
+            domain: "d".into(),
+            bucket_quota_usages: vec![BucketQuotaUsage {
+                bucket_id: Some(BucketId {
+                    bucket: [("tenant".to_string(), tenant.to_string())].into(),
+                }),
+                time_elapsed: Some(PbDuration {
+                    seconds: 1,
+                    nanos: 0,
+                }),
+                num_requests_allowed: allowed,
+                num_requests_denied: denied,
+            }],
+        }
+    }
+
+    /// The tokens per second of the only action of `answer`, or the action's name.
+    fn rate(answer: &Answer) -> Result<f64, &'static str> {
+        let a = answer.response.bucket_action[0].bucket_action;
+        let Some(Action::QuotaAssignmentAction(q)) = a else {
+            return Err("abandon");
+        };
+        match q.rate_limit_strategy.and_then(|s| s.strategy) {
+            Some(Strategy::TokenBucket(t)) => {
+                let interval = t.fill_interval.unwrap();
+                let secs = interval.seconds as f64 + f64::from(interval.nanos) / 1e9;
+                Ok(f64::from(t.tokens_per_fill.unwrap().value) / secs)
+            }
+            _ => Err("blanket"),
+        }
+    }
+
+    #[test]
+    fn two_streams_of_equal_demand_split_the_limit_and_one_alone_takes_it() {
+        let config = Config::from_yaml("r.yaml", RULES).unwrap();
+        let demands = Arc::new(Demands::default());
+        let mut a = Stream::new(Subscription::new(demands.clone(), 1), 8);
+        let mut b = Stream::new(Subscription::new(demands.clone(), 2), 8);
+        let now = Instant::now();
+        a.answer(report("acme", 100, 100), &config, now).unwrap();
+        b.answer(report("acme", 100, 100), &config, now).unwrap();
+        let ra = rate(&a.answer(report("acme", 25, 175), &config, now).unwrap()).unwrap();
+        let rb = rate(&b.answer(report("acme", 25, 175), &config, now).unwrap()).unwrap();
+        assert!(
+            (ra - 25.0).abs() < 1.0 && (rb - 25.0).abs() < 1.0,
+            "{ra} {rb}"
+        );
+        assert!(ra + rb <= 50.0 + 1e-9);
+        drop(b);
+        let ra = rate(&a.answer(report("acme", 25, 175), &config, now).unwrap()).unwrap();
+        assert!((ra - 50.0).abs() < 1e-6, "{ra}");
+    }
+
+    #[test]
+    fn an_idle_bucket_is_abandoned_and_a_stream_holds_a_bounded_number() {
+        let config = Config::from_yaml("r.yaml", RULES).unwrap();
+        let demands = Arc::new(Demands::default());
+        let mut s = Stream::new(Subscription::new(demands.clone(), 1), 2);
+        let now = Instant::now();
+        for _ in 1..ABANDON_AFTER {
+            let answer = s.answer(report("acme", 0, 0), &config, now).unwrap();
+            assert!(rate(&answer).is_ok());
+        }
+        let answer = s.answer(report("acme", 0, 0), &config, now).unwrap();
+        assert_eq!(rate(&answer), Err("abandon"));
+        assert_eq!((s.buckets(), demands.buckets()), (0, 0));
+        for t in ["a", "b", "c"] {
+            s.answer(report(t, 1, 0), &config, now).unwrap();
+        }
+        let answer = s.answer(report("d", 1, 0), &config, now).unwrap();
+        assert_eq!((s.buckets(), answer.refused), (2, 1));
+        assert!(answer.response.bucket_action.is_empty());
+    }
+
+    #[test]
+    fn the_domain_is_the_first_reports() {
+        let config = Config::from_yaml("r.yaml", RULES).unwrap();
+        let mut s = Stream::new(Subscription::new(Arc::default(), 1), 2);
+        let mut r = report("acme", 1, 0);
+        r.domain.clear();
+        assert_eq!(
+            s.answer(r, &config, Instant::now()).unwrap_err(),
+            StreamError::NoDomain
+        );
+    }
+}
