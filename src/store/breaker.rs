@@ -110,7 +110,7 @@ impl<S: BucketStore> Breaker<S> {
 
     /// The circuit of `key`'s fault domain.
     pub fn state_of(&self, key: &BucketKey) -> CircuitState {
-        match *self.domain(key).circuit.lock() {
+        match *self.domain(Some(key)).circuit.lock() {
             Circuit::Closed { .. } => CircuitState::Closed,
             Circuit::Open { .. } => CircuitState::Open,
             Circuit::Probing => CircuitState::Probing,
@@ -125,9 +125,14 @@ impl<S: BucketStore> Breaker<S> {
         }
     }
 
-    fn domain(&self, key: &BucketKey) -> &Domain {
-        let at = self.inner.fault_domain(key) % self.domains.len().max(1);
-        &self.domains[at]
+    /// The circuit of `key`'s fault domain (none: the first).
+    #[expect(
+        clippy::indexing_slicing,
+        reason = "an index modulo FAULT_DOMAINS, the length `new` gives `domains`"
+    )]
+    fn domain(&self, key: Option<&BucketKey>) -> &Domain {
+        let at = key.map_or(0, |k| self.inner.fault_domain(k));
+        &self.domains[at % FAULT_DOMAINS]
     }
 
     /// Whether a call may go to the store now (and whether it is the probe); `Err` fails
@@ -200,10 +205,7 @@ impl<S: BucketStore> Breaker<S> {
         key: &(dyn std::fmt::Display + Sync),
         call: impl std::future::Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        let d = match domain {
-            Some(k) => self.domain(k),
-            None => &self.domains[0],
-        };
+        let d = self.domain(domain);
         let admitted = self.admit(d, key)?;
         // A call is cancelled when its caller goes away (a client deadline ends the gRPC
         // call). A cancelled probe must still settle the circuit, or it would stay
@@ -379,13 +381,13 @@ mod tests {
         let b = Breaker::new(TwoNodes(MemoryStore::new()), 2, Duration::from_secs(60));
         let (dead, alive) = (BucketKey::new("e", "r", 1), BucketKey::new("e", "r", 0));
         for _ in 0..2 {
-            b.record_outcome(b.domain(&dead), true);
+            b.record_outcome(b.domain(Some(&dead)), true);
         }
         assert_eq!(b.state_of(&dead), CircuitState::Open);
         assert_eq!(b.state_of(&alive), CircuitState::Closed);
         assert_eq!(b.state(), CircuitState::Open, "the worst of them");
-        assert!(b.admit(b.domain(&dead), &"k").is_err());
-        assert!(b.admit(b.domain(&alive), &"k").unwrap() == Admitted::Call);
+        assert!(b.admit(b.domain(Some(&dead)), &"k").is_err());
+        assert!(b.admit(b.domain(Some(&alive)), &"k").unwrap() == Admitted::Call);
         b.close();
         assert_eq!(b.state(), CircuitState::Closed);
     }

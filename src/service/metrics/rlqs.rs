@@ -30,12 +30,8 @@ pub struct RlqsMetrics {
 impl Default for RlqsMetrics {
     fn default() -> RlqsMetrics {
         let sent: Family<KindLabel, Counter> = Family::default();
-        let sent_by_kind = std::array::from_fn(|i| {
-            sent.get_or_create(&KindLabel {
-                kind: ASSIGNMENT_KINDS[i],
-            })
-            .clone()
-        });
+        let sent_by_kind =
+            ASSIGNMENT_KINDS.map(|kind| sent.get_or_create(&KindLabel { kind }).clone());
         let reported: Family<VerdictLabel, Counter> = Family::default();
         let allowed = reported
             .get_or_create(&VerdictLabel { verdict: "allowed" })
@@ -99,8 +95,9 @@ impl RlqsMetrics {
     pub fn answered(&self, added: usize, removed: usize, sent: &[&'static str]) {
         self.buckets.inc_by(added as i64 - removed as i64);
         for kind in sent {
-            if let Some(i) = ASSIGNMENT_KINDS.iter().position(|k| k == kind) {
-                self.sent_by_kind[i].inc();
+            let at = ASSIGNMENT_KINDS.iter().position(|k| k == kind);
+            if let Some(counter) = at.and_then(|i| self.sent_by_kind.get(i)) {
+                counter.inc();
             }
         }
     }
