@@ -390,13 +390,16 @@ def test_b_the_hot_master_killed(cluster, shardgate, tmp_path, pytestconfig):
         # Back as a replica of the promoted master: the Cluster is whole for the next test.
         victim.start()
     checked = Checked(run, "master killed", event_at, promoted, first, True)
-    # The roomy bucket's master stayed up: its calls failed only while the Cluster was
-    # down, or while the servers' circuit breaker (one per store, for every node) was open.
+    # The roomy bucket's master stayed up: its calls may fail only while the Cluster was
+    # down (every node answers CLUSTERDOWN) and for one cool-off of its own circuit after
+    # (0.5 s; +1 s allowed). The breaker keeps a circuit per master (issue 44): the dead
+    # master's timeouts before the Cluster noticed must not fail the roomy master's calls.
     down = (state.down or event_at, state.up or checked.end)
     outside = sum(1 for t, b, c in run.load.all()
-                  if b == "roomy" and c == "unavailable" and not down[0] <= t <= down[1] + 0.5)
+                  if b == "roomy" and c == "unavailable" and not down[0] <= t <= down[1] + 1.0)
     checked.show(pytestconfig, f"; Cluster down {down[0] - event_at:+.2f}..{down[1] - event_at:+.2f} s, "
-                 f"roomy failure answers outside it (+0.5 s) {outside}")
+                 f"roomy failure answers outside it (+1 s) {outside}")
+    assert outside == 0, checked.report
 
 
 def test_c_the_hot_slot_migrated_under_load(cluster, shardgate, tmp_path, pytestconfig):
