@@ -97,6 +97,10 @@ pub(crate) struct Serve {
     /// descriptors are over (envoyproxy/ratelimit's QUOTA_MODE).
     #[arg(help_heading = ANSWERS, long, env = "SHARDGATE_GLOBAL_QUOTA_MODE")]
     pub(crate) global_quota_mode: bool,
+    /// Keep no per-rule tables of the descriptor values most refused and admitted (`GET
+    /// /top` and the page then list none). They are kept by default, in fixed memory.
+    #[arg(help_heading = ANSWERS, long, env = "SHARDGATE_NO_TOP_VALUES")]
+    pub(crate) no_top_values: bool,
     /// Send dynamic metadata with each answer: the domain, the descriptors and the
     /// passing descriptors' rule `metadata` (envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA).
     #[arg(help_heading = ANSWERS, long, env = "SHARDGATE_RESPONSE_DYNAMIC_METADATA")]

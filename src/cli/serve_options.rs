@@ -61,6 +61,7 @@ pub(crate) fn serve_options(args: Serve, trace_context: bool) -> Result<ServeOpt
         partition_write_budget: args.partition_write_budget,
         leases: args.leases.map(|s| matches!(s, Switch::On)),
         global_quota_mode: args.global_quota_mode,
+        top_values: !args.no_top_values,
         load: LoadOptions {
             merge_domains: args.merge_domain_config,
         },

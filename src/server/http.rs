@@ -1,6 +1,7 @@
 //! The HTTP surface (`--http-addr`): `GET /metrics` (Prometheus), `GET /healthcheck`
 //! (readiness), `GET /healthcheck/store` (whether the store answers now), `GET /rlconfig`
-//! (the loaded rules as text) and `POST /json` (a proto3-JSON `RateLimitRequest` answered
+//! (the loaded rules as text), `GET /top` (each rule's most refused and admitted
+//! descriptor values, JSON; `?n=` values per table, `?domain=` one domain) and `POST /json` (a proto3-JSON `RateLimitRequest` answered
 //! like the gRPC call: 200 OK, 429 over limit, 400 bad body).
 //!
 //! It translates HTTP to the [`RateLimiter`] and the metrics; it decides nothing itself.
@@ -9,7 +10,7 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::{Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -29,6 +30,7 @@ pub fn router<S: BucketStore>(limiter: Arc<RateLimiter<S>>) -> Router {
         .route("/healthcheck", get(healthcheck::<S>))
         .route("/healthcheck/store", get(store_check::<S>))
         .route("/rlconfig", get(rlconfig::<S>))
+        .route("/top", get(top::<S>))
         .route("/json", post(json_call::<S>))
         .route("/explain", post(explain::<S>))
         .with_state(limiter)
@@ -75,6 +77,32 @@ async fn store_check<S: BucketStore>(State(limiter): State<Arc<RateLimiter<S>>>)
         )
             .into_response(),
     }
+}
+
+/// The values listed per table when `/top` is not told.
+const TOP_LISTED: usize = 10;
+
+/// `GET /top`: what the page's tables show, as JSON. It carries request values (tenant
+/// identifiers, often): the HTTP port is an operator's, not a caller's.
+async fn top<S: BucketStore>(
+    State(limiter): State<Arc<RateLimiter<S>>>,
+    Query(query): Query<std::collections::HashMap<String, String>>,
+) -> Response {
+    let n = match query.get("n").map(|n| n.parse::<usize>()) {
+        None => TOP_LISTED,
+        Some(Ok(n)) => n,
+        Some(Err(_)) => {
+            return (StatusCode::BAD_REQUEST, "n: expected a number\n").into_response();
+        }
+    };
+    let report = limiter
+        .top()
+        .report(n, query.get("domain").map(String::as_str));
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        serde_json::to_string(&report).unwrap_or_default(),
+    )
+        .into_response()
 }
 
 async fn rlconfig<S: BucketStore>(State(limiter): State<Arc<RateLimiter<S>>>) -> Response {

@@ -55,6 +55,8 @@ pub struct ServeOptions {
     pub answer: AnswerOptions,
     /// Every rule in quota mode.
     pub global_quota_mode: bool,
+    /// Each rule's most refused and admitted values kept (`/top`).
+    pub top_values: bool,
     /// Bounds on what one request may carry.
     pub request_limits: RequestLimits,
     /// How long calls in flight may take to finish after a shutdown signal.

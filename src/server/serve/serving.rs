@@ -158,7 +158,8 @@ fn limiter<S: BucketStore>(
             .with_global_quota(options.global_quota_mode)
             .with_request_limits(options.request_limits.clone())
             .with_store_timeout(options.store_timeout)
-            .with_metrics(metrics.clone()),
+            .with_metrics(metrics.clone())
+            .with_top_values(options.top_values),
     )
 }
 
