@@ -46,6 +46,8 @@ pub struct Metrics {
     store_refused_requests: Counter,
     tls_handshake_failures: Family<ReasonLabel, Counter>,
     grpc_accept_failures: Counter,
+    statsd_send_failures: Counter,
+    statsd_lines_dropped: Counter,
     port: super::port::PortMetrics,
 }
 
@@ -71,6 +73,8 @@ impl Metrics {
             store_refused_requests: Counter::default(),
             tls_handshake_failures: Family::default(),
             grpc_accept_failures: Counter::default(),
+            statsd_send_failures: Counter::default(),
+            statsd_lines_dropped: Counter::default(),
             port: Default::default(),
         };
         m.register_requests_and_config(&mut registry);
@@ -162,6 +166,16 @@ impl Metrics {
             "grpc_accept_failures",
             "Connections the gRPC port failed to accept (out of file descriptors, most often); each pauses accepting",
             self.grpc_accept_failures.clone(),
+        );
+        registry.register(
+            "statsd_send_failures",
+            "Flushes to statsd that failed (their deltas are sent with the next flush that succeeds)",
+            self.statsd_send_failures.clone(),
+        );
+        registry.register(
+            "statsd_lines_dropped",
+            "statsd lines never sent: those of the last flush at shutdown when statsd could not be reached",
+            self.statsd_lines_dropped.clone(),
         );
     }
 
@@ -298,6 +312,16 @@ impl Metrics {
     /// A connection the gRPC port failed to accept (`accept.rs`).
     pub fn grpc_accept_failed(&self) {
         self.grpc_accept_failures.inc();
+    }
+
+    /// A flush to statsd failed; its deltas wait for the next.
+    pub fn statsd_send_failed(&self) {
+        self.statsd_send_failures.inc();
+    }
+
+    /// `lines` of statsd's were given up on.
+    pub fn statsd_dropped(&self, lines: usize) {
+        self.statsd_lines_dropped.inc_by(lines as u64);
     }
 
     pub fn domain_not_found(&self) {
