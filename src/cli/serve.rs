@@ -101,6 +101,11 @@ pub(crate) struct Serve {
     /// /top` and the page then list none). They are kept by default, in fixed memory.
     #[arg(help_heading = ANSWERS, long, env = "SHARDGATE_NO_TOP_VALUES")]
     pub(crate) no_top_values: bool,
+    /// The operator's page, `/ui` on the HTTP port: on by default only when --http-addr
+    /// is a loopback address (the page shows request values, tenant identifiers often);
+    /// `on` serves it on any address, `off` nowhere.
+    #[arg(help_heading = ANSWERS, long, env = "SHARDGATE_UI")]
+    pub(crate) ui: Option<Switch>,
     /// Send dynamic metadata with each answer: the domain, the descriptors and the
     /// passing descriptors' rule `metadata` (envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA).
     #[arg(help_heading = ANSWERS, long, env = "SHARDGATE_RESPONSE_DYNAMIC_METADATA")]

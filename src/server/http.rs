@@ -1,7 +1,8 @@
 //! The HTTP surface (`--http-addr`): `GET /metrics` (Prometheus), `GET /healthcheck`
 //! (readiness), `GET /healthcheck/store` (whether the store answers now), `GET /rlconfig`
 //! (the loaded rules as text), `GET /top` (each rule's most refused and admitted
-//! descriptor values, JSON; `?n=` values per table, `?domain=` one domain) and `POST /json` (a proto3-JSON `RateLimitRequest` answered
+//! descriptor values, JSON; `?n=` values per table, `?domain=` one domain), the operator's
+//! page (`/ui`, `ui.rs`, when on) and `POST /json` (a proto3-JSON `RateLimitRequest` answered
 //! like the gRPC call: 200 OK, 429 over limit, 400 bad body).
 //!
 //! It translates HTTP to the [`RateLimiter`] and the metrics; it decides nothing itself.
@@ -18,14 +19,17 @@ use axum::Router;
 use tokio::net::TcpListener;
 
 use super::json;
-use crate::config::RuleLimit;
+use super::rule_text::{limit_text, rule_flags};
+use super::ui;
 use crate::service::decision::{CallError, RateLimiter};
 use crate::store::BucketStore;
 use crate::support::text::{elide, MESSAGE_BYTES};
 
-/// The HTTP routes over one rate limiter.
-pub fn router<S: BucketStore>(limiter: Arc<RateLimiter<S>>) -> Router {
+/// The HTTP routes over one rate limiter; with `ui`, the operator's page too.
+pub fn router<S: BucketStore>(limiter: Arc<RateLimiter<S>>, ui: bool) -> Router {
+    let page = if ui { ui::routes() } else { Router::new() };
     Router::new()
+        .merge(page)
         .route("/metrics", get(metrics::<S>))
         .route("/healthcheck", get(healthcheck::<S>))
         .route("/healthcheck/store", get(store_check::<S>))
@@ -41,8 +45,9 @@ pub async fn serve<S: BucketStore>(
     limiter: Arc<RateLimiter<S>>,
     listener: TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ui: bool,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(limiter))
+    axum::serve(listener, router(limiter, ui))
         .with_graceful_shutdown(shutdown)
         .await
 }
@@ -113,35 +118,12 @@ async fn rlconfig<S: BucketStore>(State(limiter): State<Arc<RateLimiter<S>>>) ->
     for d in domains {
         let _ = writeln!(out, "domain {}:", d.name);
         for r in d.rules() {
-            let limit = match &r.limit {
-                RuleLimit::Unlimited => "unlimited".to_string(),
-                // Several limits (`rate_limits`): each with its name in the bucket item.
-                RuleLimit::Limited(_) if !r.further_limits.is_empty() => r
-                    .stated_limits()
-                    .map(|l| format!("{} [{}]", l.rate, l.item_name))
-                    .collect::<Vec<_>>()
-                    .join(" + "),
-                RuleLimit::Limited(l) => l.to_string(),
-            };
-            let mut flags = Vec::new();
-            if r.shadow_mode {
-                flags.push("shadow_mode".to_string());
-            }
-            if r.quota_mode {
-                flags.push("quota_mode".to_string());
-            }
-            if let Some(p) = &r.cascade_parent {
-                flags.push(format!("cascade to {}", p.stats_key));
-            }
-            // A list's names are in its limits' text already.
-            if let Some(n) = r.name.as_ref().filter(|_| r.further_limits.is_empty()) {
-                flags.push(format!("name {n}"));
-            }
+            let flags = rule_flags(r);
             let _ = writeln!(
                 out,
                 "  {}: {} resource {}{}{}",
                 r.stats_key,
-                limit,
+                limit_text(r),
                 r.resource,
                 if flags.is_empty() { "" } else { "; " },
                 flags.join(", ")

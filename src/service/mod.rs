@@ -25,5 +25,5 @@ mod treatment;
 pub mod wire;
 
 pub use answer_options::{AnswerOptions, RateLimitHeaders};
-pub use decision::{CallError, RateLimiter};
+pub use decision::{CallError, ConfigEvents, RateLimiter, Rejected};
 pub use request::RequestLimits;

@@ -109,6 +109,12 @@ pub trait BucketStore: Send + Sync + 'static {
         guard: CreditGuard,
         credits: &[Credit],
     ) -> impl Future<Output = Result<Vec<Credit>, StoreError>> + Send;
+
+    /// The state of the circuit breaker the store is behind (`closed`, `open` or
+    /// `probing`), for the operator's page; `None` without one (the memory store).
+    fn circuit(&self) -> Option<&'static str> {
+        None
+    }
 }
 
 #[cfg(test)]

@@ -57,6 +57,8 @@ pub struct ServeOptions {
     pub global_quota_mode: bool,
     /// Each rule's most refused and admitted values kept (`/top`).
     pub top_values: bool,
+    /// The operator's page served on the HTTP port (`/ui`).
+    pub ui: bool,
     /// Bounds on what one request may carry.
     pub request_limits: RequestLimits,
     /// How long calls in flight may take to finish after a shutdown signal.

@@ -94,7 +94,7 @@ pub(super) async fn serve_on<S: BucketStore>(
     let prune_task = spawn_prune(limiter.engine().clone());
     let (lease_stop_tx, lease_task) = spawn_leases(limiter.engine().clone());
     let grpc = grpc::serve_with(limiter.clone(), grpc_listener, port, stopped());
-    let http = http::serve(limiter.clone(), http_listener, stopped());
+    let http = http::serve(limiter.clone(), http_listener, stopped(), options.ui);
     #[cfg(feature = "test-hooks")]
     let (grpc, http) = (
         super::test_hooks::ended_early("grpc", grpc, ()),

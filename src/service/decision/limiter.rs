@@ -10,6 +10,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::call::{CallError, CallState};
+use super::events::ConfigEvents;
 use crate::config::Config;
 use crate::engine::Engine;
 use crate::service::answer_options::AnswerOptions;
@@ -60,6 +61,8 @@ pub struct RateLimiter<S: BucketStore> {
     pub(super) metrics: Arc<Metrics>,
     /// Each rule's most refused and admitted values (`/top`, the page).
     pub(super) top: Arc<TopBoard>,
+    /// When the rules were loaded, and the last load refused.
+    pub(super) events: parking_lot::Mutex<ConfigEvents>,
     pub(super) store_failure_log: LogThrottle,
     /// Requests for a domain no rule defines: answered OK, so a domain misspelled between
     /// Envoy and the rules would otherwise turn limiting off silently.
@@ -76,6 +79,7 @@ impl<S: BucketStore> RateLimiter<S> {
         RateLimiter {
             snapshot: ArcSwap::from_pointee(Snapshot::new(config, &metrics, &top)),
             top,
+            events: parking_lot::Mutex::new(ConfigEvents::new()),
             engine,
             limits: RequestLimits::default(),
             answer: AnswerOptions::default(),
@@ -198,6 +202,18 @@ impl<S: BucketStore> RateLimiter<S> {
     pub fn replace_config(&self, config: Arc<Config>) {
         self.snapshot
             .store(Arc::new(Snapshot::new(config, &self.metrics, &self.top)));
+        self.events.lock().loaded();
+    }
+
+    /// A load refused with `error`: the rules in force stay (counted and kept for the page).
+    pub fn config_rejected(&self, error: &str) {
+        self.metrics.config_rejected();
+        self.events.lock().rejected(error);
+    }
+
+    /// When the rules in force were loaded, and the last load refused.
+    pub fn config_events(&self) -> ConfigEvents {
+        self.events.lock().clone()
     }
 
     /// Counts a request for a domain `config` does not define and warns about it, once per

@@ -314,6 +314,18 @@ impl Metrics {
         self.grpc_accept_failures.inc();
     }
 
+    /// Store calls by (operation, outcome) since start, for the operator's page.
+    pub fn store_call_totals(&self) -> Vec<(&'static str, &'static str, u64)> {
+        let mut totals: Vec<_> = self
+            .store_series
+            .load()
+            .iter()
+            .map(|(&(op, outcome), (calls, _))| (op, outcome, calls.get()))
+            .collect();
+        totals.sort_unstable();
+        totals
+    }
+
     /// A flush to statsd failed; its deltas wait for the next.
     pub fn statsd_send_failed(&self) {
         self.statsd_send_failures.inc();

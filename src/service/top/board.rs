@@ -17,6 +17,7 @@ use crossbeam_utils::CachePadded;
 use parking_lot::Mutex;
 use serde::Serialize;
 
+use super::rates::{Rates, TICKS, TICK_SECONDS};
 use super::window::{Merged, Ring, Side, SLOTS};
 use crate::config::{Config, DescriptorEntry, Rule};
 use crate::support::striped::{stripe, stripe_count};
@@ -33,7 +34,42 @@ pub struct RuleTop {
     domain: Arc<str>,
     rule: String,
     source: Arc<str>,
-    stripes: Box<[CachePadded<Mutex<Ring>>]>,
+    stripes: Box<[CachePadded<Mutex<Stripe>>]>,
+}
+
+/// What one thread records into: the values' ring and the hits per tick.
+#[derive(Debug, Default)]
+struct Stripe {
+    ring: Ring,
+    rates: Rates,
+}
+
+impl Stripe {
+    fn record(
+        &mut self,
+        at: Seconds,
+        side: Side,
+        hash: u64,
+        weight: u64,
+        label: impl FnOnce(&mut String),
+    ) {
+        self.ring.record(at.minute(), side, hash, weight, label);
+        self.rates.record(at.tick(), side == Side::Refused, weight);
+    }
+}
+
+/// Seconds since the board started.
+#[derive(Debug, Clone, Copy)]
+struct Seconds(u64);
+
+impl Seconds {
+    fn minute(self) -> u64 {
+        self.0 / MINUTE.as_secs()
+    }
+
+    fn tick(self) -> u64 {
+        self.0 / TICK_SECONDS
+    }
 }
 
 impl RuleTop {
@@ -43,30 +79,30 @@ impl RuleTop {
             rule: rule.stats_key.clone(),
             source: rule.source.clone(),
             stripes: (0..stripe_count())
-                .map(|_| CachePadded::new(Mutex::new(Ring::default())))
+                .map(|_| CachePadded::new(Mutex::new(Stripe::default())))
                 .collect(),
         }
     }
 
-    fn record<E: DescriptorEntry>(&self, minute: u64, side: Side, entries: &[E], weight: u64) {
+    fn record<E: DescriptorEntry>(&self, at: Seconds, side: Side, entries: &[E], weight: u64) {
         let hash = hash_entries(entries);
         let label = |out: &mut String| write_label(out, entries);
         let home = stripe();
         let n = self.stripes.len();
         for k in 0..n {
-            if let Some(mut ring) = self.stripes[(home + k) % n].try_lock() {
-                return ring.record(minute, side, hash, weight, label);
+            if let Some(mut stripe) = self.stripes[(home + k) % n].try_lock() {
+                return stripe.record(at, side, hash, weight, label);
             }
         }
         self.stripes[home]
             .lock()
-            .record(minute, side, hash, weight, label);
+            .record(at, side, hash, weight, label);
     }
 
     fn table(&self, now: u64, side: Side, n: usize) -> Table {
         let mut merged = Merged::default();
         for s in self.stripes.iter() {
-            s.lock().read(now, side, &mut merged);
+            s.lock().ring.read(now, side, &mut merged);
         }
         let total = merged.total();
         let top = merged
@@ -87,7 +123,22 @@ impl RuleTop {
     }
 
     fn heap_bytes(&self) -> usize {
-        self.stripes.iter().map(|s| s.lock().heap_bytes()).sum()
+        self.stripes
+            .iter()
+            .map(|s| {
+                let s = s.lock();
+                s.ring.heap_bytes() + s.rates.heap_bytes()
+            })
+            .sum()
+    }
+
+    /// Hits per tick, `(admitted, refused)`, oldest first, ending at tick `now`.
+    fn series(&self, now: u64) -> Vec<(u64, u64)> {
+        let mut series = vec![(0, 0); TICKS as usize];
+        for s in self.stripes.iter() {
+            s.lock().rates.read(now, &mut series);
+        }
+        series
     }
 }
 
@@ -195,17 +246,35 @@ impl TopBoard {
         } else {
             Side::Admitted
         };
-        top.record(self.minute(), side, entries, weight);
+        top.record(self.now(), side, entries, weight);
     }
 
-    fn minute(&self) -> u64 {
-        self.started.elapsed().as_secs() / MINUTE.as_secs()
+    fn now(&self) -> Seconds {
+        Seconds(self.started.elapsed().as_secs())
+    }
+
+    /// Each rule's hits per tick over the last 15 minutes (see [`RateReport`]).
+    pub fn rates(&self, domain: Option<&str>, rule: Option<&str>) -> Vec<RateReport> {
+        let now = self.now();
+        self.current
+            .load()
+            .iter()
+            .filter(|t| domain.is_none_or(|d| *t.domain == *d))
+            .filter(|t| rule.is_none_or(|r| t.rule == r))
+            .map(|t| RateReport {
+                domain: t.domain.to_string(),
+                rule: t.rule.clone(),
+                tick_seconds: TICK_SECONDS,
+                current_tick_seconds: now.0 % TICK_SECONDS + 1,
+                ticks: t.series(now.tick()),
+            })
+            .collect()
     }
 
     /// The `n` heaviest values of each rule of the config in force, refused and admitted,
     /// over the window; only the rules of `domain` when given.
     pub fn report(&self, n: usize, domain: Option<&str>) -> TopReport {
-        let now = self.minute();
+        let now = self.now().minute();
         let n = n.clamp(1, MAX_LISTED);
         let rules = self
             .current
@@ -269,4 +338,16 @@ pub struct TopValue {
     pub error: u64,
     /// `count / total`.
     pub share: f64,
+}
+
+/// One rule's hits per tick, for the page's charts.
+#[derive(Debug, Serialize)]
+pub struct RateReport {
+    pub domain: String,
+    pub rule: String,
+    pub tick_seconds: u64,
+    /// Seconds of the last tick elapsed so far (its counts cover only those).
+    pub current_tick_seconds: u64,
+    /// `(admitted, refused)` hits per tick, oldest first; the last is the current tick.
+    pub ticks: Vec<(u64, u64)>,
 }
