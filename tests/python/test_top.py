@@ -66,3 +66,23 @@ def test_no_top_values_keeps_no_tables(shardgate):
     server.should_rate_limit(request("shop", desc(("tenant", "t1"))))
     report = top(server)
     assert report["enabled"] is False and report["rules"] == [], report
+
+
+def test_the_top_values_metric_is_off_by_default_and_bounded_when_on(shardgate):
+    def burst(server):
+        for t in ("t1", "t2", "t3"):
+            server.should_rate_limit(request("shop", desc(("tenant", t))))
+        for _ in range(8):
+            server.should_rate_limit(request("shop", desc(("tenant", "noisy"))))
+
+    off = shardgate(RULES)
+    burst(off)
+    assert off.metrics().series("shardgate_top_refused_hits") == []
+    on = shardgate(RULES, args=["--top-values-metric", "2"])
+    burst(on)
+    m = on.metrics()
+    assert m.value("shardgate_top_refused_hits", domain="shop", rule="shop.tenant",
+                   value="tenant=noisy") == 3
+    admitted = m.series("shardgate_top_admitted_hits")
+    assert len(admitted) == 2, f"top 2 only, of 4 values admitted: {admitted}"
+    assert ({"domain": "shop", "rule": "shop.tenant", "value": "tenant=noisy"}, 5) in admitted

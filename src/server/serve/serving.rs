@@ -159,7 +159,8 @@ fn limiter<S: BucketStore>(
             .with_request_limits(options.request_limits.clone())
             .with_store_timeout(options.store_timeout)
             .with_metrics(metrics.clone())
-            .with_top_values(options.top_values),
+            .with_top_values(options.top_values)
+            .with_top_metric(options.top_values_metric),
     )
 }
 

@@ -17,7 +17,7 @@ use crate::service::answer_options::AnswerOptions;
 use crate::service::metrics::{Metrics, RuleCounters};
 use crate::service::request::RequestLimits;
 use crate::service::response_encoding::Reply;
-use crate::service::top::{RuleTop, TopBoard};
+use crate::service::top::{RuleTop, TopBoard, TopMetric};
 use crate::service::wire::RequestView;
 use crate::store::{calls, BucketKey, BucketStore, DEFAULT_STORE_TIMEOUT};
 use crate::support::throttle::LogThrottle;
@@ -107,6 +107,16 @@ impl<S: BucketStore> RateLimiter<S> {
         let config = self.config();
         self.snapshot
             .store(Arc::new(Snapshot::new(config, &self.metrics, &self.top)));
+        self
+    }
+
+    /// Exports each rule's top `n` refused and admitted values as gauges on `/metrics`
+    /// (`--top-values-metric`; 0, the default: none). Call after [`Self::with_metrics`].
+    pub fn with_top_metric(self, n: usize) -> Self {
+        if n > 0 && self.top.enabled() {
+            self.metrics
+                .register_collector(Box::new(TopMetric::new(self.top.clone(), n)));
+        }
         self
     }
 

@@ -314,6 +314,11 @@ impl Metrics {
         self.grpc_accept_failures.inc();
     }
 
+    /// Adds a collector read at every scrape (the top values' gauges, when asked for).
+    pub fn register_collector(&self, collector: Box<dyn prometheus_client::collector::Collector>) {
+        self.registry.lock().register_collector(collector);
+    }
+
     /// Store calls by (operation, outcome) since start, for the operator's page.
     pub fn store_call_totals(&self) -> Vec<(&'static str, &'static str, u64)> {
         let mut totals: Vec<_> = self

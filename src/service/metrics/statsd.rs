@@ -240,4 +240,30 @@ mod tests {
             vec![format!("{RESPONSE_TIME}:2|ms|@0.5")]
         );
     }
+
+    #[test]
+    fn a_flush_not_sent_is_carried_by_the_next() {
+        let metrics = Metrics::new();
+        let mut lines = StatsdLines::new(&[]);
+        let load = |lines: &mut StatsdLines| {
+            lines
+                .next(&metrics)
+                .into_iter()
+                .find(|l| l.starts_with("ratelimit.service.config_load_success:"))
+        };
+        metrics.config_loaded("a");
+        let first = load(&mut lines);
+        assert_eq!(
+            first.as_deref(),
+            Some("ratelimit.service.config_load_success:1|c")
+        );
+        // Not sent (statsd unreachable): the next flush carries it, with what moved since.
+        metrics.config_loaded("b");
+        assert_eq!(
+            load(&mut lines).as_deref(),
+            Some("ratelimit.service.config_load_success:2|c")
+        );
+        lines.sent();
+        assert_eq!(load(&mut lines), None, "sent once, never again");
+    }
 }

@@ -25,6 +25,11 @@ use crate::support::striped::{stripe, stripe_count};
 /// The length of one slot of the window.
 const MINUTE: Duration = Duration::from_secs(60);
 
+/// The most stripes a rule's tables have: each is a full set of summaries, so memory
+/// grows with them, and past a few a busy stripe is rare enough (a thread that finds its
+/// own busy tries the next).
+const MAX_STRIPES: usize = 4;
+
 /// The most values a table lists.
 pub const MAX_LISTED: usize = super::sketch::CAPACITY;
 
@@ -78,7 +83,7 @@ impl RuleTop {
             domain: rule.domain.clone(),
             rule: rule.stats_key.clone(),
             source: rule.source.clone(),
-            stripes: (0..stripe_count())
+            stripes: (0..stripe_count().min(MAX_STRIPES))
                 .map(|_| CachePadded::new(Mutex::new(Stripe::default())))
                 .collect(),
         }
@@ -87,8 +92,8 @@ impl RuleTop {
     fn record<E: DescriptorEntry>(&self, at: Seconds, side: Side, entries: &[E], weight: u64) {
         let hash = hash_entries(entries);
         let label = |out: &mut String| write_label(out, entries);
-        let home = stripe();
         let n = self.stripes.len();
+        let home = stripe() % n;
         for k in 0..n {
             if let Some(mut stripe) = self.stripes[(home + k) % n].try_lock() {
                 return stripe.record(at, side, hash, weight, label);
