@@ -101,6 +101,7 @@ fn item(tokens: i64) -> BucketItem {
     BucketItem {
         refilled_at: 0,
         shard_count: 1,
+        count_raised_at: 0,
         ttl: None,
         limits,
     }

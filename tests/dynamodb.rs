@@ -215,6 +215,7 @@ async fn s44_expired_item_is_refreshed_not_reset() {
         BucketItem {
             refilled_at: T0,
             shard_count: 1,
+            count_raised_at: 0,
             ttl: Some(T0 / 1_000 - 1),
             limits,
         },
@@ -267,6 +268,7 @@ async fn changed_limit_reaches_every_existing_shard() {
             BucketItem {
                 refilled_at: T0,
                 shard_count: 4,
+                count_raised_at: 0,
                 ttl: None,
                 limits,
             },

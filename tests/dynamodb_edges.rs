@@ -549,6 +549,7 @@ async fn an_item_without_an_expiry_keeps_none_when_a_seeded_debit_meets_it() {
         BucketItem {
             refilled_at: now_s * 1_000,
             shard_count: 1,
+            count_raised_at: 0,
             ttl,
             limits,
         }

@@ -14,7 +14,8 @@ use shardgate::engine::{
     ManualClock, ScriptedDraw,
 };
 use shardgate::store::{
-    BucketItem, BucketKey, BucketStore, CommitOutcome, CountChange, LimitState, Write, WCU_LIMIT,
+    BucketItem, BucketKey, BucketStore, CommitOutcome, CountChange, LimitState, LimitWrite, Write,
+    WCU_LIMIT,
 };
 
 const T0: i64 = 1_800_000_000_000;
@@ -124,6 +125,7 @@ fn rpm_item(count: u32, rate: u64, tk: i64, wcu_tk: i64) -> BucketItem {
     BucketItem {
         refilled_at: T0,
         shard_count: count,
+        count_raised_at: 0,
         ttl: Some(T0 / 1_000 + 3_600),
         limits,
     }
@@ -520,20 +522,59 @@ cross_store! {
 /// Another server's doubling of `u1/api` from `old` shards: shard 0's count raised in a
 /// write under its lock (as `double` does), balances clamped by that server's pass.
 async fn double_elsewhere<S: BucketStore>(s: &S, old: u32, new: u32) {
+    assert_eq!((old, new), (1, 2), "splits one shard into two");
     let key = BucketKey::new("u1", "api", 0);
     let zero = s.read(std::slice::from_ref(&key)).await.unwrap()[0]
         .clone()
         .expect("shard 0 exists");
     assert_eq!(zero.shard_count, old);
-    let w = Write::Update {
+    // As another server's doubling does it: shard 0 raised and halved in one commit with
+    // the create of shard 1 holding the other half (`engine/acquire/split.rs`).
+    let mut child = BucketItem {
+        refilled_at: zero.refilled_at + 1,
+        shard_count: new,
+        count_raised_at: 0,
+        ttl: zero.ttl,
+        limits: Default::default(),
+    };
+    let mut halves = Vec::new();
+    for (name, st) in zero.limits.iter() {
+        let given = if name == WCU_LIMIT { 0 } else { st.balance / 2 };
+        let balance = if name == WCU_LIMIT {
+            st.capacity
+        } else {
+            given
+        };
+        child
+            .limits
+            .insert(name, LimitState::new(st.params(), balance, 0));
+        if given > 0 {
+            halves.push(LimitWrite::Add {
+                limit: name.into(),
+                balance_delta: -given,
+                taken_delta: 0,
+                floor: Some(given),
+                cap: None,
+                claimed: 0,
+            });
+        }
+    }
+    let raise = Write::Update {
         key,
         expected_refilled_at: zero.refilled_at,
         refilled_at: zero.refilled_at + 1,
         ttl: zero.ttl,
         shard_count: Some(CountChange { read: old, new }),
-        limits: vec![],
+        limits: halves,
     };
-    assert_eq!(s.commit(&[w]).await.unwrap(), CommitOutcome::Committed);
+    let create = Write::Create {
+        key: BucketKey::new("u1", "api", 1),
+        item: child,
+    };
+    assert_eq!(
+        s.commit(&[raise, create]).await.unwrap(),
+        CommitOutcome::Committed
+    );
 }
 
 /// Whether the calls include a committed doubling (a raise of shard 0's count).
@@ -727,10 +768,9 @@ cross_store! {
 cross_store! {
     /// S28 the doubling transient, which the reference engine bounds by 1.5 × capacity (its
     /// shard 0 keeps what it held, up to the whole capacity, while shard 1 starts at half).
-    /// A doubling here clamps shard 0 to its new share in the write that raises its count, so
-    /// the bucket never holds more than its capacity: 1 taken before, then shard 0's 50 and
-    /// the new shard 1's 50.
-    async fn s28_doubling_transient_is_one_and_a_half_capacity<S: BucketStore>(store: S) {
+    /// A doubling here splits what shard 0 holds between it and shard 1 (issue 50), so the
+    /// bucket admits what it held: 1 taken before, then the 99 left, halved.
+    async fn s28_a_doubling_elsewhere_admits_what_the_bucket_held<S: BucketStore>(store: S) {
         let rig = rig(store);
         // Random draws, as in production.
         let engine = Engine::with_parts(
@@ -746,9 +786,10 @@ cross_store! {
         assert!(engine.acquire(&req).await.unwrap().admitted);
         // Another server doubles the bucket; this one learns it from shard 0's refusal.
         double_elsewhere(&*rig.store.inner, 1, 2).await;
+        // 99 tokens left, split 49.5 and 49.5: the reference lets the new shard start full
+        // (up to 150 in all); here the split moves tokens and never makes any.
         let admitted = 1 + admit_until_refused(&engine, &req).await;
-        assert!(admitted <= 150, "the reference's bound: {admitted}");
-        assert_eq!(admitted, 101);
+        assert_eq!(admitted, 99);
     }
 }
 

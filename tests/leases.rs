@@ -382,6 +382,7 @@ fn item_of(limits: &[(&str, LimitParams, i64)], count: u32, wcu_tk: i64) -> Buck
     BucketItem {
         refilled_at: T0,
         shard_count: count,
+        count_raised_at: 0,
         ttl: Some(T0 / 1_000 + 3_600),
         limits: l,
     }

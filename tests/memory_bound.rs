@@ -50,6 +50,7 @@ fn created(now_s: i64) -> BucketItem {
     BucketItem {
         refilled_at: now_s * 1_000,
         shard_count: 1,
+        count_raised_at: 0,
         ttl: Some(now_s + 7 * 864),
         limits,
     }

@@ -34,6 +34,7 @@ fn item(tk: i64, wcu_tk: i64) -> BucketItem {
     BucketItem {
         refilled_at: NOW_S * 1_000,
         shard_count: 1,
+        count_raised_at: 0,
         ttl: Some(NOW_S + 420),
         limits,
     }
@@ -443,13 +444,16 @@ cross_store! {
 
 cross_store! {
     /// An update may raise the item's shard count, only from the count it read (a bump or a
-    /// raise landed since must not be undone).
+    /// raise landed since must not be undone), and the item records when: the update's
+    /// `rf` (`count_raised_at`, which a later update without a raise keeps).
     async fn update_raises_the_shard_count_from_the_count_read<S: BucketStore>(s: S) {
         create(&s, key(0), item(5_000, 1_000_000)).await;
+        let first = s.read(&[key(0)]).await.unwrap()[0].clone().unwrap();
+        assert_eq!(first.count_raised_at, 0, "created at its count: never raised");
         let raise = |read| Write::Update {
             key: key(0),
             expected_refilled_at: RF,
-            refilled_at: RF,
+            refilled_at: RF + 5,
             ttl: Some(NOW_S + 420),
             shard_count: Some(CountChange { read, new: 4 }),
             limits: vec![],
@@ -464,6 +468,22 @@ cross_store! {
         );
         let image = s.read(&[key(0)]).await.unwrap()[0].clone().unwrap();
         assert_eq!(image.shard_count, 4);
+        assert_eq!(image.count_raised_at, RF + 5);
+        let later = Write::Update {
+            key: key(0),
+            expected_refilled_at: RF + 5,
+            refilled_at: RF + 200_000,
+            ttl: Some(NOW_S + 420),
+            shard_count: None,
+            limits: vec![],
+        };
+        assert_eq!(s.commit(&[later]).await.unwrap(), CommitOutcome::Committed);
+        let image = s.read(&[key(0)]).await.unwrap()[0].clone().unwrap();
+        assert_eq!(image.refilled_at, RF + 200_000);
+        // Exact on DynamoDB and Redis; the memory store keeps whole minutes before `rf`
+        // (never earlier than the raise: a shard given up is refilled no more).
+        let at = image.count_raised_at;
+        assert!((RF + 5..RF + 5 + 60_000).contains(&at), "{at}");
     }
 }
 

@@ -222,6 +222,7 @@ async fn put_shard(store: &Throttling, entity: &str, shard: u32, count: u32, rat
     let item = BucketItem {
         refilled_at: T0,
         shard_count: count,
+        count_raised_at: 0,
         ttl: Some(T0 / 1_000 + 3_600),
         limits,
     };

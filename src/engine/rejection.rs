@@ -211,6 +211,7 @@ mod tests {
         BucketItem {
             refilled_at: 0,
             shard_count: 1,
+            count_raised_at: 0,
             ttl: None,
             limits: Limits::new(),
         }

@@ -5,6 +5,11 @@
 //! restart. Only the store's own faults count ([`StoreError::is_fault`]): one request's
 //! invalid key, a corrupt item or contention on one bucket proves the store answered.
 //!
+//! One circuit per fault domain of the store ([`BucketStore::fault_domain`]): on a Redis
+//! Cluster each master's slots have their own, so a dead master fails its own keys' calls
+//! fast and the healthy masters' calls go on (one client's node must not fail another's).
+//! A call on several keys goes by its first key's domain.
+//!
 //! Every store call passes through here, so the usual state — closed, no failure since
 //! the last success — is one atomic load on the way in and one on the way out: the mutex
 //! is taken only when a failure is being counted or the circuit is not closed.
@@ -15,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use super::{
     BucketItem, BucketKey, BucketStore, CommitOutcome, Credit, CreditGuard, Debit, DebitMode,
-    DebitOutcome, Seed, StoreError, Write,
+    DebitOutcome, Seed, StoreError, Write, FAULT_DOMAINS,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,26 +43,49 @@ pub enum CircuitState {
     Probing,
 }
 
-/// `S` behind a circuit breaker.
+/// One fault domain's circuit.
 #[derive(Debug)]
-pub struct Breaker<S: BucketStore> {
-    inner: S,
+struct Domain {
     circuit: Mutex<Circuit>,
     /// Whether `circuit` is `Closed { failures: 0 }`: written under its lock at every
     /// change, read without it. While it holds, a call is admitted and a success changes
     /// nothing, so neither takes the lock.
     clean: AtomicBool,
+}
+
+impl Domain {
+    fn new() -> Domain {
+        Domain {
+            circuit: Mutex::new(Circuit::Closed { failures: 0 }),
+            clean: AtomicBool::new(true),
+        }
+    }
+
+    /// Moves the circuit (its lock held) and keeps [`Self::clean`] in step.
+    fn set(&self, c: &mut Circuit, next: Circuit) {
+        *c = next;
+        self.clean
+            .store(next == Circuit::Closed { failures: 0 }, Ordering::Release);
+    }
+}
+
+/// `S` behind a circuit breaker.
+#[derive(Debug)]
+pub struct Breaker<S: BucketStore> {
+    inner: S,
+    /// One per fault domain (see the module comment).
+    domains: Box<[Domain]>,
     threshold: u32,
     cool_off: Duration,
 }
 
 impl<S: BucketStore> Breaker<S> {
-    /// Opens after `threshold` consecutive failures, for `cool_off`.
+    /// Opens a domain's circuit after `threshold` consecutive failures there, for
+    /// `cool_off`.
     pub fn new(inner: S, threshold: u32, cool_off: Duration) -> Breaker<S> {
         Breaker {
             inner,
-            circuit: Mutex::new(Circuit::Closed { failures: 0 }),
-            clean: AtomicBool::new(true),
+            domains: (0..FAULT_DOMAINS).map(|_| Domain::new()).collect(),
             threshold: threshold.max(1),
             cool_off,
         }
@@ -67,38 +95,56 @@ impl<S: BucketStore> Breaker<S> {
         &self.inner
     }
 
+    /// The worst circuit of any domain: open if one is.
     pub fn state(&self) -> CircuitState {
-        match *self.circuit.lock() {
+        let mut worst = CircuitState::Closed;
+        for d in self.domains.iter() {
+            match *d.circuit.lock() {
+                Circuit::Closed { .. } => {}
+                Circuit::Open { .. } => return CircuitState::Open,
+                Circuit::Probing => worst = CircuitState::Probing,
+            }
+        }
+        worst
+    }
+
+    /// The circuit of `key`'s fault domain.
+    pub fn state_of(&self, key: &BucketKey) -> CircuitState {
+        match *self.domain(key).circuit.lock() {
             Circuit::Closed { .. } => CircuitState::Closed,
             Circuit::Open { .. } => CircuitState::Open,
             Circuit::Probing => CircuitState::Probing,
         }
     }
 
-    /// Closes the circuit: the store was seen answering by other means (the server's
+    /// Closes every circuit: the store was seen answering by other means (the server's
     /// warm-up), so calls need not wait for the next probe.
     pub fn close(&self) {
-        self.set(&mut self.circuit.lock(), Circuit::Closed { failures: 0 });
+        for d in self.domains.iter() {
+            d.set(&mut d.circuit.lock(), Circuit::Closed { failures: 0 });
+        }
     }
 
-    /// Moves the circuit (its lock held) and keeps [`Self::clean`] in step.
-    fn set(&self, c: &mut Circuit, next: Circuit) {
-        *c = next;
-        self.clean
-            .store(next == Circuit::Closed { failures: 0 }, Ordering::Release);
+    fn domain(&self, key: &BucketKey) -> &Domain {
+        let at = self.inner.fault_domain(key) % self.domains.len().max(1);
+        &self.domains[at]
     }
 
     /// Whether a call may go to the store now (and whether it is the probe); `Err` fails
     /// it at once.
-    fn admit(&self, key: &(dyn std::fmt::Display + Sync)) -> Result<Admitted, StoreError> {
-        if self.clean.load(Ordering::Acquire) {
+    fn admit(
+        &self,
+        d: &Domain,
+        key: &(dyn std::fmt::Display + Sync),
+    ) -> Result<Admitted, StoreError> {
+        if d.clean.load(Ordering::Acquire) {
             return Ok(Admitted::Call);
         }
-        let mut c = self.circuit.lock();
+        let mut c = d.circuit.lock();
         match *c {
             Circuit::Closed { .. } => Ok(Admitted::Call),
             Circuit::Open { until } if Instant::now() >= until => {
-                self.set(&mut c, Circuit::Probing);
+                d.set(&mut c, Circuit::Probing);
                 Ok(Admitted::Probe)
             }
             Circuit::Open { .. } | Circuit::Probing => Err(StoreError::CircuitOpen {
@@ -109,12 +155,12 @@ impl<S: BucketStore> Breaker<S> {
 
     /// Moves the circuit after a call that returned; `failed` when the store was
     /// unavailable.
-    fn record_outcome(&self, failed: bool) {
+    fn record_outcome(&self, d: &Domain, failed: bool) {
         // A success on a clean circuit leaves it as it is.
-        if !failed && self.clean.load(Ordering::Acquire) {
+        if !failed && d.clean.load(Ordering::Acquire) {
             return;
         }
-        let mut c = self.circuit.lock();
+        let mut c = d.circuit.lock();
         let next = match (*c, failed) {
             (Circuit::Probing, false) => {
                 tracing::info!("store answered the probe: circuit closed");
@@ -139,7 +185,7 @@ impl<S: BucketStore> Breaker<S> {
             // A call admitted before the circuit opened came back: keep it open.
             (open @ Circuit::Open { .. }, true) => open,
         };
-        self.set(&mut c, next);
+        d.set(&mut c, next);
     }
 
     fn open(&self) -> Circuit {
@@ -150,20 +196,26 @@ impl<S: BucketStore> Breaker<S> {
 
     async fn guarded<T>(
         &self,
+        domain: Option<&BucketKey>,
         key: &(dyn std::fmt::Display + Sync),
         call: impl std::future::Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        let admitted = self.admit(key)?;
+        let d = match domain {
+            Some(k) => self.domain(k),
+            None => &self.domains[0],
+        };
+        let admitted = self.admit(d, key)?;
         // A call is cancelled when its caller goes away (a client deadline ends the gRPC
         // call). A cancelled probe must still settle the circuit, or it would stay
         // `Probing` — failing every call — for ever.
         let mut pending = PendingProbe {
             breaker: self,
+            domain: d,
             armed: admitted == Admitted::Probe,
         };
         let result = call.await;
         pending.armed = false;
-        self.record_outcome(result.as_ref().err().is_some_and(StoreError::is_fault));
+        self.record_outcome(d, result.as_ref().err().is_some_and(StoreError::is_fault));
         result
     }
 }
@@ -179,13 +231,14 @@ enum Admitted {
 /// the next call after it probes again.
 struct PendingProbe<'a, S: BucketStore> {
     breaker: &'a Breaker<S>,
+    domain: &'a Domain,
     armed: bool,
 }
 
 impl<S: BucketStore> Drop for PendingProbe<'_, S> {
     fn drop(&mut self) {
         if self.armed {
-            self.breaker.record_outcome(true);
+            self.breaker.record_outcome(self.domain, true);
         }
     }
 }
@@ -217,7 +270,8 @@ impl<S: BucketStore> BucketStore for Breaker<S> {
         debits: &[Debit],
         mode: DebitMode,
     ) -> Result<DebitOutcome, StoreError> {
-        self.guarded(key, self.inner.debit(key, debits, mode)).await
+        self.guarded(Some(key), key, self.inner.debit(key, debits, mode))
+            .await
     }
 
     async fn debit_or_create(
@@ -227,18 +281,20 @@ impl<S: BucketStore> BucketStore for Breaker<S> {
         mode: DebitMode,
         seed: &Seed<'_>,
     ) -> Result<DebitOutcome, StoreError> {
-        self.guarded(key, self.inner.debit_or_create(key, debits, mode, seed))
-            .await
+        let call = self.inner.debit_or_create(key, debits, mode, seed);
+        self.guarded(Some(key), key, call).await
     }
 
     async fn read(&self, keys: &[BucketKey]) -> Result<Vec<Option<BucketItem>>, StoreError> {
-        self.guarded(&FirstKey(keys.first()), self.inner.read(keys))
+        let first = keys.first();
+        self.guarded(first, &FirstKey(first), self.inner.read(keys))
             .await
     }
 
     async fn commit(&self, writes: &[Write]) -> Result<CommitOutcome, StoreError> {
-        let first = FirstKey(writes.first().map(Write::key));
-        self.guarded(&first, self.inner.commit(writes)).await
+        let first = writes.first().map(Write::key);
+        self.guarded(first, &FirstKey(first), self.inner.commit(writes))
+            .await
     }
 
     async fn credit(
@@ -247,8 +303,12 @@ impl<S: BucketStore> BucketStore for Breaker<S> {
         guard: CreditGuard,
         credits: &[Credit],
     ) -> Result<Vec<Credit>, StoreError> {
-        self.guarded(key, self.inner.credit(key, guard, credits))
+        self.guarded(Some(key), key, self.inner.credit(key, guard, credits))
             .await
+    }
+
+    fn fault_domain(&self, key: &BucketKey) -> usize {
+        self.inner.fault_domain(key)
     }
 }
 
@@ -262,30 +322,79 @@ mod tests {
     #[test]
     fn the_fast_path_flag_is_set_exactly_while_closed_without_failures() {
         let b = Breaker::new(MemoryStore::new(), 2, Duration::ZERO);
-        let clean = |b: &Breaker<MemoryStore>| b.clean.load(Ordering::Acquire);
-        assert!(clean(&b));
-        b.record_outcome(false);
-        assert!(clean(&b), "a success on a clean circuit changes nothing");
-        b.record_outcome(true);
+        let d = &b.domains[0];
+        let clean = || d.clean.load(Ordering::Acquire);
+        assert!(clean());
+        b.record_outcome(d, false);
+        assert!(clean(), "a success on a clean circuit changes nothing");
+        b.record_outcome(d, true);
         assert_eq!(b.state(), CircuitState::Closed);
-        assert!(!clean(&b), "one failure counted");
-        b.record_outcome(false);
-        assert!(clean(&b), "a success resets the count");
-        b.record_outcome(true);
-        b.record_outcome(true);
+        assert!(!clean(), "one failure counted");
+        b.record_outcome(d, false);
+        assert!(clean(), "a success resets the count");
+        b.record_outcome(d, true);
+        b.record_outcome(d, true);
         assert_eq!(b.state(), CircuitState::Open);
-        assert!(!clean(&b));
+        assert!(!clean());
         assert!(
-            b.admit(&"k").unwrap() == Admitted::Probe,
+            b.admit(d, &"k").unwrap() == Admitted::Probe,
             "cool-off of zero: a probe"
         );
         assert_eq!(b.state(), CircuitState::Probing);
-        assert!(b.admit(&"k").is_err(), "one probe at a time");
-        b.record_outcome(false);
+        assert!(b.admit(d, &"k").is_err(), "one probe at a time");
+        b.record_outcome(d, false);
         assert_eq!(b.state(), CircuitState::Closed);
-        assert!(clean(&b));
-        b.record_outcome(true);
+        assert!(clean());
+        b.record_outcome(d, true);
         b.close();
-        assert!(clean(&b));
+        assert!(clean());
+    }
+
+    /// A store whose shard 1 is another node's.
+    struct TwoNodes(MemoryStore);
+
+    impl BucketStore for TwoNodes {
+        async fn debit(
+            &self,
+            key: &BucketKey,
+            debits: &[Debit],
+            mode: DebitMode,
+        ) -> Result<DebitOutcome, StoreError> {
+            self.0.debit(key, debits, mode).await
+        }
+        async fn read(&self, keys: &[BucketKey]) -> Result<Vec<Option<BucketItem>>, StoreError> {
+            self.0.read(keys).await
+        }
+        async fn commit(&self, writes: &[Write]) -> Result<CommitOutcome, StoreError> {
+            self.0.commit(writes).await
+        }
+        async fn credit(
+            &self,
+            key: &BucketKey,
+            guard: CreditGuard,
+            credits: &[Credit],
+        ) -> Result<Vec<Credit>, StoreError> {
+            self.0.credit(key, guard, credits).await
+        }
+        fn fault_domain(&self, key: &BucketKey) -> usize {
+            key.shard as usize
+        }
+    }
+
+    /// One domain's failures open its circuit only: the other's calls go on.
+    #[test]
+    fn a_dead_domain_fails_fast_alone() {
+        let b = Breaker::new(TwoNodes(MemoryStore::new()), 2, Duration::from_secs(60));
+        let (dead, alive) = (BucketKey::new("e", "r", 1), BucketKey::new("e", "r", 0));
+        for _ in 0..2 {
+            b.record_outcome(b.domain(&dead), true);
+        }
+        assert_eq!(b.state_of(&dead), CircuitState::Open);
+        assert_eq!(b.state_of(&alive), CircuitState::Closed);
+        assert_eq!(b.state(), CircuitState::Open, "the worst of them");
+        assert!(b.admit(b.domain(&dead), &"k").is_err());
+        assert!(b.admit(b.domain(&alive), &"k").unwrap() == Admitted::Call);
+        b.close();
+        assert_eq!(b.state(), CircuitState::Closed);
     }
 }

@@ -111,11 +111,26 @@ pub trait BucketStore: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Vec<Credit>, StoreError>> + Send;
 
     /// The state of the circuit breaker the store is behind (`closed`, `open` or
-    /// `probing`), for the operator's page; `None` without one (the memory store).
+    /// `probing`; with a circuit per fault domain, the worst of them), for the operator's
+    /// page; `None` without one (the memory store).
     fn circuit(&self) -> Option<&'static str> {
         None
     }
+
+    /// Which part of the store answers for `key`, as a small number
+    /// (below [`FAULT_DOMAINS`]): calls on one domain fail together when it is down, and
+    /// calls on another go on (a Redis Cluster's master and its slots). A circuit breaker
+    /// keeps one circuit per domain, so that one dead node does not fail the calls the
+    /// healthy ones would answer. One domain (0) unless a store says otherwise.
+    fn fault_domain(&self, key: &BucketKey) -> usize {
+        let _ = key;
+        0
+    }
 }
+
+/// Most fault domains a store tells apart ([`BucketStore::fault_domain`]); a larger
+/// number shares a circuit with another.
+pub const FAULT_DOMAINS: usize = 64;
 
 #[cfg(test)]
 mod tests {

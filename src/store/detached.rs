@@ -270,4 +270,8 @@ impl<S: BucketStore> BucketStore for Detached<S> {
         )
         .await
     }
+
+    fn fault_domain(&self, key: &BucketKey) -> usize {
+        self.inner.fault_domain(key)
+    }
 }

@@ -32,6 +32,7 @@ impl InspectedShard {
         serde_json::json!({
             "shard": self.shard, "exists": true, "shard_count": item.shard_count,
             "rf": item.refilled_at, "ttl": item.ttl, "limits": limits,
+            "count_raised_at": (item.count_raised_at != 0).then_some(item.count_raised_at),
         })
     }
 }

@@ -240,6 +240,14 @@ pub struct BucketItem {
     /// of every refill and the slow path's optimistic lock.
     pub refilled_at: i64,
     pub shard_count: u32,
+    /// When an update last raised `shard_count`, epoch ms (stored `sa`); 0: never (an
+    /// item created at its count, or written before the field). A raise hands indices to
+    /// shards its commit creates; on a store that commits item by item (a Redis Cluster)
+    /// a reader may find such a shard missing before its create lands, and must not take
+    /// it for one that expired full: it creates it as if empty at this time, refilled
+    /// since (`engine/acquire/slow.rs`). A store may keep it rounded later, never
+    /// earlier (the memory store: to whole minutes before `rf`).
+    pub count_raised_at: i64,
     pub ttl: Option<i64>,
     pub limits: Limits,
 }
@@ -282,6 +290,14 @@ pub fn checked_stored(item: Option<BucketItem>) -> Result<Option<BucketItem>, St
 /// [`StoreError::Corrupt`]: super::StoreError::Corrupt
 pub fn validate_stored(item: &BucketItem) -> Result<(), String> {
     stored_shard_count("shard count", i64::from(item.shard_count))?;
+    // Written as the `rf` of the update that raised the count, which later refills only
+    // move on: a raise after `rf` would hold every shard it gave up empty for ever.
+    if !(0..=item.refilled_at.max(0)).contains(&item.count_raised_at) {
+        return Err(format!(
+            "count raised at {} with rf {}",
+            item.count_raised_at, item.refilled_at
+        ));
+    }
     for (name, limit) in item.limits.iter() {
         validate_stored_limit(name, &limit.params())?;
     }
@@ -325,6 +341,7 @@ mod tests {
         BucketItem {
             refilled_at: 1,
             shard_count,
+            count_raised_at: 0,
             ttl: None,
             limits: [("rpm", LimitState::new(params, 0, 0))]
                 .into_iter()

@@ -107,6 +107,9 @@ pub fn item_bytes(key: &BucketKey, item: &BucketItem) -> usize {
     let mut bytes = key_attribute_bytes(key);
     bytes += "rf".len() + number_bytes(item.refilled_at);
     bytes += "shard_count".len() + number_bytes(i64::from(item.shard_count));
+    if item.count_raised_at != 0 {
+        bytes += "sa".len() + number_bytes(item.count_raised_at);
+    }
     if let Some(ttl) = item.ttl {
         bytes += "ttl".len() + number_bytes(ttl);
     }

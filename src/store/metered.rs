@@ -146,4 +146,8 @@ impl<S: BucketStore> BucketStore for Metered<S> {
         });
         r
     }
+
+    fn fault_domain(&self, key: &BucketKey) -> usize {
+        self.inner.fault_domain(key)
+    }
 }

@@ -32,7 +32,8 @@ pub(crate) mod seed;
 mod write;
 
 pub use contract::{
-    check_store_timeout, BucketStore, DEFAULT_STORE_TIMEOUT, MAX_COMMIT_ITEMS, MAX_STORE_TIMEOUT,
+    check_store_timeout, BucketStore, DEFAULT_STORE_TIMEOUT, FAULT_DOMAINS, MAX_COMMIT_ITEMS,
+    MAX_STORE_TIMEOUT,
 };
 pub use credit::{Credit, CreditGuard, Stamp};
 pub use error::{Cause, StoreError};

@@ -238,6 +238,7 @@ pub fn full_item(per_minute: u64, now_s: i64) -> BucketItem {
     BucketItem {
         refilled_at: now_s * 1_000,
         shard_count: 1,
+        count_raised_at: 0,
         ttl: Some(now_s + 600),
         limits: [
             ("rpm", LimitState::new(rpm(per_minute), tokens, 0)),

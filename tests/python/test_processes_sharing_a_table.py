@@ -274,14 +274,11 @@ def test_processes_share_one_bucket_during_doubling_and_reloads(shardgate, tmp_p
     hits = sum(admitted)
 
     check_consumed(total_tc, hits, lost, f"{len(existing)} shards")
+    # On every store, the Cluster included: there a split lands slot by slot
+    # (redis/spread.rs), and a shard it gives up found missing before its create lands is
+    # created as if empty since the raise, never full (issue 50: one CI run admitted 218
+    # where 213 fit before that).
     bound = CAPACITY + RATE * elapsed
-    if kind == "redis-cluster":
-        # Open (issue 50): on a Cluster, with shares of 2–4 tokens (30 over 8–16 shards),
-        # reloads and three servers, one CI run admitted 218 where 213 fit. A split there is
-        # a commit over several slots, made slot by slot (redis/spread.rs), which may be
-        # where it comes from; until it is found, the Cluster keeps the transient this test
-        # allowed before the split (capacity/2 per doubling), and the other stores the bound.
-        bound += max(count.bit_length() - 1, 0) * CAPACITY / 2
     assert hits <= bound, (hits, bound, count)
     assert count >= 2, f"no doubling: {hits} admitted, {sum(refused)} refused in {elapsed:.1f} s"
     # No doubling past the point where a shard's share is less than one request (30 over

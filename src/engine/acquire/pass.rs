@@ -194,7 +194,7 @@ pub(crate) fn plan_bucket(
     ctx: &PassContext,
 ) -> BucketPlan {
     match image {
-        None => plan_create(b, key, count, ctx),
+        None => plan_create(b, key, count, None, ctx),
         Some(item) => plan_update(b, key, item, count, ctx),
     }
 }
@@ -210,6 +210,7 @@ pub(crate) fn seed_item(b: &BucketClaim, count: u32, ctx: &PassContext) -> Bucke
     let mut item = BucketItem {
         refilled_at: ctx.now,
         shard_count: count,
+        count_raised_at: 0,
         ttl: None,
         limits: Default::default(),
     };
@@ -227,16 +228,39 @@ pub(crate) fn seed_item(b: &BucketClaim, count: u32, ctx: &PassContext) -> Bucke
     item
 }
 
-fn plan_create(b: &BucketClaim, key: &BucketKey, count: u32, ctx: &PassContext) -> BucketPlan {
+/// The plan for `b`'s missing shard `key` that a raise gave up at `given_up_at` (epoch
+/// ms) and whose create may not have landed (`slow.rs`, `split_owner`): created as if
+/// empty then and refilled to `ctx.now` at its share, never full on top of its part.
+pub(crate) fn plan_given_up(
+    b: &BucketClaim,
+    key: &BucketKey,
+    count: u32,
+    given_up_at: i64,
+    ctx: &PassContext,
+) -> BucketPlan {
+    plan_create(b, key, count, Some(given_up_at), ctx)
+}
+
+fn plan_create(
+    b: &BucketClaim,
+    key: &BucketKey,
+    count: u32,
+    empty_since: Option<i64>,
+    ctx: &PassContext,
+) -> BucketPlan {
     let mut out = Outcomes::new();
     let mut item = seed_item(b, count, ctx);
     let mut horizons: SmallVec<[Option<i64>; 3]> = SmallVec::new();
     for c in &b.limits {
         let share = c.params.share(count);
-        let after = out.take(c, share.ceiling, share);
+        let start = match empty_since {
+            Some(t) => refill(0, t, ctx.now, share).0,
+            None => share.ceiling,
+        };
+        let after = out.take(c, start, share);
         item.limits.insert(
             c.limit.clone(),
-            LimitState::new(c.params, after, share.ceiling - after),
+            LimitState::new(c.params, after, start - after),
         );
         horizons.push(c.params.full_again_ms(after));
     }
@@ -310,9 +334,10 @@ fn plan_update(
         refilled_at: written_refilled_at,
         ttl: later_ttl(expiry(now, ctx.ttl_multiplier, horizons), item.ttl),
         // Reached only when the split before this pass gave up (the shard kept changing
-        // under three tries): the balance is clamped above and the count raised, and the
-        // indices given up, owned by no shard now, are created full later: the one way
-        // left for a count raise to add tokens (issue 50), after three lost races.
+        // under three tries): the balance is clamped above and the count raised (the
+        // store records when, `count_raised_at`), and the indices given up, owned by no
+        // shard now, are created later as if empty since this raise (`slow.rs`,
+        // `split_owner`): a raise never adds tokens.
         shard_count: (count > item.shard_count).then_some(CountChange {
             read: item.shard_count,
             new: count,

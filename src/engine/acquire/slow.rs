@@ -82,9 +82,12 @@ impl<S: BucketStore> Deciding<'_, S> {
             .read_present(&keys, targets)
             .await
             .map_err(wrap(first))?;
-        let counts = self.prepare_shards(targets, &keys, &mut images).await?;
+        let mut given_up = vec![0; targets.len()];
+        let counts = self
+            .prepare_shards(targets, &keys, &mut images, &mut given_up)
+            .await?;
         let ctx = self.pass_context(self.engine.clock.now_ms());
-        let plans = self.plan_targets(targets, &keys, &images, &counts, &ctx);
+        let plans = self.plan_targets(targets, &keys, &images, &counts, &given_up, &ctx);
         if !plans.iter().all(|p| p.fits) {
             for (key, img) in keys.iter().zip(&images) {
                 if let Some(img) = img {
@@ -98,28 +101,35 @@ impl<S: BucketStore> Deciding<'_, S> {
             .map_err(wrap(first))
     }
 
-    /// Each target's plan, from its image (learning the shard count it holds).
+    /// Each target's plan, from its image (learning the shard count it holds); a missing
+    /// shard that `given_up` says a raise gave up (epoch ms, 0: none) is created as if
+    /// empty since then (see `split_owner`).
     fn plan_targets(
         &self,
         targets: &[SlowTarget],
         keys: &[BucketKey],
         images: &[Option<BucketItem>],
         counts: &[u32],
+        given_up: &[i64],
         ctx: &PassContext,
     ) -> Vec<BucketPlan> {
         targets
             .iter()
             .zip(keys)
             .zip(images)
-            .zip(counts)
-            .map(|(((t, key), img), &count)| {
+            .zip(counts.iter().zip(given_up))
+            .map(|(((t, key), img), (&count, &given_up_at))| {
                 let b = &self.req.buckets[t.bucket];
-                if let Some(img) = img {
-                    self.engine
-                        .shards
-                        .learn(&b.entity, &b.resource, img.shard_count);
+                match img {
+                    Some(img) => {
+                        self.engine
+                            .shards
+                            .learn(&b.entity, &b.resource, img.shard_count);
+                        pass::plan_bucket(b, key, Some(img), count, ctx)
+                    }
+                    None if given_up_at > 0 => pass::plan_given_up(b, key, count, given_up_at, ctx),
+                    None => pass::plan_bucket(b, key, None, count, ctx),
                 }
-                pass::plan_bucket(b, key, img.as_ref(), count, ctx)
             })
             .collect()
     }
@@ -168,9 +178,16 @@ impl<S: BucketStore> Deciding<'_, S> {
                         admitted[idx] = self.retry_outcome(b, shard, img, now);
                         pass::retry_debit(b, &keys[idx], img, ctx)
                     }
-                    // The item vanished (evicted) since the read: create it again.
+                    // The item vanished (evicted, or a Cluster's spread commit undid
+                    // the create that made it) since the read: create it again — shard
+                    // 0 full (no shard owns it), any other as if empty since now (it
+                    // may be a split's part, taken back: never full).
                     None => {
-                        let plan = pass::plan_bucket(b, &keys[idx], None, count, ctx);
+                        let plan = if shard == 0 {
+                            pass::plan_bucket(b, &keys[idx], None, count, ctx)
+                        } else {
+                            pass::plan_given_up(b, &keys[idx], count, now, ctx)
+                        };
                         admitted[idx] = plan.admitted;
                         plan.write
                     }
@@ -222,14 +239,16 @@ impl<S: BucketStore> Deciding<'_, S> {
     /// A missing shard other than 0 is created by the split of the shard that owns it, if
     /// one exists (its ancestors are read in one call, shard 0 among them: the bucket's
     /// count is at least the one shard 0 holds, and a shard created for fewer shards would
-    /// hold a share too large); otherwise its owner has expired full, and the pass creates
-    /// it full. Splits are rare (after a doubling, on a shard no pass has touched since):
-    /// the usual pass reads nothing more.
+    /// hold a share too large); otherwise the pass creates it: full, or as if empty
+    /// since the raise that gave it up (`given_up`, see `split_owner`). Splits are rare
+    /// (after a doubling, on a shard no pass has touched since): the usual pass reads
+    /// nothing more.
     async fn prepare_shards(
         &self,
         targets: &[SlowTarget],
         keys: &[BucketKey],
         images: &mut [Option<BucketItem>],
+        given_up: &mut [i64],
     ) -> Result<Vec<u32>, EngineError> {
         let mut counts: Vec<u32> = targets.iter().map(|t| t.count).collect();
         for (i, t) in targets.iter().enumerate() {
@@ -241,7 +260,10 @@ impl<S: BucketStore> Deciding<'_, S> {
                     true
                 }
                 Some(_) => false,
-                None if t.shard > 0 => self.split_owner(b, t.shard, &mut counts[i]).await?,
+                None if t.shard > 0 => {
+                    self.split_owner(b, t.shard, &mut counts[i], &mut given_up[i])
+                        .await?
+                }
                 None => false,
             };
             if split {
@@ -258,11 +280,21 @@ impl<S: BucketStore> Deciding<'_, S> {
 
     /// For missing shard `k` of `b`: raises `count` to what shard 0 holds, and splits the
     /// existing shard that owns `k` (if any) to that count. Returns whether it split one.
+    ///
+    /// When none owns it, `given_up` is set to the latest raise among its ancestors
+    /// (`count_raised_at`; 0: none). Such a shard has expired full — or a raise gave it
+    /// up and its create has not landed: a Redis Cluster commits a split's update and
+    /// its creates one slot at a time, and a raise without a split (`pass.rs`) creates
+    /// nothing. Created full, it would hold its share on top of the part its split
+    /// still carries (issue 50); created as if empty at the raise and refilled since, it
+    /// holds no more than refill could have given it, and a shard that expired long
+    /// after its raise comes back full all the same.
     async fn split_owner(
         &self,
         b: &BucketClaim,
         k: u32,
         count: &mut u32,
+        given_up: &mut i64,
     ) -> Result<bool, EngineError> {
         let ancestors = split::ancestors(k);
         let keys: Vec<BucketKey> = ancestors
@@ -282,6 +314,12 @@ impl<S: BucketStore> Deciding<'_, S> {
             .filter_map(|(&a, img)| Some((a, img.as_ref()?.shard_count)))
             .collect();
         let Some((q, _)) = split::owner(k, &held) else {
+            *given_up = found
+                .iter()
+                .flatten()
+                .map(|img| img.count_raised_at)
+                .max()
+                .unwrap_or(0);
             return Ok(false);
         };
         let at = ancestors.iter().position(|&a| a == q);

@@ -9,8 +9,11 @@
 //! its share on top of what the split shard still held or had lent).
 //!
 //! A shard found missing is created by the split of the shard that owns it (the nearest
-//! existing shard whose indices include it); only a shard no existing shard owns is
-//! created full: its owner has expired, and expiry only forgets a shard that is full.
+//! existing shard whose indices include it). A shard no existing shard owns has expired
+//! (full), or a raise gave it up and its create has not landed (a Redis Cluster commits
+//! a split slot by slot): it is created as if empty at its ancestors' latest raise
+//! (`count_raised_at`) and refilled since — full again long after the raise, never its
+//! share on top of the part its split carries (`slow.rs`, `split_owner`).
 //!
 //! Pure planning (`plan_split`, `owner`) and the one async step that reads and commits
 //! (`Deciding::split_shard`); when to split is the doubling's and the slow path's.
@@ -90,6 +93,7 @@ pub(crate) fn plan_split(
     let mut child = BucketItem {
         refilled_at: now,
         shard_count: new,
+        count_raised_at: 0,
         ttl: None,
         limits: Default::default(),
     };
@@ -231,6 +235,7 @@ mod tests {
         let mut item = BucketItem {
             refilled_at: rf,
             shard_count: count,
+            count_raised_at: 0,
             ttl: None,
             limits: Default::default(),
         };

@@ -1,6 +1,6 @@
 //! Bucket items as DynamoDB stores them: the key of a shard
 //! (`{namespace}/BUCKET#{entity}#{resource}#{shard}`, `SK = #STATE`) and the attributes
-//! of an item (`rf`, `shard_count`, `ttl`, `entity_id`, `resource`, and per limit
+//! of an item (`rf`, `shard_count`, `sa` (when the count was raised), `ttl`, `entity_id`, `resource`, and per limit
 //! `b_{limit}_{tk,cp,ra,rp,tc}`, every number an integer), both ways. A corrupt item is
 //! an error naming its key and the reason: that bucket's error, never the store's.
 //!
@@ -68,6 +68,7 @@ pub(super) fn decode(item: &Item) -> Result<BucketItem, String> {
         None => 1,
     };
     let ttl = item.get("ttl").map(|v| parse_n("ttl", v)).transpose()?;
+    let count_raised_at = item.get("sa").map(|v| parse_n("sa", v)).transpose()?;
     let mut fields: BTreeMap<&str, [Option<i64>; 5]> = BTreeMap::new();
     for (name, v) in item {
         let Some(rest) = name.strip_prefix("b_") else {
@@ -111,6 +112,7 @@ pub(super) fn decode(item: &Item) -> Result<BucketItem, String> {
     let item = BucketItem {
         refilled_at: rf,
         shard_count,
+        count_raised_at: count_raised_at.unwrap_or(0),
         ttl,
         limits,
     };
@@ -156,6 +158,9 @@ impl DynamoStore {
         out.insert("resource".into(), s(key.resource.clone()));
         out.insert("rf".into(), n(item.refilled_at));
         out.insert("shard_count".into(), n(i64::from(item.shard_count)));
+        if item.count_raised_at != 0 {
+            out.insert("sa".into(), n(item.count_raised_at));
+        }
         if let Some(t) = item.ttl {
             out.insert("ttl".into(), n(t));
         }

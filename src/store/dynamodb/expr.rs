@@ -181,6 +181,9 @@ pub(super) fn update_expression(
         let new = e.value(":scn".into(), n(i64::from(change.new)));
         x.set.push(format!("{sc} = {new}"));
         x.cond.push(format!("{sc} = {read}"));
+        // When the count was raised: the write's `rf` (see `BucketItem::count_raised_at`).
+        let sa = e.name("#sa".into(), "sa".into());
+        x.set.push(format!("{sa} = {rf_val}"));
     }
     for (i, w) in limits.iter().enumerate() {
         limit_clauses(&mut e, &mut x, i, w);

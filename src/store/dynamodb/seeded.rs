@@ -133,6 +133,7 @@ mod tests {
         BucketItem {
             refilled_at: NOW_S * 1_000,
             shard_count: 1,
+            count_raised_at: 0,
             ttl: Some(NOW_S + 420),
             limits,
         }

@@ -116,7 +116,7 @@ impl Moment {
                 let count = if name == WCU_LIMIT {
                     1
                 } else {
-                    slot.shard_count
+                    u32::from(slot.shard_count)
                 };
                 params.refilled_full(b.balance, slot.refilled_at, now_ms, count)
             });

@@ -34,11 +34,12 @@ const T0_S: i64 = 1_800_000_000;
 
 /// A slot of the day rule holding `tk`, refilled last at `rf_s`, last used at
 /// `touched_s`, of a bucket of `shard_count` shards.
-fn slot(tk: i64, rf_s: i64, touched_s: i64, shard_count: u32) -> CompactItem {
+fn slot(tk: i64, rf_s: i64, touched_s: i64, shard_count: u16) -> CompactItem {
     CompactItem {
         refilled_at: rf_s * 1_000,
         ttl: NO_TTL,
         shard_count,
+        raised_age_min: super::slot::NEVER_RAISED,
         touched: bound::mark_of(touched_s),
         shape: Arc::new(Shape(
             vec![("rps".into(), day()), (WCU_LIMIT.into(), wcu())].into_boxed_slice(),
@@ -270,6 +271,7 @@ fn a_debited_or_refused_bucket_outlives_older_ones_in_the_store() {
     let item = |tk: i64, now_s: i64| BucketItem {
         refilled_at: now_s * 1_000,
         shard_count: 1,
+        count_raised_at: 0,
         ttl: Some(now_s + 7 * 86_400),
         limits: [
             ("rps", LimitState::new(day(), tk, 0)),

@@ -11,7 +11,7 @@ use crate::store::{
 pub(super) fn debit_allowed(slot: &CompactItem, debits: &[Debit], mode: DebitMode) -> bool {
     let fast = match mode {
         DebitMode::Fast { now_s, shard_count } => {
-            if slot.ttl <= now_s || slot.shard_count != shard_count {
+            if slot.ttl <= now_s || u32::from(slot.shard_count) != shard_count {
                 return false;
             }
             if slot
@@ -83,6 +83,7 @@ pub(super) fn apply_update(
             return None;
         }
         next.shard_count = change.new;
+        next.count_raised_at = rf;
     }
     for lw in limits {
         match lw {

@@ -180,7 +180,8 @@ impl MemoryStore {
         CompactItem {
             refilled_at: item.refilled_at,
             ttl: item.ttl.unwrap_or(NO_TTL),
-            shard_count: item.shard_count,
+            shard_count: u16::try_from(item.shard_count).unwrap_or(u16::MAX),
+            raised_age_min: slot::raised_age_min(item.refilled_at, item.count_raised_at),
             touched: self.clock.mark(),
             shape,
             balances: item
@@ -448,7 +449,8 @@ impl BucketStore for MemoryStore {
         check_key(key)?;
         check_once(key, credits, |c| &c.limit)?;
         let mut g = self.part(key);
-        let bears = |slot: &&mut CompactItem| guard.admits(slot.refilled_at, slot.shard_count);
+        let bears =
+            |slot: &&mut CompactItem| guard.admits(slot.refilled_at, u32::from(slot.shard_count));
         let Some(slot) = g.get_mut(key).filter(bears) else {
             return Ok(Vec::new());
         };
@@ -498,6 +500,7 @@ mod tests {
         let item = |ttl| BucketItem {
             refilled_at: 1,
             shard_count: 1,
+            count_raised_at: 0,
             ttl: Some(ttl),
             limits: [("a", LimitState::new(params, 5, 0))].into_iter().collect(),
         };
@@ -516,6 +519,7 @@ mod tests {
         let item = BucketItem {
             refilled_at: 7,
             shard_count: 4,
+            count_raised_at: 0,
             ttl: None,
             limits: Limits::new(),
         };

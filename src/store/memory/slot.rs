@@ -94,13 +94,44 @@ pub(super) struct Balance {
     pub(super) taken: i64,
 }
 
+/// [`CompactItem::raised_age_min`] for an item whose count was never raised.
+pub(super) const NEVER_RAISED: u16 = u16::MAX;
+
+/// The compact form of `count_raised_at` on an item refilled at `rf`: whole minutes
+/// before `rf`, floored, so that the time read back is never earlier than the raise (a
+/// shard created as empty since then is given no more refill than it could have had);
+/// an age past what a `u16` holds (45 days) is kept as the longest one, later than the
+/// raise too. The memory store commits atomically, so it reads the raise only for the
+/// shards a raise without a split gave up (`engine/acquire/pass.rs`): minutes suffice.
+pub(super) fn raised_age_min(rf: i64, count_raised_at: i64) -> u16 {
+    if count_raised_at == 0 {
+        return NEVER_RAISED;
+    }
+    let minutes = rf.saturating_sub(count_raised_at).max(0) / 60_000;
+    u16::try_from(minutes).map_or(NEVER_RAISED - 1, |m| m.min(NEVER_RAISED - 1))
+}
+
+/// `count_raised_at` from its compact form (see [`raised_age_min`]).
+pub(super) fn raised_at(rf: i64, age_min: u16) -> i64 {
+    if age_min == NEVER_RAISED {
+        return 0;
+    }
+    rf - i64::from(age_min) * 60_000
+}
+
 /// One stored item in compact form.
 #[derive(Debug, Clone)]
 pub(super) struct CompactItem {
     pub(super) refilled_at: i64,
     /// Epoch seconds; [`NO_TTL`] when the item does not expire.
     pub(super) ttl: i64,
-    pub(super) shard_count: u32,
+    /// At most [`MAX_SHARD_COUNT`](crate::store::MAX_SHARD_COUNT) (a larger one is kept
+    /// saturated, for the read's check to refuse): a `u16`, so that `raised_age_min` fits
+    /// beside it in what one `u32` took.
+    pub(super) shard_count: u16,
+    /// Whole minutes from the count's last raise to `refilled_at` (see
+    /// [`raised_age_min`]); [`NEVER_RAISED`] when it never was.
+    pub(super) raised_age_min: u16,
     /// The second (epoch s, `bound.rs`) the item was last debited, credited or written:
     /// its recency for the bound. Held in what was padding after `shard_count`.
     pub(super) touched: u32,
@@ -113,7 +144,8 @@ impl CompactItem {
     pub(super) fn image(&self) -> BucketItem {
         BucketItem {
             refilled_at: self.refilled_at,
-            shard_count: self.shard_count,
+            shard_count: u32::from(self.shard_count),
+            count_raised_at: raised_at(self.refilled_at, self.raised_age_min),
             ttl: (self.ttl != NO_TTL).then_some(self.ttl),
             limits: Limits(
                 self.shape
@@ -136,5 +168,22 @@ impl CompactItem {
     pub(super) fn balance_mut(&mut self, limit: &str) -> Option<&mut Balance> {
         let i = self.shape.position(limit)?;
         Some(&mut self.balances[i])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_raise_is_read_back_never_earlier_than_it_was() {
+        let rf = 1_800_000_000_000;
+        assert_eq!(raised_at(rf, raised_age_min(rf, 0)), 0, "never raised");
+        assert_eq!(raised_at(rf, raised_age_min(rf, rf)), rf);
+        for age in [1, 59_999, 60_000, 3_599_999, 86_400_000 * 400] {
+            let back = raised_at(rf, raised_age_min(rf, rf - age));
+            assert!((rf - age..=rf).contains(&back), "{age}: {back}");
+            assert_ne!(back, 0);
+        }
     }
 }

@@ -150,6 +150,7 @@ mod tests {
         let seed = BucketItem {
             refilled_at: 5_000,
             shard_count: 1,
+            count_raised_at: 0,
             ttl: Some(100),
             limits,
         };
@@ -191,6 +192,7 @@ mod tests {
         let before = BucketItem {
             refilled_at: 5_000,
             shard_count: 1,
+            count_raised_at: 0,
             ttl: Some(100),
             limits,
         };
@@ -237,6 +239,7 @@ mod tests {
             BucketItem {
                 refilled_at: 7,
                 shard_count: 2,
+                count_raised_at: 0,
                 ttl: None,
                 limits,
             }

@@ -3,8 +3,8 @@
 //! ids that ride along. Pure: nothing here talks to Redis. The scripts' arguments are
 //! `args.rs`'s (debits, credits) and `commit_args.rs`'s.
 //!
-//! An item is one hash: `rf`, `sc` (shard count), `ttl` (epoch seconds; absent: never
-//! expires) and five fields per limit, `b:{limit}:tk|cp|ra|rp|tc`, every value a decimal
+//! An item is one hash: `rf`, `sc` (shard count), `sa` (when the count was last raised,
+//! epoch ms; absent: never), `ttl` (epoch seconds; absent: never expires) and five fields per limit, `b:{limit}:tk|cp|ra|rp|tc`, every value a decimal
 //! integer — the same integers the other stores hold — plus the records of operations
 //! that ran on it (`x:{id}`, `lua/lib.lua`), which are no part of the item. The key is
 //! `{}{namespace}/BUCKET#{entity}#{resource}#{shard}`: the leading empty hash tag makes
@@ -70,7 +70,7 @@ fn decode_strings<'a>(
     mut flat: impl Iterator<Item = &'a str>,
 ) -> Result<Option<BucketItem>, DecodeError> {
     let mut found = false;
-    let (mut rf, mut sc, mut ttl) = (None, None, None);
+    let (mut rf, mut sc, mut sa, mut ttl) = (None, None, None, None);
     // Each limit's five fields as they are found (any value is valid, i64::MIN too: a
     // consumed counter saturates there).
     let mut fields: Vec<(&str, [Option<i64>; 5])> = Vec::new();
@@ -93,6 +93,7 @@ fn decode_strings<'a>(
                 )
             }
             "ttl" => ttl = Some(int(value)?),
+            "sa" => sa = Some(int(value)?),
             // An operation's record (`lua/lib.lua`, `record`): not the item's.
             _ if field.starts_with("x:") => {}
             _ => limit_field(&mut fields, field, int(value)?)?,
@@ -120,6 +121,7 @@ fn decode_strings<'a>(
     Ok(Some(BucketItem {
         refilled_at: rf.ok_or("no field 'rf'")?,
         shard_count: sc.ok_or("no field 'sc'")?,
+        count_raised_at: sa.unwrap_or(0),
         ttl,
         limits,
     }))
@@ -161,6 +163,9 @@ pub(super) fn fields_of(item: &BucketItem) -> Vec<String> {
     let mut out = Vec::with_capacity(4 + 10 * item.limits.len());
     out.extend(["rf".into(), item.refilled_at.to_string()]);
     out.extend(["sc".into(), item.shard_count.to_string()]);
+    if item.count_raised_at != 0 {
+        out.extend(["sa".into(), item.count_raised_at.to_string()]);
+    }
     for (name, st) in item.limits.iter() {
         push_limit(&mut out, name, st);
     }
@@ -202,6 +207,10 @@ pub(super) fn seed_arg(item: &BucketItem) -> Option<String> {
     out.push_str(digits.format(item.refilled_at));
     out.push_str(" sc ");
     out.push_str(digits.format(item.shard_count));
+    if item.count_raised_at != 0 {
+        out.push_str(" sa ");
+        out.push_str(digits.format(item.count_raised_at));
+    }
     for (name, st) in item.limits.iter() {
         for (part, v) in limit_parts(st) {
             for piece in [" b:", name, ":", part, " ", digits.format(v)] {
@@ -234,6 +243,7 @@ mod tests {
         let item = BucketItem {
             refilled_at: 1_700_000_000_123,
             shard_count: 4,
+            count_raised_at: 0,
             ttl: None,
             limits: [
                 (

@@ -75,11 +75,17 @@ impl NodeOps {
 
     /// Counts one call on the node that holds `slot` (read only on a Cluster).
     pub(super) fn count(&self, slot: impl FnOnce() -> u16) {
-        let cell = match &**self.table.load() {
+        let cell = self.cell_of(slot);
+        self.counts.add(usize::from(cell), 1);
+    }
+
+    /// The cell of the node that holds `slot` by the map last read (`slot` read only on a
+    /// Cluster): the store's fault domain for the key (`BucketStore::fault_domain`).
+    pub(super) fn cell_of(&self, slot: impl FnOnce() -> u16) -> u8 {
+        match &**self.table.load() {
             Table::One(cell) => *cell,
             Table::Slots(slots) => slots[usize::from(slot()) % SLOTS],
-        };
-        self.counts.add(usize::from(cell), 1);
+        }
     }
 
     /// After a failed call on a Cluster: the topology may have moved.

@@ -195,6 +195,7 @@ mod tests {
         let item = BucketItem {
             refilled_at: 5,
             shard_count: 2,
+            count_raised_at: 0,
             ttl: None,
             limits: [
                 ("rps", LimitState::new(params, 3_000, 2_000)),

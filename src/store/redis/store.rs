@@ -365,6 +365,16 @@ impl RedisStore {
 }
 
 impl BucketStore for RedisStore {
+    /// The node that holds the key's slot (each master of a Cluster; the one server, or
+    /// the master the Sentinels name, otherwise), as the calls per node count it.
+    fn fault_domain(&self, key: &BucketKey) -> usize {
+        let cell = self
+            .link
+            .nodes()
+            .cell_of(|| super::codec::slot(&super::codec::redis_key(self.namespace(), key)));
+        usize::from(cell)
+    }
+
     async fn debit(
         &self,
         key: &BucketKey,

@@ -164,3 +164,23 @@ fn expiry_rounds_up_to_whole_seconds() {
     assert_eq!(expiry(1_000, 7, [Some(1_000), Some(0)]), Some(1 + 7));
     assert_eq!(expiry(1_000, 7, [Some(5), None]), None);
 }
+
+#[test]
+fn a_shard_a_raise_gave_up_is_created_as_if_empty_since_the_raise() {
+    // 16 tokens at 4 a second over 2 shards: a share of 8, refilled at 2 a second.
+    let p = LimitParams::new(16, 4, 1_000);
+    let created = |since: i64| match plan_given_up(&claim(p, 1, false), &key(), 2, since, &ctx()) {
+        BucketPlan {
+            fits,
+            write: Write::Create { item, .. },
+            ..
+        } => (fits, item.limits.get("l").map(|st| (st.balance, st.taken))),
+        other => panic!("not a create: {:?}", other.write),
+    };
+    // Given up 250 ms ago: half a token refilled since, less than the request.
+    assert!(!created(NOW - 250).0);
+    // 1.5 s ago: three tokens; one taken, two left — never the share of 8.
+    assert_eq!(created(NOW - 1_500), (true, Some((2 * MILLI, MILLI))));
+    // Long ago (a shard that expired): its whole share.
+    assert_eq!(created(NOW - 3_600_000), (true, Some((7 * MILLI, MILLI))));
+}

@@ -111,7 +111,8 @@ for i, w in ipairs(writes) do
       end
     end
     redis.call('HSET', key, 'rf', u.rf)
-    if u.sc then redis.call('HSET', key, 'sc', u.sc[2]) end
+    -- A raised count records when (`sa`, the write's `rf`: `BucketItem::count_raised_at`).
+    if u.sc then redis.call('HSET', key, 'sc', u.sc[2], 'sa', u.rf) end
     expire_as(key, u.ttl)
   else
     for _, d in ipairs(w.debit) do

@@ -161,6 +161,8 @@ local function item_bytes(key, kb)
       bytes = bytes + 11
     elseif field == 'ttl' then
       bytes = bytes + 3
+    elseif field == 'sa' then
+      bytes = bytes + 2
     else
       bytes = bytes + #field + 1
     end
