@@ -97,6 +97,22 @@ pub(crate) struct Serve {
     /// descriptors are over (envoyproxy/ratelimit's QUOTA_MODE).
     #[arg(help_heading = ANSWERS, long, env = "SHARDGATE_GLOBAL_QUOTA_MODE")]
     pub(crate) global_quota_mode: bool,
+    /// Keep no per-rule tables of the descriptor values most refused and admitted (`GET
+    /// /top` and the page then list none). They are kept by default, in fixed memory.
+    #[arg(help_heading = ANSWERS, long, env = "SHARDGATE_NO_TOP_VALUES")]
+    pub(crate) no_top_values: bool,
+    /// Also export each rule's N most refused and N most admitted values as gauges on
+    /// /metrics (`shardgate_top_refused_hits{domain,rule,value}`, `..._admitted_...`), at
+    /// most 64; 0 (the default) exports none. Bounded, but each value is a series and a
+    /// tenant identifier: raise it with care.
+    #[arg(help_heading = ANSWERS, long, env = "SHARDGATE_TOP_VALUES_METRIC", default_value_t = 0,
+          value_parser = clap::value_parser!(u16).range(0..=64))]
+    pub(crate) top_values_metric: u16,
+    /// The operator's page, `/ui` on the HTTP port: on by default only when --http-addr
+    /// is a loopback address (the page shows request values, tenant identifiers often);
+    /// `on` serves it on any address, `off` nowhere.
+    #[arg(help_heading = ANSWERS, long, env = "SHARDGATE_UI")]
+    pub(crate) ui: Option<Switch>,
     /// Send dynamic metadata with each answer: the domain, the descriptors and the
     /// passing descriptors' rule `metadata` (envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA).
     #[arg(help_heading = ANSWERS, long, env = "SHARDGATE_RESPONSE_DYNAMIC_METADATA")]

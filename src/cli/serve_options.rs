@@ -61,6 +61,13 @@ pub(crate) fn serve_options(args: Serve, trace_context: bool) -> Result<ServeOpt
         partition_write_budget: args.partition_write_budget,
         leases: args.leases.map(|s| matches!(s, Switch::On)),
         global_quota_mode: args.global_quota_mode,
+        top_values: !args.no_top_values,
+        top_values_metric: usize::from(args.top_values_metric),
+        // The page carries tenant identifiers: on by default only where the HTTP port
+        // is reachable from this host alone.
+        ui: args.ui.map_or(args.http_addr.ip().is_loopback(), |s| {
+            matches!(s, Switch::On)
+        }),
         load: LoadOptions {
             merge_domains: args.merge_domain_config,
         },

@@ -1,6 +1,8 @@
 //! The HTTP surface (`--http-addr`): `GET /metrics` (Prometheus), `GET /healthcheck`
 //! (readiness), `GET /healthcheck/store` (whether the store answers now), `GET /rlconfig`
-//! (the loaded rules as text) and `POST /json` (a proto3-JSON `RateLimitRequest` answered
+//! (the loaded rules as text), `GET /top` (each rule's most refused and admitted
+//! descriptor values, JSON; `?n=` values per table, `?domain=` one domain), the operator's
+//! page (`/ui`, `ui.rs`, when on) and `POST /json` (a proto3-JSON `RateLimitRequest` answered
 //! like the gRPC call: 200 OK, 429 over limit, 400 bad body).
 //!
 //! It translates HTTP to the [`RateLimiter`] and the metrics; it decides nothing itself.
@@ -9,7 +11,7 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::{Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -17,18 +19,22 @@ use axum::Router;
 use tokio::net::TcpListener;
 
 use super::json;
-use crate::config::RuleLimit;
+use super::rule_text::{limit_text, rule_flags};
+use super::ui;
 use crate::service::decision::{CallError, RateLimiter};
 use crate::store::BucketStore;
 use crate::support::text::{elide, MESSAGE_BYTES};
 
-/// The HTTP routes over one rate limiter.
-pub fn router<S: BucketStore>(limiter: Arc<RateLimiter<S>>) -> Router {
+/// The HTTP routes over one rate limiter; with `ui`, the operator's page too.
+pub fn router<S: BucketStore>(limiter: Arc<RateLimiter<S>>, ui: bool) -> Router {
+    let page = if ui { ui::routes() } else { Router::new() };
     Router::new()
+        .merge(page)
         .route("/metrics", get(metrics::<S>))
         .route("/healthcheck", get(healthcheck::<S>))
         .route("/healthcheck/store", get(store_check::<S>))
         .route("/rlconfig", get(rlconfig::<S>))
+        .route("/top", get(top::<S>))
         .route("/json", post(json_call::<S>))
         .route("/explain", post(explain::<S>))
         .with_state(limiter)
@@ -39,8 +45,9 @@ pub async fn serve<S: BucketStore>(
     limiter: Arc<RateLimiter<S>>,
     listener: TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ui: bool,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(limiter))
+    axum::serve(listener, router(limiter, ui))
         .with_graceful_shutdown(shutdown)
         .await
 }
@@ -77,6 +84,32 @@ async fn store_check<S: BucketStore>(State(limiter): State<Arc<RateLimiter<S>>>)
     }
 }
 
+/// The values listed per table when `/top` is not told.
+const TOP_LISTED: usize = 10;
+
+/// `GET /top`: what the page's tables show, as JSON. It carries request values (tenant
+/// identifiers, often): the HTTP port is an operator's, not a caller's.
+async fn top<S: BucketStore>(
+    State(limiter): State<Arc<RateLimiter<S>>>,
+    Query(query): Query<std::collections::HashMap<String, String>>,
+) -> Response {
+    let n = match query.get("n").map(|n| n.parse::<usize>()) {
+        None => TOP_LISTED,
+        Some(Ok(n)) => n,
+        Some(Err(_)) => {
+            return (StatusCode::BAD_REQUEST, "n: expected a number\n").into_response();
+        }
+    };
+    let report = limiter
+        .top()
+        .report(n, query.get("domain").map(String::as_str));
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        serde_json::to_string(&report).unwrap_or_default(),
+    )
+        .into_response()
+}
+
 async fn rlconfig<S: BucketStore>(State(limiter): State<Arc<RateLimiter<S>>>) -> Response {
     let config = limiter.config();
     let mut out = format!("config hash: {}\n", config.hash());
@@ -85,35 +118,12 @@ async fn rlconfig<S: BucketStore>(State(limiter): State<Arc<RateLimiter<S>>>) ->
     for d in domains {
         let _ = writeln!(out, "domain {}:", d.name);
         for r in d.rules() {
-            let limit = match &r.limit {
-                RuleLimit::Unlimited => "unlimited".to_string(),
-                // Several limits (`rate_limits`): each with its name in the bucket item.
-                RuleLimit::Limited(_) if !r.further_limits.is_empty() => r
-                    .stated_limits()
-                    .map(|l| format!("{} [{}]", l.rate, l.item_name))
-                    .collect::<Vec<_>>()
-                    .join(" + "),
-                RuleLimit::Limited(l) => l.to_string(),
-            };
-            let mut flags = Vec::new();
-            if r.shadow_mode {
-                flags.push("shadow_mode".to_string());
-            }
-            if r.quota_mode {
-                flags.push("quota_mode".to_string());
-            }
-            if let Some(p) = &r.cascade_parent {
-                flags.push(format!("cascade to {}", p.stats_key));
-            }
-            // A list's names are in its limits' text already.
-            if let Some(n) = r.name.as_ref().filter(|_| r.further_limits.is_empty()) {
-                flags.push(format!("name {n}"));
-            }
+            let flags = rule_flags(r);
             let _ = writeln!(
                 out,
                 "  {}: {} resource {}{}{}",
                 r.stats_key,
-                limit,
+                limit_text(r),
                 r.resource,
                 if flags.is_empty() { "" } else { "; " },
                 flags.join(", ")

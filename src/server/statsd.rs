@@ -1,9 +1,12 @@
 //! The statsd transport: the socket (UDP datagrams of whole lines, or one kept TCP
 //! connection) and the flush timer. What is sent is the policy's
 //! ([`StatsdLines`], `service/metrics/statsd.rs`); this file only carries it, in a task of
-//! its own: a statsd that is down or slow costs the requests nothing (a send that fails
-//! is logged, at most once a minute, and its deltas are dropped, as a UDP loss would drop
-//! them).
+//! its own: a statsd that is down or slow costs the requests nothing. A send that fails
+//! is logged (at most once a minute) and counted, and its deltas are kept for the next
+//! one (`StatsdLines` moves its baseline only on success), which is tried again with
+//! backoff (from [`RETRY_FIRST`] doubling to [`RETRY_MAX`]) rather than at the next tick
+//! only: an exporter sidecar that starts after the server gets every count. Only the last
+//! flush at shutdown can be lost, and its lines are counted as dropped.
 
 use std::future::Future;
 use std::time::{Duration, Instant};
@@ -23,6 +26,12 @@ const MAX_DATAGRAM_BYTES: usize = 1432;
 
 /// The longest a TCP connect or write may take before the flush gives up on it.
 const TCP_PATIENCE: Duration = Duration::from_secs(2);
+
+/// The first wait before a failed flush is tried again.
+const RETRY_FIRST: Duration = Duration::from_millis(250);
+
+/// The longest wait between two tries while statsd cannot be reached.
+const RETRY_MAX: Duration = Duration::from_secs(5);
 
 /// How often a failing statsd is logged.
 const WARN_EVERY: Duration = Duration::from_secs(60);
@@ -137,18 +146,37 @@ pub async fn run(metrics: std::sync::Arc<Metrics>, options: StatsdOptions, stopp
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
     tokio::pin!(stopped);
+    // While statsd fails: when to try again, and the wait after that.
+    let mut retry: Option<(tokio::time::Instant, Duration)> = None;
     loop {
+        let retry_at = retry.map(|(at, _)| at);
         let last = tokio::select! {
-            _ = tick.tick() => false,
+            _ = tick.tick(), if retry.is_none() => false,
+            _ = tokio::time::sleep_until(retry_at.unwrap_or_else(tokio::time::Instant::now)), if retry.is_some() => false,
             _ = &mut stopped => true,
         };
         let sent = lines.next(&metrics);
-        if !sent.is_empty() {
-            if let Err(e) = link.send(&options.addr, &sent).await {
+        let result = if sent.is_empty() {
+            Ok(())
+        } else {
+            link.send(&options.addr, &sent).await
+        };
+        match result {
+            Ok(()) => {
+                lines.sent();
+                retry = None;
+            }
+            Err(e) => {
+                metrics.statsd_send_failed();
+                if last {
+                    metrics.statsd_dropped(sent.len());
+                }
                 if warned.is_none_or(|at| at.elapsed() >= WARN_EVERY) {
-                    tracing::warn!(addr = %options.addr, error = %e, "statsd: send failed; these stats are dropped");
+                    tracing::warn!(addr = %options.addr, error = %e, lines = sent.len(), "statsd: send failed; its counts are kept and sent again with backoff");
                     warned = Some(Instant::now());
                 }
+                let wait = retry.map_or(RETRY_FIRST, |(_, w)| (w * 2).min(RETRY_MAX));
+                retry = Some((tokio::time::Instant::now() + wait, wait));
             }
         }
         if last {

@@ -258,6 +258,14 @@ impl std::fmt::Display for FirstKey<'_> {
 }
 
 impl<S: BucketStore> BucketStore for Breaker<S> {
+    fn circuit(&self) -> Option<&'static str> {
+        Some(match self.state() {
+            CircuitState::Closed => "closed",
+            CircuitState::Open => "open",
+            CircuitState::Probing => "probing",
+        })
+    }
+
     async fn debit(
         &self,
         key: &BucketKey,

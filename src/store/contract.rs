@@ -110,6 +110,13 @@ pub trait BucketStore: Send + Sync + 'static {
         credits: &[Credit],
     ) -> impl Future<Output = Result<Vec<Credit>, StoreError>> + Send;
 
+    /// The state of the circuit breaker the store is behind (`closed`, `open` or
+    /// `probing`; with a circuit per fault domain, the worst of them), for the operator's
+    /// page; `None` without one (the memory store).
+    fn circuit(&self) -> Option<&'static str> {
+        None
+    }
+
     /// Which part of the store answers for `key`, as a small number
     /// (below [`FAULT_DOMAINS`]): calls on one domain fail together when it is down, and
     /// calls on another go on (a Redis Cluster's master and its slots). A circuit breaker

@@ -204,6 +204,10 @@ impl<S: BucketStore> Detached<S> {
 }
 
 impl<S: BucketStore> BucketStore for Detached<S> {
+    fn circuit(&self) -> Option<&'static str> {
+        self.inner.circuit()
+    }
+
     async fn debit(
         &self,
         key: &BucketKey,

@@ -70,6 +70,10 @@ impl<S: BucketStore> Metered<S> {
 }
 
 impl<S: BucketStore> BucketStore for Metered<S> {
+    fn circuit(&self) -> Option<&'static str> {
+        self.inner.circuit()
+    }
+
     async fn debit(
         &self,
         key: &BucketKey,

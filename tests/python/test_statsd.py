@@ -11,6 +11,7 @@ import time
 
 from envoy.service.ratelimit.v3 import rls_pb2
 
+from conftest import free_port
 from test_independent_client import desc, request
 
 OK = rls_pb2.RateLimitResponse.OK
@@ -30,13 +31,13 @@ class Receiver:
     """Collects statsd lines on a loopback port, over TCP (one connection at a time, as
     the server keeps one) or UDP."""
 
-    def __init__(self, protocol):
+    def __init__(self, protocol, port=0):
         self.lines = []
         self.datagrams = []
         self.lock = threading.Lock()
         kind = socket.SOCK_STREAM if protocol == "tcp" else socket.SOCK_DGRAM
         self.sock = socket.socket(socket.AF_INET, kind)
-        self.sock.bind(("127.0.0.1", 0))
+        self.sock.bind(("127.0.0.1", port))
         self.sock.settimeout(0.2)
         self.port = self.sock.getsockname()[1]
         self.stopped = False
@@ -188,5 +189,33 @@ def test_config_loads_carry_extra_tags_and_udp_sends_whole_lines(shardgate):
         assert all(b"\n\n" not in d and not d.endswith(b"\n") for d in receiver.datagrams)
         # The server's own names carry no tags, as upstream's.
         assert receiver.counters().get("ratelimit_server.ShouldRateLimit.total_requests") == 3
+    finally:
+        receiver.close()
+
+
+def test_counts_made_before_statsd_listens_arrive_once_it_does(shardgate):
+    """An exporter sidecar that starts after the server (issue 46, item 3): the TCP
+    connect is refused for 5 s, during which calls are counted; once the listener is up,
+    those counts arrive, once each, and nothing was dropped."""
+    port = free_port()
+    server = shardgate(RULES, args=[
+        "--statsd-addr", f"127.0.0.1:{port}", "--statsd-protocol", "tcp",
+        "--statsd-flush-interval", "1s",
+    ])
+    started = time.monotonic()
+    calls(server)
+    time.sleep(max(0.0, 5.0 - (time.monotonic() - started)))
+    failed = server.metrics().value("shardgate_statsd_send_failures_total")
+    assert failed >= 2, f"the refused connects were counted: {failed}"
+    receiver = Receiver("tcp", port=port)
+    try:
+        assert receiver.wait_for(lambda c: rule_counts(c) == THREE_CALLS
+                                 and c.get("ratelimit_server.ShouldRateLimit.total_requests") == 3
+                                 ), (receiver.lines, server.log())
+        # Sent once: a later flush adds only what moved since.
+        server.should_rate_limit(request("gw", desc(("user", "bob"))))
+        assert receiver.wait_for(lambda c: rule_counts(c)["total_hits"] == 4), receiver.lines
+        assert receiver.counters()["ratelimit.service.config_load_success"] == 1
+        assert server.metrics().value("shardgate_statsd_lines_dropped_total") == 0
     finally:
         receiver.close()

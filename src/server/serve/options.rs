@@ -55,6 +55,12 @@ pub struct ServeOptions {
     pub answer: AnswerOptions,
     /// Every rule in quota mode.
     pub global_quota_mode: bool,
+    /// Each rule's most refused and admitted values kept (`/top`).
+    pub top_values: bool,
+    /// Each rule's top values exported as gauges on `/metrics`, this many (0: none).
+    pub top_values_metric: usize,
+    /// The operator's page served on the HTTP port (`/ui`).
+    pub ui: bool,
     /// Bounds on what one request may carry.
     pub request_limits: RequestLimits,
     /// How long calls in flight may take to finish after a shutdown signal.

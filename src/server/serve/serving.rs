@@ -94,7 +94,7 @@ pub(super) async fn serve_on<S: BucketStore>(
     let prune_task = spawn_prune(limiter.engine().clone());
     let (lease_stop_tx, lease_task) = spawn_leases(limiter.engine().clone());
     let grpc = grpc::serve_with(limiter.clone(), grpc_listener, port, stopped());
-    let http = http::serve(limiter.clone(), http_listener, stopped());
+    let http = http::serve(limiter.clone(), http_listener, stopped(), options.ui);
     #[cfg(feature = "test-hooks")]
     let (grpc, http) = (
         super::test_hooks::ended_early("grpc", grpc, ()),
@@ -158,7 +158,9 @@ fn limiter<S: BucketStore>(
             .with_global_quota(options.global_quota_mode)
             .with_request_limits(options.request_limits.clone())
             .with_store_timeout(options.store_timeout)
-            .with_metrics(metrics.clone()),
+            .with_metrics(metrics.clone())
+            .with_top_values(options.top_values)
+            .with_top_metric(options.top_values_metric),
     )
 }
 

@@ -104,7 +104,7 @@ pub(super) fn watch_config<S: BucketStore>(
                 limiter.replace_config(config);
             }
             Err(errors) => {
-                limiter.metrics().config_rejected();
+                limiter.config_rejected(&errors.to_string());
                 tracing::error!(
                     path = %path,
                     errors = %errors,
@@ -135,7 +135,7 @@ pub(super) fn spawn_xds<S: BucketStore>(
             limiter.replace_config(Arc::new(config));
             first_tx.send_replace(true);
         }
-        Err(_) => limiter.metrics().config_rejected(),
+        Err(e) => limiter.config_rejected(&e),
     }));
     let first: WarmUp = Box::pin(async move {
         let _ = first_rx.wait_for(|landed| *landed).await;

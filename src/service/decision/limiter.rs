@@ -10,12 +10,14 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::call::{CallError, CallState};
+use super::events::ConfigEvents;
 use crate::config::Config;
 use crate::engine::Engine;
 use crate::service::answer_options::AnswerOptions;
 use crate::service::metrics::{Metrics, RuleCounters};
 use crate::service::request::RequestLimits;
 use crate::service::response_encoding::Reply;
+use crate::service::top::{RuleTop, TopBoard, TopMetric};
 use crate::service::wire::RequestView;
 use crate::store::{calls, BucketKey, BucketStore, DEFAULT_STORE_TIMEOUT};
 use crate::support::throttle::LogThrottle;
@@ -26,16 +28,18 @@ const UNKNOWN_DOMAIN_LOG_INTERVAL: std::time::Duration = std::time::Duration::fr
 /// The most domain names the unknown-domain warning lists.
 const KNOWN_DOMAINS_LISTED: usize = 20;
 
-/// A config in force with the metric counters of its rules.
+/// A config in force with the metric counters and the top-values tables of its rules.
 pub(super) struct Snapshot {
     pub(super) config: Arc<Config>,
     pub(super) counters: Vec<Option<RuleCounters>>,
+    pub(super) top: Vec<Option<Arc<RuleTop>>>,
 }
 
 impl Snapshot {
-    fn new(config: Arc<Config>, metrics: &Metrics) -> Snapshot {
+    fn new(config: Arc<Config>, metrics: &Metrics, top: &TopBoard) -> Snapshot {
         Snapshot {
             counters: metrics.rule_counters(&config),
+            top: top.for_config(&config),
             config,
         }
     }
@@ -55,6 +59,10 @@ pub struct RateLimiter<S: BucketStore> {
     /// none (`--store-timeout`).
     pub(super) store_timeout: std::time::Duration,
     pub(super) metrics: Arc<Metrics>,
+    /// Each rule's most refused and admitted values (`/top`, the page).
+    pub(super) top: Arc<TopBoard>,
+    /// When the rules were loaded, and the last load refused.
+    pub(super) events: parking_lot::Mutex<ConfigEvents>,
     pub(super) store_failure_log: LogThrottle,
     /// Requests for a domain no rule defines: answered OK, so a domain misspelled between
     /// Envoy and the rules would otherwise turn limiting off silently.
@@ -67,8 +75,11 @@ pub struct RateLimiter<S: BucketStore> {
 impl<S: BucketStore> RateLimiter<S> {
     pub fn new(config: Arc<Config>, engine: Arc<Engine<S>>) -> RateLimiter<S> {
         let metrics = Arc::new(Metrics::new());
+        let top = Arc::new(TopBoard::new(true));
         RateLimiter {
-            snapshot: ArcSwap::from_pointee(Snapshot::new(config, &metrics)),
+            snapshot: ArcSwap::from_pointee(Snapshot::new(config, &metrics, &top)),
+            top,
+            events: parking_lot::Mutex::new(ConfigEvents::new()),
             engine,
             limits: RequestLimits::default(),
             answer: AnswerOptions::default(),
@@ -85,13 +96,37 @@ impl<S: BucketStore> RateLimiter<S> {
     pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
         let config = self.config();
         self.snapshot
-            .store(Arc::new(Snapshot::new(config, &metrics)));
+            .store(Arc::new(Snapshot::new(config, &metrics, &self.top)));
         self.metrics = metrics;
+        self
+    }
+
+    /// Keeps each rule's top values (`true`, the default) or not (`--no-top-values`).
+    pub fn with_top_values(mut self, on: bool) -> Self {
+        self.top = Arc::new(TopBoard::new(on));
+        let config = self.config();
+        self.snapshot
+            .store(Arc::new(Snapshot::new(config, &self.metrics, &self.top)));
+        self
+    }
+
+    /// Exports each rule's top `n` refused and admitted values as gauges on `/metrics`
+    /// (`--top-values-metric`; 0, the default: none). Call after [`Self::with_metrics`].
+    pub fn with_top_metric(self, n: usize) -> Self {
+        if n > 0 && self.top.enabled() {
+            self.metrics
+                .register_collector(Box::new(TopMetric::new(self.top.clone(), n)));
+        }
         self
     }
 
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
+    }
+
+    /// Each rule's most refused and admitted values over the last minutes.
+    pub fn top(&self) -> &TopBoard {
+        &self.top
     }
 
     /// Marks whether the store has answered since start-up (see [`Self::readiness`]).
@@ -176,7 +211,19 @@ impl<S: BucketStore> RateLimiter<S> {
     /// Swaps in a new config snapshot; requests in flight finish on the old one.
     pub fn replace_config(&self, config: Arc<Config>) {
         self.snapshot
-            .store(Arc::new(Snapshot::new(config, &self.metrics)));
+            .store(Arc::new(Snapshot::new(config, &self.metrics, &self.top)));
+        self.events.lock().loaded();
+    }
+
+    /// A load refused with `error`: the rules in force stay (counted and kept for the page).
+    pub fn config_rejected(&self, error: &str) {
+        self.metrics.config_rejected();
+        self.events.lock().rejected(error);
+    }
+
+    /// When the rules in force were loaded, and the last load refused.
+    pub fn config_events(&self) -> ConfigEvents {
+        self.events.lock().clone()
     }
 
     /// Counts a request for a domain `config` does not define and warns about it, once per

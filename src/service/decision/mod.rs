@@ -8,11 +8,13 @@
 //!
 //! `limiter.rs`: the rate limiter (its config snapshot, options, readiness) and the
 //! call's entry points with its span; `call.rs`: a call's state and errors; `steps.rs`: the decision's
-//! steps in call order.
+//! steps in call order; `events.rs`: when the rules were loaded, and the last load refused.
 
 mod call;
+mod events;
 mod limiter;
 mod steps;
 
 pub use call::CallError;
+pub use events::{ConfigEvents, Rejected};
 pub use limiter::RateLimiter;

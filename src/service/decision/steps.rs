@@ -142,13 +142,13 @@ impl<S: BucketStore> RateLimiter<S> {
                 } else {
                     HitOutcome::Over
                 };
-                self.metrics.record_hit(
-                    &snapshot.counters,
-                    rule,
-                    d.entries,
-                    (*hits).max(1),
-                    outcome,
-                );
+                let entries = d.entries;
+                self.metrics
+                    .record_hit(&snapshot.counters, rule, entries, (*hits).max(1), outcome);
+                // Shadow mode's "over" counts as refused: it is who would be refused.
+                let refused = !matches!(outcome, HitOutcome::Within { .. });
+                self.top
+                    .record(&snapshot.top, rule, entries, (*hits).max(1), refused);
             }
         }
     }

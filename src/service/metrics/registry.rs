@@ -46,6 +46,8 @@ pub struct Metrics {
     store_refused_requests: Counter,
     tls_handshake_failures: Family<ReasonLabel, Counter>,
     grpc_accept_failures: Counter,
+    statsd_send_failures: Counter,
+    statsd_lines_dropped: Counter,
     port: super::port::PortMetrics,
     rlqs: super::rlqs::RlqsMetrics,
 }
@@ -72,6 +74,8 @@ impl Metrics {
             store_refused_requests: Counter::default(),
             tls_handshake_failures: Family::default(),
             grpc_accept_failures: Counter::default(),
+            statsd_send_failures: Counter::default(),
+            statsd_lines_dropped: Counter::default(),
             port: Default::default(),
             rlqs: Default::default(),
         };
@@ -165,6 +169,16 @@ impl Metrics {
             "grpc_accept_failures",
             "Connections the gRPC port failed to accept (out of file descriptors, most often); each pauses accepting",
             self.grpc_accept_failures.clone(),
+        );
+        registry.register(
+            "statsd_send_failures",
+            "Flushes to statsd that failed (their deltas are sent with the next flush that succeeds)",
+            self.statsd_send_failures.clone(),
+        );
+        registry.register(
+            "statsd_lines_dropped",
+            "statsd lines never sent: those of the last flush at shutdown when statsd could not be reached",
+            self.statsd_lines_dropped.clone(),
         );
     }
 
@@ -305,6 +319,33 @@ impl Metrics {
     /// A connection the gRPC port failed to accept (`accept.rs`).
     pub fn grpc_accept_failed(&self) {
         self.grpc_accept_failures.inc();
+    }
+
+    /// Adds a collector read at every scrape (the top values' gauges, when asked for).
+    pub fn register_collector(&self, collector: Box<dyn prometheus_client::collector::Collector>) {
+        self.registry.lock().register_collector(collector);
+    }
+
+    /// Store calls by (operation, outcome) since start, for the operator's page.
+    pub fn store_call_totals(&self) -> Vec<(&'static str, &'static str, u64)> {
+        let mut totals: Vec<_> = self
+            .store_series
+            .load()
+            .iter()
+            .map(|(&(op, outcome), (calls, _))| (op, outcome, calls.get()))
+            .collect();
+        totals.sort_unstable();
+        totals
+    }
+
+    /// A flush to statsd failed; its deltas wait for the next.
+    pub fn statsd_send_failed(&self) {
+        self.statsd_send_failures.inc();
+    }
+
+    /// `lines` of statsd's were given up on.
+    pub fn statsd_dropped(&self, lines: usize) {
+        self.statsd_lines_dropped.inc_by(lines as u64);
     }
 
     pub fn domain_not_found(&self) {

@@ -45,10 +45,16 @@ pub fn parse_tags(text: &str) -> Result<Vec<StatsdTag>, String> {
         .collect()
 }
 
-/// The lines of each flush: what moved since the previous one.
+/// The lines of each flush: what moved since the last flush that reached statsd. A flush
+/// that fails leaves the baseline where it was, so the next one carries its deltas too:
+/// counters are not lost while statsd is unreachable, and what is held meanwhile is one
+/// reading (a total per name), not the lines of every missed flush.
 #[derive(Debug)]
 pub struct StatsdLines {
+    /// The totals of the last flush statsd received.
     deltas: Deltas,
+    /// The baseline once the lines last handed out are sent.
+    unsent: Option<Deltas>,
     /// [`tag_suffix`] of the extra tags, written once.
     tags: String,
 }
@@ -57,13 +63,25 @@ impl StatsdLines {
     pub fn new(tags: &[StatsdTag]) -> StatsdLines {
         StatsdLines {
             deltas: Deltas::default(),
+            unsent: None,
             tags: tag_suffix(tags),
         }
     }
 
-    /// The lines for what moved in `metrics` since the last call (none for what did not).
+    /// The lines of what moved since the last flush marked [`StatsdLines::sent`].
     pub fn next(&mut self, metrics: &Metrics) -> Vec<String> {
-        self.deltas.lines(&metrics.statsd_reading(), &self.tags)
+        let mut after = self.deltas.clone();
+        let lines = after.lines(&metrics.statsd_reading(), &self.tags);
+        self.unsent = Some(after);
+        lines
+    }
+
+    /// The lines [`StatsdLines::next`] last handed out reached statsd: the next ones
+    /// count from there.
+    pub fn sent(&mut self) {
+        if let Some(after) = self.unsent.take() {
+            self.deltas = after;
+        }
     }
 }
 
@@ -80,7 +98,7 @@ pub(crate) struct Reading {
 }
 
 /// The previous flush's totals, to send deltas.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 struct Deltas {
     counters: HashMap<String, u64>,
     latency: Vec<u64>,
@@ -221,5 +239,31 @@ mod tests {
             d.lines(&reading(&[], &moved), ""),
             vec![format!("{RESPONSE_TIME}:2|ms|@0.5")]
         );
+    }
+
+    #[test]
+    fn a_flush_not_sent_is_carried_by_the_next() {
+        let metrics = Metrics::new();
+        let mut lines = StatsdLines::new(&[]);
+        let load = |lines: &mut StatsdLines| {
+            lines
+                .next(&metrics)
+                .into_iter()
+                .find(|l| l.starts_with("ratelimit.service.config_load_success:"))
+        };
+        metrics.config_loaded("a");
+        let first = load(&mut lines);
+        assert_eq!(
+            first.as_deref(),
+            Some("ratelimit.service.config_load_success:1|c")
+        );
+        // Not sent (statsd unreachable): the next flush carries it, with what moved since.
+        metrics.config_loaded("b");
+        assert_eq!(
+            load(&mut lines).as_deref(),
+            Some("ratelimit.service.config_load_success:2|c")
+        );
+        lines.sent();
+        assert_eq!(load(&mut lines), None, "sent once, never again");
     }
 }
