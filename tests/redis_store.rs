@@ -364,6 +364,32 @@ async fn the_keys_expiry_follows_the_items_ttl_plus_a_grace() {
         .await
         .unwrap();
     assert_eq!(at, now_s + 600 + 60);
+
+    // A key whose expiry was taken away (a `PERSIST` by hand, or an item that never
+    // expired under its old rule) gets one back from the next slow pass's update.
+    let _: i64 = redis::cmd("PERSIST")
+        .arg(&rk)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let update = Write::Update {
+        key: key("ttl", 0),
+        expected_refilled_at: item().refilled_at,
+        refilled_at: item().refilled_at + 1,
+        ttl: Some(now_s + 900),
+        shard_count: None,
+        limits: vec![],
+    };
+    assert_eq!(
+        store.commit(&[update]).await.unwrap(),
+        CommitOutcome::Committed
+    );
+    let at: i64 = redis::cmd("EXPIRETIME")
+        .arg(&rk)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(at, now_s + 900 + 60, "the expiry is back");
 }
 
 #[tokio::test]

@@ -22,7 +22,8 @@ use tower::ServiceExt;
 fuzz_target!(|data: &[u8]| {
     let w = common::world();
     let l = common::limiter(w.config.clone(), common::serve_options());
-    let router = shardgate::server::http::router(Arc::new(l.limiter));
+    // The operator page off: the fuzzed route is /json.
+    let router = shardgate::server::http::router(Arc::new(l.limiter), false);
     let request = Request::builder()
         .method("POST")
         .uri("/json")
