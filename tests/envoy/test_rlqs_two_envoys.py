@@ -50,9 +50,10 @@ def test_two_envoys_split_a_bucket_and_one_takes_it_all_when_the_other_stops(two
     load_b = Load(b.port, "acme", threads=2, per_thread=50).start()
     t0 = time.monotonic()
     try:
-        # Two report cycles for the shares to settle (the newcomer waits for the holder to
-        # give way at its next report), then a window of two more.
-        time.sleep(4 * ENVOY_REPORT_S)
+        # Up to three report cycles for the shares to settle (the newcomer's demand is
+        # reported, the holder gives way at its next report, the newcomer takes the room at
+        # the report after: seen in CI, b held at its floor for 15 s), then a window of two.
+        time.sleep(5 * ENVOY_REPORT_S + 1)
         load_b.stop()
         b.stop()
         stopped = time.monotonic()
@@ -60,7 +61,7 @@ def test_two_envoys_split_a_bucket_and_one_takes_it_all_when_the_other_stops(two
     finally:
         load_a.stop()
         load_b.stop()
-    settled = t0 + 2 * ENVOY_REPORT_S
+    settled = t0 + 3 * ENVOY_REPORT_S + 1
     window = stopped - settled
     got_a, got_b = load_a.admitted(settled, stopped), load_b.admitted(settled, stopped)
     whole = load_a.admitted(t0 + 1, stopped) + load_b.admitted(t0 + 1, stopped)
@@ -69,8 +70,8 @@ def test_two_envoys_split_a_bucket_and_one_takes_it_all_when_the_other_stops(two
     alone = load_a.admitted(after, after + 3)
     print(f"settled window {window:.1f}s: a {got_a}, b {got_b}; from 1 s on: {whole} "
           f"(bound {bound:.0f}); a alone, 3 intervals after b stopped: {alone} in 3 s; "
-          f"a per second {[load_a.admitted(t0 + i, t0 + i + 1) for i in range(40)]}; "
-          f"b per second {[load_b.admitted(t0 + i, t0 + i + 1) for i in range(22)]}")
+          f"a per second {[load_a.admitted(t0 + i, t0 + i + 1) for i in range(46)]}; "
+          f"b per second {[load_b.admitted(t0 + i, t0 + i + 1) for i in range(28)]}")
     assert whole <= bound, (whole, bound)
     # About half each: neither holds more than 60 % of what the two admitted.
     assert got_a + got_b >= 0.7 * LIMIT * window, (got_a, got_b, window)
