@@ -404,18 +404,24 @@ fn explore(s: &Scenario, cap: u64) -> Tally {
 
 use Step::*;
 
-#[test]
-fn two_servers_doubling_a_nearly_empty_bucket_admit_what_it_holds() {
-    // 16 tokens, 3 left on one shard whose write budget is spent: the next request
-    // doubles it. A doubling that created its new shard full admitted up to 8 more.
-    let s = Scenario {
+/// 16 tokens, 3 left on one shard whose write budget is spent: the next request doubles
+/// it; three requests on one server, two on the other. `item_by_item`: as on a Cluster.
+fn nearly_empty(item_by_item: bool) -> Scenario {
+    Scenario {
         capacity: 16,
         rate: 0,
         shards: (1, 3, 0),
         scripts: [&[Ask, Ask, Ask], &[Ask, Ask]],
         switches: Some(2),
-        item_by_item: false,
-    };
+        item_by_item,
+    }
+}
+
+#[test]
+fn two_servers_doubling_a_nearly_empty_bucket_admit_what_it_holds() {
+    // 16 tokens, 3 left on one shard whose write budget is spent: the next request
+    // doubles it. A doubling that created its new shard full admitted up to 8 more.
+    let s = nearly_empty(false);
     let tally = explore(&s, 40_000);
     assert!(tally.doublings > 0, "{tally:?}");
     eprintln!("{tally:?}");
@@ -443,14 +449,7 @@ fn a_doubling_committed_item_by_item_as_on_a_redis_cluster_stays_within_the_boun
     // As the first scenario, but the split's update of shard 0 and its create of shard 1
     // land one at a time: between them, shard 0 holds two shards' count and shard 1 does
     // not exist yet.
-    let s = Scenario {
-        capacity: 16,
-        rate: 0,
-        shards: (1, 3, 0),
-        scripts: [&[Ask, Ask, Ask], &[Ask, Ask]],
-        switches: Some(2),
-        item_by_item: true,
-    };
+    let s = nearly_empty(true);
     let tally = explore(&s, 60_000);
     assert!(tally.doublings > 0, "{tally:?}");
     eprintln!("{tally:?}");

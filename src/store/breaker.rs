@@ -61,11 +61,30 @@ impl Domain {
         }
     }
 
+    fn state(&self) -> CircuitState {
+        match *self.circuit.lock() {
+            Circuit::Closed { .. } => CircuitState::Closed,
+            Circuit::Open { .. } => CircuitState::Open,
+            Circuit::Probing => CircuitState::Probing,
+        }
+    }
+
     /// Moves the circuit (its lock held) and keeps [`Self::clean`] in step.
     fn set(&self, c: &mut Circuit, next: Circuit) {
         *c = next;
         self.clean
             .store(next == Circuit::Closed { failures: 0 }, Ordering::Release);
+    }
+}
+
+impl CircuitState {
+    /// As the operator's page and logs name it.
+    pub fn name(self) -> &'static str {
+        match self {
+            CircuitState::Closed => "closed",
+            CircuitState::Open => "open",
+            CircuitState::Probing => "probing",
+        }
     }
 }
 
@@ -99,10 +118,10 @@ impl<S: BucketStore> Breaker<S> {
     pub fn state(&self) -> CircuitState {
         let mut worst = CircuitState::Closed;
         for d in self.domains.iter() {
-            match *d.circuit.lock() {
-                Circuit::Closed { .. } => {}
-                Circuit::Open { .. } => return CircuitState::Open,
-                Circuit::Probing => worst = CircuitState::Probing,
+            match d.state() {
+                CircuitState::Closed => {}
+                CircuitState::Open => return CircuitState::Open,
+                CircuitState::Probing => worst = CircuitState::Probing,
             }
         }
         worst
@@ -110,11 +129,7 @@ impl<S: BucketStore> Breaker<S> {
 
     /// The circuit of `key`'s fault domain.
     pub fn state_of(&self, key: &BucketKey) -> CircuitState {
-        match *self.domain(Some(key)).circuit.lock() {
-            Circuit::Closed { .. } => CircuitState::Closed,
-            Circuit::Open { .. } => CircuitState::Open,
-            Circuit::Probing => CircuitState::Probing,
-        }
+        self.domain(Some(key)).state()
     }
 
     /// Closes every circuit: the store was seen answering by other means (the server's
@@ -259,11 +274,7 @@ impl std::fmt::Display for FirstKey<'_> {
 
 impl<S: BucketStore> BucketStore for Breaker<S> {
     fn circuit(&self) -> Option<&'static str> {
-        Some(match self.state() {
-            CircuitState::Closed => "closed",
-            CircuitState::Open => "open",
-            CircuitState::Probing => "probing",
-        })
+        Some(self.state().name())
     }
 
     async fn debit(
