@@ -5,9 +5,10 @@
 //! are polled before the connection is polled again, which writes their answers — the
 //! first answer of a burst of 1024 calls does not wait for the whole burst. **Per wake**,
 //! on a runtime with more than one worker: once the wake has run for [`INLINE_BUDGET`] and
-//! workers are idle, the further new calls of each round are split into lanes, one task
-//! per idle worker and one for this worker, each polling its share of the calls (one
-//! spawn per lane, not per call); the connection's task goes back to writing. A connection whose wakes stay short (Envoy's usual load,
+//! workers have stayed parked through its second half, the further new calls of each
+//! round are split into lanes, one task per idle worker and one for this worker, each
+//! polling its share of the calls (one spawn per lane, not per call); the connection's
+//! task goes back to writing. A connection whose wakes stay short (Envoy's usual load,
 //! cheap calls) keeps the savings of running its calls in its own task (no task, no wake
 //! per call, one write per burst), and so does one whose runtime is busy anyway (spawning
 //! would add that cost for no core gained); a connection busy with more than one core
@@ -57,29 +58,66 @@ const INLINE_BUDGET: Duration = Duration::from_micros(100);
 /// the CPU per call of no lanes at all).
 const MIN_LANE_CALLS: usize = 8;
 
-/// The runtime's metrics, if it has other workers to spread a busy connection's calls
+/// The runtime's workers, when it has more than one to spread a busy connection's calls
 /// over.
-fn spreadable() -> Option<RuntimeMetrics> {
-    let handle = tokio::runtime::Handle::try_current().ok()?;
-    let multi = handle.runtime_flavor() != tokio::runtime::RuntimeFlavor::CurrentThread;
-    let metrics = handle.metrics();
-    (multi && metrics.num_workers() > 1).then_some(metrics)
+struct Workers {
+    metrics: RuntimeMetrics,
+    /// Each worker's park/unpark count at the last look (an odd count: parked). Kept
+    /// between wakes so a wake allocates nothing.
+    looked: Vec<u64>,
 }
 
-/// The runtime's workers parked (idle) now: only on those does a spawned lane run beside
-/// the connection rather than after it, on a thread that was busy anyway.
+impl Workers {
+    fn of_this_runtime() -> Option<Workers> {
+        let handle = tokio::runtime::Handle::try_current().ok()?;
+        let multi = handle.runtime_flavor() != tokio::runtime::RuntimeFlavor::CurrentThread;
+        let metrics = handle.metrics();
+        let workers = metrics.num_workers();
+        (multi && workers > 1).then(|| Workers {
+            metrics,
+            looked: vec![0; workers],
+        })
+    }
+
+    /// A look: every worker's park/unpark count now.
+    fn look(&mut self) {
+        for (w, count) in self.looked.iter_mut().enumerate() {
+            *count = park_count(&self.metrics, w);
+        }
+    }
+
+    /// The workers parked at the last look that have not moved since (idle all along,
+    /// not a worker busy elsewhere caught between two tasks).
+    fn idle_since_look(&self) -> usize {
+        let now = (0..self.looked.len()).map(|w| park_count(&self.metrics, w));
+        stayed_parked(&self.looked, now)
+    }
+}
+
+/// A worker's park/unpark count (odd while parked).
 #[cfg(target_has_atomic = "64")]
-fn idle_workers(metrics: &RuntimeMetrics) -> usize {
-    // An odd count of parks and unparks: parked now.
-    (0..metrics.num_workers())
-        .filter(|&w| metrics.worker_park_unpark_count(w) % 2 == 1)
-        .count()
+fn park_count(metrics: &RuntimeMetrics, worker: usize) -> u64 {
+    metrics.worker_park_unpark_count(worker)
 }
 
-/// Without 64-bit atomics tokio does not say; one lane.
+/// Without 64-bit atomics tokio does not say: every worker counts as parked all along
+/// (one lane each).
 #[cfg(not(target_has_atomic = "64"))]
-fn idle_workers(_: &RuntimeMetrics) -> usize {
+fn park_count(_: &RuntimeMetrics, _: usize) -> u64 {
     1
+}
+
+/// Of the workers whose park/unpark counts were `before` and are `now`, those parked at
+/// both looks in the same park: only on those does a spawned lane run beside the
+/// connection rather than after it, on a thread that was busy anyway. A worker busy with
+/// other connections parks for moments between its tasks; counted idle on one look, it
+/// made two busy connections split their calls back and forth (1.15× the CPU per call).
+fn stayed_parked(before: &[u64], now: impl Iterator<Item = u64>) -> usize {
+    before
+        .iter()
+        .zip(now)
+        .filter(|&(&b, n)| b % 2 == 1 && b == n)
+        .count()
 }
 
 /// A lane: calls handed to another worker, polled together in one task (one spawn, not
@@ -96,34 +134,50 @@ struct Driven {
     fresh: VecDeque<Guarded>,
     open: bool,
     ended: bool,
-    /// The runtime's metrics when it has workers to spread calls over.
-    spread: Option<RuntimeMetrics>,
+    /// The runtime's workers, when it has others to spread calls over.
+    spread: Option<Workers>,
 }
 
 /// One wake's account of its inline work.
 struct WakeBudget {
     started: Instant,
-    /// Decided once the budget is spent: how many lanes this wake's new calls are split
-    /// into besides the connection's own share (the workers idle then).
-    lanes: Option<usize>,
+    /// When the workers were last looked at: first half the budget in, so that a wake
+    /// that stays short never reads their counters (each a cache line the workers write),
+    /// then at each later check, at least half the budget apart.
+    looked: Option<Instant>,
 }
 
 impl WakeBudget {
-    /// The lanes to split new calls into now: none while the wake is within its budget,
-    /// or when no worker is idle.
-    fn lanes(&mut self, spread: &Option<RuntimeMetrics>) -> usize {
-        let Some(metrics) = spread else {
+    fn new() -> WakeBudget {
+        WakeBudget {
+            started: Instant::now(),
+            looked: None,
+        }
+    }
+
+    /// The lanes to split new calls into now: none while the wake is within its budget;
+    /// past it, one per worker that stayed parked since the last look (at least half of
+    /// [`INLINE_BUDGET`] ago). Looked at again at each check past the budget, not once a
+    /// wake: a worker busy with the lanes of the last split when this wake began parks
+    /// once it has run them, and gets the next share.
+    fn lanes(&mut self, workers: &mut Option<Workers>) -> usize {
+        let Some(workers) = workers else {
             return 0;
         };
-        if let Some(lanes) = self.lanes {
-            return lanes;
-        }
-        if self.started.elapsed() < INLINE_BUDGET {
+        let half = INLINE_BUDGET / 2;
+        let Some(looked) = self.looked else {
+            if self.started.elapsed() >= half {
+                workers.look();
+                self.looked = Some(Instant::now());
+            }
+            return 0;
+        };
+        if self.started.elapsed() < INLINE_BUDGET || looked.elapsed() < half {
             return 0;
         }
-        // Asked once per wake: the first lane wakes an idle worker, which is busy after.
-        let lanes = idle_workers(metrics);
-        self.lanes = Some(lanes);
+        let lanes = workers.idle_since_look();
+        workers.look();
+        self.looked = Some(Instant::now());
         lanes
     }
 }
@@ -156,7 +210,7 @@ where
         fresh: VecDeque::new(),
         open: true,
         ended: false,
-        spread: spreadable(),
+        spread: Workers::of_this_runtime(),
     };
     let wakes = Arc::new(ConnectionWakes::default());
     let task_waker = Waker::from(wakes.clone());
@@ -219,10 +273,7 @@ where
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     wakes.inside.store(true, SeqCst);
-    let mut wake = WakeBudget {
-        started: Instant::now(),
-        lanes: None,
-    };
+    let mut wake = WakeBudget::new();
     let mut inner = Context::from_waker(task_waker);
     let mut done = None;
     for _ in 0..ROUNDS_PER_WAKE {
@@ -271,7 +322,7 @@ fn decide(driven: &mut Driven, inner: &mut Context<'_>, wake: &mut WakeBudget) -
     while let Some(mut call) = driven.fresh.pop_front() {
         moved = true;
         if !split {
-            let lanes = wake.lanes(&driven.spread);
+            let lanes = wake.lanes(&mut driven.spread);
             if lanes > 0 {
                 split = true;
                 spawn_lanes(&mut driven.fresh, lanes);
@@ -385,5 +436,20 @@ impl Wake for EndingWake {
     fn wake_by_ref(self: &Arc<Self>) {
         self.fired.store(true, SeqCst);
         self.wakes.task.wake();
+    }
+}
+
+#[cfg(test)]
+mod idle_tests {
+    use super::stayed_parked;
+
+    #[test]
+    fn a_worker_is_idle_only_when_parked_at_both_looks_in_the_same_park() {
+        // Parked (odd) at both looks, the same count: idle all along.
+        assert_eq!(stayed_parked(&[7, 9], [7, 9].into_iter()), 2);
+        // Busy (even) at the first look, or at the second.
+        assert_eq!(stayed_parked(&[6, 9], [7, 10].into_iter()), 0);
+        // Parked at both looks but woken between them (busy elsewhere, parked again).
+        assert_eq!(stayed_parked(&[7, 9], [9, 9].into_iter()), 1);
     }
 }
