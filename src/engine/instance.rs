@@ -14,8 +14,8 @@ use futures::future::join_all;
 use super::acquire::Deciding;
 use super::lease::Leasing;
 use super::{
-    inflight, lease, rejection, shard, Acquire, Clock, Decision, EngineError, EngineOptions,
-    EngineStats, EngineView, LimitParams, RandomDraw, ShardDraw, SystemClock,
+    inflight, lease, rejection, shard, Acquire, BucketLeases, Clock, Decision, EngineError,
+    EngineOptions, EngineStats, EngineView, LimitParams, RandomDraw, ShardDraw, SystemClock,
 };
 use crate::store::BucketStore;
 
@@ -221,6 +221,14 @@ impl<S: BucketStore> Engine<S> {
     /// Millitokens this process holds in leases.
     pub fn leased_outstanding(&self) -> i64 {
         self.leases.as_ref().map_or(0, |b| b.outstanding())
+    }
+
+    /// What this process's lease book holds of `(entity, resource)` (for `explain`):
+    /// `None` when leases are off, or off since the lease task died.
+    pub fn leases_of(&self, entity: &str, resource: &str) -> Option<BucketLeases> {
+        self.leasing()?;
+        let book = self.leases.as_deref()?;
+        Some(book.seen(entity, resource, self.clock.now_ms()))
     }
 
     /// The lease work, when leases are on (even after the lease task died: what it

@@ -46,7 +46,7 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{BucketOutcome, Decision, LimitOutcome};
 pub use error::EngineError;
 pub use instance::Engine;
-pub use lease::LeaseOptions;
+pub use lease::{BucketLeases, HeldTokens, LeaseOptions, TrackedBucket};
 pub use options::{
     EngineOptions, DEFAULT_PARTITION_WRITE_BUDGET, DEFAULT_REJECTION_CACHE_MS,
     UNLIMITED_PARTITION_WRITE_BUDGET,

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use crate::config::{nearest, Rule, RuleLimit, WalkEnd};
 use crate::engine::bucket::whole_tokens;
 use crate::engine::plan::{BucketSlots, Plan};
-use crate::engine::{Decision, LimitOutcome};
+use crate::engine::{BucketLeases, Decision, LimitOutcome};
 use crate::store::BucketStore;
 
 use super::decision::RateLimiter;
@@ -93,9 +93,11 @@ impl<S: BucketStore> RateLimiter<S> {
             }
         };
         bucket_lines(&plan, &decision, rule, &slots.own, "bucket", out);
+        self.lease_line(&plan, &slots.own, out);
         if let (Some(parent), Some(ps)) = (&rule.cascade_parent, &slots.parent) {
             let what = format!("cascade parent {} ({})", parent.stats_key, parent.source);
             bucket_lines(&plan, &decision, parent, ps, &what, out);
+            self.lease_line(&plan, ps, out);
         }
         let verdict = if decision.admitted {
             "admitted".to_string()
@@ -106,6 +108,73 @@ impl<S: BucketStore> RateLimiter<S> {
             out,
             "a request of 1 hit now: {verdict} (read only: nothing was debited)"
         );
+    }
+}
+
+impl<S: BucketStore> RateLimiter<S> {
+    /// Whether this server answers the bucket from a lease, and why, when leases are on.
+    fn lease_line(&self, plan: &Plan, slots: &BucketSlots, out: &mut String) {
+        let Some(claim) = plan.acquire.buckets.get(slots.bucket) else {
+            return;
+        };
+        let Some(leases) = self.engine().leases_of(&claim.entity, &claim.resource) else {
+            return;
+        };
+        let line = match claim.strict {
+            true => "never: a strict rule's every decision is the store's".to_string(),
+            false => lease_words(&leases),
+        };
+        let _ = writeln!(out, "  lease on this server: {line}");
+    }
+}
+
+/// What the lease book holds of a bucket, in words.
+fn lease_words(leases: &BucketLeases) -> String {
+    let hot = leases.hot_rate;
+    let Some(t) = &leases.tracked else {
+        return format!(
+            "none, asked for below {hot} decisions a second here (below that a lease \
+             costs more writes than it saves)"
+        );
+    };
+    let rate = t.rate;
+    if !t.held.is_empty() {
+        // A bucket of one limit needs no name; several are told apart by the item's.
+        let first = t.held.first().map(|h| &h.limit);
+        let named = t.held.iter().any(|h| Some(&h.limit) != first);
+        let held: Vec<String> = t
+            .held
+            .iter()
+            .map(|h| {
+                let of = if named {
+                    format!(" of {}", h.limit)
+                } else {
+                    String::new()
+                };
+                format!(
+                    "{} of {} tokens{of} from shard {}, {:.2} s left",
+                    whole_tokens(h.rest),
+                    whole_tokens(h.granted),
+                    h.shard,
+                    h.expires_in_ms as f64 / 1000.0
+                )
+            })
+            .collect();
+        return format!(
+            "held ({}); {rate} decisions a second here, leased from {hot}",
+            held.join("; ")
+        );
+    }
+    match (rate >= hot, t.fetching) {
+        (true, true) => format!("being fetched; {rate} decisions a second here, leased from {hot}"),
+        (true, false) => format!(
+            "none held now; {rate} decisions a second here, leased from {hot} (the next \
+             request asks for one, unless the shard had none to give lately)"
+        ),
+        (false, _) => format!(
+            "none, {rate} decisions a second here, below the {hot} from which a lease \
+             saves writes"
+        ),
     }
 }
 

@@ -3,6 +3,7 @@ words — the walk through the rules, the bucket and its balances, what a reques
 answered now — read only, on the embedded store and on a Redis a fleet shares."""
 import re
 import subprocess
+import time
 
 import pytest
 from conftest import binary
@@ -112,3 +113,36 @@ def test_the_command_reads_a_fleet_s_redis(shardgate, redis_server, rules):
     bad = subprocess.run([binary(), "explain", "--config", str(config), "shop", "tenant"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "'tenant' is not key=value" in bad.stderr, bad.stderr
+
+
+def test_a_hot_bucket_is_explained_as_leased_and_a_cold_one_as_not(shardgate, tmp_path):
+    """With leases on (the memory store with `--leases on`, as DynamoDB and Redis by
+    default), explain says whether this server answers the bucket from a lease, and why
+    (issue 45, item 4): a bucket at 100 decisions a second is leased; one asked for once
+    is not (below 6/s, the rate from which a lease saves writes)."""
+    path = tmp_path / "lease.yaml"
+    path.write_text("domain: shop\ndescriptors:\n"
+                    "  - key: path\n    rate_limit: {unit: second, requests_per_unit: 100000}\n")
+    server = shardgate(config=path, args=["--leases", "on"])
+    hot = request("shop", desc(("path", "/hot")))
+    server.should_rate_limit(request("shop", desc(("path", "/cold"))))
+    # ~100/s for up to 2 s (bounded): the book measures it over its 250 ms windows and
+    # the lease task fetches a lease.
+    leased = ""
+    for _ in range(200):
+        assert server.should_rate_limit(hot).overall_code == OK
+        if _ % 10 == 9:
+            leased = explain(server, "path=/hot")
+            if "lease on this server: held" in leased:
+                break
+        time.sleep(0.01)
+    assert re.search(r"  lease on this server: held \(\d+ of \d+ tokens from shard 0, "
+                     r"[01]\.\d\d s left\); \d+ decisions a second here, leased from 6\n", leased), leased
+    cold = explain(server, "path=/cold")
+    assert ("  lease on this server: none, asked for below 6 decisions a second here "
+            "(below that a lease costs more writes than it saves)\n") in cold, cold
+
+
+def test_with_leases_off_explain_says_nothing_of_them(shardgate, rules):
+    server = shardgate(config=rules)
+    assert "lease on this server" not in explain(server, "tenant=acme", "api_key=k1")

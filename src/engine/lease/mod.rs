@@ -21,5 +21,6 @@ mod options;
 mod size;
 
 pub(crate) use book::LeaseBook;
+pub use book::{BucketLeases, HeldTokens, TrackedBucket};
 pub(crate) use leasing::Leasing;
 pub use options::LeaseOptions;

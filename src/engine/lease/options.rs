@@ -10,7 +10,8 @@ pub struct LeaseOptions {
     /// tokens a server stops using reach the other servers within about a second.
     pub lifetime_ms: i64,
     /// Decisions per second on one bucket, in this process, from which it is leased:
-    /// below it a lease would answer too few requests to save writes.
+    /// below it a lease would answer too few requests to save writes. By default the
+    /// break-even rate of the lifetime ([`break_even_rate`]).
     pub hot_rate: u32,
     /// A lease is at most `1/share_divisor` of its shard's share: several servers can
     /// each hold one, and a server that goes quiet or crashes strands little.
@@ -29,14 +30,53 @@ pub struct LeaseOptions {
     pub panic_at_fetch: bool,
 }
 
+/// Store writes one lease costs over its lifetime at a steady rate: its grant, the top-up
+/// fetched once it is half used (`size::needs_top_up`), and the return of its rest when
+/// the bucket cools. Each request it answers saves the one write the store would have
+/// made for it.
+pub const WRITES_PER_LEASE_LIFETIME: u32 = 3;
+
+/// How far above its true rate a bucket may be measured: its rate comes from one demand
+/// window (250 ms) of a few requests, and a burst of a few within one window doubles a
+/// lukewarm bucket's reading. A lease is taken from twice the break-even rate, so that a
+/// bucket measured twice too fast still pays for its lease.
+pub const RATE_MARGIN: u32 = 2;
+
+/// The rate (decisions per second) from which a lease of `lifetime_ms` saves writes,
+/// with the margin for a rate measured too high: a lease answers `rate × lifetime` requests
+/// for [`WRITES_PER_LEASE_LIFETIME`] writes. 6/s for the default second.
+pub fn break_even_rate(lifetime_ms: i64) -> u32 {
+    let lifetime_ms = u64::try_from(lifetime_ms.max(1)).unwrap_or(1);
+    let per_s = u64::from(WRITES_PER_LEASE_LIFETIME * RATE_MARGIN) * 1_000;
+    u32::try_from(per_s.div_ceil(lifetime_ms)).unwrap_or(u32::MAX)
+}
+
 impl Default for LeaseOptions {
     fn default() -> Self {
+        const LIFETIME_MS: i64 = 1_000;
         LeaseOptions {
-            lifetime_ms: 1_000,
-            hot_rate: 20,
+            lifetime_ms: LIFETIME_MS,
+            hot_rate: break_even_rate(LIFETIME_MS),
             share_divisor: 8,
             wait_ms: 1_000,
             panic_at_fetch: false,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lease_is_taken_from_twice_its_break_even_rate() {
+        // Three writes a lifetime, twice over: 6 decisions a second for a second's lease.
+        assert_eq!(break_even_rate(1_000), 6);
+        assert_eq!(LeaseOptions::default().hot_rate, 6);
+        // A longer lease pays at a lower rate; a shorter one needs a higher one.
+        assert_eq!(break_even_rate(2_000), 3);
+        assert_eq!(break_even_rate(250), 24);
+        assert_eq!(break_even_rate(0), 6_000);
+        assert_eq!(break_even_rate(i64::MAX), 1);
     }
 }

@@ -16,6 +16,7 @@ mod demand;
 mod entry;
 mod moves;
 mod part;
+mod seen;
 
 use crate::engine::partitioned::Hasher;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -36,6 +37,7 @@ use entry::{note_available, return_of, take, HeldLimit, ShardLease};
 use part::Part;
 
 pub(super) use moves::{Landing, Return, Served, Want, WantedLimit};
+pub use seen::{BucketLeases, HeldTokens, TrackedBucket};
 
 /// The demand window: rates are measured over at least this long.
 pub(super) const WINDOW_MS: i64 = 250;
@@ -502,6 +504,18 @@ impl LeaseBook {
             }
         }
         returns
+    }
+
+    /// What the book holds of `(entity, resource)` at `now` (read only, for `explain`).
+    pub(crate) fn seen(&self, entity: &str, resource: &str, now: i64) -> BucketLeases {
+        let spot = self.spot(entity, resource);
+        BucketLeases {
+            hot_rate: self.options.hot_rate,
+            tracked: self
+                .part(spot)
+                .get(entity, resource, spot.hash)
+                .map(|e| seen::tracked(e, now)),
+        }
     }
 
     /// Millitokens held in leases now, over all buckets and limits.

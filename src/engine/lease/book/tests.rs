@@ -129,6 +129,50 @@ fn a_cold_bucket_wants_no_lease() {
     assert!(book.take_wants().is_empty());
 }
 
+/// The milliseconds from the first of a steady stream of `per_s` requests a second to its
+/// first wanted lease, if one is wanted within `seconds`.
+fn first_want_ms(per_s: i64, seconds: i64) -> Option<i64> {
+    let book = book();
+    let b = claim(1_000);
+    let gap = 1_000 / per_s;
+    (0..per_s * seconds).find_map(|i| {
+        let now = T0 + i * gap;
+        drive(&book, &b, now, 1, 1);
+        (!book.take_wants().is_empty()).then_some(now - T0)
+    })
+}
+
+#[test]
+fn a_lease_is_taken_only_where_it_saves_writes() {
+    // One a second never pays for a lease's three writes; nor four.
+    assert_eq!(first_want_ms(1, 30), None);
+    assert_eq!(first_want_ms(4, 30), None);
+    // Ten a second does (a lease answers ten requests for three writes), within the
+    // first two windows.
+    let lukewarm = first_want_ms(10, 30).expect("leased");
+    assert!(lukewarm <= 500, "{lukewarm} ms");
+    // A hundred a second within a second.
+    let hot = first_want_ms(100, 30).expect("leased");
+    assert!(hot <= 1_000, "{hot} ms");
+}
+
+#[test]
+fn a_bucket_that_stops_gives_its_lease_back_within_its_lifetime() {
+    let book = book();
+    let b = claim(1_000);
+    drive(&book, &b, T0, 300, 30);
+    let wants = book.take_wants();
+    grant(&book, &wants[0], T0 + 300);
+    // No request after the grant: nothing tops it up, and its rest goes back at the end
+    // of its lifetime, not later.
+    let lifetime = book.options().lifetime_ms;
+    assert!(book.expire(T0 + 300 + lifetime - 1).is_empty());
+    let returned = book.expire(T0 + 300 + lifetime);
+    assert_eq!(returned.len(), 1);
+    assert_eq!(returned[0].rest[0].2, 100_000, "all of it");
+    assert_eq!(book.outstanding(), 0);
+}
+
 #[test]
 fn a_hot_bucket_wants_one_lease_at_a_time_and_is_served_from_it() {
     let book = book();
