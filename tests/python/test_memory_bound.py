@@ -78,7 +78,10 @@ def test_a_flood_of_new_addresses_leaves_memory_flat_at_the_bound(shardgate):
     flood(server, 40_000, 80_000)
     after = memory_store(server)
     grown = rss_bytes(server) - before
-    assert grown < 2 * MIB, f"resident memory grew {grown / MIB:.1f} MiB at the bound: {after}"
+    # Flat, not zero: the allocator's pages come and go by a couple of MiB either way
+    # (seen here: -2.0 to +0.2 MiB on an idle machine, +2.0 with four builds running),
+    # where the same flood without a bound grows by about 27 MB.
+    assert grown < 4 * MIB, f"resident memory grew {grown / MIB:.1f} MiB at the bound: {after}"
     assert after["bytes"] <= 2 * MIB, after
     # Each item is charged at least 240 bytes; every address is held or counted evicted.
     assert 2 * MIB / 400 < after["items"] <= 2 * MIB / 240, after
