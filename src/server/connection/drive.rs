@@ -24,19 +24,18 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
 use futures::stream::FuturesUnordered;
-use futures::task::AtomicWaker;
 use futures::{Stream, StreamExt};
 use hyper::body::Incoming;
 use hyper::server::conn::http2;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::runtime::RuntimeMetrics;
 use tokio::sync::watch;
 use tonic::codegen::http::{Request, Response};
-use tracing::Instrument;
 
 use super::calls::{Calls, Guarded};
 use super::ending::Close;
+use super::lanes::{spawn_lanes, Workers};
+use super::wakes::ConnectionWakes;
 use super::watched::{Preface, Watched};
 use crate::service::metrics::ConnectionClose;
 
@@ -51,81 +50,6 @@ pub(super) const CALLS_PER_ROUND: usize = 64;
 /// How long one wake of the connection's task decides calls itself before it hands the
 /// further ones to lanes: about 5 calls of 16 regex-matched descriptors, 30 hot-key calls.
 const INLINE_BUDGET: Duration = Duration::from_micros(100);
-
-/// The fewest calls a lane is given: a smaller share costs its spawn and the wakes from
-/// another thread for less work than they save (measured: two connections of a hot key,
-/// each splitting its last few calls whenever a worker parked for a moment, cost 1.13×
-/// the CPU per call of no lanes at all).
-const MIN_LANE_CALLS: usize = 8;
-
-/// The runtime's workers, when it has more than one to spread a busy connection's calls
-/// over.
-struct Workers {
-    metrics: RuntimeMetrics,
-    /// Each worker's park/unpark count at the last look (an odd count: parked). Kept
-    /// between wakes so a wake allocates nothing.
-    looked: Vec<u64>,
-}
-
-impl Workers {
-    fn of_this_runtime() -> Option<Workers> {
-        let handle = tokio::runtime::Handle::try_current().ok()?;
-        let multi = handle.runtime_flavor() != tokio::runtime::RuntimeFlavor::CurrentThread;
-        let metrics = handle.metrics();
-        let workers = metrics.num_workers();
-        (multi && workers > 1).then(|| Workers {
-            metrics,
-            looked: vec![0; workers],
-        })
-    }
-
-    /// A look: every worker's park/unpark count now.
-    fn look(&mut self) {
-        for (w, count) in self.looked.iter_mut().enumerate() {
-            *count = park_count(&self.metrics, w);
-        }
-    }
-
-    /// The workers parked at the last look that have not moved since (idle all along,
-    /// not a worker busy elsewhere caught between two tasks).
-    fn idle_since_look(&self) -> usize {
-        let now = (0..self.looked.len()).map(|w| park_count(&self.metrics, w));
-        stayed_parked(&self.looked, now)
-    }
-}
-
-/// A worker's park/unpark count (odd while parked).
-#[cfg(target_has_atomic = "64")]
-fn park_count(metrics: &RuntimeMetrics, worker: usize) -> u64 {
-    metrics.worker_park_unpark_count(worker)
-}
-
-/// Without 64-bit atomics tokio does not say: every worker counts as parked all along
-/// (one lane each).
-#[cfg(not(target_has_atomic = "64"))]
-fn park_count(_: &RuntimeMetrics, _: usize) -> u64 {
-    1
-}
-
-/// Of the workers whose park/unpark counts were `before` and are `now`, those parked at
-/// both looks in the same park: only on those does a spawned lane run beside the
-/// connection rather than after it, on a thread that was busy anyway. A worker busy with
-/// other connections parks for moments between its tasks; counted idle on one look, it
-/// made two busy connections split their calls back and forth (1.15× the CPU per call).
-fn stayed_parked(before: &[u64], now: impl Iterator<Item = u64>) -> usize {
-    before
-        .iter()
-        .zip(now)
-        .filter(|&(&b, n)| b % 2 == 1 && b == n)
-        .count()
-}
-
-/// A lane: calls handed to another worker, polled together in one task (one spawn, not
-/// one per call) until each has answered.
-async fn lane(calls: Vec<Guarded>) {
-    let mut calls: FuturesUnordered<Guarded> = calls.into_iter().collect();
-    while calls.next().await.is_some() {}
-}
 
 /// What the connection's task holds between wakes.
 struct Driven {
@@ -145,6 +69,9 @@ struct WakeBudget {
     /// that stays short never reads their counters (each a cache line the workers write),
     /// then at each later check, at least half the budget apart.
     looked: Option<Instant>,
+    /// Time this wake spent polling the connection (reading frames, writing answers),
+    /// measured only where calls can be spread: the work no lane can take.
+    io: Duration,
 }
 
 impl WakeBudget {
@@ -152,7 +79,19 @@ impl WakeBudget {
         WakeBudget {
             started: Instant::now(),
             looked: None,
+            io: Duration::ZERO,
         }
+    }
+
+    /// Whether handing calls to other workers can make this connection faster: only
+    /// when deciding them took longer in this wake than the connection's own reading and
+    /// writing, which stays on this worker whatever is spread. A hot-key call (a few µs
+    /// to decide, about as much of HTTP/2) gains nothing from a lane and pays its costs
+    /// (measured: one connection of hot calls at 0.87x its req/s with lanes, the decision
+    /// state shared between two cores); 16 regex descriptors (~20 µs) gain a core.
+    fn spreading_pays(&self) -> bool {
+        let deciding = self.started.elapsed().saturating_sub(self.io);
+        deciding > self.io
     }
 
     /// The lanes to split new calls into now: none while the wake is within its budget;
@@ -172,7 +111,10 @@ impl WakeBudget {
             }
             return 0;
         };
-        if self.started.elapsed() < INLINE_BUDGET || looked.elapsed() < half {
+        if self.started.elapsed() < INLINE_BUDGET
+            || looked.elapsed() < half
+            || !self.spreading_pays()
+        {
             return 0;
         }
         let lanes = workers.idle_since_look();
@@ -205,6 +147,7 @@ where
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
+    let wakes = Arc::new(ConnectionWakes::default());
     let mut driven = Driven {
         running: FuturesUnordered::new(),
         fresh: VecDeque::new(),
@@ -212,7 +155,6 @@ where
         ended: false,
         spread: Workers::of_this_runtime(),
     };
-    let wakes = Arc::new(ConnectionWakes::default());
     let task_waker = Waker::from(wakes.clone());
     let ending_wake = EndingWake::new(&wakes);
     poll_fn(|cx| {
@@ -280,11 +222,15 @@ where
         wakes.again.store(false, SeqCst);
         // Read what arrived (queuing its calls) and write what is ready.
         if driven.open {
+            let io_started = driven.spread.is_some().then(Instant::now);
             if let Poll::Ready(result) = connection.as_mut().poll(&mut inner) {
                 driven.open = false;
                 if let Err(e) = result {
                     tracing::debug!(error = %e, "gRPC connection ended with an error");
                 }
+            }
+            if let Some(at) = io_started {
+                wake.io += at.elapsed();
             }
         }
         let mut moved = calls.take(&mut driven.fresh);
@@ -342,58 +288,6 @@ fn decide(driven: &mut Driven, inner: &mut Context<'_>, wake: &mut WakeBudget) -
     moved
 }
 
-/// Hands `fresh` to `lanes` + 1 lanes of their own, in equal shares: one for each idle
-/// worker and one for this worker, which runs it once the connection's task has written.
-/// All are spawned because tokio puts a task spawned from a worker in that worker's LIFO
-/// slot, which no other worker may steal, and tells the idle ones only when it pushes the
-/// slot's task out to the queue: a single lane would run after the connection, on the
-/// same thread, and spread nothing. Each lane spawned after the first pushes the one
-/// before it out, and wakes an idle worker to steal it.
-fn spawn_lanes(fresh: &mut VecDeque<Guarded>, lanes: usize) {
-    let share = fresh.len() / (lanes + 1);
-    if share < MIN_LANE_CALLS {
-        return;
-    }
-    for i in 0..=lanes {
-        let take = if i == lanes { fresh.len() } else { share };
-        let calls: Vec<Guarded> = fresh.drain(fresh.len() - take..).collect();
-        tokio::spawn(lane(calls).in_current_span());
-    }
-}
-
-/// The waker the connection and its calls are polled with. h2 wakes the connection's
-/// task whenever a call has an answer to write, and a call's stream is woken when the
-/// connection has written; the task polls both in turn anyway, so a wake while it is
-/// running ([`inside`](Self::inside)) only asks for one more round. Passed on to the
-/// scheduler instead, each would schedule the task once more after every call (and, on
-/// the multi-thread scheduler, wake a parked worker to steal it: a `futex` and a context
-/// switch per call). A wake from outside (the socket ready, a store's answer, a call
-/// spawned on another worker) wakes the task.
-#[derive(Default)]
-struct ConnectionWakes {
-    /// Set while the connection's task is polling.
-    inside: AtomicBool,
-    /// A wake came: the connection must be polled again.
-    again: AtomicBool,
-    /// The connection's task.
-    task: AtomicWaker,
-}
-
-impl Wake for ConnectionWakes {
-    fn wake(self: Arc<Self>) {
-        self.wake_by_ref();
-    }
-
-    fn wake_by_ref(self: &Arc<Self>) {
-        // `again` before `inside`, and the task clears `inside` before it reads `again`:
-        // whichever order the two threads run in, one of them wakes the task.
-        self.again.store(true, SeqCst);
-        if !self.inside.load(SeqCst) {
-            self.task.wake();
-        }
-    }
-}
-
 /// The waker `ending` (shutdown, the connection's age, its preface) is polled with: it
 /// marks that `ending` has something to say and wakes the connection's task, which polls
 /// `ending` only then (and once at the start), not on every wake of the task: most wakes
@@ -436,20 +330,5 @@ impl Wake for EndingWake {
     fn wake_by_ref(self: &Arc<Self>) {
         self.fired.store(true, SeqCst);
         self.wakes.task.wake();
-    }
-}
-
-#[cfg(test)]
-mod idle_tests {
-    use super::stayed_parked;
-
-    #[test]
-    fn a_worker_is_idle_only_when_parked_at_both_looks_in_the_same_park() {
-        // Parked (odd) at both looks, the same count: idle all along.
-        assert_eq!(stayed_parked(&[7, 9], [7, 9].into_iter()), 2);
-        // Busy (even) at the first look, or at the second.
-        assert_eq!(stayed_parked(&[6, 9], [7, 10].into_iter()), 0);
-        // Parked at both looks but woken between them (busy elsewhere, parked again).
-        assert_eq!(stayed_parked(&[7, 9], [9, 9].into_iter()), 1);
     }
 }

@@ -11,8 +11,8 @@
 //! their answers leave in one write (bench/README.md, "One task per connection"). A call
 //! that waits for its store parks only itself; the connection keeps reading and writing.
 //! A connection busy past its task's budget per wake hands its further calls to the
-//! runtime's other workers (`drive.rs`), so one connection can use every core. A panic in
-//! one call ends that call alone (`calls.rs`).
+//! runtime's other workers (`drive.rs`, `lanes.rs`; the wakes: `wakes.rs`), so one
+//! connection can use every core. A panic in one call ends that call alone (`calls.rs`).
 //!
 //! It owns the accept loop, each connection's life (its age with its jitter and grace, the
 //! time its client has to send the HTTP/2 preface, a graceful close on shutdown:
@@ -24,8 +24,10 @@ mod calls;
 mod context;
 mod drive;
 mod ending;
+mod lanes;
 #[cfg(test)]
 mod tests;
+mod wakes;
 mod watched;
 
 use std::cell::RefCell;
