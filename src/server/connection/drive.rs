@@ -69,9 +69,6 @@ struct WakeBudget {
     /// that stays short never reads their counters (each a cache line the workers write),
     /// then at each later check, at least half the budget apart.
     looked: Option<Instant>,
-    /// Time this wake spent polling the connection (reading frames, writing answers),
-    /// measured only where calls can be spread: the work no lane can take.
-    io: Duration,
 }
 
 impl WakeBudget {
@@ -79,19 +76,7 @@ impl WakeBudget {
         WakeBudget {
             started: Instant::now(),
             looked: None,
-            io: Duration::ZERO,
         }
-    }
-
-    /// Whether handing calls to other workers can make this connection faster: only
-    /// when deciding them took longer in this wake than the connection's own reading and
-    /// writing, which stays on this worker whatever is spread. A hot-key call (a few µs
-    /// to decide, about as much of HTTP/2) gains nothing from a lane and pays its costs
-    /// (measured: one connection of hot calls at 0.87x its req/s with lanes, the decision
-    /// state shared between two cores); 16 regex descriptors (~20 µs) gain a core.
-    fn spreading_pays(&self) -> bool {
-        let deciding = self.started.elapsed().saturating_sub(self.io);
-        deciding > self.io
     }
 
     /// The lanes to split new calls into now: none while the wake is within its budget;
@@ -111,10 +96,7 @@ impl WakeBudget {
             }
             return 0;
         };
-        if self.started.elapsed() < INLINE_BUDGET
-            || looked.elapsed() < half
-            || !self.spreading_pays()
-        {
+        if self.started.elapsed() < INLINE_BUDGET || looked.elapsed() < half {
             return 0;
         }
         let lanes = workers.idle_since_look();
@@ -222,15 +204,11 @@ where
         wakes.again.store(false, SeqCst);
         // Read what arrived (queuing its calls) and write what is ready.
         if driven.open {
-            let io_started = driven.spread.is_some().then(Instant::now);
             if let Poll::Ready(result) = connection.as_mut().poll(&mut inner) {
                 driven.open = false;
                 if let Err(e) = result {
                     tracing::debug!(error = %e, "gRPC connection ended with an error");
                 }
-            }
-            if let Some(at) = io_started {
-                wake.io += at.elapsed();
             }
         }
         let mut moved = calls.take(&mut driven.fresh);
