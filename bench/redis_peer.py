@@ -6,10 +6,15 @@ shardgate (`--store redis`, default flags: leases on), limitador's `redis` stora
 script per check) and its `redis_cached` storage (counters in process, flushed every
 second), the last two through bench/peers/limitador_rls (limitador's own library behind a
 minimal ShouldRateLimit front). Each is loaded by bench/tools/rls_load over HTTP/2 with
-pre-encoded requests (bench/frames.py), in three scenarios:
+pre-encoded requests (bench/frames.py), in four scenarios:
 
 - hot: one descriptor, one counter/bucket, far under its limit;
 - distinct: 100,000 distinct descriptors rotated, one counter/bucket each;
+- zipf: the same 100,000 descriptors drawn with the Zipf law of exponent 1.1 (`rls_load
+  --zipf 1.1`, seeded: every server gets the same sequence), the realistic mix: a few
+  hot keys and a long tail touched once; beside its scripts per decision, the floor
+  rls_load counts from the very requests sent (one write per key in each second it is
+  touched: what no design could go below) and the scripts over it (`× floor`);
 - limited: one descriptor limited at 2000/s (shardgate: burst 2000; limitador: 2000 per
   1 s window), offered more than that: what each admits is counted against the bound
   2000 + 2000 × t (a token bucket's; a fixed window may admit up to twice the limit at a
@@ -49,7 +54,8 @@ PEER = ROOT / "bench" / "peers" / "limitador_rls" / "target" / "release" / "limi
 TICKS = os.sysconf("SC_CLK_TCK")
 LIMITED_RATE = 2000
 
-SCENARIOS = ["hot", "distinct", "limited"]
+SCENARIOS = ["hot", "distinct", "zipf", "limited"]
+ZIPF_EXPONENT = "1.1"
 
 
 def free_port():
@@ -158,10 +164,12 @@ def run_case(server, scenario, frames, redis_pid, args):
     cpu0 = (cpu_s(server.proc.pid), cpu_s(redis_pid))
     calls0 = server.store_calls()
     started = time.monotonic()
+    frame_file = "distinct.bin" if scenario == "zipf" else f"{scenario}.bin"
+    order = ["--zipf", ZIPF_EXPONENT, "--seed", "1"] if scenario == "zipf" else []
     load = subprocess.run(
         [str(RLS_LOAD), "--addr", f"127.0.0.1:{server.port}", "--frames",
-         str(frames / f"{scenario}.bin"), "--concurrency", str(args.concurrency),
-         "--connections", "2", "--duration", str(args.duration)],
+         str(frames / frame_file), "--concurrency", str(args.concurrency),
+         "--connections", "2", "--duration", str(args.duration), *order],
         capture_output=True, text=True, timeout=args.duration + 60, check=True)
     elapsed = time.monotonic() - started
     out = json.loads(load.stdout)
@@ -187,6 +195,10 @@ def run_case(server, scenario, frames, redis_pid, args):
         keys = int(redis_cli(server.redis_port, "DBSIZE").strip())
         case["keys"] = keys
         case["bytes_per_key"] = (used_memory(server.redis_port) - memory_before) / max(keys, 1)
+    if scenario == "zipf":
+        case["floor_per_decision"] = out["floor"]["writes"] / answers
+        case["scripts_over_floor"] = case["scripts_per_decision"] / max(
+            case["floor_per_decision"], 1e-9)
     if scenario == "limited":
         case["bound"] = LIMITED_RATE + LIMITED_RATE * out["window_s"]
     return case
@@ -248,11 +260,13 @@ def write_results(cases, args):
              "Redis cmds/decision counts every command Redis ran, those inside scripts "
              "included; scripts/decision the EVALSHA and EVAL calls (each a round trip); "
              "store calls/decision shardgate's own count of its round trips (scripts and "
-             "reads, its /metrics).", "",
+             "reads, its /metrics). For zipf, the floor: one write per key in each second "
+             "it was touched, from the requests rls_load sent (what no design could go "
+             "below), and the scripts per decision over it.", "",
              "| scenario | server | decisions/s | p99 ms | Redis cmds/decision | scripts/decision "
              "| store calls/decision | server CPU µs/decision "
-             "| Redis CPU µs/decision | admitted (bound) | bytes/key |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| Redis CPU µs/decision | admitted (bound) | bytes/key | floor | × floor |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for scenario in SCENARIOS:
         for server in ["shardgate", "limitador-redis", "limitador-redis_cached"]:
             cs = [c for c in cases if c["server"] == server and c["scenario"] == scenario]
@@ -263,6 +277,8 @@ def write_results(cases, args):
                 admitted = f"{median(cs, 'ok'):.0f} ({median(cs, 'bound'):.0f})"
             per_key = median(cs, "bytes_per_key")
             calls = median(cs, "store_calls_per_decision")
+            floor = median(cs, "floor_per_decision")
+            over = median(cs, "scripts_over_floor")
             lines.append(
                 f"| {scenario} | {server} | {median(cs, 'req_per_s'):,.0f} | "
                 f"{median(cs, 'p99_us') / 1000:.2f} | {median(cs, 'redis_cmds_per_decision'):.3f} | "
@@ -270,7 +286,9 @@ def write_results(cases, args):
                 f"{'' if calls is None else f'{calls:.3f}'} | "
                 f"{median(cs, 'server_cpu_us_per_decision'):.1f} | "
                 f"{median(cs, 'redis_cpu_us_per_decision'):.1f} | {admitted} | "
-                f"{'' if per_key is None else f'{per_key:.0f}'} |")
+                f"{'' if per_key is None else f'{per_key:.0f}'} | "
+                f"{'' if floor is None else f'{floor:.3f}'} | "
+                f"{'' if over is None else f'{over:.2f}×'} |")
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

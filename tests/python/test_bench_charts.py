@@ -1,7 +1,7 @@
 """bench/charts.py: every committed bench result yields its charts, with the figures its
 Markdown table shows; bad input fails with the file's name; the SVGs the README shows
 exist. The data extraction needs no matplotlib; the drawing test is skipped without it
-(bench/requirements.txt; the test venv does not install it)."""
+(bench/requirements.txt; .ci/run and bench/run install it, scripts/test does not)."""
 import importlib.util
 import json
 import pathlib
@@ -123,3 +123,40 @@ def test_drawing_is_byte_stable(tmp_path):
             if spec["name"] == "throughput":
                 charts.draw(spec, out)
                 assert pathlib.Path(out).read_bytes() == first
+
+
+_fspec = importlib.util.spec_from_file_location("failover_chart", REPO / "bench" / "failover_chart.py")
+failover_chart = importlib.util.module_from_spec(_fspec)
+_fspec.loader.exec_module(failover_chart)
+
+# A made-up failover timeline, in the form tests/python/test_redis_cluster_failover.py
+# writes it: each call's end (s from the event), its bucket and its outcome.
+TIMELINE = {
+    "scenario": "master killed", "started": -0.25,
+    "marks": {"settled": 0.12, "first script": None},
+    "calls": [[-0.24, "hot", "ok"], [-0.2, "roomy", "ok"], [-0.04, "hot", "over"],
+              [0.01, "hot", "unavailable"], [0.02, "roomy", "unavailable"],
+              [0.16, "hot", "ok"], [0.19, "hot", "over"]],
+}
+
+
+def test_failover_chart_counts_each_call_once_in_its_100ms_bin():
+    xs, counts = failover_chart.binned(TIMELINE)
+    assert [round(x, 2) for x in xs] == [-0.25, -0.15, -0.05, 0.05, 0.15]
+    assert counts["hot bucket admitted"] == [1, 0, 0, 0, 1]
+    assert counts["hot bucket refused (over limit)"] == [0, 0, 1, 0, 1]
+    assert counts["roomy bucket admitted"] == [1, 0, 0, 0, 0]
+    # UNAVAILABLE from either bucket is one series: both calls fell in the third bin.
+    assert counts["failure_mode (UNAVAILABLE)"] == [0, 0, 2, 0, 0]
+
+
+def test_the_failover_chart_the_docs_show_is_committed_and_drawn_stably(tmp_path):
+    assert (REPO / "docs" / "failover-master-killed.svg").is_file()
+    assert "(failover-master-killed.svg)" in (REPO / "docs" / "operations.md").read_text()
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed (bench/requirements.txt)")
+    out = tmp_path / "x.svg"
+    failover_chart.draw(TIMELINE, out)
+    first = out.read_bytes()
+    assert first.startswith(b"<?xml") and b"settled (+0.12 s)" in first
+    failover_chart.draw(TIMELINE, out)
+    assert out.read_bytes() == first

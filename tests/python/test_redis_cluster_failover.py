@@ -38,6 +38,8 @@ The Cluster is shared by the module's tests, each in a namespace of its own; eac
 leaves it whole (b restarts the node it killed).
 """
 import json
+import os
+import pathlib
 import signal
 import subprocess
 import threading
@@ -309,7 +311,7 @@ class Checked:
     `event_at` the event, `settled` the promotion (the migration's end), `first` the
     new owner's first script."""
 
-    def __init__(self, run, name, event_at, settled, first, failures_allowed):
+    def __init__(self, run, name, event_at, settled, first, failures_allowed, marks=None):
         self.name, self.load = name, run.load
         self.owner_scripts = scripts_run(first.node)
         tc = run.finish()
@@ -335,6 +337,8 @@ class Checked:
             f"{at(settled)}, first script on the new owner {at(first.at)}, last failure "
             f"answer {at(self.last_failed)}; new owner's EVALSHA/NOSCRIPT/EVAL "
             f"{self.owner_scripts}")
+        save_timeline(name, load, event_at,
+                      {"settled": settled, "first script": first.at, **(marks or {})})
         self.assert_all(settled, first, failures_allowed)
 
     def assert_all(self, settled, first, failures_allowed):
@@ -355,6 +359,22 @@ class Checked:
     def show(self, pytestconfig, extra=""):
         print(self.report + extra)
         add_summary(pytestconfig, f"Redis Cluster: {self.name}", self.report + extra)
+
+
+def save_timeline(name, load, event_at, marks):
+    """With SHARDGATE_FAILOVER_TIMELINE=DIR, writes DIR/<scenario>.json: every call's end
+    and outcome, and the scenario's moments, in seconds from the event — the data of the
+    failover chart in docs/operations.md (bench/failover_chart.py draws it)."""
+    out = os.environ.get("SHARDGATE_FAILOVER_TIMELINE")
+    if not out:
+        return
+    rel = lambda t: None if t is None else round(t - event_at, 4)
+    data = {"scenario": name, "started": rel(load.started),
+            "marks": {k: rel(v) for k, v in marks.items()},
+            "calls": [[rel(t), b, c] for t, b, c in sorted(load.all())]}
+    path = pathlib.Path(out) / f"{name.replace(' ', '-')}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data))
 
 
 def test_a_graceful_failover_of_the_hot_master(cluster, shardgate, tmp_path, pytestconfig):
@@ -389,7 +409,8 @@ def test_b_the_hot_master_killed(cluster, shardgate, tmp_path, pytestconfig):
         state.stop()
         # Back as a replica of the promoted master: the Cluster is whole for the next test.
         victim.start()
-    checked = Checked(run, "master killed", event_at, promoted, first, True)
+    checked = Checked(run, "master killed", event_at, promoted, first, True,
+                      {"cluster down": state.down, "cluster ok": state.up})
     # The roomy bucket's master stayed up: its calls may fail only while the Cluster was
     # down (every node answers CLUSTERDOWN) and for one cool-off of its own circuit after
     # (0.5 s; +1 s allowed). The breaker keeps a circuit per master (issue 44): the dead
