@@ -89,27 +89,9 @@ pub async fn sweep(store: &RedisStore, now_s: i64) -> usize {
     deleted
 }
 
-/// A free loopback port: the kernel's pick, or with `SHARDGATE_TEST_PORTS=LOW-HIGH` (a
-/// machine shared by several test runs, each given a range) one of that range not handed
-/// out before in this process.
+/// A free loopback port (see [`super::serve_process::free_port`]).
 pub fn free_port() -> u16 {
-    let Some((low, high)) = std::env::var("SHARDGATE_TEST_PORTS").ok().and_then(|r| {
-        let (low, high) = r.split_once('-')?;
-        Some((low.parse::<u16>().ok()?, high.parse::<u16>().ok()?))
-    }) else {
-        return std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-    };
-    static HANDED_OUT: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
-    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
-    let port = (low..=high)
-        .find(|p| !handed_out.contains(p) && std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok())
-        .expect("a free port left in SHARDGATE_TEST_PORTS");
-    handed_out.push(port);
-    port
+    super::serve_process::free_port()
 }
 
 /// The `redis-server` the tests' own servers run: `SHARDGATE_TEST_REDIS_SERVER` (another
@@ -177,21 +159,31 @@ impl LocalRedis {
         cmd.args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .arg("--dir")
             .arg(self.dir.path())
-            .args(self.args.iter().filter(|a| *a != "--tls-port"))
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null());
-        self.child = Some(
-            cmd.spawn()
-                .expect("redis-server (Debian: apt-get install redis-server)"),
-        );
+            .args(self.args.iter().filter(|a| *a != "--tls-port"));
+        // Its log, kept to say why when it does not listen (a port taken, an argument
+        // this version refuses).
+        let log_path = self.dir.path().join("redis.log");
+        let log = std::fs::File::create(&log_path).expect("redis.log");
+        cmd.stdout(log.try_clone().expect("redis.log")).stderr(log);
+        let mut child = cmd
+            .spawn()
+            .expect("redis-server (Debian: apt-get install redis-server)");
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "redis-server did not listen"
-            );
+            let exited = child.try_wait().ok().flatten();
+            if exited.is_some() || std::time::Instant::now() >= deadline {
+                let _ = child.kill();
+                let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(5).collect();
+                panic!(
+                    "redis-server did not listen on {} (exit: {exited:?}); its log ends: {:?}",
+                    self.port,
+                    tail.into_iter().rev().collect::<Vec<_>>()
+                );
+            }
             std::thread::sleep(Duration::from_millis(20));
         }
+        self.child = Some(child);
     }
 
     /// Kills it (SIGKILL: nothing saved, connections reset).

@@ -208,11 +208,40 @@ pub fn metric_sum(metrics: &str, name: &str, labels: &[&str]) -> f64 {
         .sum()
 }
 
-/// A free loopback port.
+/// A free loopback port for a server the test starts (a `shardgate serve`, a
+/// `redis-server`), not handed out before in this process: one of
+/// `SHARDGATE_TEST_PORTS=LOW-HIGH` (a machine shared by several test runs, each given a
+/// range), else of 20000 up to the kernel's ephemeral range. Not the kernel's own pick
+/// (`bind(":0")`): that port is also the one the kernel gives the next outgoing
+/// connection, and a test's client connecting elsewhere in the moment between the pick
+/// and the server's bind took it (CI saw a `redis-server` fail to listen so). The scan
+/// starts at an offset drawn from the process id, so two test processes at once rarely
+/// meet.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    let (low, high) = std::env::var("SHARDGATE_TEST_PORTS")
+        .ok()
+        .and_then(|r| {
+            let (low, high) = r.split_once('-')?;
+            Some((low.parse::<u16>().ok()?, high.parse::<u16>().ok()?))
+        })
+        .unwrap_or_else(|| (20_000, ephemeral_low().saturating_sub(1)));
+    static HANDED_OUT: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
+    let span = u32::from(high.saturating_sub(low)) + 1;
+    let offset = std::process::id() % span;
+    let port = (0..span)
+        .map(|i| low + ((offset + i) % span) as u16)
+        .find(|p| !handed_out.contains(p) && std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok())
+        .expect("a free port left in the test port range");
+    handed_out.push(port);
+    port
+}
+
+/// The first port of the kernel's ephemeral range (Linux's default when unreadable).
+fn ephemeral_low() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse().ok())
+        .filter(|low: &u16| *low > 21_000)
+        .unwrap_or(32_768)
 }
