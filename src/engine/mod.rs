@@ -23,6 +23,7 @@
 //! - the arithmetic, pure: `bucket.rs`; time: `clock.rs`.
 
 mod acquire;
+mod balances;
 pub mod bucket;
 mod claim;
 mod clock;
@@ -40,6 +41,7 @@ mod stats;
 mod view;
 
 pub use acquire::CONTENTION_RETRY_MS;
+pub use balances::{sum_shards, BucketBalances, LimitTotal};
 pub use bucket::{LimitParams, ShardShare};
 pub use claim::{Acquire, BucketClaim, LimitClaim};
 pub use clock::{Clock, ManualClock, SystemClock};

@@ -93,10 +93,14 @@ impl<S: BucketStore> RateLimiter<S> {
             }
         };
         bucket_lines(&plan, &decision, rule, &slots.own, "bucket", out);
+        self.all_shards_lines(&plan, &decision, rule, &slots.own, out)
+            .await;
         self.lease_line(&plan, &slots.own, out);
         if let (Some(parent), Some(ps)) = (&rule.cascade_parent, &slots.parent) {
             let what = format!("cascade parent {} ({})", parent.stats_key, parent.source);
             bucket_lines(&plan, &decision, parent, ps, &what, out);
+            self.all_shards_lines(&plan, &decision, parent, ps, out)
+                .await;
             self.lease_line(&plan, ps, out);
         }
         let verdict = if decision.admitted {
@@ -112,6 +116,52 @@ impl<S: BucketStore> RateLimiter<S> {
 }
 
 impl<S: BucketStore> RateLimiter<S> {
+    /// A sharded bucket summed over its every shard (a decision sees one shard's share):
+    /// one line per limit, or the store's error. Nothing for a bucket of one shard.
+    async fn all_shards_lines(
+        &self,
+        plan: &Plan,
+        decision: &Decision,
+        rule: &Rule,
+        slots: &BucketSlots,
+        out: &mut String,
+    ) {
+        let (Some(claim), Some(outcome)) = (
+            plan.acquire.buckets.get(slots.bucket),
+            decision.buckets.get(slots.bucket),
+        ) else {
+            return;
+        };
+        if outcome.shard_count <= 1 {
+            return;
+        }
+        let whole = match self.engine().balances(&claim.entity, &claim.resource).await {
+            Ok(b) => b,
+            Err(e) => {
+                let _ = writeln!(out, "  all shards: could not be read: {e}");
+                return;
+            }
+        };
+        let _ = writeln!(
+            out,
+            "  all {} shards ({} created; a shard is created when a request first draws it):",
+            whole.shard_count, whole.existing
+        );
+        for stated in rule.stated_limits() {
+            let Some(t) = whole.limits.iter().find(|t| t.limit == stated.item_name) else {
+                continue;
+            };
+            let _ = writeln!(
+                out,
+                "    {} {}: {} of {} tokens left on the created shards",
+                limit_label(rule, &stated),
+                stated.rate,
+                whole_tokens(t.tokens),
+                whole_tokens(t.ceiling),
+            );
+        }
+    }
+
     /// Whether this server answers the bucket from a lease, and why, when leases are on.
     fn lease_line(&self, plan: &Plan, slots: &BucketSlots, out: &mut String) {
         let Some(claim) = plan.acquire.buckets.get(slots.bucket) else {
