@@ -13,7 +13,7 @@ use std::sync::Arc;
 use crate::config::{nearest, Rule, RuleLimit, WalkEnd};
 use crate::engine::bucket::whole_tokens;
 use crate::engine::plan::{BucketSlots, Plan};
-use crate::engine::{BucketLeases, Decision, LimitOutcome};
+use crate::engine::{BucketClaim, BucketLeases, BucketOutcome, Decision, LimitOutcome};
 use crate::store::BucketStore;
 
 use super::decision::RateLimiter;
@@ -126,10 +126,7 @@ impl<S: BucketStore> RateLimiter<S> {
         slots: &BucketSlots,
         out: &mut String,
     ) {
-        let (Some(claim), Some(outcome)) = (
-            plan.acquire.buckets.get(slots.bucket),
-            decision.buckets.get(slots.bucket),
-        ) else {
+        let Some((claim, outcome)) = bucket_at(plan, decision, slots) else {
             return;
         };
         if outcome.shard_count <= 1 {
@@ -249,6 +246,19 @@ fn rule_flags(rule: &Rule) -> String {
     }
 }
 
+/// The claim `slots` names in `plan` and the decision's outcome for it: the decision
+/// answers `plan`, bucket for bucket and limit for limit.
+fn bucket_at<'a>(
+    plan: &'a Plan,
+    decision: &'a Decision,
+    slots: &BucketSlots,
+) -> Option<(&'a BucketClaim, &'a BucketOutcome)> {
+    Some((
+        plan.acquire.buckets.get(slots.bucket)?,
+        decision.buckets.get(slots.bucket)?,
+    ))
+}
+
 /// "bucket: entity 'x', resource 'r', shard 0 of 1" and one line per limit.
 fn bucket_lines(
     plan: &Plan,
@@ -258,11 +268,7 @@ fn bucket_lines(
     what: &str,
     out: &mut String,
 ) {
-    // The decision answers `plan`, bucket for bucket and limit for limit.
-    let (Some(claim), Some(outcome)) = (
-        plan.acquire.buckets.get(slots.bucket),
-        decision.buckets.get(slots.bucket),
-    ) else {
+    let Some((claim, outcome)) = bucket_at(plan, decision, slots) else {
         return;
     };
     let _ = writeln!(
