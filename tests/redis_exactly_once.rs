@@ -35,23 +35,13 @@ async fn single() -> (LocalRedis, Proxy, RedisStore) {
 /// the forwarder.
 async fn cluster() -> (LocalRedis, Proxy, RedisStore) {
     let proxy = Proxy::start(1).await;
-    let port = LocalRedis::free_port_with_bus();
-    let (announce, bus) = (proxy.port.to_string(), (port + 10_000).to_string());
-    let redis = LocalRedis::start_on(
-        port,
-        &[
-            "--cluster-enabled",
-            "yes",
-            "--cluster-config-file",
-            "nodes.conf",
-            "--cluster-announce-ip",
-            "127.0.0.1",
-            "--cluster-announce-port",
-            &announce,
-            "--cluster-announce-bus-port",
-            &bus,
-        ],
-    );
+    let announce = proxy.port.to_string();
+    let redis = LocalRedis::start_cluster_node(&[
+        "--cluster-announce-ip",
+        "127.0.0.1",
+        "--cluster-announce-port",
+        &announce,
+    ]);
     proxy.set_target(redis.port);
     let mut add = vec!["CLUSTER".to_string(), "ADDSLOTS".to_string()];
     add.extend((0..16_384).map(|s: u32| s.to_string()));

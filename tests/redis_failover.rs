@@ -25,7 +25,7 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::redis::{free_port, full_item, one_token, options, LocalRedis};
+use common::redis::{full_item, one_token, options, LocalRedis};
 use common::tcp_proxy::Proxy;
 use shardgate::store::redis::{RedisMode, RedisStore};
 use shardgate::store::{BucketKey, BucketStore, DebitMode, DebitOutcome};
@@ -150,14 +150,10 @@ async fn behind_a_stable_address_writes_resume_on_the_promoted_replica() {
 /// A two-master Cluster of the test's own, its slots split in halves; the second master
 /// started with `second_args` too.
 async fn two_masters(second_args: &[&str]) -> (LocalRedis, LocalRedis) {
-    // Each node's bus port is a free port of its own (`--cluster-port`, Redis 7), not the
-    // node's + 10000.
     let start = |extra: &[&str]| {
-        let bus = free_port().to_string();
-        let mut args = vec!["--cluster-enabled", "yes", "--cluster-config-file"];
-        args.extend(["nodes.conf", "--cluster-port", &bus]);
-        args.extend_from_slice(extra);
-        (LocalRedis::start_on(free_port(), &args), bus)
+        let node = LocalRedis::start_cluster_node(extra);
+        let bus = node.bus_port().expect("a bus port").to_string();
+        (node, bus)
     };
     let (a, _) = start(&[]);
     let (b, b_bus) = start(second_args);

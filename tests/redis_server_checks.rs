@@ -19,15 +19,7 @@ use shardgate::store::StoreError;
 
 #[tokio::test]
 async fn a_cluster_nodes_url_as_one_server_is_refused_naming_cluster_mode() {
-    let node = LocalRedis::start_on(
-        LocalRedis::free_port_with_bus(),
-        &[
-            "--cluster-enabled",
-            "yes",
-            "--cluster-config-file",
-            "nodes.conf",
-        ],
-    );
+    let node = LocalRedis::start_cluster_node(&[]);
     let store = RedisStore::new(options(vec![node.url()], RedisMode::Single));
     let err = store.warm_up().await.unwrap_err();
     assert!(matches!(err, StoreError::Unavailable { .. }), "{err:?}");

@@ -825,19 +825,10 @@ impl FailoverCluster {
     fn start() -> FailoverCluster {
         let mut nodes = Vec::new();
         while nodes.len() < 6 {
-            // The cluster bus listens on the port + 10000.
-            let probe = LocalRedis::free_port_with_bus();
-            nodes.push(LocalRedis::start_on(
-                probe,
-                &[
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-config-file",
-                    "nodes.conf",
-                    "--cluster-node-timeout",
-                    "1000",
-                ],
-            ));
+            nodes.push(LocalRedis::start_cluster_node(&[
+                "--cluster-node-timeout",
+                "1000",
+            ]));
         }
         let addrs: Vec<String> = nodes
             .iter()

@@ -115,14 +115,22 @@ impl LocalRedis {
         LocalRedis::start_on(free_port(), args)
     }
 
-    /// A free port whose Cluster bus port (+ 10000) is free too.
-    pub fn free_port_with_bus() -> u16 {
-        loop {
-            let port = free_port();
-            if port < 55_000 && std::net::TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
-                return port;
-            }
-        }
+    /// Starts a Cluster-enabled node (config file `nodes.conf` in its own dir) with these
+    /// extra arguments. Its bus port is a free port of its own (`--cluster-port`, Redis 7+),
+    /// not the node's port + 10000: that one may lie in the kernel's ephemeral range, where
+    /// a parallel test's outgoing connection can take it first.
+    pub fn start_cluster_node(extra: &[&str]) -> LocalRedis {
+        let bus = free_port().to_string();
+        let mut args = vec!["--cluster-enabled", "yes", "--cluster-config-file"];
+        args.extend(["nodes.conf", "--cluster-port", &bus]);
+        args.extend_from_slice(extra);
+        LocalRedis::start_on(free_port(), &args)
+    }
+
+    /// The Cluster bus port it was started with (`--cluster-port`), if any.
+    pub fn bus_port(&self) -> Option<u16> {
+        let at = self.args.iter().position(|a| a == "--cluster-port")?;
+        self.args.get(at + 1)?.parse().ok()
     }
 
     /// Whether it is running (not killed).
