@@ -46,9 +46,13 @@ fn options(plane: &ControlPlane) -> XdsOptions {
 /// The subscription running, its pushes' outcomes on a channel.
 fn subscribed(options: XdsOptions) -> (tokio::task::JoinHandle<()>, mpsc::UnboundedReceiver<Push>) {
     let (tx, rx) = mpsc::unbounded_channel();
-    let task = tokio::spawn(subscribe(options, LoadOptions::default(), move |push| {
-        let _ = tx.send(push);
-    }));
+    let task = tokio::spawn(subscribe(
+        options,
+        LoadOptions::default(),
+        move |_, push| {
+            let _ = tx.send(push);
+        },
+    ));
     (task, rx)
 }
 
@@ -244,6 +248,40 @@ async fn a_server_on_xds_is_ready_with_its_first_push_and_answers_by_the_pushed_
     until("the new rules", || server.ask("bob") == "OK").await;
     let answers: Vec<String> = (0..5).map(|_| server.ask("carol")).collect();
     assert!(answers.iter().all(|a| a == "OK"), "{answers:?}");
+
+    // The operator's page says which push is in force, and which one was refused.
+    let mut bad = rules("edge", 10);
+    bad.descriptors[0].rate_limit = Some(RateLimitPolicy {
+        unit: RateLimitUnit::Unknown as i32,
+        requests_per_unit: 5,
+        ..Default::default()
+    });
+    plane.push("3", "c", &[bad]).await;
+    let nack = plane.request().await;
+    assert_eq!(nack.version_info, "2", "{nack:?}");
+    let (status, state) = server.http("GET", "/ui/state", "").unwrap();
+    assert_eq!(status, 200, "{state}");
+    let state: serde_json::Value = serde_json::from_str(&state).unwrap();
+    let events = &state["config"]["events"];
+    let (source, refused) = (&events["source"], &events["rejected"]["source"]);
+    let plane_url = plane.url();
+    assert_eq!(
+        source,
+        &format!("xDS {plane_url}, version \"2\""),
+        "{events}"
+    );
+    assert_eq!(
+        refused,
+        &format!("xDS {plane_url}, version \"3\""),
+        "{events}"
+    );
+    assert!(
+        events["rejected"]["error"]
+            .as_str()
+            .unwrap()
+            .contains("unit"),
+        "{events}"
+    );
 }
 
 #[tokio::test]

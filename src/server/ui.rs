@@ -130,12 +130,7 @@ async fn store_health<S: BucketStore>(limiter: &RateLimiter<S>) -> serde_json::V
         Ok(()) => "OK".to_string(),
         Err(e) => e,
     };
-    let calls: Vec<_> = limiter
-        .metrics()
-        .store_call_totals()
-        .into_iter()
-        .map(|(operation, outcome, count)| json!({ "operation": operation, "outcome": outcome, "count": count }))
-        .collect();
+    let calls = limiter.metrics().store_call_totals();
     let hottest: Vec<_> = view
         .hottest(HOTTEST)
         .into_iter()

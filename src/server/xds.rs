@@ -110,9 +110,13 @@ const NACK_DETAIL_BYTES: usize = 4_096;
 /// What one push came to: the rules to apply, or why none were (errors' text).
 pub type Push = Result<Config, String>;
 
-/// Subscribes for ever: `on_push` is called with each push's outcome, in order. Returns
-/// only if `on_push`'s owner drops the runtime.
-pub async fn subscribe(options: XdsOptions, load: LoadOptions, mut on_push: impl FnMut(Push)) {
+/// Subscribes for ever: `on_push` is called with each push's version and outcome, in
+/// order. Returns only if `on_push`'s owner drops the runtime.
+pub async fn subscribe(
+    options: XdsOptions,
+    load: LoadOptions,
+    mut on_push: impl FnMut(&str, Push),
+) {
     let mut applied = String::new();
     let mut backoff = FIRST_BACKOFF;
     loop {
@@ -148,7 +152,7 @@ async fn session(
     options: &XdsOptions,
     load: &LoadOptions,
     applied: &mut String,
-    on_push: &mut impl FnMut(Push),
+    on_push: &mut impl FnMut(&str, Push),
 ) -> Result<SessionEnd, String> {
     // Read before connecting: a change in between is seen at the first check.
     let used = tls_files_in_use(options);
@@ -191,7 +195,7 @@ async fn session(
         progress = SessionEnd::AfterPush;
         let (response, push) = compile_off_the_workers(response, load).await;
         let answer = reply(options, &response, &push, applied);
-        on_push(push);
+        on_push(&response.version_info, push);
         requests
             .send(answer)
             .await

@@ -112,6 +112,8 @@ def test_the_page_shows_who_is_limited_and_why(shardgate, browser, tmp_path):
     browser.get(origin + "/ui")
     wait(lambda: (text_of(browser, "#status") or "").startswith("Updated"), 10, "a first refresh")
     assert "5/minute" in text_of(browser, "#rules tbody")
+    assert f"loaded from {rules} " in text_of(browser, "#config-summary"), \
+        text_of(browser, "#config-summary")
 
     # A burst of refused requests for one tenant, quiet tenants beside it.
     for t in ("t1", "t2"):
@@ -124,6 +126,12 @@ def test_the_page_shows_who_is_limited_and_why(shardgate, browser, tmp_path):
                2.0, "the bursting tenant at the top of the refused table")
     assert time.monotonic() - burst_end < 2.0
     assert row[0] == "shop.tenant" and row[2] == "35" and row[4] == "100.0 %", row
+
+    # The store's calls, by outcome, with their latency (the memory store's: all "ok").
+    calls = wait(lambda: first_row(browser, "#store-calls"), 5, "the store's calls")
+    assert len(calls) == 5 and int(calls[2]) > 0, calls
+    assert calls[3].endswith(" ms") and float(calls[3].split()[0]) > 0, calls
+    assert calls[4].startswith("≤ ") and calls[4].endswith(" ms"), calls
 
     # The explain form answers as the CLI does (a descriptor no request touched: the
     # CLI's own store and the server's agree on it).
@@ -151,6 +159,7 @@ def test_the_page_shows_who_is_limited_and_why(shardgate, browser, tmp_path):
     rules.write_text(RULES.replace("unit: minute", "unit: fortnight"))
     wait(lambda: browser.find_element("id", "rejected").is_displayed(), 10, "the refused reload")
     assert "fortnight" in text_of(browser, "#rejected-error"), text_of(browser, "#rejected-error")
+    assert f"({rules})" in text_of(browser, "#rejected-at"), text_of(browser, "#rejected-at")
     assert "7/minute" in text_of(browser, "#rules tbody"), "the previous rules stay"
 
     # Nothing logged to the console; every request stayed on the page's origin.

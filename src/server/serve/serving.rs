@@ -173,11 +173,15 @@ fn rule_source<S: BucketStore>(
 ) -> Result<RuleSource, ServeError> {
     Ok(match &options.xds {
         None => RuleSource {
-            watch: Some(watch_config(limiter, options, hash)?),
+            watch: Some({
+                limiter.config_came_from(&options.config.display().to_string());
+                watch_config(limiter, options, hash)?
+            }),
             task: None,
             first: None,
         },
         Some(xds) => {
+            limiter.config_came_from(&format!("xDS {}, no push yet", xds.server));
             let (task, first) = spawn_xds(limiter, xds.clone(), options.load.clone());
             RuleSource {
                 watch: None,

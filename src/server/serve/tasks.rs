@@ -101,10 +101,10 @@ pub(super) fn watch_config<S: BucketStore>(
                     "config reloaded"
                 );
                 limiter.metrics().config_loaded(config.hash());
-                limiter.replace_config(config);
+                limiter.replace_config(config, &path);
             }
             Err(errors) => {
-                limiter.config_rejected(&errors.to_string());
+                limiter.config_rejected(&path, &errors.to_string());
                 tracing::error!(
                     path = %path,
                     errors = %errors,
@@ -129,14 +129,19 @@ pub(super) fn spawn_xds<S: BucketStore>(
 ) -> (tokio::task::JoinHandle<()>, WarmUp) {
     let (first_tx, mut first_rx) = watch::channel(false);
     let limiter = limiter.clone();
-    let task = tokio::spawn(xds::subscribe(options, load, move |push| match push {
-        Ok(config) => {
-            limiter.metrics().config_loaded(config.hash());
-            limiter.replace_config(Arc::new(config));
-            first_tx.send_replace(true);
+    let server = options.server.clone();
+    let on_push = move |version: &str, push: xds::Push| {
+        let source = format!("xDS {server}, version {version:?}");
+        match push {
+            Ok(config) => {
+                limiter.metrics().config_loaded(config.hash());
+                limiter.replace_config(Arc::new(config), &source);
+                first_tx.send_replace(true);
+            }
+            Err(e) => limiter.config_rejected(&source, &e),
         }
-        Err(e) => limiter.config_rejected(&e),
-    }));
+    };
+    let task = tokio::spawn(xds::subscribe(options, load, on_push));
     let first: WarmUp = Box::pin(async move {
         let _ = first_rx.wait_for(|landed| *landed).await;
     });

@@ -28,6 +28,7 @@ function fill(tbody, rows, render) {
 
 const when = (unix) => new Date(unix * 1000).toLocaleString();
 const rate = (x) => (x >= 10 ? x.toFixed(0) : x.toFixed(1));
+const ms = (x) => (x >= 10 ? x.toFixed(0) : x >= 1 ? x.toFixed(1) : x.toFixed(2)) + " ms";
 
 // One <img> per rule, kept across refreshes (only its src changes) so the table does not
 // flicker; keyed by domain and rule.
@@ -54,12 +55,13 @@ function chart(domain, rule, now) {
 function renderState(s) {
   const c = s.config;
   const ev = c.events;
+  const from = ev.source ? ` from ${ev.source}` : "";
   $("config-summary").textContent =
-    `Config ${c.hash.slice(0, 12)} loaded ${when(ev.loaded_at)} (${ev.loads} load${ev.loads === 1 ? "" : "s"} since start).`;
+    `Config ${c.hash.slice(0, 12)} loaded${from} ${when(ev.loaded_at)} (${ev.loads} load${ev.loads === 1 ? "" : "s"} since start).`;
   const rej = $("rejected");
   if (ev.rejected) {
     rej.hidden = false;
-    $("rejected-at").textContent = "at " + when(ev.rejected.at);
+    $("rejected-at").textContent = `at ${when(ev.rejected.at)} (${ev.rejected.source})`;
     $("rejected-error").textContent = ev.rejected.error;
   } else {
     rej.hidden = true;
@@ -99,6 +101,8 @@ function renderStore(st) {
     cell(tr, c.operation);
     cell(tr, c.outcome);
     cell(tr, String(c.count), "num");
+    cell(tr, c.mean_ms === null ? "–" : ms(c.mean_ms), "num");
+    cell(tr, c.p99_at_most_ms === null ? "–" : "≤ " + ms(c.p99_at_most_ms), "num");
   });
   fill($("hottest").tBodies[0], st.hottest, (tr, b) => {
     cell(tr, b.entity);

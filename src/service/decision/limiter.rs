@@ -208,17 +208,24 @@ impl<S: BucketStore> RateLimiter<S> {
         self.snapshot.load().config.clone()
     }
 
-    /// Swaps in a new config snapshot; requests in flight finish on the old one.
-    pub fn replace_config(&self, config: Arc<Config>) {
+    /// Swaps in a new config snapshot from `source` (the config path, or the xDS push's
+    /// version); requests in flight finish on the old one.
+    pub fn replace_config(&self, config: Arc<Config>, source: &str) {
         self.snapshot
             .store(Arc::new(Snapshot::new(config, &self.metrics, &self.top)));
-        self.events.lock().loaded();
+        self.events.lock().loaded(source);
     }
 
-    /// A load refused with `error`: the rules in force stay (counted and kept for the page).
-    pub fn config_rejected(&self, error: &str) {
+    /// Names where the rules it started with came from (for the page).
+    pub fn config_came_from(&self, source: &str) {
+        self.events.lock().came_from(source);
+    }
+
+    /// A load from `source` refused with `error`: the rules in force stay (counted and
+    /// kept for the page).
+    pub fn config_rejected(&self, source: &str, error: &str) {
         self.metrics.config_rejected();
-        self.events.lock().rejected(error);
+        self.events.lock().rejected(source, error);
     }
 
     /// When the rules in force were loaded, and the last load refused.

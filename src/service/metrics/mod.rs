@@ -26,9 +26,11 @@ mod rule_hits;
 pub mod statsd;
 pub mod statsd_mapping;
 pub mod statsd_prometheus;
+mod store_calls;
 mod striped;
 
 pub use port::{ConnectionClose, PanicEnd, PortMetrics};
 pub use registry::Metrics;
 pub use rlqs::RlqsMetrics;
 pub use rule_hits::{HitOutcome, RuleCounters, MAX_RULE_KEYS};
+pub use store_calls::StoreCalls;

@@ -17,6 +17,7 @@ use prometheus_client::metrics::histogram::exponential_buckets;
 use prometheus_client::registry::Registry;
 
 use super::rule_hits::{HitOutcome, RuleCounters, RuleHits};
+use super::store_calls::{StoreCallSeries, StoreCalls};
 use super::{collectors, statsd, statsd_mapping, statsd_prometheus};
 use crate::config::{Config, DescriptorEntry, Rule};
 use crate::engine::EngineView;
@@ -65,7 +66,7 @@ impl Metrics {
             config_info: Family::default(),
             store_calls: Family::default(),
             store_latency: Family::new_with_constructor(|| {
-                StripedHistogram::new(exponential_buckets(0.000_05, 2.0, 16))
+                StripedHistogram::new(store_latency_bounds())
             }),
             store_series: ArcSwap::default(),
             request_latency: StripedHistogram::new(exponential_buckets(0.000_05, 2.0, 16)),
@@ -326,15 +327,16 @@ impl Metrics {
         self.registry.lock().register_collector(collector);
     }
 
-    /// Store calls by (operation, outcome) since start, for the operator's page.
-    pub fn store_call_totals(&self) -> Vec<(&'static str, &'static str, u64)> {
+    /// Store calls by (operation, outcome) since start, with their latency, for the
+    /// operator's page.
+    pub fn store_call_totals(&self) -> Vec<StoreCalls> {
         let mut totals: Vec<_> = self
             .store_series
             .load()
             .iter()
-            .map(|(&(op, outcome), (calls, _))| (op, outcome, calls.get()))
+            .map(|(&(op, outcome), series)| series.summary(op, outcome))
             .collect();
-        totals.sort_unstable();
+        totals.sort_unstable_by_key(|c| (c.operation, c.outcome));
         totals
     }
 
@@ -424,34 +426,35 @@ impl Drop for RequestTimer<'_> {
 }
 
 /// Each kind of store call's series, striped: every decision makes at least one call.
-type StoreSeries = HashMap<
-    (&'static str, &'static str),
-    (StripedCounter, StripedHistogram),
-    foldhash::fast::RandomState,
->;
+type StoreSeries =
+    HashMap<(&'static str, &'static str), StoreCallSeries, foldhash::fast::RandomState>;
 
 impl CallObserver for Metrics {
     fn observe(&self, operation: &'static str, outcome: &'static str, elapsed: Duration) {
-        let record = |(calls, latency): &(StripedCounter, StripedHistogram)| {
-            calls.add(1);
-            latency.observe(elapsed);
-        };
         if let Some(series) = self.store_series.load().get(&(operation, outcome)) {
-            return record(series);
+            return series.record(elapsed);
         }
         // First call of this kind: create its series (they appear in /metrics from now
         // on, as before) and publish them for the next calls.
-        let series = (
-            self.store_calls
+        let series = StoreCallSeries {
+            calls: self
+                .store_calls
                 .get_or_create_owned(&StoreLabels { operation, outcome }),
-            self.store_latency
+            operation_latency: self
+                .store_latency
                 .get_or_create_owned(&OperationLabel { operation }),
-        );
-        record(&series);
+            latency: StripedHistogram::new(store_latency_bounds()),
+        };
+        series.record(elapsed);
         self.store_series.rcu(|known| {
             let mut known = StoreSeries::clone(known);
             known.insert((operation, outcome), series.clone());
             known
         });
     }
+}
+
+/// A store call's latency buckets (seconds): 50 µs doubling to 1.6 s.
+fn store_latency_bounds() -> impl Iterator<Item = f64> {
+    exponential_buckets(0.000_05, 2.0, 16)
 }
