@@ -285,6 +285,9 @@ impl<S: BucketStore> Deciding<'_, S> {
             if split {
                 let again = self.engine.store.read(std::slice::from_ref(key));
                 *image = again.await.map_err(wrap(b))?.pop().flatten();
+                if image.is_none() && t.shard > 0 {
+                    self.still_missing(b, key, image, count, given_up).await?;
+                }
             }
             if let Some(img) = image {
                 // An existing shard is planned at the count it holds: only a split raises it.
@@ -292,6 +295,34 @@ impl<S: BucketStore> Deciding<'_, S> {
             }
         }
         Ok(counts)
+    }
+
+    /// Shard `key` of `b`, still missing after a split meant to create it: another
+    /// server's split raised its owner first and its create has not landed (a Redis Cluster
+    /// commits a split slot by slot), or the split gave up. Looked at once more: with no
+    /// owner now, `given_up` says since when it is empty and the pass creates it so; with
+    /// an owner still holding its tokens it is split again, and if it is still missing the
+    /// request is refused as contention — created full (the expired shard's way), it would
+    /// hold its share on top of what the owner or the other split still carries.
+    async fn still_missing(
+        &self,
+        b: &BucketClaim,
+        key: &BucketKey,
+        image: &mut Option<BucketItem>,
+        count: &mut u32,
+        given_up: &mut i64,
+    ) -> Result<(), EngineError> {
+        if !self.split_owner(b, key.shard, count, given_up).await? {
+            return Ok(());
+        }
+        let again = self.engine.store.read(std::slice::from_ref(key));
+        *image = again.await.map_err(wrap(b))?.pop().flatten();
+        if image.is_some() {
+            return Ok(());
+        }
+        Err(wrap(b)(StoreError::Contention {
+            key: key.to_string(),
+        }))
     }
 
     /// For missing shard `k` of `b`: raises `count` to what shard 0 holds, and splits the
