@@ -76,6 +76,9 @@ pub struct PortOptions {
     pub trace_context: bool,
     /// HTTP/2 limits and the request message bound.
     pub limits: PortLimits,
+    /// RLQS limits shared with the other servers of a fleet through the store (a store
+    /// they share: DynamoDB, Redis), rather than divided among this server's Envoys.
+    pub rlqs_fleet: bool,
 }
 
 /// Serves gRPC on `listener` until `shutdown` resolves (health always SERVING).
@@ -111,7 +114,11 @@ pub async fn serve_with<S: BucketStore>(
 ) {
     let metrics = limiter.metrics().clone();
     let limits = options.limits;
-    let rlqs = Rlqs::server(limiter.clone(), limits.max_message_len());
+    let rlqs = Rlqs::server(
+        limiter.clone(),
+        limits.max_message_len(),
+        options.rlqs_fleet,
+    );
     let rls = Rls::new(limiter).with_max_message_len(limits.max_message_len());
     let others = others(options.health, limits.max_message_len(), rlqs).await;
     let trace_context = options.trace_context;

@@ -6,7 +6,10 @@
 //!
 //! Each stream runs in a task of its own, fenced: a panic while answering it ends that
 //! stream alone with INTERNAL (its demand leaves the shares as its state is dropped), and
-//! the connection, its other calls and the other streams go on. It decides nothing.
+//! the connection, its other calls and the other streams go on. On a store a fleet shares,
+//! the server's draws run in one more task (`service/rlqs/fleet.rs`), stopped with the
+//! service; a stream also answers when its buckets' rates move, without a report. It
+//! decides nothing.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,6 +29,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::service::metrics::Metrics;
 use crate::service::rlqs::demand::{Demands, Subscription};
+use crate::service::rlqs::fleet::Fleet;
 use crate::service::rlqs::stream::Stream;
 use crate::service::RateLimiter;
 use crate::store::BucketStore;
@@ -41,23 +45,43 @@ const ANSWERS_QUEUED: usize = 4;
 
 type Answers = ReceiverStream<Result<RateLimitQuotaResponse, Status>>;
 
-/// The service: the limiter (for the rules in force) and the server's demand table.
+/// The service: the limiter (for the rules in force), the server's demand table and, in a
+/// fleet, its grants and the task that draws them.
 pub struct Rlqs<S: BucketStore> {
     limiter: Arc<RateLimiter<S>>,
     demands: Arc<Demands>,
     next_stream: AtomicU64,
+    fleet: Option<(Arc<Fleet>, Drawing)>,
+}
+
+/// The fleet's draw task, stopped when the service is dropped.
+struct Drawing(tokio::task::JoinHandle<()>);
+
+impl Drop for Drawing {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 impl<S: BucketStore> Rlqs<S> {
-    /// The service as tonic's router serves it, request messages bounded to `max_message_len`.
+    /// The service as tonic's router serves it, request messages bounded to
+    /// `max_message_len`; its limits shared with a fleet through the store when `fleet`.
     pub fn server(
         limiter: Arc<RateLimiter<S>>,
         max_message_len: usize,
+        fleet: bool,
     ) -> RateLimitQuotaServiceServer<Rlqs<S>> {
+        let demands: Arc<Demands> = Arc::default();
+        let fleet = fleet.then(|| {
+            let grants = Arc::new(Fleet::new(limiter.metrics().clone()));
+            let task = tokio::spawn(grants.clone().run(limiter.clone(), demands.clone()));
+            (grants, Drawing(task))
+        });
         let service = Rlqs {
             limiter,
-            demands: Arc::default(),
+            demands,
             next_stream: AtomicU64::new(1),
+            fleet,
         };
         RateLimitQuotaServiceServer::new(service).max_decoding_message_size(max_message_len)
     }
@@ -72,14 +96,19 @@ impl<S: BucketStore> RateLimitQuotaService for Rlqs<S> {
         request: Request<Streaming<RateLimitQuotaUsageReports>>,
     ) -> Result<Response<Answers>, Status> {
         let id = self.next_stream.fetch_add(1, Ordering::Relaxed);
-        let stream = Stream::new(
+        let mut stream = Stream::new(
             Subscription::new(self.demands.clone(), id),
             MAX_BUCKETS_PER_STREAM,
         );
+        let fleet = self.fleet.as_ref().map(|(grants, _)| grants.clone());
+        if let Some(grants) = &fleet {
+            stream = stream.in_fleet(grants.clone());
+        }
         let (tx, rx) = mpsc::channel(ANSWERS_QUEUED);
         self.limiter.metrics().rlqs().stream_opened();
         let served = served(
             self.limiter.clone(),
+            fleet,
             stream,
             request.into_inner(),
             tx.clone(),
@@ -100,13 +129,14 @@ impl<S: BucketStore> RateLimitQuotaService for Rlqs<S> {
 /// One stream, until its client ends it or stops reading, or a report is refused.
 async fn served<S: BucketStore>(
     limiter: Arc<RateLimiter<S>>,
+    fleet: Option<Arc<Fleet>>,
     stream: Stream,
     reports: Streaming<RateLimitQuotaUsageReports>,
     answers: mpsc::Sender<Result<RateLimitQuotaResponse, Status>>,
 ) {
     let metrics = limiter.metrics().clone();
     let mut stream = Counted { stream, metrics };
-    answered(&limiter, &mut stream, reports, answers).await;
+    answered(&limiter, fleet.as_deref(), &mut stream, reports, answers).await;
 }
 
 /// A stream whose end is counted, the buckets it held with it, however it ends (an
@@ -122,19 +152,36 @@ impl Drop for Counted {
     }
 }
 
-/// Answers each report of `reports` on `answers`.
+/// Answers each report of `reports` on `answers`, and, in a fleet, each move of its
+/// buckets' rates.
 async fn answered<S: BucketStore>(
     limiter: &RateLimiter<S>,
+    fleet: Option<&Fleet>,
     counted: &mut Counted,
     mut reports: Streaming<RateLimitQuotaUsageReports>,
     answers: mpsc::Sender<Result<RateLimitQuotaResponse, Status>>,
 ) {
     let metrics = counted.metrics.rlqs();
     let stream = &mut counted.stream;
+    let mut moves = fleet.map(Fleet::changes);
     loop {
         let report = tokio::select! {
             report = reports.message() => report,
             _ = answers.closed() => return,
+            moved = moved(&mut moves) => {
+                if moved.is_err() {
+                    return;
+                }
+                let answer = stream.reassign(&limiter.config());
+                metrics.answered(0, 0, &answer.sent);
+                if !answer.response.bucket_action.is_empty() {
+                    tracing::debug!(answer = ?answer.response, "an RLQS reassignment");
+                    if answers.send(Ok(answer.response)).await.is_err() {
+                        return;
+                    }
+                }
+                continue;
+            }
         };
         let report = match report {
             Ok(Some(report)) => report,
@@ -148,6 +195,10 @@ async fn answered<S: BucketStore>(
             }
         };
         tracing::debug!(report = ?report, "an RLQS report");
+        if let Some(fleet) = fleet {
+            // A bucket's first report: its first tokens drawn before it is answered.
+            fleet.draw_new(limiter, stream.keys(&report)).await;
+        }
         let config = limiter.config();
         let answer = match stream.answer(report, &config, Instant::now()) {
             Ok(answer) => answer,
@@ -167,5 +218,14 @@ async fn answered<S: BucketStore>(
         if answers.send(Ok(answer.response)).await.is_err() {
             return;
         }
+    }
+}
+
+/// The next move of the fleet's rates (never, outside a fleet); an error once the fleet
+/// is gone.
+async fn moved(moves: &mut Option<tokio::sync::watch::Receiver<u64>>) -> Result<(), ()> {
+    match moves {
+        Some(rx) => rx.changed().await.map_err(|_| ()),
+        None => std::future::pending().await,
     }
 }

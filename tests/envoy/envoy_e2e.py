@@ -211,10 +211,14 @@ class Store:
     endpoint: str | None = None
     table: str | None = None
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    # Every shardgate process on this Store shares one namespace (a fleet of replicas).
+    shared: bool = False
 
     def namespace(self, tag: str) -> str:
-        # One namespace per shardgate process: no bucket is shared with another test
-        # stack or with an earlier run against the same DynamoDB table.
+        # One namespace per shardgate process (unless `shared`): no bucket is shared with
+        # another test stack or with an earlier run against the same DynamoDB table.
+        if self.shared:
+            return f"e2e-envoy-{self.run_id}"
         return f"e2e-envoy-{self.run_id}-{tag}"
 
     def serve_args(self, tag: str) -> list[str]:

@@ -59,9 +59,9 @@ def rlqs_filter(no_assignment="ALLOW_ALL"):
     }}
 
 
-def rlqs_envoy_config(ports, shardgate_port):
+def rlqs_envoy_config(ports, shardgate_port, no_assignment="ALLOW_ALL"):
     routes = [{"match": {"prefix": "/"}, "route": {"cluster": "backend"}}]
-    filters = [rlqs_filter(), {"name": "envoy.filters.http.router",
+    filters = [rlqs_filter(no_assignment), {"name": "envoy.filters.http.router",
                                "typed_config": {"@type": ROUTER}}]
     return bootstrap(
         ports["admin"],

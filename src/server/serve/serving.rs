@@ -15,7 +15,7 @@ use super::tasks::{
     spawn_health, spawn_leases, spawn_prune, spawn_statsd, spawn_upstream_prometheus, spawn_xds,
     supervise, watch_config, Readiness, Supervised, UpstreamPort,
 };
-use super::{ServeError, ServeOptions};
+use super::{ServeError, ServeOptions, StoreKind};
 use crate::config::reload::ConfigWatch;
 use crate::config::Config;
 use crate::engine::{Engine, EngineOptions};
@@ -203,6 +203,8 @@ fn port_options(options: &ServeOptions, health: HealthWatch) -> Result<PortOptio
         health: Some(health),
         trace_context: options.trace_context,
         limits: options.port_limits.clone(),
+        // A memory store is this process's own: there is no fleet to share a limit with.
+        rlqs_fleet: !matches!(options.store, StoreKind::Memory { .. }),
     })
 }
 

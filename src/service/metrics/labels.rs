@@ -57,3 +57,9 @@ pub(super) struct KindLabel {
 pub(super) struct VerdictLabel {
     pub(super) verdict: &'static str,
 }
+
+/// How an RLQS fleet draw came out (`rlqs.rs`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct DrawLabel {
+    pub(super) outcome: &'static str,
+}

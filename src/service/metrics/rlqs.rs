@@ -9,8 +9,13 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
 
-use super::labels::{KindLabel, VerdictLabel};
+use super::labels::{DrawLabel, KindLabel, VerdictLabel};
+
+/// The `outcome` label of a fleet draw (`service/rlqs/fleet.rs`): every token asked for,
+/// some of them, none, or the store failed.
+pub const DRAW_OUTCOMES: [&str; 4] = ["full", "partial", "none", "error"];
 
 /// The `kind` label of assignments sent, as `service/rlqs/assign.rs` names them.
 pub const ASSIGNMENT_KINDS: [&str; 4] = ["allow_all", "deny_all", "token_bucket", "abandon"];
@@ -25,6 +30,11 @@ pub struct RlqsMetrics {
     allowed: Counter,
     denied: Counter,
     refused: Counter,
+    draws: Family<DrawLabel, Counter>,
+    draws_by_outcome: [Counter; DRAW_OUTCOMES.len()],
+    drawn_tokens: Counter,
+    /// Tokens per second promised to this server's Envoys over all fleet buckets.
+    promised: Gauge<f64, AtomicU64>,
 }
 
 impl Default for RlqsMetrics {
@@ -39,7 +49,14 @@ impl Default for RlqsMetrics {
         let denied = reported
             .get_or_create(&VerdictLabel { verdict: "denied" })
             .clone();
+        let draws: Family<DrawLabel, Counter> = Family::default();
+        let draws_by_outcome =
+            DRAW_OUTCOMES.map(|outcome| draws.get_or_create(&DrawLabel { outcome }).clone());
         RlqsMetrics {
+            draws,
+            draws_by_outcome,
+            drawn_tokens: Counter::default(),
+            promised: Gauge::default(),
             streams_open: Gauge::default(),
             buckets: Gauge::default(),
             sent,
@@ -79,6 +96,44 @@ impl RlqsMetrics {
             "RLQS bucket reports refused: past a stream's bucket bound or with too many entries (Envoy keeps its no_assignment_behavior)",
             self.refused.clone(),
         );
+        self.register_fleet(registry);
+    }
+
+    fn register_fleet(&self, registry: &mut Registry) {
+        registry.register(
+            "rlqs_draws",
+            "Draws of RLQS tokens from the shared store, by outcome (full, partial, none, error)",
+            self.draws.clone(),
+        );
+        registry.register(
+            "rlqs_drawn_tokens",
+            "RLQS tokens drawn from the shared store for this server's Envoys",
+            self.drawn_tokens.clone(),
+        );
+        registry.register(
+            "rlqs_promised_tokens_per_second",
+            "Tokens per second this server promises its Envoys over every RLQS bucket drawn from the shared store",
+            self.promised.clone(),
+        );
+    }
+
+    /// A fleet draw asked for `asked` tokens and got `got` (`None`: the store failed).
+    pub fn drew(&self, asked: u64, got: Option<u64>) {
+        let outcome = match got {
+            None => 3,
+            Some(0) => 2,
+            Some(g) if g < asked => 1,
+            Some(_) => 0,
+        };
+        if let Some(c) = self.draws_by_outcome.get(outcome) {
+            c.inc();
+        }
+        self.drawn_tokens.inc_by(got.unwrap_or(0));
+    }
+
+    /// The rate promised over every fleet bucket moved by `delta` tokens per second.
+    pub fn promised_moved(&self, delta: f64) {
+        self.promised.inc_by(delta);
     }
 
     pub fn stream_opened(&self) {

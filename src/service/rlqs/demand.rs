@@ -63,18 +63,16 @@ impl Demands {
         };
         streams.insert(stream, reported);
         streams.retain(|_, r| now.saturating_duration_since(r.at) <= stale_after);
-        let total = streams.values().map(|r| r.per_second).sum();
-        let others_held = streams
-            .iter()
-            .filter(|(id, _)| **id != stream)
-            .map(|(_, r)| r.held)
-            .sum();
-        Totals {
-            own: per_second,
-            total,
-            streams: streams.len(),
-            others_held,
-        }
+        totals_of(streams, stream, per_second)
+    }
+
+    /// The bucket's totals as `stream` last reported it, without a new report (`None`:
+    /// it has no report for `key`).
+    pub fn peek(&self, key: &BucketKey, stream: u64) -> Option<Totals> {
+        let buckets = self.buckets.lock();
+        let streams = buckets.get(key)?;
+        let own = streams.get(&stream)?.per_second;
+        Some(totals_of(streams, stream, own))
     }
 
     /// Records the fraction `stream` was assigned for `key` (after [`Self::report`]).
@@ -96,6 +94,21 @@ impl Demands {
         }
     }
 
+    /// Every bucket's total demand (requests per second) over the streams that reported
+    /// it within `stale_after` of `now`: what this server's Envoys ask of it.
+    pub fn totals(&self, now: Instant, stale_after: Duration) -> Vec<(BucketKey, f64)> {
+        let buckets = self.buckets.lock();
+        buckets
+            .iter()
+            .map(|(key, streams)| {
+                let fresh = streams
+                    .values()
+                    .filter(|r| now.saturating_duration_since(r.at) <= stale_after);
+                (key.clone(), fresh.map(|r| r.per_second).sum())
+            })
+            .collect()
+    }
+
     /// Buckets with at least one stream's report.
     pub fn buckets(&self) -> usize {
         self.buckets.lock().len()
@@ -107,6 +120,22 @@ impl Demands {
             streams.remove(&stream);
             !streams.is_empty()
         });
+    }
+}
+
+/// What `stream` (demanding `own`) sees of a bucket's `streams`.
+fn totals_of(streams: &HashMap<u64, Reported>, stream: u64, own: f64) -> Totals {
+    let total = streams.values().map(|r| r.per_second).sum();
+    let others_held = streams
+        .iter()
+        .filter(|(id, _)| **id != stream)
+        .map(|(_, r)| r.held)
+        .sum();
+    Totals {
+        own,
+        total,
+        streams: streams.len(),
+        others_held,
     }
 }
 

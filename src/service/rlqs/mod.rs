@@ -6,10 +6,15 @@
 //! bucket (`assign.rs`) whose rate is this Envoy's share of the limit (`share.rs`), from
 //! the demand every stream on this server reports (`demand.rs`).
 //!
-//! It owns no socket (`server/rlqs.rs` carries the stream) and touches no store: the
-//! limit is divided among the Envoys connected to this server.
+//! It owns no socket (`server/rlqs.rs` carries the stream). On the memory store it
+//! touches no store: the limit is divided among the Envoys connected to this server. On
+//! a store a fleet shares, each server draws its Envoys' tokens from the rule's bucket
+//! through the engine (`fleet.rs`, the bank's arithmetic in `grant.rs`) and divides what
+//! it drew.
 
 pub mod assign;
 pub mod demand;
+pub mod fleet;
+pub mod grant;
 pub mod share;
 pub mod stream;

@@ -84,14 +84,23 @@ pub fn bucket(fraction: f64, tokens: u64, period: Duration, burst: u64) -> Optio
     } else {
         0.0
     };
-    let period_s = period.as_secs_f64();
-    let per_second = fraction * tokens as f64 / period_s;
+    let per_second = fraction * tokens as f64 / period.as_secs_f64();
+    bucket_at(per_second, fraction * burst as f64)
+}
+
+/// The token bucket of `per_second` tokens with a burst of `burst` (at most one fill, at
+/// least one token), as [`bucket`] makes it; `None` for no rate at all.
+pub fn bucket_at(per_second: f64, burst: f64) -> Option<Bucket> {
     if !(per_second.is_finite() && per_second > 0.0) {
         return None;
     }
     let (tokens_per_fill, seconds) = whole_rate(per_second);
-    let burst_share = (fraction * burst as f64).floor();
-    let max_tokens = burst_share.clamp(1.0, f64::from(tokens_per_fill)) as u32;
+    let burst = if burst.is_finite() {
+        burst.floor()
+    } else {
+        1.0
+    };
+    let max_tokens = burst.clamp(1.0, f64::from(tokens_per_fill)) as u32;
     Some(Bucket {
         max_tokens,
         tokens_per_fill,

@@ -19,8 +19,10 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
 };
 
 use super::assign::{action, kind, Assignment, Kind};
-use super::demand::{BucketKey, Subscription};
-use super::share::{bucket, capped, fraction, settled};
+use super::demand::{BucketKey, Subscription, Totals};
+use super::fleet::Fleet;
+use super::grant::ENVOY_BURST_S;
+use super::share::{bucket, bucket_at, capped, fraction, settled, Bucket, FLOOR_FRACTION};
 use crate::config::Config;
 
 /// Most entries of one bucket id (a descriptor is a handful).
@@ -55,6 +57,9 @@ struct Tracked {
     interval: Duration,
     idle_reports: u32,
     held: Option<f64>,
+    /// The token bucket last sent (Envoy keeps a bucket sent again as it is, and starts a
+    /// different one full).
+    sent: Option<Bucket>,
 }
 
 /// What one report message was answered, for the metrics.
@@ -78,6 +83,9 @@ pub struct Stream {
     domain: Option<Arc<str>>,
     buckets: HashMap<Vec<(String, String)>, Tracked>,
     max_buckets: usize,
+    /// The server's grants, when its limits are shared with other servers through the
+    /// store (`fleet.rs`); `None`: the limit is divided among this server's streams.
+    fleet: Option<Arc<Fleet>>,
 }
 
 impl Stream {
@@ -87,7 +95,74 @@ impl Stream {
             domain: None,
             buckets: HashMap::new(),
             max_buckets,
+            fleet: None,
         }
+    }
+
+    /// The stream of a server that shares its limits with others through `fleet`.
+    pub fn in_fleet(mut self, fleet: Arc<Fleet>) -> Stream {
+        self.fleet = Some(fleet);
+        self
+    }
+
+    /// The buckets `reports` names, as the server keys them (the stream's domain, or the
+    /// report's for a first report): what a fleet draws for before they are answered.
+    pub fn keys(&self, reports: &RateLimitQuotaUsageReports) -> Vec<BucketKey> {
+        let domain: Arc<str> = match &self.domain {
+            Some(d) => d.clone(),
+            None => Arc::from(reports.domain.as_str()),
+        };
+        reports
+            .bucket_quota_usages
+            .iter()
+            .filter_map(|u| u.bucket_id.as_ref())
+            .filter(|id| id.bucket.len() <= MAX_BUCKET_ENTRIES)
+            .take(self.max_buckets)
+            .map(|id| {
+                let mut entries: Vec<(String, String)> = id
+                    .bucket
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect();
+                entries.sort();
+                (domain.clone(), entries)
+            })
+            .collect()
+    }
+
+    /// New assignments for the buckets whose share moved since they were last sent (the
+    /// fleet's rate for them moved), without a report: sent at once.
+    pub fn reassign(&mut self, config: &Config) -> Answer {
+        let mut answer = Answer::default();
+        let Some(domain) = self.domain.clone() else {
+            return answer;
+        };
+        let held: Vec<Vec<(String, String)>> = self
+            .buckets
+            .iter()
+            .filter(|(_, t)| t.held.is_some())
+            .map(|(e, _)| e.clone())
+            .collect();
+        for entries in held {
+            let Some(mut tracked) = self.buckets.get(&entries).copied() else {
+                continue;
+            };
+            let key: BucketKey = (domain.clone(), entries);
+            let before = tracked.sent;
+            let assignment = self.limited(&key, &mut tracked, None, config);
+            let (_, entries) = key;
+            self.buckets.insert(entries.clone(), tracked);
+            if tracked.sent == before {
+                continue;
+            }
+            let ttl = (tracked.interval * TTL_INTERVALS).max(Duration::from_secs(2));
+            answer.sent.push(assignment.label());
+            answer
+                .response
+                .bucket_action
+                .push(action(&entries, assignment, ttl));
+        }
+        answer
     }
 
     /// Buckets the stream holds.
@@ -150,6 +225,7 @@ impl Stream {
             interval: DEFAULT_INTERVAL,
             idle_reports: 0,
             held: None,
+            sent: None,
         });
         if !known {
             answer.buckets_added += 1;
@@ -198,6 +274,21 @@ impl Stream {
         config: &Config,
         now: Instant,
     ) -> Assignment {
+        let per_second = requests as f64 / tracked.interval.as_secs_f64();
+        let stale_after = tracked.interval * TTL_INTERVALS;
+        self.limited(key, tracked, Some((per_second, now, stale_after)), config)
+    }
+
+    /// A bucket's assignment from its rule, with this stream's demand `report`ed now
+    /// (requests per second, when, how long a report stays fresh) or, without one, as it
+    /// last reported it.
+    fn limited(
+        &self,
+        key: &BucketKey,
+        tracked: &mut Tracked,
+        report: Option<(f64, Instant, Duration)>,
+        config: &Config,
+    ) -> Assignment {
         let rule = config
             .domain(&key.0)
             .and_then(|d| d.match_descriptor(&key.1));
@@ -210,29 +301,66 @@ impl Stream {
                 burst,
             } => (tokens, period, burst),
         };
-        let per_second = requests as f64 / tracked.interval.as_secs_f64();
-        let stale_after = tracked.interval * TTL_INTERVALS;
         let sub = &self.subscription;
-        let totals = sub
-            .demands()
-            .report(key, sub.id(), per_second, now, stale_after);
+        let totals = match report {
+            Some((per_second, now, stale_after)) => {
+                sub.demands()
+                    .report(key, sub.id(), per_second, now, stale_after)
+            }
+            // No report of this stream's left (gone stale): what was sent stands.
+            None => match sub.demands().peek(key, sub.id()) {
+                Some(t) => t,
+                None => {
+                    return tracked
+                        .sent
+                        .map_or(Assignment::DenyAll, Assignment::TokenBucket)
+                }
+            },
+        };
+        let share = self.share(key, tracked, totals);
+        let fleet_rate = self.fleet.as_ref().and_then(|f| f.rate(key));
+        let b = match fleet_rate {
+            // A server's promise covers its streams' fractions, which sum to at most 1
+            // plus the newest stream's floor.
+            // Its burst is the store bucket's, drawn from: an Envoy's holds a tenth of a
+            // second of its rate (each new one is paid from the bank).
+            Some(rate) => {
+                let rate = share * rate / (1.0 + FLOOR_FRACTION);
+                bucket_at(rate, rate * ENVOY_BURST_S)
+            }
+            None => bucket(share, tokens, period, burst),
+        };
+        let Some(b) = b else {
+            tracked.sent = None;
+            return Assignment::DenyAll;
+        };
+        if let (Some(fleet), true) = (&self.fleet, fleet_rate.is_some() && tracked.sent != Some(b))
+        {
+            // A new bucket starts full in Envoy: its tokens are promised now.
+            fleet.charge(key, f64::from(b.max_tokens));
+        }
+        tracked.sent = Some(b);
+        Assignment::TokenBucket(b)
+    }
+
+    /// This stream's fraction of a bucket from its `totals`, recorded as held.
+    fn share(&self, key: &BucketKey, tracked: &mut Tracked, totals: Totals) -> f64 {
         let computed = fraction(totals.own, totals.total, totals.streams);
         let share = capped(
             settled(tracked.held, computed),
             totals.others_held,
             totals.streams,
         );
+        let sub = &self.subscription;
         sub.demands().hold(key, sub.id(), share);
         tracked.held = Some(share);
-        match bucket(share, tokens, period, burst) {
-            Some(b) => Assignment::TokenBucket(b),
-            None => Assignment::DenyAll,
-        }
+        share
     }
 
     /// An assignment that is not a share: the stream's demand leaves the totals.
     fn unshared(&self, key: &BucketKey, tracked: &mut Tracked, a: Assignment) -> Assignment {
         tracked.held = None;
+        tracked.sent = None;
         self.subscription
             .demands()
             .forget(key, self.subscription.id());

@@ -1,0 +1,387 @@
+//! Several servers sharing one RLQS limit through the shared store (DynamoDB, Redis): each
+//! draws, for every bucket its Envoys report, the tokens it promises them from the rule's
+//! own token bucket in the store — the bucket the rate-limit service debits — and divides
+//! what it drew among its streams (`stream.rs`, `share.rs`). So the limit holds for the
+//! fleet, however the Envoys spread over the servers; the bound is in docs/rlqs.md.
+//!
+//! Every [`TICK_S`] (jittered) a server draws, per bucket with demand, what tops its bank
+//! up ([`Grant`]); a bucket's first report draws at once, before it is answered. A draw is
+//! one engine acquire of that many tokens, all or nothing; refused, it is tried once more
+//! with what the shard answered was left. When the rate a bucket's bank affords moves, the
+//! streams are told ([`Fleet::changes`]) and send their Envoys new assignments at once,
+//! without waiting for a report. A new Envoy token bucket starts full: its `max_tokens`
+//! are paid from the bank too ([`Fleet::charge`]).
+//!
+//! Owns the grants; reads the demand table (`demand.rs`) and the rules in force; decides
+//! no assignment (the streams do) and touches the store only through the engine.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use parking_lot::Mutex;
+use tokio::sync::watch;
+
+use super::assign::{kind, Kind};
+use super::demand::{BucketKey, Demands};
+use super::grant::{Grant, JITTER, TICK_S};
+use crate::config::{Rule, RuleLimit};
+use crate::engine::plan::Plan;
+use crate::service::metrics::Metrics;
+use crate::service::RateLimiter;
+use crate::store::{BucketStore, MILLI};
+
+/// A bucket younger than this is drawn for at its whole limit: the first reports of an
+/// Envoy (Envoy 1.40 reports every 5 s, the first one at once) say little of its load.
+const NEW_BUCKET: Duration = Duration::from_secs(6);
+
+/// A stream's demand older than this is left out (three of Envoy 1.40's report intervals,
+/// the assignments' lifetime).
+const STALE: Duration = Duration::from_secs(15);
+
+/// How much more than its Envoys' reported demand a server draws for (demand grows
+/// between reports, and a report lags by up to an interval).
+const HEADROOM: f64 = 1.25;
+
+/// The least a server draws for, as a fraction of the limit: Envoys that report little
+/// can still grow.
+const FLOOR: f64 = 0.1;
+
+/// Draws in flight at once on one tick.
+const DRAWS_AT_ONCE: usize = 16;
+
+/// A draw that leaves the bucket less than this fraction of a second of its rate (or
+/// gets less than it asked) finds it contended: other servers draw from it too.
+const CONTENDED: f64 = 0.1;
+
+/// Servers share a contended bucket as TCP flows share a link (AIMD): on a contended draw
+/// a server's cap on its target falls by this factor, on any other it rises by
+/// [`CAP_RISE`] of the limit. The larger cap loses more at each fall, so the caps of the
+/// servers that contend converge to equal parts; alone, a server's cap hovers just under
+/// the limit, the bucket's burst absorbing the difference.
+const CAP_FALL: f64 = 0.8;
+
+/// See [`CAP_FALL`]: a tick's rise, as a fraction of the limit (from nothing to the whole
+/// limit in 10 s of uncontended draws).
+const CAP_RISE: f64 = 0.05;
+
+/// One bucket's grant, and when it was drawn for.
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    grant: Grant,
+    /// The most this server draws for (tokens per second): its part of a contended bucket.
+    cap: f64,
+    drawn_at: Instant,
+    since: Instant,
+}
+
+/// What one draw came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Drawn {
+    tokens: u64,
+    /// Whole tokens the shard held after it.
+    left: i64,
+}
+
+/// What a rule lets a fleet draw: its first limit's rate and burst (tokens per second,
+/// tokens); `None` for a rule that is not a plain limit (allow or deny all, overdraft).
+#[derive(Debug, Clone)]
+struct Drawable {
+    rule: Arc<Rule>,
+    per_second: f64,
+    burst: f64,
+}
+
+/// The grants of one server.
+#[derive(Debug)]
+pub struct Fleet {
+    grants: Mutex<HashMap<BucketKey, Held>>,
+    changes: watch::Sender<u64>,
+    metrics: Arc<Metrics>,
+}
+
+impl Fleet {
+    pub fn new(metrics: Arc<Metrics>) -> Fleet {
+        Fleet {
+            grants: Mutex::default(),
+            changes: watch::Sender::new(0),
+            metrics,
+        }
+    }
+
+    /// A rate moved by `moved` tokens per second: counted, and the streams told.
+    fn moved(&self, moved: f64) {
+        if moved != 0.0 {
+            self.metrics.rlqs().promised_moved(moved);
+            self.changes.send_modify(|g| *g += 1);
+        }
+    }
+
+    /// Tokens per second promised for `key` in all (`None`: never drawn for).
+    pub fn rate(&self, key: &BucketKey) -> Option<f64> {
+        self.grants.lock().get(key).map(|h| h.grant.rate)
+    }
+
+    /// Told whenever a bucket's promised rate moved: the streams reassign.
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.changes.subscribe()
+    }
+
+    /// `tokens` promised at once for `key` (a new Envoy bucket, full) leave its bank.
+    pub fn charge(&self, key: &BucketKey, tokens: f64) {
+        let moved = {
+            let mut grants = self.grants.lock();
+            let Some(held) = grants.get_mut(key) else {
+                return;
+            };
+            let before = held.grant.rate;
+            held.grant.charge(tokens);
+            held.grant.rate - before
+        };
+        self.moved(moved);
+    }
+
+    /// Draws for each of `keys` never drawn for yet (a bucket's first report), at once.
+    pub async fn draw_new<S: BucketStore>(&self, limiter: &RateLimiter<S>, keys: Vec<BucketKey>) {
+        let new: Vec<BucketKey> = {
+            let grants = self.grants.lock();
+            keys.into_iter()
+                .filter(|k| !grants.contains_key(k))
+                .collect()
+        };
+        futures::stream::iter(new)
+            .for_each_concurrent(DRAWS_AT_ONCE, |key| self.draw_for(limiter, key, None))
+            .await;
+    }
+
+    /// Draws, every tick, for every bucket this server's streams report; forgets the
+    /// grants of buckets no stream reports any more (their banked tokens are lost: the
+    /// fleet admits less, never more).
+    pub async fn run<S: BucketStore>(
+        self: Arc<Self>,
+        limiter: Arc<RateLimiter<S>>,
+        demands: Arc<Demands>,
+    ) {
+        loop {
+            tokio::time::sleep(jittered(TICK_S)).await;
+            let wanted = demands.totals(Instant::now(), STALE);
+            let gone = {
+                let mut grants = self.grants.lock();
+                let before: f64 = grants.values().map(|h| h.grant.rate).sum();
+                grants.retain(|k, _| wanted.iter().any(|(w, _)| w == k));
+                before - grants.values().map(|h| h.grant.rate).sum::<f64>()
+            };
+            self.metrics.rlqs().promised_moved(-gone);
+            futures::stream::iter(wanted)
+                .for_each_concurrent(DRAWS_AT_ONCE, |(key, demand)| {
+                    self.draw_for(&limiter, key, Some(demand))
+                })
+                .await;
+        }
+    }
+
+    /// One draw for `key` toward its target (`demand` in requests per second; `None`: a
+    /// new bucket, drawn for at its limit), at most its cap.
+    async fn draw_for<S: BucketStore>(
+        &self,
+        limiter: &RateLimiter<S>,
+        key: BucketKey,
+        demand: Option<f64>,
+    ) {
+        let Some(drawable) = drawable(limiter, &key) else {
+            self.grants.lock().remove(&key);
+            return;
+        };
+        let now = Instant::now();
+        let (want, target) = {
+            let mut grants = self.grants.lock();
+            let held = grants.entry(key.clone()).or_insert(Held {
+                grant: Grant::default(),
+                cap: drawable.per_second,
+                drawn_at: now,
+                since: now,
+            });
+            let elapsed = now.saturating_duration_since(held.drawn_at);
+            held.grant.spend(elapsed.as_secs_f64());
+            held.drawn_at = now;
+            let young = now.saturating_duration_since(held.since) < NEW_BUCKET;
+            let target = match demand {
+                Some(d) if !young => target_rate(d, drawable.per_second),
+                _ => drawable.per_second,
+            };
+            let target = target.min(held.cap);
+            let want = held.grant.want(target, drawable.burst).floor() as u64;
+            (want, target)
+        };
+        let got = if want == 0 {
+            None
+        } else {
+            let got = draw(limiter, &drawable.rule, &key.1, want).await;
+            self.metrics.rlqs().drew(want, got.map(|d| d.tokens));
+            Some(got)
+        };
+        let moved = {
+            let mut grants = self.grants.lock();
+            let Some(held) = grants.get_mut(&key) else {
+                return;
+            };
+            if let Some(got) = got {
+                held.cap = next_cap(held.cap, want, got, drawable.per_second);
+            }
+            let tokens = got.flatten().map_or(0, |d| d.tokens);
+            let before = held.grant.rate;
+            held.grant.drawn(tokens as f64, target);
+            held.grant.rate - before
+        };
+        self.moved(moved);
+    }
+}
+
+/// The rate a server draws for: its Envoys' demand with headroom, between the floor and
+/// the limit.
+fn target_rate(demand: f64, limit: f64) -> f64 {
+    let demand = if demand.is_finite() { demand } else { limit };
+    (demand * HEADROOM).clamp(limit * FLOOR, limit)
+}
+
+/// A server's cap after a draw of `asked` tokens that came to `got` (`None`: the store
+/// failed, which says nothing of the others), on a limit of `limit` per second.
+fn next_cap(cap: f64, asked: u64, got: Option<Drawn>, limit: f64) -> f64 {
+    let Some(got) = got else {
+        return cap;
+    };
+    let contended = got.tokens < asked || (got.left as f64) < CONTENDED * limit;
+    let next = if contended {
+        cap * CAP_FALL
+    } else {
+        cap + CAP_RISE * limit
+    };
+    next.clamp(FLOOR * limit, limit)
+}
+
+/// What the rules in force let a fleet draw for `key`.
+fn drawable<S: BucketStore>(limiter: &RateLimiter<S>, key: &BucketKey) -> Option<Drawable> {
+    let config = limiter.config();
+    let rule = config.domain(&key.0)?.match_descriptor(&key.1)?.clone();
+    if let RuleLimit::Limited(limit) = &rule.limit {
+        if limit.overdraft {
+            return None;
+        }
+    }
+    match kind(Some(&rule)) {
+        Kind::Limited {
+            tokens,
+            period,
+            burst,
+        } => Some(Drawable {
+            per_second: tokens as f64 / period.as_secs_f64().max(1e-3),
+            burst: burst as f64,
+            rule,
+        }),
+        Kind::AllowAll | Kind::DenyAll => None,
+    }
+}
+
+/// Takes `tokens` of `rule`'s bucket for `entries` from the store, all or nothing; when
+/// refused, once more what the shard answered was left. What it took, and what the shard
+/// held after (`None`: the store failed or did not answer within the store timeout:
+/// nothing is banked, and a debit that landed all the same is lost, never spent).
+async fn draw<S: BucketStore>(
+    limiter: &RateLimiter<S>,
+    rule: &Rule,
+    entries: &[(String, String)],
+    tokens: u64,
+) -> Option<Drawn> {
+    let mut asked = tokens;
+    for _ in 0..2 {
+        let mut plan = Plan::new();
+        plan.add(rule, entries, asked).ok()?;
+        let acquire = limiter.engine().acquire(&plan.acquire);
+        let decision = tokio::time::timeout(limiter.store_timeout(), acquire)
+            .await
+            .ok()?
+            .ok()?;
+        let left = decision
+            .buckets
+            .iter()
+            .flat_map(|b| b.limits.iter())
+            .map(|l| l.remaining.div_euclid(MILLI))
+            .min()
+            .unwrap_or(0);
+        if decision.admitted {
+            return Some(Drawn {
+                tokens: asked,
+                left,
+            });
+        }
+        if left <= 0 || left as u64 >= asked {
+            return Some(Drawn { tokens: 0, left });
+        }
+        asked = left as u64;
+    }
+    Some(Drawn { tokens: 0, left: 0 })
+}
+
+/// `base_s` seconds, moved at random by up to [`JITTER`] of it either way.
+fn jittered(base_s: f64) -> Duration {
+    use rand::RngExt;
+    let spread = base_s * JITTER * (2.0 * rand::rng().random::<f64>() - 1.0);
+    Duration::from_secs_f64((base_s + spread).max(0.01))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_target_follows_demand_between_the_floor_and_the_limit() {
+        assert_eq!(target_rate(40.0, 100.0), 50.0);
+        assert_eq!(target_rate(0.0, 100.0), 10.0);
+        assert_eq!(target_rate(500.0, 100.0), 100.0);
+        assert_eq!(target_rate(f64::NAN, 100.0), 100.0);
+    }
+
+    #[test]
+    fn contended_caps_fall_by_a_factor_and_rise_by_a_step() {
+        let got = |tokens, left| Some(Drawn { tokens, left });
+        // Got all it asked and the bucket keeps plenty: up a step, at most the limit.
+        assert_eq!(next_cap(50.0, 10, got(10, 40), 100.0), 55.0);
+        assert_eq!(next_cap(99.0, 10, got(10, 40), 100.0), 100.0);
+        // Got less, or left the bucket nearly dry: down by the factor, not below the floor.
+        assert_eq!(next_cap(50.0, 10, got(4, 0), 100.0), 40.0);
+        assert_eq!(next_cap(50.0, 10, got(10, 5), 100.0), 40.0);
+        assert_eq!(next_cap(11.0, 10, got(0, 0), 100.0), 10.0);
+        // A failed store call says nothing of the others.
+        assert_eq!(next_cap(50.0, 10, None, 100.0), 50.0);
+    }
+
+    #[test]
+    fn two_servers_drawing_from_one_bucket_converge_to_equal_caps() {
+        // A bucket of 100/s drawn by two servers every half second in turn, each asking
+        // its cap's half second; the first starts with the whole limit.
+        let (limit, mut bucket) = (100.0f64, 100.0f64);
+        let mut caps = [100.0f64, 10.0];
+        for _ in 0..400 {
+            for cap in caps.iter_mut() {
+                bucket = (bucket + limit * 0.25).min(limit);
+                let asked = (*cap * 0.5).floor() as u64;
+                let tokens = asked.min(bucket.floor() as u64);
+                bucket -= tokens as f64;
+                let left = bucket.floor() as i64;
+                *cap = next_cap(*cap, asked, Some(Drawn { tokens, left }), limit);
+            }
+        }
+        let ratio = caps[0] / caps[1];
+        assert!((0.6..=1.6).contains(&ratio), "{caps:?}");
+        assert!(caps[0] + caps[1] >= 0.7 * limit, "{caps:?}");
+    }
+
+    #[test]
+    fn a_tick_is_jittered_within_its_bounds() {
+        for _ in 0..100 {
+            let d = jittered(TICK_S).as_secs_f64();
+            assert!((TICK_S * (1.0 - JITTER) - 1e-9..=TICK_S * (1.0 + JITTER) + 1e-9).contains(&d));
+        }
+    }
+}
