@@ -125,6 +125,47 @@ def bootstrap(admin_port, front_port, backend_port, rls_port, domain, rls_timeou
     }
 
 
+RLQS_FILTER = ("type.googleapis.com/envoy.extensions.filters.http.rate_limit_quota.v3."
+               "RateLimitQuotaFilterConfig")
+RLQS_BUCKET = ("type.googleapis.com/envoy.extensions.filters.http.rate_limit_quota.v3."
+               "RateLimitQuotaBucketSettings")
+HEADER_INPUT = "type.googleapis.com/envoy.type.matcher.v3.HttpRequestHeaderMatchInput"
+
+
+def rlqs_bootstrap(admin_port, front_port, backend_port, rls_port, domain):
+    """`bootstrap` with Envoy's `rate_limit_quota` filter in place of the ratelimit filter:
+    every request with an `x-tenant` header in the RLQS bucket `{tenant: <value>}` of
+    `domain`, reported to the server on `rls_port` (cluster `rls`) every 5 s and enforced
+    by Envoy itself from the server's assignment; allowed until the first assignment."""
+    header = {"name": "tenant", "typed_config": {"@type": HEADER_INPUT, "header_name": "x-tenant"}}
+    settings = {
+        "@type": RLQS_BUCKET,
+        "bucket_id_builder": {"bucket_id_builder": {"tenant": {"custom_value": header}}},
+        "reporting_interval": "5s",
+        "no_assignment_behavior": {"fallback_rate_limit": {"blanket_rule": "ALLOW_ALL"}},
+    }
+    matcher = {"matcher_list": {"matchers": [{
+        "predicate": {"single_predicate": {
+            "input": header,
+            "value_match": {"safe_regex": {"google_re2": {}, "regex": ".+"}},
+        }},
+        "on_match": {"action": {"name": "tenant", "typed_config": settings}},
+    }]}}
+    rlqs = {"name": "envoy.filters.http.rate_limit_quota", "typed_config": {
+        "@type": RLQS_FILTER,
+        "rlqs_server": {"envoy_grpc": {"cluster_name": RLS_CLUSTER}},
+        "domain": domain,
+        "bucket_matchers": matcher,
+    }}
+    config = bootstrap(admin_port, front_port, backend_port, rls_port, domain, "1s")
+    front = config["static_resources"]["listeners"][0]
+    hcm = front["filter_chains"][0]["filters"][0]["typed_config"]
+    hcm["http_filters"] = [rlqs, hcm["http_filters"][-1]]
+    for route in hcm["route_config"]["virtual_hosts"][0]["routes"]:
+        route["route"].pop("rate_limits", None)
+    return config
+
+
 def wrk_script(keys):
     """wrk's Lua: with keys > 0, each request carries the next of `keys` client values
     (c000000 …, prebuilt in init, so rotating costs a table lookup; the first script

@@ -129,12 +129,17 @@ async fn next(envoy: &mut Envoy, wait: Duration) -> Option<RateLimitQuotaRespons
     }
 }
 
-fn drawn(r: &Replica) -> f64 {
+/// A metric's value on `r`'s `/metrics` (0 when absent).
+fn metric(r: &Replica, name: &str) -> f64 {
     let text = r.limiter.metrics().render();
     text.lines()
-        .find(|l| l.starts_with("shardgate_rlqs_drawn_tokens_total "))
+        .find(|l| l.starts_with(&format!("{name} ")))
         .and_then(|l| l.split_whitespace().last()?.parse().ok())
         .unwrap_or(0.0)
+}
+
+fn drawn(r: &Replica) -> f64 {
+    metric(r, "shardgate_rlqs_drawn_tokens_total")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -206,6 +211,13 @@ async fn two_servers_on_one_store_assign_no_more_than_the_limit_together() {
     );
     // New rates reached the streams between their reports.
     assert!(pushed.iter().sum::<usize>() > 0, "{pushed:?}");
+    // Each token bucket sent counted the share it was for.
+    let shares =
+        metric(&a, "shardgate_rlqs_share_count") + metric(&b, "shardgate_rlqs_share_count");
+    assert!(
+        shares >= (2 + pushed[0] + pushed[1]) as f64,
+        "{shares} shares counted"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -174,6 +174,7 @@ async fn answered<S: BucketStore>(
                 }
                 let answer = stream.reassign(&limiter.config());
                 metrics.answered(0, 0, &answer.sent);
+                metrics.shares(&answer.shares);
                 if !answer.response.bucket_action.is_empty() {
                     tracing::debug!(answer = ?answer.response, "an RLQS reassignment");
                     if answers.send(Ok(answer.response)).await.is_err() {
@@ -211,6 +212,7 @@ async fn answered<S: BucketStore>(
         };
         metrics.reported(answer.allowed, answer.denied, answer.refused);
         metrics.answered(answer.buckets_added, answer.buckets_removed, &answer.sent);
+        metrics.shares(&answer.shares);
         if answer.response.bucket_action.is_empty() {
             continue;
         }

@@ -8,6 +8,7 @@
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use std::sync::atomic::AtomicU64;
 
@@ -35,7 +36,12 @@ pub struct RlqsMetrics {
     drawn_tokens: Counter,
     /// Tokens per second promised to this server's Envoys over all fleet buckets.
     promised: Gauge<f64, AtomicU64>,
+    /// The fraction of a bucket's limit each token bucket sent was for.
+    shares: Histogram,
 }
+
+/// The buckets of the shares histogram: fractions of a limit, a tenth of a percent to all.
+const SHARE_BUCKETS: [f64; 10] = [0.001, 0.01, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 1.0];
 
 impl Default for RlqsMetrics {
     fn default() -> RlqsMetrics {
@@ -57,6 +63,7 @@ impl Default for RlqsMetrics {
             draws_by_outcome,
             drawn_tokens: Counter::default(),
             promised: Gauge::default(),
+            shares: Histogram::new(SHARE_BUCKETS),
             streams_open: Gauge::default(),
             buckets: Gauge::default(),
             sent,
@@ -101,6 +108,11 @@ impl RlqsMetrics {
 
     fn register_fleet(&self, registry: &mut Registry) {
         registry.register(
+            "rlqs_share",
+            "The fraction of a bucket's limit (in a fleet: of its server's draw) each RLQS token bucket sent was for: what one Envoy holds",
+            self.shares.clone(),
+        );
+        registry.register(
             "rlqs_draws",
             "Draws of RLQS tokens from the shared store, by outcome (full, partial, none, error)",
             self.draws.clone(),
@@ -115,6 +127,13 @@ impl RlqsMetrics {
             "Tokens per second this server promises its Envoys over every RLQS bucket drawn from the shared store",
             self.promised.clone(),
         );
+    }
+
+    /// Token buckets were sent for these fractions of their limits.
+    pub fn shares(&self, shares: &[f64]) {
+        for &share in shares {
+            self.shares.observe(share);
+        }
     }
 
     /// A fleet draw asked for `asked` tokens and got `got` (`None`: the store failed).

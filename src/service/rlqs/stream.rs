@@ -74,6 +74,9 @@ pub struct Answer {
     /// Buckets refused: past the stream's bound or with too many entries.
     pub refused: usize,
     pub sent: Vec<&'static str>,
+    /// The fraction of its limit (in a fleet: of its server's draw) each token bucket
+    /// sent was for: what one Envoy holds of a bucket.
+    pub shares: Vec<f64>,
 }
 
 /// One stream.
@@ -157,6 +160,9 @@ impl Stream {
             }
             let ttl = (tracked.interval * TTL_INTERVALS).max(Duration::from_secs(2));
             answer.sent.push(assignment.label());
+            if let (Assignment::TokenBucket(_), Some(share)) = (assignment, tracked.held) {
+                answer.shares.push(share);
+            }
             answer
                 .response
                 .bucket_action
@@ -258,6 +264,9 @@ impl Stream {
             self.buckets.insert(entries.clone(), tracked);
         }
         answer.sent.push(assignment.label());
+        if let (Assignment::TokenBucket(_), Some(share)) = (assignment, tracked.held) {
+            answer.shares.push(share);
+        }
         answer
             .response
             .bucket_action
@@ -421,12 +430,18 @@ mod tests {
         let now = Instant::now();
         a.answer(report("acme", 100, 100), &config, now).unwrap();
         b.answer(report("acme", 100, 100), &config, now).unwrap();
-        let ra = rate(&a.answer(report("acme", 25, 175), &config, now).unwrap()).unwrap();
-        let rb = rate(&b.answer(report("acme", 25, 175), &config, now).unwrap()).unwrap();
+        let answer_a = a.answer(report("acme", 25, 175), &config, now).unwrap();
+        let answer_b = b.answer(report("acme", 25, 175), &config, now).unwrap();
+        let (ra, rb) = (rate(&answer_a).unwrap(), rate(&answer_b).unwrap());
         assert!(
             (ra - 25.0).abs() < 1.0 && (rb - 25.0).abs() < 1.0,
             "{ra} {rb}"
         );
+        // Each answer says the share it sent (the metric's observations).
+        for answer in [&answer_a, &answer_b] {
+            assert_eq!(answer.shares.len(), 1);
+            assert!((answer.shares[0] - 0.5).abs() < 0.01, "{:?}", answer.shares);
+        }
         assert!(ra + rb <= 50.0 + 1e-9);
         drop(b);
         let ra = rate(&a.answer(report("acme", 25, 175), &config, now).unwrap()).unwrap();
