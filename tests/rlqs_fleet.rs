@@ -228,6 +228,22 @@ async fn a_lowered_limit_reaches_the_envoy_without_a_report() {
     let first = next(&mut envoy, Duration::from_secs(5)).await.unwrap();
     let before = rate(&first).unwrap();
     assert!(before >= 0.5 * LIMIT, "{before}");
+    // `explain` and `/rlconfig` show the bucket, its stream and this server's grant.
+    let acme = [("tenant".to_string(), "acme".to_string())];
+    let said = a.limiter.explain("rlqs", &acme).await;
+    assert!(
+        said.contains("\nRLQS: rlqs (tenant=acme): 1 Envoy stream reporting")
+            && said.contains("this server draws from the store:"),
+        "{said}"
+    );
+    let board = a.limiter.rlqs().expect("the RLQS service made its board");
+    assert!(
+        board
+            .rlconfig()
+            .starts_with("rlqs buckets: 1:\n  rlqs (tenant=acme): 1 Envoy stream"),
+        "{}",
+        board.rlconfig()
+    );
     let lowered = Config::from_yaml("rlqs.yaml", &rules(5)).unwrap();
     a.limiter.replace_config(Arc::new(lowered), "rlqs.yaml");
     // No report sent: the server's draws at the lowered limit cut the rate, pushed.

@@ -130,6 +130,9 @@ async fn rlconfig<S: BucketStore>(State(limiter): State<Arc<RateLimiter<S>>>) ->
             );
         }
     }
+    if let Some(board) = limiter.rlqs() {
+        out.push_str(&board.rlconfig());
+    }
     ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], out).into_response()
 }
 

@@ -28,6 +28,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::service::metrics::Metrics;
+use crate::service::rlqs::board::RlqsBoard;
 use crate::service::rlqs::demand::{Demands, Subscription};
 use crate::service::rlqs::fleet::Fleet;
 use crate::service::rlqs::stream::Stream;
@@ -54,12 +55,15 @@ pub struct Rlqs<S: BucketStore> {
     fleet: Option<(Arc<Fleet>, Drawing)>,
 }
 
-/// The fleet's draw task, stopped when the service is dropped.
-struct Drawing(tokio::task::JoinHandle<()>);
+/// The fleet's draw task (of the service that made the board), stopped when the service
+/// is dropped.
+struct Drawing(Option<tokio::task::JoinHandle<()>>);
 
 impl Drop for Drawing {
     fn drop(&mut self) {
-        self.0.abort();
+        if let Some(task) = &self.0 {
+            task.abort();
+        }
     }
 }
 
@@ -71,10 +75,16 @@ impl<S: BucketStore> Rlqs<S> {
         max_message_len: usize,
         fleet: bool,
     ) -> RateLimitQuotaServiceServer<Rlqs<S>> {
-        let demands: Arc<Demands> = Arc::default();
-        let fleet = fleet.then(|| {
-            let grants = Arc::new(Fleet::new(limiter.metrics().clone()));
-            let task = tokio::spawn(grants.clone().run(limiter.clone(), demands.clone()));
+        let metrics = limiter.metrics().clone();
+        let (board, made) = limiter.rlqs_board(|| RlqsBoard {
+            demands: Arc::default(),
+            fleet: fleet.then(|| Arc::new(Fleet::new(metrics))),
+        });
+        let demands = board.demands.clone();
+        // The port that made the board draws for it.
+        let fleet = board.fleet.clone().map(|grants| {
+            let task =
+                made.then(|| tokio::spawn(grants.clone().run(limiter.clone(), demands.clone())));
             (grants, Drawing(task))
         });
         let service = Rlqs {

@@ -66,6 +66,9 @@ impl<S: BucketStore> RateLimiter<S> {
             out.push('\n');
             self.explain_rule(rule, entries, &mut out).await;
         }
+        if let Some(line) = self.rlqs().and_then(|b| b.explain(domain, entries)) {
+            let _ = write!(out, "\n{line}");
+        }
         out
     }
 

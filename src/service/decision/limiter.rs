@@ -17,6 +17,7 @@ use crate::service::answer_options::AnswerOptions;
 use crate::service::metrics::{Metrics, RuleCounters};
 use crate::service::request::RequestLimits;
 use crate::service::response_encoding::Reply;
+use crate::service::rlqs::board::RlqsBoard;
 use crate::service::top::{RuleTop, TopBoard, TopMetric};
 use crate::service::wire::RequestView;
 use crate::store::{calls, BucketKey, BucketStore, DEFAULT_STORE_TIMEOUT};
@@ -70,6 +71,8 @@ pub struct RateLimiter<S: BucketStore> {
     /// The store has answered since start-up (the server's warm-up); health says
     /// NOT_SERVING until it has.
     pub(super) ready: std::sync::atomic::AtomicBool,
+    /// The RLQS service's state, once the gRPC port serves it (for `/rlconfig`, `explain`).
+    pub(super) rlqs: std::sync::OnceLock<Arc<RlqsBoard>>,
 }
 
 impl<S: BucketStore> RateLimiter<S> {
@@ -89,7 +92,24 @@ impl<S: BucketStore> RateLimiter<S> {
             store_failure_log: LogThrottle::new(std::time::Duration::from_secs(10)),
             unknown_domain_log: LogThrottle::new(UNKNOWN_DOMAIN_LOG_INTERVAL),
             ready: std::sync::atomic::AtomicBool::new(true),
+            rlqs: std::sync::OnceLock::new(),
         }
+    }
+
+    /// The RLQS board: the one made first by `make` (the gRPC port's RLQS service), and
+    /// whether this call made it.
+    pub fn rlqs_board(&self, make: impl FnOnce() -> RlqsBoard) -> (Arc<RlqsBoard>, bool) {
+        let mut made = false;
+        let board = self.rlqs.get_or_init(|| {
+            made = true;
+            Arc::new(make())
+        });
+        (board.clone(), made)
+    }
+
+    /// The RLQS board, once a port serves RLQS.
+    pub fn rlqs(&self) -> Option<&Arc<RlqsBoard>> {
+        self.rlqs.get()
     }
 
     /// Records into these metrics (shared with the store wrapper and the HTTP surface).

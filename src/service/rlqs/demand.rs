@@ -36,6 +36,17 @@ pub struct Totals {
     pub others_held: f64,
 }
 
+/// One bucket as the streams report it (for `/rlconfig` and `explain`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct BucketSummary {
+    pub key: BucketKey,
+    pub streams: usize,
+    /// Requests per second, over the streams.
+    pub per_second: f64,
+    /// The fraction of the limit each stream was last assigned.
+    pub held: Vec<f64>,
+}
+
 /// Every stream's reported demand, per bucket.
 #[derive(Debug, Default)]
 pub struct Demands {
@@ -107,6 +118,41 @@ impl Demands {
                 (key.clone(), fresh.map(|r| r.per_second).sum())
             })
             .collect()
+    }
+
+    /// The `most` buckets with the most demand (and how many there are): each one's
+    /// streams, their total demand and the fractions they hold.
+    pub fn listing(&self, most: usize) -> (usize, Vec<BucketSummary>) {
+        let buckets = self.buckets.lock();
+        let mut all: Vec<BucketSummary> = buckets
+            .iter()
+            .map(|(key, streams)| BucketSummary {
+                key: key.clone(),
+                streams: streams.len(),
+                per_second: streams.values().map(|r| r.per_second).sum(),
+                held: streams.values().map(|r| r.held).collect(),
+            })
+            .collect();
+        let total = all.len();
+        all.sort_by(|a, b| {
+            b.per_second
+                .total_cmp(&a.per_second)
+                .then(a.key.cmp(&b.key))
+        });
+        all.truncate(most);
+        (total, all)
+    }
+
+    /// What the streams report of one bucket (`None`: none holds it).
+    pub fn summary(&self, key: &BucketKey) -> Option<BucketSummary> {
+        let buckets = self.buckets.lock();
+        let streams = buckets.get(key)?;
+        Some(BucketSummary {
+            key: key.clone(),
+            streams: streams.len(),
+            per_second: streams.values().map(|r| r.per_second).sum(),
+            held: streams.values().map(|r| r.held).collect(),
+        })
     }
 
     /// Buckets with at least one stream's report.

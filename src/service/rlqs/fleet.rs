@@ -76,6 +76,17 @@ struct Held {
     since: Instant,
 }
 
+/// A bucket's grant on this server, as `/rlconfig` and `explain` show it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GrantView {
+    /// Tokens per second promised to this server's Envoys.
+    pub rate: f64,
+    /// Tokens drawn and not yet promised.
+    pub bank: f64,
+    /// The most this server draws for (its part of a contended bucket).
+    pub cap: f64,
+}
+
 /// What one draw came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Drawn {
@@ -121,6 +132,17 @@ impl Fleet {
     /// Tokens per second promised for `key` in all (`None`: never drawn for).
     pub fn rate(&self, key: &BucketKey) -> Option<f64> {
         self.grants.lock().get(key).map(|h| h.grant.rate)
+    }
+
+    /// `key`'s grant as it stands (`None`: never drawn for).
+    pub fn held(&self, key: &BucketKey) -> Option<GrantView> {
+        let grants = self.grants.lock();
+        let h = grants.get(key)?;
+        Some(GrantView {
+            rate: h.grant.rate,
+            bank: h.grant.bank,
+            cap: h.cap,
+        })
     }
 
     /// Told whenever a bucket's promised rate moved: the streams reassign.

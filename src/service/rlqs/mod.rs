@@ -13,6 +13,7 @@
 //! it drew.
 
 pub mod assign;
+pub mod board;
 pub mod demand;
 pub mod fleet;
 pub mod grant;
