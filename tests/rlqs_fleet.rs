@@ -48,7 +48,11 @@ struct Replica {
 }
 
 async fn replica(store: &Arc<MemoryStore>) -> Replica {
-    let config = Config::from_yaml("rlqs.yaml", &rules(LIMIT as u32)).unwrap();
+    replica_with(store, &rules(LIMIT as u32)).await
+}
+
+async fn replica_with(store: &Arc<MemoryStore>, yaml: &str) -> Replica {
+    let config = Config::from_yaml("rlqs.yaml", yaml).unwrap();
     let engine = Arc::new(Engine::new(store.clone(), EngineOptions::default()));
     let limiter = Arc::new(RateLimiter::new(Arc::new(config), engine));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -258,4 +262,19 @@ async fn a_lowered_limit_reaches_the_envoy_without_a_report() {
         now_rate <= 5.0,
         "still {now_rate}/s 5 s after the limit fell to 5/s"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_limit_is_drawn_a_token_at_a_time() {
+    // 6 a minute: a draw's runway is a tenth of a token, drawn as a whole one.
+    let slow = "domain: rlqs\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: minute, requests_per_unit: 6}\n";
+    let store = Arc::new(MemoryStore::new());
+    let a = replica_with(&store, slow).await;
+    let mut envoy = open(a.addr).await;
+    let first = next(&mut envoy, Duration::from_secs(5)).await.unwrap();
+    let r = rate(&first).expect("a token bucket");
+    assert!(r > 0.0 && r <= 0.1, "{r} tokens/s for 6 a minute");
+    // Every token promised was drawn.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(drawn(&a) >= 1.0 && drawn(&a) <= 6.0 + 1.0, "{}", drawn(&a));
 }

@@ -233,7 +233,10 @@ impl Fleet {
                 _ => drawable.per_second,
             };
             let target = target.min(held.cap);
-            let want = held.grant.want(target, drawable.burst).floor() as u64;
+            // Rounded up: a slow limit (6 a minute) wants a tenth of a token a draw, and
+            // would never draw a whole one rounded down. What is drawn beyond the
+            // runway stays banked.
+            let want = held.grant.want(target, drawable.burst).ceil() as u64;
             (want, target)
         };
         let got = if want == 0 {
