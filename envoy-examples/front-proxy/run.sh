@@ -113,6 +113,9 @@ See a 429 -- an API key may make 5 requests per minute, the 6th is refused:
 See the rate-limit headers Envoy adds from shardgate's answer:
   curl -si -H 'x-api-key: bob' http://127.0.0.1:$LISTEN_PORT/
 
+See RLQS -- Envoy enforces a tenant's 6 a minute itself, from shardgate's assignment:
+  for i in 1 2 3 4; do curl -s -o /dev/null -w '%{http_code}\n' -H 'x-tenant: acme' http://127.0.0.1:$LISTEN_PORT/; sleep 0.2; done
+
 Logs: $WORK/shardgate.log, $WORK/envoy.log. Envoy admin: http://127.0.0.1:$ADMIN_PORT
 shardgate pid $SHARDGATE_PID, envoy pid $ENVOY_PID. Ctrl-C stops both.
 EOF

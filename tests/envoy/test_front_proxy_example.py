@@ -4,6 +4,7 @@ defaults), prints how to see a 429, and the requests it describes get exactly th
 import os
 import re
 import signal
+import time
 
 import pytest
 
@@ -61,6 +62,25 @@ def test_front_proxy_example_shows_a_429(front_proxy):
     # The premium key has its own, larger limit.
     premium = [http_get(port, "/", {"x-api-key": "premium"}).status for _ in range(6)]
     assert premium == [200] * 6
+
+
+def test_front_proxy_example_limits_a_tenant_over_rlqs(front_proxy):
+    """The printed RLQS recipe: a tenant's requests, 200 ms apart; Envoy answers the first
+    from its no-assignment fallback or the first token, then refuses by itself once
+    shardgate's assignment (6 a minute: one token every 10 s) has arrived."""
+    proc, ports = front_proxy
+    port = ports["LISTEN_PORT"]
+    out = proc.log()
+    assert re.search(rf"for i in 1 2 3 4; do curl .*x-tenant: acme.*127\.0\.0\.1:{port}/", out), out
+    tenant = {"x-tenant": unique("acme")}
+    statuses = []
+    for _ in range(10):
+        statuses.append(http_get(port, "/", tenant).status)
+        time.sleep(0.2)
+    assert statuses[0] == 200, statuses
+    assert 429 in statuses, statuses
+    # 6 a minute: over 2 s, at most the first token and what arrived before the assignment.
+    assert statuses.count(200) <= 3, statuses
 
 
 def test_front_proxy_example_stops_everything_on_sigterm(front_proxy):
