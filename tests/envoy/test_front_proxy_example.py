@@ -77,6 +77,7 @@ def test_front_proxy_example_limits_a_tenant_over_rlqs(front_proxy):
     for _ in range(10):
         statuses.append(http_get(port, "/", tenant).status)
         time.sleep(0.2)
+    print(f"tenant over RLQS, a request every 200 ms: {statuses}")
     assert statuses[0] == 200, statuses
     assert 429 in statuses, statuses
     # 6 a minute: over 2 s, at most the first token and what arrived before the assignment.
