@@ -55,11 +55,13 @@ impl Grant {
     }
 
     /// `tokens` promised at once (a new Envoy token bucket starts full) leave the bank;
-    /// the rate is cut if the rest no longer covers it. Returns whether it was cut.
+    /// the rate is cut if the rest no longer covers it — to what the bank affords over
+    /// the runway, not just [`SAFE_S`]: the new buckets the cut itself sends are paid
+    /// from that margin, so a cut never sets off another. Returns whether it was cut.
     pub fn charge(&mut self, tokens: f64) -> bool {
         self.bank = (self.bank - tokens.max(0.0)).max(0.0);
         if self.bank < self.rate * SAFE_S {
-            self.rate = self.bank / SAFE_S;
+            self.rate = self.bank / RUNWAY_S;
             return true;
         }
         false
@@ -86,7 +88,7 @@ impl Grant {
             self.rate = afforded;
         }
         if self.bank < self.rate * SAFE_S {
-            self.rate = self.bank / SAFE_S;
+            self.rate = self.bank / RUNWAY_S;
         }
         self.rate != before
     }
@@ -146,6 +148,20 @@ mod tests {
         };
         assert!(g.charge(50.0));
         assert!(g.covered() && g.bank == 50.0, "{g:?}");
+    }
+
+    #[test]
+    fn a_cut_leaves_room_for_the_buckets_it_sends() {
+        // A bank just covering its rate; each cut sends every Envoy a new bucket (a tenth
+        // of a second of the rate, charged): the second charge must not cut again.
+        let mut g = Grant {
+            bank: 75.0,
+            rate: 100.0,
+        };
+        assert!(g.charge(10.0));
+        let cut = g.rate;
+        assert!(!g.charge(cut * ENVOY_BURST_S), "{g:?}");
+        assert_eq!(g.rate, cut);
     }
 
     #[test]
