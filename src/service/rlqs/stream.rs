@@ -79,6 +79,21 @@ pub struct Answer {
     pub shares: Vec<f64>,
 }
 
+impl Answer {
+    /// Adds `assignment` of the bucket of `entries` (tracked as `tracked`), valid for
+    /// [`TTL_INTERVALS`] of its report interval, with what the metrics count of it.
+    fn send(&mut self, entries: &[(String, String)], assignment: Assignment, tracked: &Tracked) {
+        let ttl = (tracked.interval * TTL_INTERVALS).max(Duration::from_secs(2));
+        self.sent.push(assignment.label());
+        if let (Assignment::TokenBucket(_), Some(share)) = (assignment, tracked.held) {
+            self.shares.push(share);
+        }
+        self.response
+            .bucket_action
+            .push(action(entries, assignment, ttl));
+    }
+}
+
 /// One stream.
 #[derive(Debug)]
 pub struct Stream {
@@ -158,15 +173,7 @@ impl Stream {
             if tracked.sent == before {
                 continue;
             }
-            let ttl = (tracked.interval * TTL_INTERVALS).max(Duration::from_secs(2));
-            answer.sent.push(assignment.label());
-            if let (Assignment::TokenBucket(_), Some(share)) = (assignment, tracked.held) {
-                answer.shares.push(share);
-            }
-            answer
-                .response
-                .bucket_action
-                .push(action(&entries, assignment, ttl));
+            answer.send(&entries, assignment, &tracked);
         }
         answer
     }
@@ -248,7 +255,6 @@ impl Stream {
             0
         };
         let key: BucketKey = (domain.clone(), entries);
-        let ttl = (tracked.interval * TTL_INTERVALS).max(Duration::from_secs(2));
         let assignment = if tracked.idle_reports >= ABANDON_AFTER {
             let sub = &self.subscription;
             sub.demands().forget(&key, sub.id());
@@ -263,14 +269,7 @@ impl Stream {
         } else {
             self.buckets.insert(entries.clone(), tracked);
         }
-        answer.sent.push(assignment.label());
-        if let (Assignment::TokenBucket(_), Some(share)) = (assignment, tracked.held) {
-            answer.shares.push(share);
-        }
-        answer
-            .response
-            .bucket_action
-            .push(action(&entries, assignment, ttl));
+        answer.send(&entries, assignment, &tracked);
     }
 
     /// The assignment of a bucket still in use: its rule's kind, and for a limit this
