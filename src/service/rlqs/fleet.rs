@@ -152,16 +152,9 @@ impl Fleet {
 
     /// `tokens` promised at once for `key` (a new Envoy bucket, full) leave its bank.
     pub fn charge(&self, key: &BucketKey, tokens: f64) {
-        let moved = {
-            let mut grants = self.grants.lock();
-            let Some(held) = grants.get_mut(key) else {
-                return;
-            };
-            let before = held.grant.rate;
+        if let Some(held) = self.grants.lock().get_mut(key) {
             held.grant.charge(tokens);
-            held.grant.rate - before
-        };
-        self.moved(moved);
+        }
     }
 
     /// Draws for each of `keys` never drawn for yet (a bucket's first report), at once.
@@ -191,7 +184,13 @@ impl Fleet {
             let gone = {
                 let mut grants = self.grants.lock();
                 let before: f64 = grants.values().map(|h| h.grant.rate).sum();
-                grants.retain(|k, _| wanted.iter().any(|(w, _)| w == k));
+                // A grant younger than its bucket's first reports is kept: its stream
+                // records its demand only after the first draw.
+                let now = Instant::now();
+                grants.retain(|k, h| {
+                    now.saturating_duration_since(h.since) < NEW_BUCKET
+                        || wanted.iter().any(|(w, _)| w == k)
+                });
                 before - grants.values().map(|h| h.grant.rate).sum::<f64>()
             };
             self.metrics.rlqs().promised_moved(-gone);
@@ -212,7 +211,12 @@ impl Fleet {
         demand: Option<f64>,
     ) {
         let Some(drawable) = drawable(limiter, &key) else {
-            self.grants.lock().remove(&key);
+            let gone = self
+                .grants
+                .lock()
+                .remove(&key)
+                .map_or(0.0, |h| h.grant.rate);
+            self.metrics.rlqs().promised_moved(-gone);
             return;
         };
         let now = Instant::now();
@@ -285,14 +289,23 @@ fn next_cap(cap: f64, asked: u64, got: Option<Drawn>, limit: f64) -> f64 {
     next.clamp(FLOOR * limit, limit)
 }
 
+/// Whether a fleet draws `rule`'s tokens from the store: a plain limit (not allow or
+/// deny all; not overdraft, whose draw would always succeed). Any other is divided among
+/// this server's Envoys as on the memory store.
+pub fn draws_for(rule: &Rule) -> bool {
+    let plain = match &rule.limit {
+        RuleLimit::Limited(limit) => !limit.overdraft,
+        RuleLimit::Unlimited => false,
+    };
+    plain && matches!(kind(Some(rule)), Kind::Limited { .. })
+}
+
 /// What the rules in force let a fleet draw for `key`.
 fn drawable<S: BucketStore>(limiter: &RateLimiter<S>, key: &BucketKey) -> Option<Drawable> {
     let config = limiter.config();
     let rule = config.domain(&key.0)?.match_descriptor(&key.1)?.clone();
-    if let RuleLimit::Limited(limit) = &rule.limit {
-        if limit.overdraft {
-            return None;
-        }
+    if !draws_for(&rule) {
+        return None;
     }
     match kind(Some(&rule)) {
         Kind::Limited {

@@ -2,13 +2,14 @@
 //! store (`fleet.rs`): the tokens this server has drawn from the shared bucket and not
 //! yet promised (its bank), and the rate it promises its Envoys in total.
 //!
-//! Pure arithmetic on numbers: no clock, no store. Its one promise: whatever happens, the
-//! rate promised is covered by the bank for [`SAFE_S`] — past the next draw even when that
-//! draw is late — so the Envoys of all servers together admit no more than the servers
-//! drew, and the shared bucket bounds what they drew. Every token the promise may spend
-//! (the rate for the time that passed, a new Envoy bucket's first `max_tokens`) leaves the
-//! bank when it may be spent, whether Envoy spent it or not: the bank never holds a token
-//! an Envoy may already have used.
+//! Pure arithmetic on numbers: no clock, no store. Its promise: after every draw the rate
+//! promised is covered by the bank for [`SAFE_S`] — past the next draw even when that draw
+//! is late — so the Envoys of all servers together admit no more than the servers drew,
+//! and the shared bucket bounds what they drew. Every token the promise may spend (the
+//! rate for the time that passed, a new Envoy bucket's first
+//! `max_tokens`) leaves the bank when it may be spent, whether Envoy spent it or not; what
+//! goes beyond the bank between two draws (new buckets, lateness) is a debt the next draws
+//! repay before the rate may rise, or the rate is cut.
 
 /// The time between two draws of a bucket (seconds; each draw jittered by up to
 /// [`JITTER`] of it, so that servers that started together drift apart and take turns at
@@ -26,9 +27,8 @@ pub const RUNWAY_S: f64 = 1.0;
 /// again of lateness (a runtime busy for a quarter of a second).
 pub const SAFE_S: f64 = TICK_S * (1.0 + JITTER) + 0.15;
 
-/// The most an Envoy token bucket of a fleet holds: this many seconds of its rate. A new
-/// bucket starts full and is paid from the bank; kept well under the runway's margin over
-/// [`SAFE_S`], a round of new buckets does not cut the rate it was sent for.
+/// The most an Envoy token bucket of a fleet holds: this many seconds of its rate (at
+/// least one token). A new bucket starts full and is paid from the bank.
 pub const ENVOY_BURST_S: f64 = 0.1;
 
 /// How far the rate the bank affords may move before the promise follows: a new rate is a
@@ -38,37 +38,32 @@ pub const HYSTERESIS: f64 = 0.1;
 /// One bucket's grant on this server.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Grant {
-    /// Tokens drawn and not yet promised.
+    /// Tokens drawn and not yet promised; below zero, a debt: tokens promised beyond what
+    /// was drawn (a new Envoy bucket's first tokens, a draw later than [`SAFE_S`]), which
+    /// the next draws repay first.
     pub bank: f64,
-    /// Tokens per second promised to this server's Envoys, in total.
+    /// Tokens per second promised to this server's Envoys, in total. It moves only at a
+    /// draw ([`Self::drawn`]), so one rate holds between two draws.
     pub rate: f64,
 }
 
 impl Grant {
-    /// `elapsed_s` of the promised rate leave the bank: the time since the last draw,
-    /// which left the bank covering [`SAFE_S`] of it. A draw later than that finds the
-    /// bank empty (the Envoys may have spent more than it held: the lateness the bound
-    /// names), and its [`Self::drawn`] cuts the rate to what the bank affords again.
+    /// The rate for `elapsed_s` (the time since the last draw) leaves the bank; what goes
+    /// beyond it (a draw later than [`SAFE_S`]) stays a debt.
     pub fn spend(&mut self, elapsed_s: f64) {
-        let spent = self.rate * elapsed_s.max(0.0);
-        self.bank = (self.bank - spent).max(0.0);
+        self.bank -= self.rate * elapsed_s.max(0.0);
     }
 
-    /// `tokens` promised at once (a new Envoy token bucket starts full) leave the bank;
-    /// the rate is cut if the rest no longer covers it — to what the bank affords over
-    /// the runway, not just [`SAFE_S`]: the new buckets the cut itself sends are paid
-    /// from that margin, so a cut never sets off another. Returns whether it was cut.
-    pub fn charge(&mut self, tokens: f64) -> bool {
-        self.bank = (self.bank - tokens.max(0.0)).max(0.0);
-        if self.bank < self.rate * SAFE_S {
-            self.rate = self.bank / RUNWAY_S;
-            return true;
-        }
-        false
+    /// `tokens` promised at once (a new Envoy token bucket starts full) leave the bank,
+    /// as a debt if they are more than it holds. The rate is not cut here: a cut sends
+    /// every Envoy a new bucket whose first tokens would be charged in turn (a cascade
+    /// down to nothing); the next draw repays the debt, or cuts the rate.
+    pub fn charge(&mut self, tokens: f64) {
+        self.bank -= tokens.max(0.0);
     }
 
-    /// The tokens to draw for a `target` rate: what tops the bank up to [`RUNWAY_S`] of it,
-    /// at most `ceiling` (what one claim on the bucket may take).
+    /// The tokens to draw for a `target` rate: what tops the bank up to [`RUNWAY_S`] of it
+    /// (a debt first), at most `ceiling` (what one claim on the bucket may take).
     pub fn want(&self, target: f64, ceiling: f64) -> f64 {
         (target * RUNWAY_S - self.bank).clamp(0.0, ceiling.max(0.0))
     }
@@ -79,7 +74,8 @@ impl Grant {
     /// Returns whether the rate changed.
     pub fn drawn(&mut self, drawn: f64, target: f64) -> bool {
         self.bank += drawn.max(0.0);
-        let afforded = (self.bank / RUNWAY_S).min(target.max(0.0));
+        let held = self.bank.max(0.0);
+        let afforded = (held / RUNWAY_S).min(target.max(0.0));
         let low = self.rate * (1.0 - HYSTERESIS);
         let high = self.rate * (1.0 + HYSTERESIS);
         let moved = afforded < low || afforded > high || (self.rate == 0.0 && afforded > 0.0);
@@ -87,14 +83,13 @@ impl Grant {
         if moved {
             self.rate = afforded;
         }
-        if self.bank < self.rate * SAFE_S {
-            self.rate = self.bank / RUNWAY_S;
+        if held < self.rate * SAFE_S {
+            self.rate = held / RUNWAY_S;
         }
         self.rate != before
     }
 
-    /// Whether the promise is covered for [`SAFE_S`] (the invariant each draw and charge
-    /// restores).
+    /// Whether the promise is covered for [`SAFE_S`] (the invariant each draw restores).
     pub fn covered(&self) -> bool {
         self.bank + 1e-9 >= self.rate * SAFE_S
     }
@@ -105,9 +100,8 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    #[test]
-    fn an_envoy_burst_fits_in_the_margin_of_the_runway() {
-        const { assert!(ENVOY_BURST_S * (1.0 + 0.1) < RUNWAY_S - SAFE_S) };
+    fn at(bank: f64, rate: f64) -> Grant {
+        Grant { bank, rate }
     }
 
     #[test]
@@ -129,10 +123,7 @@ mod tests {
 
     #[test]
     fn a_short_draw_cuts_the_rate_only_when_the_bank_no_longer_covers_it() {
-        let mut g = Grant {
-            bank: 100.0,
-            rate: 100.0,
-        };
+        let mut g = at(100.0, 100.0);
         g.spend(TICK_S);
         // Nothing drawn: 50 left, which covers 100/s for half a second only.
         assert!(g.drawn(0.0, 100.0));
@@ -141,35 +132,30 @@ mod tests {
     }
 
     #[test]
-    fn a_new_envoy_bucket_is_paid_from_the_bank() {
-        let mut g = Grant {
-            bank: 100.0,
-            rate: 100.0,
-        };
-        assert!(g.charge(50.0));
-        assert!(g.covered() && g.bank == 50.0, "{g:?}");
-    }
-
-    #[test]
-    fn a_cut_leaves_room_for_the_buckets_it_sends() {
-        // A bank just covering its rate; each cut sends every Envoy a new bucket (a tenth
-        // of a second of the rate, charged): the second charge must not cut again.
-        let mut g = Grant {
-            bank: 75.0,
-            rate: 100.0,
-        };
-        assert!(g.charge(10.0));
-        let cut = g.rate;
-        assert!(!g.charge(cut * ENVOY_BURST_S), "{g:?}");
-        assert_eq!(g.rate, cut);
+    fn new_envoy_buckets_are_a_debt_the_next_draw_repays() {
+        let mut g = at(5.0, 5.0);
+        // Eight Envoys' one-token buckets: no cut now (it would send eight more).
+        g.charge(8.0);
+        assert_eq!((g.bank, g.rate), (-3.0, 5.0));
+        // The next draw wants the debt back and the runway.
+        g.spend(TICK_S);
+        assert!(
+            (g.want(5.0, 100.0) - (3.0 + 2.5 + 5.0)).abs() < 1e-9,
+            "{g:?}"
+        );
+        assert!(!g.drawn(10.5, 5.0));
+        assert!(g.covered(), "{g:?}");
+        // Not repaid (the store had nothing): the rate is cut to what is left, nothing.
+        let mut g = at(5.0, 5.0);
+        g.charge(8.0);
+        g.spend(TICK_S);
+        assert!(g.drawn(0.0, 5.0));
+        assert_eq!(g.rate, 0.0);
     }
 
     #[test]
     fn demand_below_the_rate_lowers_it_past_the_hysteresis_only() {
-        let mut g = Grant {
-            bank: 100.0,
-            rate: 100.0,
-        };
+        let mut g = at(100.0, 100.0);
         assert!(!g.drawn(0.0, 95.0));
         assert!(g.drawn(0.0, 50.0));
         assert_eq!(g.rate, 50.0);
@@ -177,30 +163,31 @@ mod tests {
 
     proptest! {
         /// Whatever the draws, targets and charges, with each draw at most [`SAFE_S`]
-        /// after the last: the bank pays for all the time that passed, the promise is
-        /// covered after every step, and the tokens promised never exceed those drawn.
+        /// after the last: the promise is covered after every draw (or, in debt, is
+        /// nothing); the time that passed adds no debt beyond the charges since the last
+        /// draw; and the tokens promised (the rate for the time, every charge) are always
+        /// exactly those drawn less the bank, a debt included.
         #[test]
         fn the_promise_is_always_covered(
             steps in proptest::collection::vec(
                 (0.0f64..200.0, 0.0f64..300.0, 0.0f64..SAFE_S, 0.0f64..20.0), 1..60),
         ) {
             let mut g = Grant::default();
-            let (mut drawn_total, mut promised) = (0.0, 0.0);
+            let (mut drawn_total, mut promised, mut floor) = (0.0, 0.0, 0.0);
             for (drawn, target, elapsed, charge) in steps {
-                prop_assert!(g.rate * elapsed <= g.bank + 1e-6, "{:?} for {}", g, elapsed);
                 promised += g.rate * elapsed;
                 g.spend(elapsed);
+                prop_assert!(g.bank >= floor - 1e-6, "{:?}: a debt past the charges", g);
                 let want = g.want(target, 150.0);
                 let got = drawn.min(want);
                 drawn_total += got;
                 g.drawn(got, target);
-                prop_assert!(g.covered(), "{:?}", g);
-                let paid = charge.min(g.bank);
-                promised += paid;
+                prop_assert!(g.covered() || g.bank < 0.0 && g.rate == 0.0, "{:?}", g);
+                promised += charge;
                 g.charge(charge);
-                prop_assert!(g.covered(), "{:?}", g);
-                prop_assert!(promised + g.bank <= drawn_total + 1e-6,
-                    "promised {} + bank {} > drawn {}", promised, g.bank, drawn_total);
+                floor = (g.bank + charge).min(0.0) - charge;
+                prop_assert!((promised + g.bank - drawn_total).abs() <= 1e-6,
+                    "promised {} + bank {} != drawn {}", promised, g.bank, drawn_total);
             }
         }
     }

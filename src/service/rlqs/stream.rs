@@ -20,7 +20,7 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
 
 use super::assign::{action, kind, Assignment, Kind};
 use super::demand::{BucketKey, Subscription, Totals};
-use super::fleet::Fleet;
+use super::fleet::{draws_for, Fleet};
 use super::grant::ENVOY_BURST_S;
 use super::share::{bucket, bucket_at, capped, fraction, settled, Bucket, FLOOR_FRACTION};
 use crate::config::Config;
@@ -130,22 +130,29 @@ impl Stream {
             Some(d) => d.clone(),
             None => Arc::from(reports.domain.as_str()),
         };
-        reports
+        // Only what `answer` will track: a stream past its bound draws nothing more.
+        let mut room = self.max_buckets.saturating_sub(self.buckets.len());
+        let mut keys = Vec::new();
+        let ids = reports
             .bucket_quota_usages
             .iter()
-            .filter_map(|u| u.bucket_id.as_ref())
-            .filter(|id| id.bucket.len() <= MAX_BUCKET_ENTRIES)
-            .take(self.max_buckets)
-            .map(|id| {
-                let mut entries: Vec<(String, String)> = id
-                    .bucket
-                    .iter()
-                    .map(|(k, v)| (k.clone(), v.clone()))
-                    .collect();
-                entries.sort();
-                (domain.clone(), entries)
-            })
-            .collect()
+            .filter_map(|u| u.bucket_id.as_ref());
+        for id in ids.filter(|id| id.bucket.len() <= MAX_BUCKET_ENTRIES) {
+            let mut entries: Vec<(String, String)> = id
+                .bucket
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            entries.sort();
+            if !self.buckets.contains_key(&entries) {
+                if room == 0 {
+                    continue;
+                }
+                room -= 1;
+            }
+            keys.push((domain.clone(), entries));
+        }
+        keys
     }
 
     /// New assignments for the buckets whose share moved since they were last sent (the
@@ -326,14 +333,20 @@ impl Stream {
             },
         };
         let share = self.share(key, tracked, totals);
-        let fleet_rate = self.fleet.as_ref().and_then(|f| f.rate(key));
-        let b = match fleet_rate {
-            // A server's promise covers its streams' fractions, which sum to at most 1
-            // plus the newest stream's floor.
-            // Its burst is the store bucket's, drawn from: an Envoy's holds a tenth of a
-            // second of its rate (each new one is paid from the bank).
-            Some(rate) => {
-                let rate = share * rate / (1.0 + FLOOR_FRACTION);
+        // In a fleet a plain limit's tokens come from this server's draws only: before the
+        // first (or when it got nothing) the bucket is denied, never divided locally.
+        let fleet = self
+            .fleet
+            .as_ref()
+            .filter(|_| rule.is_some_and(|r| draws_for(r)));
+        let b = match fleet {
+            // The fractions held sum to at most 1 plus the newcomers' floors: divided by
+            // that sum (at least 1 + one floor), the streams' rates stay within the
+            // server's. The burst is the store bucket's, drawn from: an Envoy's holds a
+            // tenth of a second of its rate (each new one is paid from the bank).
+            Some(f) => {
+                let held = (totals.others_held + share).max(1.0 + FLOOR_FRACTION);
+                let rate = share * f.rate(key).unwrap_or(0.0) / held;
                 bucket_at(rate, rate * ENVOY_BURST_S)
             }
             None => bucket(share, tokens, period, burst),
@@ -342,8 +355,7 @@ impl Stream {
             tracked.sent = None;
             return Assignment::DenyAll;
         };
-        if let (Some(fleet), true) = (&self.fleet, fleet_rate.is_some() && tracked.sent != Some(b))
-        {
+        if let (Some(fleet), true) = (fleet, tracked.sent != Some(b)) {
             // A new bucket starts full in Envoy: its tokens are promised now.
             fleet.charge(key, f64::from(b.max_tokens));
         }
@@ -466,6 +478,31 @@ mod tests {
         let answer = s.answer(report("d", 1, 0), &config, now).unwrap();
         assert_eq!((s.buckets(), answer.refused), (2, 1));
         assert!(answer.response.bucket_action.is_empty());
+    }
+
+    #[test]
+    fn in_a_fleet_a_limit_not_yet_drawn_is_denied_never_divided_locally() {
+        let config = Config::from_yaml("r.yaml", RULES).unwrap();
+        let fleet = Arc::new(Fleet::new(Arc::new(crate::service::metrics::Metrics::new())));
+        let mut s = Stream::new(Subscription::new(Arc::default(), 1), 8).in_fleet(fleet);
+        let answer = s.answer(report("acme", 10, 0), &config, Instant::now()).unwrap();
+        assert_eq!(rate(&answer), Err("blanket"));
+        assert_eq!(answer.sent, ["deny_all"]);
+    }
+
+    #[test]
+    fn a_stream_past_its_bound_names_no_new_bucket_to_draw_for() {
+        let config = Config::from_yaml("r.yaml", RULES).unwrap();
+        let mut s = Stream::new(Subscription::new(Arc::default(), 1), 2);
+        let now = Instant::now();
+        for t in ["a", "b"] {
+            s.answer(report(t, 1, 0), &config, now).unwrap();
+        }
+        let tenants = |keys: Vec<BucketKey>| -> Vec<String> {
+            keys.into_iter().map(|(_, e)| e[0].1.clone()).collect()
+        };
+        assert_eq!(tenants(s.keys(&report("c", 1, 0))), Vec::<String>::new());
+        assert_eq!(tenants(s.keys(&report("a", 1, 0))), ["a"]);
     }
 
     #[test]
