@@ -483,9 +483,13 @@ mod tests {
     #[test]
     fn in_a_fleet_a_limit_not_yet_drawn_is_denied_never_divided_locally() {
         let config = Config::from_yaml("r.yaml", RULES).unwrap();
-        let fleet = Arc::new(Fleet::new(Arc::new(crate::service::metrics::Metrics::new())));
+        let fleet = Arc::new(Fleet::new(
+            Arc::new(crate::service::metrics::Metrics::new()),
+        ));
         let mut s = Stream::new(Subscription::new(Arc::default(), 1), 8).in_fleet(fleet);
-        let answer = s.answer(report("acme", 10, 0), &config, Instant::now()).unwrap();
+        let answer = s
+            .answer(report("acme", 10, 0), &config, Instant::now())
+            .unwrap();
         assert_eq!(rate(&answer), Err("blanket"));
         assert_eq!(answer.sent, ["deny_all"]);
     }
