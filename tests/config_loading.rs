@@ -4,7 +4,7 @@
 use std::fs;
 use std::path::Path;
 
-use shardgate::config::{Config, RuleLimit, Unit};
+use shardgate::config::{Config, LoadOptions, RuleLimit, Unit};
 
 const RPS: &str =
     "descriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n";
@@ -230,4 +230,41 @@ fn empty_directory_has_no_domains() {
     let dir = tempfile::tempdir().unwrap();
     let c = Config::load(dir.path()).unwrap();
     assert_eq!(c.domains().count(), 0);
+}
+
+#[test]
+fn an_rlqs_section_maps_bucket_ids_to_descriptors_and_merged_files_must_agree_on_it() {
+    let pairs = |p: &[(&str, &str)]| -> Vec<(String, String)> {
+        p.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    let id = pairs(&[("path", "/a"), ("plan", "gold"), ("tenant", "acme")]);
+    let plain = Config::from_yaml("a.yaml", "domain: d\n").unwrap();
+    assert_eq!(plain.domain("d").unwrap().rlqs_descriptor(&id), id);
+    let yaml = "domain: d\nrlqs:\n  keys: [tenant, plan]\n";
+    let c = Config::from_yaml("a.yaml", yaml).unwrap();
+    assert_eq!(
+        c.domain("d").unwrap().rlqs_descriptor(&id),
+        pairs(&[("tenant", "acme"), ("plan", "gold")])
+    );
+    let merge = LoadOptions {
+        merge_domains: true,
+    };
+    let docs = |second: &str| {
+        vec![
+            ("a.yaml".to_string(), yaml.to_string()),
+            ("b.yaml".to_string(), second.to_string()),
+        ]
+    };
+    // One part sets it: it holds for the domain.
+    let c = Config::from_documents_with(&docs("domain: d\n"), &merge).unwrap();
+    assert!(c.domain("d").unwrap().rlqs_keys.is_some());
+    let refused = Config::from_documents_with(&docs("domain: d\nrlqs: {keys: [plan]}\n"), &merge)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.starts_with("b.yaml:1:") && refused.contains("'rlqs' differs from a.yaml's"),
+        "{refused}"
+    );
 }

@@ -91,6 +91,15 @@ const CASES: &[Case] = &[
     Case { name: "unit_multiplier_zero_is_out_of_range", body: Descriptor("    rate_limit:\n      unit: minute\n      unit_multiplier: 0\n      requests_per_unit: 1\n"), line: 6, needles: &["'unit_multiplier'", "must be an integer in 1..=", "'0'"] },
     Case { name: "unit_multiplier_past_a_year_is_refused", body: Descriptor("    rate_limit:\n      unit: day\n      unit_multiplier: 400\n      requests_per_unit: 1\n"), line: 6, needles: &["'unit_multiplier: 400' makes a period of 400 days", "the longest period is a year"] },
     Case { name: "unit_multiplier_must_be_an_integer", body: Descriptor("    rate_limit:\n      unit: minute\n      unit_multiplier: five\n      requests_per_unit: 1\n"), line: 6, needles: &["'unit_multiplier' must be an integer"] },
+    Case { name: "rlqs_not_a_mapping", body: Document("domain: d\nrlqs: [tenant]\n"), line: 2, needles: &["'rlqs' must be a mapping", "a list"] },
+    Case { name: "rlqs_unknown_key", body: Document("domain: d\nrlqs:\n  key: [tenant]\n"), line: 3, needles: &["unknown key 'key' in rlqs"] },
+    Case { name: "rlqs_without_keys", body: Document("domain: d\nrlqs: {}\n"), line: 2, needles: &["missing 'keys' in rlqs"] },
+    Case { name: "rlqs_keys_empty", body: Document("domain: d\nrlqs:\n  keys: []\n"), line: 3, needles: &["'keys' must not be empty"] },
+    Case { name: "rlqs_keys_not_a_list", body: Document("domain: d\nrlqs:\n  keys: tenant\n"), line: 3, needles: &["'keys' must be a list of bucket id keys"] },
+    Case { name: "rlqs_key_twice", body: Document("domain: d\nrlqs:\n  keys:\n    - tenant\n    - plan\n    - tenant\n"), line: 6, needles: &["'rlqs.keys' names 'tenant' twice"] },
+    Case { name: "rlqs_key_empty", body: Document("domain: d\nrlqs:\n  keys: [tenant, \"\"]\n"), line: 3, needles: &["'keys' must not be empty"] },
+    Case { name: "rlqs_key_not_a_string", body: Document("domain: d\nrlqs:\n  keys: [tenant, {a: b}]\n"), line: 3, needles: &["'keys' must be a string"] },
+    Case { name: "rlqs_too_many_keys", body: Document("domain: d\nrlqs:\n  keys: [a, b, c, d, e, f, g, h, i, j, k, l, m, n, o, p, q]\n"), line: 3, needles: &["'rlqs.keys' lists 17 keys, at most 16"] },
     Case { name: "unlimited_with_unit_multiplier", body: Descriptor("    rate_limit:\n      unlimited: true\n      unit_multiplier: 5\n"), line: 6, needles: &["'unlimited: true' must not be combined with 'unit_multiplier'"] },
 ];
 

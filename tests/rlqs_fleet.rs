@@ -22,10 +22,11 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
 };
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use shardgate::config::Config;
-use shardgate::engine::{Engine, EngineOptions};
+use shardgate::engine::{Engine, EngineOptions, ManualClock, RandomDraw};
 use shardgate::server::grpc;
 use shardgate::service::RateLimiter;
 use shardgate::store::memory::MemoryStore;
+use shardgate::store::BucketStore;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
@@ -41,8 +42,8 @@ fn rules(per_second: u32) -> String {
 }
 
 /// A server of the fleet: its limiter, its address, and its stop.
-struct Replica {
-    limiter: Arc<RateLimiter<MemoryStore>>,
+struct Replica<S: BucketStore = MemoryStore> {
+    limiter: Arc<RateLimiter<S>>,
     addr: SocketAddr,
     _stop: oneshot::Sender<()>,
 }
@@ -52,8 +53,12 @@ async fn replica(store: &Arc<MemoryStore>) -> Replica {
 }
 
 async fn replica_with(store: &Arc<MemoryStore>, yaml: &str) -> Replica {
-    let config = Config::from_yaml("rlqs.yaml", yaml).unwrap();
     let engine = Arc::new(Engine::new(store.clone(), EngineOptions::default()));
+    replica_on(engine, yaml).await
+}
+
+async fn replica_on<S: BucketStore>(engine: Arc<Engine<S>>, yaml: &str) -> Replica<S> {
+    let config = Config::from_yaml("rlqs.yaml", yaml).unwrap();
     let limiter = Arc::new(RateLimiter::new(Arc::new(config), engine));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -134,7 +139,7 @@ async fn next(envoy: &mut Envoy, wait: Duration) -> Option<RateLimitQuotaRespons
 }
 
 /// A metric's value on `r`'s `/metrics` (0 when absent).
-fn metric(r: &Replica, name: &str) -> f64 {
+fn metric<S: BucketStore>(r: &Replica<S>, name: &str) -> f64 {
     let text = r.limiter.metrics().render();
     text.lines()
         .find(|l| l.starts_with(&format!("{name} ")))
@@ -142,8 +147,13 @@ fn metric(r: &Replica, name: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// Tokens `r` drew and did not give back.
 fn drawn(r: &Replica) -> f64 {
-    metric(r, "shardgate_rlqs_drawn_tokens_total")
+    metric(r, "shardgate_rlqs_drawn_tokens_total") - returned(r)
+}
+
+fn returned(r: &Replica) -> f64 {
+    metric(r, "shardgate_rlqs_returned_tokens_total")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -277,4 +287,94 @@ async fn a_slow_limit_is_drawn_a_token_at_a_time() {
     // Every token promised was drawn.
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(drawn(&a) >= 1.0 && drawn(&a) <= 6.0 + 1.0, "{}", drawn(&a));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_demand_falls_the_surplus_goes_back_to_the_store() {
+    // The store's clock stands still, so its bucket moves only by draws and give-backs:
+    // what it holds is exactly its burst less what was drawn and not given back.
+    let burst = 500.0;
+    let yaml = "domain: rlqs\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: second, requests_per_unit: 50, burst: 500}\n";
+    let engine = Arc::new(Engine::with_parts(
+        Arc::new(MemoryStore::new()),
+        EngineOptions::default(),
+        Arc::new(ManualClock::new(1_800_000_000_000)),
+        Arc::new(RandomDraw),
+    ));
+    let a = replica_on(engine, yaml).await;
+    let mut envoy = open(a.addr).await;
+    next(&mut envoy, Duration::from_secs(5)).await.unwrap();
+    // Past a new bucket's first 6 s (drawn for at its whole limit), then a tenth of it.
+    let steps = [(7, 200), (3, 5)];
+    for (seconds, per_second) in steps {
+        for _ in 0..seconds {
+            envoy.reports.send(report(per_second, 1)).await.unwrap();
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            while next(&mut envoy, Duration::from_millis(1)).await.is_some() {}
+        }
+    }
+    let acme = [("tenant".to_string(), "acme".to_string())];
+    let said = a.limiter.explain("rlqs", &acme).await;
+    let left: f64 = said
+        .split(" of 500 tokens left")
+        .next()
+        .and_then(|s| s.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no balance in {said}"));
+    let (gross, back) = (
+        metric(&a, "shardgate_rlqs_drawn_tokens_total"),
+        returned(&a),
+    );
+    println!("drawn {gross}, given back {back}, the bucket holds {left} of {burst}");
+    // What the bank held beyond the runway of the lower target (about half a second of
+    // the old rate, less what the new Envoy bucket started with).
+    assert!(
+        back >= 5.0,
+        "{back} given back after demand fell to a tenth"
+    );
+    assert_eq!(left, burst - gross + back, "{said}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rule_that_fails_open_is_divided_locally_while_the_store_fails() {
+    let yaml = "domain: rlqs\ndescriptors:\n  - key: tenant\n    failure_mode: allow\n    rate_limit: {unit: second, requests_per_unit: 50}\n";
+    let (store, release) = common::held::Held::new();
+    release.send(true).unwrap();
+    let engine = Arc::new(Engine::new(Arc::new(store), EngineOptions::default()));
+    let a = replica_on(engine, yaml).await;
+    let mut envoy = open(a.addr).await;
+    let first = rate(&next(&mut envoy, Duration::from_secs(5)).await.unwrap()).unwrap();
+    assert!(first >= 0.5 * LIMIT, "{first}");
+    // The store stops answering: each draw times out (1 s). With `failure_mode: deny` the
+    // rate would fall to nothing as the bank empties; failing open, the Envoy gets the
+    // limit this server divides on its own.
+    release.send(false).unwrap();
+    let mut rates = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(6);
+    while Instant::now() < deadline {
+        envoy.reports.send(report(200, 1)).await.unwrap();
+        while let Some(answer) = next(&mut envoy, Duration::from_millis(500)).await {
+            rates.push(rate(&answer).unwrap());
+        }
+    }
+    println!("rates while the store failed: {rates:?}");
+    let last = *rates.last().unwrap();
+    assert!((last - LIMIT).abs() < 1.0, "{rates:?}");
+    assert!(metric(&a, "shardgate_rlqs_draws_total{outcome=\"error\"}") >= 1.0);
+    // The store is back: the next draws land and the fleet's rate is in force again.
+    release.send(true).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut after = Vec::new();
+    while Instant::now() < deadline {
+        envoy.reports.send(report(200, 1)).await.unwrap();
+        while let Some(answer) = next(&mut envoy, Duration::from_millis(500)).await {
+            after.push(rate(&answer).unwrap());
+        }
+    }
+    println!("rates once it answered again: {after:?}");
+    assert!(metric(&a, "shardgate_rlqs_draws_total{outcome=\"full\"}") >= 2.0);
+    assert!(
+        after.iter().any(|&r| r < LIMIT - 1.0),
+        "{after:?}: never drawn again"
+    );
 }

@@ -116,6 +116,14 @@ pub enum ConfigErrorKind {
     DuplicateAcrossFiles { key: String, other: String },
     #[error("top-level 'failure_mode' differs from {other}'s in a merged domain")]
     MergedFailureModeDiffers { other: String },
+    #[error("'rlqs' differs from {other}'s in a merged domain")]
+    MergedRlqsDiffers { other: String },
+    #[error("'rlqs.keys' names '{0}' twice")]
+    RlqsKeyTwice(String),
+    #[error(
+        "'rlqs.keys' lists {count} keys, at most {max} (as many entries as a bucket id may carry)"
+    )]
+    RlqsTooManyKeys { count: usize, max: usize },
     #[error("'{key}' is {bytes} bytes long, at most {max} (it is part of every store key)")]
     TooLong {
         key: &'static str,

@@ -136,15 +136,7 @@ pub(crate) fn from_documents(
         .into_iter()
         .map(|(first, parts)| {
             let name = first.doc.domain.clone();
-            let domain_name: Arc<str> = name.as_str().into();
-            let domain = Domain {
-                failure_mode: parts
-                    .iter()
-                    .find_map(|p| p.doc.failure_mode)
-                    .unwrap_or(FailureMode::Deny),
-                tree: matcher::Tree::compile(&domain_name, &parts, &mut rule_count),
-                name: domain_name,
-            };
+            let domain = domain_of(&name, &parts, &mut rule_count);
             (name, domain)
         })
         .collect();
@@ -153,6 +145,24 @@ pub(crate) fn from_documents(
         rule_count,
         hash: content_hash(docs),
     })
+}
+
+/// The domain `name` of its validated `parts` (one document, or several merged), its
+/// rules numbered from `*rule_count` on.
+fn domain_of(name: &str, parts: &[DomainPart], rule_count: &mut usize) -> Domain {
+    let domain_name: Arc<str> = name.into();
+    Domain {
+        failure_mode: parts
+            .iter()
+            .find_map(|p| p.doc.failure_mode)
+            .unwrap_or(FailureMode::Deny),
+        rlqs_keys: parts
+            .iter()
+            .find_map(|p| p.doc.rlqs_keys.as_deref())
+            .map(Arc::from),
+        tree: matcher::Tree::compile(&domain_name, parts, rule_count),
+        name: domain_name,
+    }
 }
 
 /// What stops `doc` (in `file`) from merging into the domain's earlier `parts`: a
@@ -186,6 +196,19 @@ fn merge_conflicts(parts: &[DomainPart], part: DomainPart) -> Vec<ConfigError> {
             file,
             doc.pos,
             ConfigErrorKind::MergedFailureModeDiffers {
+                other: other.file.to_string(),
+            },
+        ));
+    }
+    let differs = |p: &&DomainPart| {
+        let (a, b) = (&p.doc.rlqs_keys, &doc.rlqs_keys);
+        a.is_some() && b.is_some() && a != b
+    };
+    if let Some(other) = parts.iter().find(differs) {
+        errors.push(ConfigError::new(
+            file,
+            doc.pos,
+            ConfigErrorKind::MergedRlqsDiffers {
                 other: other.file.to_string(),
             },
         ));

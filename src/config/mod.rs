@@ -20,6 +20,7 @@ mod load;
 mod matcher;
 mod model;
 pub mod reload;
+mod rlqs;
 mod rule;
 mod snapshot;
 mod stats_key;
@@ -32,6 +33,7 @@ pub use entity::{encode_component, EntityTemplate, TemplateError};
 pub use error::{ConfigError, ConfigErrorKind, ConfigErrors};
 pub use explain::{nearest, End as WalkEnd, How, Step, Walk};
 pub use matcher::DescriptorEntry;
+pub use rlqs::{descriptor_of as rlqs_descriptor_of, MAX_RLQS_KEYS};
 pub use rule::{
     FailureMode, FurtherLimit, Level, RateLimit, Rule, RuleLimit, StatedLimit,
     MAX_LIMITS_PER_BUCKET, MAX_PERIOD_SECONDS, MAX_TOKENS,

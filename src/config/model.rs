@@ -219,6 +219,8 @@ pub(crate) struct DocumentModel {
     pub domain: String,
     pub pos: Pos,
     pub failure_mode: Option<FailureMode>,
+    /// The `rlqs:` section's `keys` (config/rlqs.rs).
+    pub rlqs_keys: Option<Vec<String>>,
     pub descriptors: Vec<DescriptorModel>,
 }
 

@@ -14,6 +14,9 @@ use super::{load, matcher, ConfigErrors, DescriptorEntry, FailureMode, Rule};
 pub struct Domain {
     pub name: Arc<str>,
     pub failure_mode: FailureMode,
+    /// The `rlqs:` section's keys: which entries of an RLQS bucket id make its descriptor,
+    /// in what order (`None`: all of them, sorted by key).
+    pub rlqs_keys: Option<Arc<[String]>>,
     pub(super) tree: matcher::Tree,
 }
 
@@ -23,6 +26,11 @@ impl Domain {
     /// The walk allocates nothing.
     pub fn match_descriptor<E: DescriptorEntry>(&self, entries: &[E]) -> Option<&Arc<Rule>> {
         self.tree.lookup(entries)
+    }
+
+    /// The descriptor an RLQS bucket id's `entries` stand for (`config/rlqs.rs`).
+    pub fn rlqs_descriptor(&self, entries: &[(String, String)]) -> Vec<(String, String)> {
+        super::rlqs::descriptor_of(self.rlqs_keys.as_deref(), entries)
     }
 
     /// The same walk as [`Domain::match_descriptor`], told step by step (`explain`).

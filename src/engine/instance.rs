@@ -194,6 +194,27 @@ impl<S: BucketStore> Engine<S> {
         .await;
     }
 
+    /// Gives back tokens an admitted `taken` decision took and that were never spent (an
+    /// RLQS fleet's unused draw): `req` claims how many, per bucket, and each goes to the
+    /// shard `taken` took it from — into this process's lease when it came from one, else
+    /// to the shard as a lease's rest is returned (under the shard's ceiling, only while
+    /// its shard count is the same). Best effort: a return that does not land leaves the
+    /// tokens taken (the bucket admits less, never more).
+    pub async fn give_back(&self, req: &Acquire, taken: &Decision) {
+        if !taken.admitted {
+            return;
+        }
+        let deciding = Deciding::new(self, req);
+        let leases = self.leases();
+        join_all(req.buckets.iter().zip(&taken.buckets).map(|(b, o)| async {
+            match &leases {
+                Some(leases) => leases.refund_to_lease(b, o.shard, o.shard_count).await,
+                None => deciding.return_taken(b, o.shard, o.shard_count).await,
+            }
+        }))
+        .await;
+    }
+
     /// The lease task (see [`Leasing::run`]): runs until `stop` resolves, then gives every
     /// lease back. Returns at once (after `stop`) when leases are off.
     pub async fn run_leases(&self, stop: impl Future<Output = ()>) {

@@ -206,11 +206,11 @@ async fn answered<S: BucketStore>(
             }
         };
         tracing::debug!(report = ?report, "an RLQS report");
+        let config = limiter.config();
         if let Some(fleet) = fleet {
             // A bucket's first report: its first tokens drawn before it is answered.
-            fleet.draw_new(limiter, stream.keys(&report)).await;
+            fleet.draw_new(limiter, stream.keys(&report, &config)).await;
         }
-        let config = limiter.config();
         let answer = match stream.answer(report, &config, Instant::now()) {
             Ok(answer) => answer,
             Err(e) => {

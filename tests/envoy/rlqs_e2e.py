@@ -32,15 +32,23 @@ descriptors:
 """
 
 
+def header_input(header="x-tenant"):
+    return {"name": header, "typed_config": {"@type": HEADER_INPUT, "header_name": header}}
+
+
 def tenant_input():
-    return {"name": "tenant", "typed_config": {"@type": HEADER_INPUT, "header_name": "x-tenant"}}
+    return header_input("x-tenant")
 
 
-def rlqs_filter(no_assignment="ALLOW_ALL"):
-    """Every request with an `x-tenant` header in the bucket `{tenant: <value>}`."""
+def rlqs_filter(no_assignment="ALLOW_ALL", client_key=False):
+    """Every request with an `x-tenant` header in the bucket `{tenant: <value>}` (with
+    `client_key`, `{tenant: <x-tenant>, client: <x-client>}`)."""
+    builder = {"tenant": {"custom_value": tenant_input()}}
+    if client_key:
+        builder["client"] = {"custom_value": header_input("x-client")}
     settings = {
         "@type": BUCKET_SETTINGS,
-        "bucket_id_builder": {"bucket_id_builder": {"tenant": {"custom_value": tenant_input()}}},
+        "bucket_id_builder": {"bucket_id_builder": builder},
         "reporting_interval": f"{REPORT_S}s",
         "no_assignment_behavior": {"fallback_rate_limit": {"blanket_rule": no_assignment}},
     }
@@ -59,9 +67,9 @@ def rlqs_filter(no_assignment="ALLOW_ALL"):
     }}
 
 
-def rlqs_envoy_config(ports, shardgate_port, no_assignment="ALLOW_ALL"):
+def rlqs_envoy_config(ports, shardgate_port, no_assignment="ALLOW_ALL", client_key=False):
     routes = [{"match": {"prefix": "/"}, "route": {"cluster": "backend"}}]
-    filters = [rlqs_filter(no_assignment), {"name": "envoy.filters.http.router",
+    filters = [rlqs_filter(no_assignment, client_key), {"name": "envoy.filters.http.router",
                                "typed_config": {"@type": ROUTER}}]
     return bootstrap(
         ports["admin"],
@@ -76,9 +84,10 @@ class Load:
     """`threads` clients, each on one keep-alive connection to `port`, each at most
     `per_thread` requests per second, until `stop()`; every answer's (time, status)."""
 
-    def __init__(self, port, tenant, threads=4, per_thread=40):
+    def __init__(self, port, tenant, threads=4, per_thread=40, headers=None):
         self.port = port
         self.tenant = tenant
+        self.headers = {"x-tenant": tenant, **(headers or {})}
         self.per_thread = per_thread
         self.results: list[tuple[float, int]] = []
         self.lock = threading.Lock()
@@ -101,7 +110,7 @@ class Load:
         next_at = time.monotonic()
         while self.running:
             try:
-                conn.request("GET", "/", headers={"x-tenant": self.tenant})
+                conn.request("GET", "/", headers=self.headers)
                 r = conn.getresponse()
                 r.read()
                 status = r.status

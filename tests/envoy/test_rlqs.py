@@ -142,3 +142,54 @@ def test_a_broken_stream_is_reopened_and_the_limit_holds_across_it(rlqs_stack):
           f"{admitted} admitted in {window:.1f}s")
     assert admitted <= LIMIT * window + 2 * LIMIT, (admitted, window)
     assert load.count(429, reopened) > 0
+
+
+def test_an_rlqs_section_drops_a_key_so_two_envoy_buckets_share_one_limit(
+        shardgate_bin, envoy_bin, tmp_path):
+    """Bucket ids `{tenant, client}`; the rules' `rlqs: {keys: [tenant]}` drops `client`,
+    so two clients of one tenant share the tenant's 50/s (without the section each client
+    would be a descriptor of its own, and with a key-only `client` rule, a limit of its
+    own)."""
+    rules = tmp_path / "rlqs.yaml"
+    rules.write_text(RULES + "rlqs:\n  keys: [tenant]\n")
+    sg = Shardgate(shardgate_bin, rules, Store("memory"), tmp_path, "rlqs")
+    envoy = None
+    try:
+        sg.start()
+        envoy = Envoy(envoy_bin, tmp_path, "rlqs",
+                      lambda ports: rlqs_envoy_config(ports, sg.port, client_key=True))
+        envoy.start()
+        loads = [Load(envoy.port, "acme", threads=2, per_thread=40, headers={"x-client": c})
+                 for c in ("web", "batch")]
+        for load in loads:
+            load.start()
+        try:
+            time.sleep(2 * ENVOY_REPORT_S + 8)
+        finally:
+            for load in loads:
+                load.stop()
+        said = http_get(sg.http_port, "/rlconfig").body.decode()
+    finally:
+        if envoy is not None:
+            envoy.stop()
+        sg.stop()
+    start = min(load.results[0][0] for load in loads)
+    end = max(load.results[-1][0] for load in loads)
+    # After two of Envoy's 5 s report cycles: the second bucket starts on a floor share
+    # beside the first's whole limit; the first's share halves at the next report, the
+    # second's rises at the one after (the shares of one report are taken in turn).
+    settled = start + 2 * ENVOY_REPORT_S + 1.0
+    window = end - settled
+    each = [load.admitted(settled) for load in loads]
+    bound = LIMIT * window + 2 * LIMIT
+    for load in loads:
+        print(f"{load.headers}: admitted per second "
+              f"{[load.admitted(start + i, start + i + 1) for i in range(int(end - start))]}")
+    print(f"admitted after {settled - start:.0f} s: {each} in {window:.1f}s (bound {bound:.0f})")
+    print(said)
+    assert sum(each) <= bound, (each, bound)
+    assert sum(each) >= 0.8 * LIMIT * window, (each, window)
+    assert all(n >= 0.25 * LIMIT * window for n in each), each
+    # One bucket (the descriptor tenant=acme) held twice by one Envoy's stream.
+    assert "rlqs buckets: 1:" in said and "rlqs (tenant=acme): 1 Envoy stream" in said, said
+    assert said.count(" %") == 2, said

@@ -15,7 +15,7 @@ use crate::config::stats_key::child_key;
 use crate::config::{EntityTemplate, FailureMode, RuleLimit, ValueRegex};
 use crate::store::key::MAX_RESOURCE_BYTES;
 
-const TOP_KEYS: &[&str] = &["domain", "descriptors", "failure_mode"];
+const TOP_KEYS: &[&str] = &["domain", "descriptors", "failure_mode", "rlqs"];
 const DESCRIPTOR_KEYS: &[&str] = &[
     "key",
     "value",
@@ -104,6 +104,7 @@ impl Validator<'_> {
         let failure_mode = fields
             .get("failure_mode")
             .and_then(|f| self.failure_mode(f));
+        let rlqs_keys = fields.get("rlqs").and_then(|f| self.rlqs(f));
         let domain = match fields.get("domain") {
             None => {
                 self.error(
@@ -145,6 +146,7 @@ impl Validator<'_> {
             domain: domain?,
             pos: fields.get("domain").map_or(root.pos, |f| f.value.pos),
             failure_mode,
+            rlqs_keys,
             descriptors,
         })
     }

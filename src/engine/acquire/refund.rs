@@ -7,7 +7,7 @@ use futures::future::join_all;
 
 use super::state::{Deciding, Progress};
 use crate::engine::{BucketClaim, EngineStats};
-use crate::store::{BucketKey, BucketStore, Credit, Stamp};
+use crate::store::{BucketKey, BucketStore, Credit, CreditGuard, Stamp};
 
 impl<S: BucketStore> Deciding<'_, S> {
     /// Refunds every bucket of `progress` that was debited.
@@ -43,27 +43,57 @@ impl<S: BucketStore> Deciding<'_, S> {
     ) {
         let key = BucketKey::new(&b.entity, &b.resource, shard);
         let count = count.max(self.engine.shards.get(&b.entity, &b.resource));
-        let credits: Vec<Credit> = b
-            .limits
-            .iter()
-            .filter(|c| c.amount > 0)
-            .map(|c| Credit {
-                limit: c.limit.clone(),
-                amount: c.amount,
-                ceiling: c.params.share(count).ceiling,
-                params: c.params,
-            })
-            .collect();
+        let credits = credits_of(b, count);
         if credits.is_empty() {
             return;
         }
         self.engine.rejections.credit(&key, &credits);
         EngineStats::bump(&self.engine.stats.refunds);
-        if let Err(e) = self.engine.store.credit(&key, stamp.into(), &credits).await {
+        self.credit_or_log(b, &key, stamp.into(), &credits).await;
+    }
+
+    /// Returns tokens `b`'s claims took from `shard` of `count` and never spent, as a
+    /// lease's rest is returned: a refill since changes nothing (the tokens were taken),
+    /// only the shard count must be the same (`CreditGuard::SameCount`).
+    pub(crate) async fn return_taken(&self, b: &BucketClaim, shard: u32, count: u32) {
+        let key = BucketKey::new(&b.entity, &b.resource, shard);
+        let credits = credits_of(b, count);
+        if credits.is_empty() {
+            return;
+        }
+        self.engine.rejections.credit(&key, &credits);
+        EngineStats::bump(&self.engine.stats.refunds);
+        self.credit_or_log(b, &key, CreditGuard::SameCount(count), &credits)
+            .await;
+    }
+
+    async fn credit_or_log(
+        &self,
+        b: &BucketClaim,
+        key: &BucketKey,
+        guard: CreditGuard,
+        credits: &[Credit],
+    ) {
+        if let Err(e) = self.engine.store.credit(key, guard, credits).await {
             // A lost refund costs this bucket one request's tokens; never an over-admission.
             if let Some(suppressed) = self.engine.refund_log.admit() {
-                tracing::warn!(resource = %b.resource, error = %with_causes(&e), similar_not_logged = suppressed, "refund of a voided debit failed");
+                tracing::warn!(resource = %b.resource, error = %with_causes(&e), similar_not_logged = suppressed, "refund of unspent tokens failed");
             }
         }
     }
+}
+
+/// What `b`'s claims took, as credits to a shard of a bucket of `count` shards (each under
+/// its share's ceiling).
+fn credits_of(b: &BucketClaim, count: u32) -> Vec<Credit> {
+    b.limits
+        .iter()
+        .filter(|c| c.amount > 0)
+        .map(|c| Credit {
+            limit: c.limit.clone(),
+            amount: c.amount,
+            ceiling: c.params.share(count).ceiling,
+            params: c.params,
+        })
+        .collect()
 }

@@ -34,6 +34,7 @@ pub struct RlqsMetrics {
     draws: Family<DrawLabel, Counter>,
     draws_by_outcome: [Counter; DRAW_OUTCOMES.len()],
     drawn_tokens: Counter,
+    returned_tokens: Counter,
     /// Tokens per second promised to this server's Envoys over all fleet buckets.
     promised: Gauge<f64, AtomicU64>,
     /// The fraction of a bucket's limit each token bucket sent was for.
@@ -62,6 +63,7 @@ impl Default for RlqsMetrics {
             draws,
             draws_by_outcome,
             drawn_tokens: Counter::default(),
+            returned_tokens: Counter::default(),
             promised: Gauge::default(),
             shares: Histogram::new(SHARE_BUCKETS),
             streams_open: Gauge::default(),
@@ -123,6 +125,11 @@ impl RlqsMetrics {
             self.drawn_tokens.clone(),
         );
         registry.register(
+            "rlqs_returned_tokens",
+            "RLQS tokens given back to the shared store when this server's Envoys' demand fell",
+            self.returned_tokens.clone(),
+        );
+        registry.register(
             "rlqs_promised_tokens_per_second",
             "Tokens per second this server promises its Envoys over every RLQS bucket drawn from the shared store",
             self.promised.clone(),
@@ -148,6 +155,11 @@ impl RlqsMetrics {
             c.inc();
         }
         self.drawn_tokens.inc_by(got.unwrap_or(0));
+    }
+
+    /// A fleet bucket's surplus of `tokens` was given back to the store.
+    pub fn gave_back(&self, tokens: u64) {
+        self.returned_tokens.inc_by(tokens);
     }
 
     /// The rate promised over every fleet bucket moved by `delta` tokens per second.

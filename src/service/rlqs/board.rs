@@ -39,12 +39,14 @@ impl RlqsBoard {
     }
 
     /// `explain`'s line for descriptor `entries` of `domain`, if a stream holds it as an
-    /// RLQS bucket (its entries sorted by key, as a bucket id's are).
+    /// RLQS bucket: as written (a domain's `rlqs:` section orders its keys), or its
+    /// entries sorted by key (a bucket id's order without one).
     pub fn explain(&self, domain: &str, entries: &[(String, String)]) -> Option<String> {
-        let mut sorted = entries.to_vec();
-        sorted.sort();
-        let key: BucketKey = (Arc::from(domain), sorted);
-        let b = self.demands.summary(&key)?;
+        let mut key: BucketKey = (Arc::from(domain), entries.to_vec());
+        let b = self.demands.summary(&key).or_else(|| {
+            key.1.sort();
+            self.demands.summary(&key)
+        })?;
         Some(format!("RLQS: {}", self.line(&b)))
     }
 
@@ -79,17 +81,25 @@ impl RlqsBoard {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::service::rlqs::demand::Holder;
     use std::time::{Duration, Instant};
+
+    fn holder(stream: u64) -> Holder {
+        Holder {
+            stream,
+            bucket_id: 1,
+        }
+    }
 
     #[test]
     fn a_bucket_is_listed_and_explained_with_its_streams() {
         let demands = Arc::new(Demands::default());
         let key: BucketKey = (Arc::from("d"), vec![("tenant".into(), "acme".into())]);
         let now = Instant::now();
-        demands.report(&key, 1, 30.0, now, Duration::from_secs(15));
-        demands.hold(&key, 1, 0.75);
-        demands.report(&key, 2, 10.0, now, Duration::from_secs(15));
-        demands.hold(&key, 2, 0.25);
+        demands.report(&key, holder(1), 30.0, now, Duration::from_secs(15));
+        demands.hold(&key, holder(1), 0.75);
+        demands.report(&key, holder(2), 10.0, now, Duration::from_secs(15));
+        demands.hold(&key, holder(2), 0.25);
         let board = RlqsBoard {
             demands,
             fleet: None,

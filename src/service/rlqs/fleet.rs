@@ -10,7 +10,9 @@
 //! with what the shard answered was left. When the rate a bucket's bank affords moves, the
 //! streams are told ([`Fleet::changes`]) and send their Envoys new assignments at once,
 //! without waiting for a report. A new Envoy token bucket starts full: its `max_tokens`
-//! are paid from the bank too ([`Fleet::charge`]).
+//! are paid from the bank too ([`Fleet::charge`]). When demand falls, what the bank
+//! holds beyond its runway is given back to the shards it was drawn from, for the other
+//! servers (`Grant::surplus`).
 //!
 //! Owns the grants; reads the demand table (`demand.rs`) and the rules in force; decides
 //! no assignment (the streams do) and touches the store only through the engine.
@@ -26,8 +28,9 @@ use tokio::sync::watch;
 use super::assign::{kind, Kind};
 use super::demand::{BucketKey, Demands};
 use super::grant::{Grant, JITTER, TICK_S};
-use crate::config::{Rule, RuleLimit};
+use crate::config::{FailureMode, Rule, RuleLimit};
 use crate::engine::plan::Plan;
+use crate::engine::Decision;
 use crate::service::metrics::Metrics;
 use crate::service::RateLimiter;
 use crate::store::{BucketStore, MILLI};
@@ -67,13 +70,18 @@ const CAP_FALL: f64 = 0.8;
 const CAP_RISE: f64 = 0.05;
 
 /// One bucket's grant, and when it was drawn for.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Held {
     grant: Grant,
     /// The most this server draws for (tokens per second): its part of a contended bucket.
     cap: f64,
     drawn_at: Instant,
     since: Instant,
+    /// The last draw that took tokens: the shards a surplus goes back to.
+    taken: Option<Decision>,
+    /// The last draw failed (the store erred or did not answer in time): a rule whose
+    /// `failure_mode` is `allow` is divided locally until a draw lands again.
+    failing: bool,
 }
 
 /// A bucket's grant on this server, as `/rlconfig` and `explain` show it.
@@ -93,6 +101,37 @@ struct Drawn {
     tokens: u64,
     /// Whole tokens the shard held after it.
     left: i64,
+}
+
+/// A draw's outcome, and the decision that took its tokens (`None`: it took none).
+#[derive(Debug)]
+struct Draw {
+    drawn: Drawn,
+    taken: Option<Decision>,
+}
+
+/// What a bucket's draw round came to.
+enum Round {
+    /// The bank held enough: nothing was asked.
+    NoDraw,
+    /// The store erred or did not answer within the store timeout.
+    Failed,
+    Drew(Box<Draw>),
+}
+
+/// A grant after its draw round: how far its rate moved, whether its store started or
+/// stopped failing, and what goes back to the store.
+struct Settled {
+    moved: f64,
+    flipped: bool,
+    surplus: Option<Surplus>,
+}
+
+/// Tokens a draw round gives back: how many, of which bucket, to the shards `taken` took
+/// them from.
+struct Surplus {
+    tokens: u64,
+    taken: Decision,
 }
 
 /// What a rule lets a fleet draw: its first limit's rate and burst (tokens per second,
@@ -132,6 +171,14 @@ impl Fleet {
     /// Tokens per second promised for `key` in all (`None`: never drawn for).
     pub fn rate(&self, key: &BucketKey) -> Option<f64> {
         self.grants.lock().get(key).map(|h| h.grant.rate)
+    }
+
+    /// Whether `key`'s last draw failed and its `rule` fails open (`failure_mode: allow`):
+    /// its Envoys are then given their part of the limit divided among this server's
+    /// streams, as on the memory store, until a draw lands again.
+    pub fn fails_open(&self, key: &BucketKey, rule: &Rule) -> bool {
+        rule.failure_mode == FailureMode::Allow
+            && self.grants.lock().get(key).is_some_and(|h| h.failing)
     }
 
     /// `key`'s grant as it stands (`None`: never drawn for).
@@ -219,51 +266,113 @@ impl Fleet {
             self.metrics.rlqs().promised_moved(-gone);
             return;
         };
-        let now = Instant::now();
-        let (want, target) = {
-            let mut grants = self.grants.lock();
-            let held = grants.entry(key.clone()).or_insert(Held {
-                grant: Grant::default(),
-                cap: drawable.per_second,
-                drawn_at: now,
-                since: now,
-            });
-            let elapsed = now.saturating_duration_since(held.drawn_at);
-            held.grant.spend(elapsed.as_secs_f64());
-            held.drawn_at = now;
-            let young = now.saturating_duration_since(held.since) < NEW_BUCKET;
-            let target = match demand {
-                Some(d) if !young => target_rate(d, drawable.per_second),
-                _ => drawable.per_second,
-            };
-            let target = target.min(held.cap);
-            // Rounded up: a slow limit (6 a minute) wants a tenth of a token a draw, and
-            // would never draw a whole one rounded down. What is drawn beyond the
-            // runway stays banked.
-            let want = held.grant.want(target, drawable.burst).ceil() as u64;
-            (want, target)
-        };
-        let got = if want == 0 {
-            None
+        let (want, target) = self.aim(&key, &drawable, demand);
+        let round = if want == 0 {
+            Round::NoDraw
         } else {
             let got = draw(limiter, &drawable.rule, &key.1, want).await;
-            self.metrics.rlqs().drew(want, got.map(|d| d.tokens));
-            Some(got)
+            let tokens = got.as_ref().map(|d| d.drawn.tokens);
+            self.metrics.rlqs().drew(want, tokens);
+            got.map_or(Round::Failed, |d| Round::Drew(Box::new(d)))
         };
-        let moved = {
-            let mut grants = self.grants.lock();
-            let Some(held) = grants.get_mut(&key) else {
-                return;
+        let Some(settled) = self.settle(&key, &drawable, want, target, round) else {
+            return;
+        };
+        self.moved(settled.moved);
+        if settled.flipped {
+            // Into or out of a store failure: the streams reassign (a rule that fails
+            // open is divided locally meanwhile).
+            self.changes.send_modify(|g| *g += 1);
+        }
+        if let Some(surplus) = settled.surplus {
+            self.metrics.rlqs().gave_back(surplus.tokens);
+            give_back(limiter, &drawable.rule, &key.1, surplus).await;
+        }
+    }
+
+    /// A draw round's aim for `key` (its grant made if new, the time since the last
+    /// round spent): the tokens to draw and the target rate they are for.
+    fn aim(&self, key: &BucketKey, drawable: &Drawable, demand: Option<f64>) -> (u64, f64) {
+        let now = Instant::now();
+        let mut grants = self.grants.lock();
+        let held = grants.entry(key.clone()).or_insert(Held {
+            grant: Grant::default(),
+            cap: drawable.per_second,
+            drawn_at: now,
+            since: now,
+            taken: None,
+            failing: false,
+        });
+        let elapsed = now.saturating_duration_since(held.drawn_at);
+        held.grant.spend(elapsed.as_secs_f64());
+        held.drawn_at = now;
+        let young = now.saturating_duration_since(held.since) < NEW_BUCKET;
+        let target = match demand {
+            Some(d) if !young => target_rate(d, drawable.per_second),
+            _ => drawable.per_second,
+        };
+        let target = target.min(held.cap);
+        // Rounded up: a slow limit (6 a minute) wants a tenth of a token a draw, and
+        // would never draw a whole one rounded down. What is drawn beyond the runway
+        // stays banked.
+        let want = held.grant.want(target, drawable.burst).ceil() as u64;
+        (want, target)
+    }
+
+    /// `key`'s grant after a draw round of `want` tokens toward `target` came to `round`:
+    /// its cap, whether its store fails, its bank and rate, and the surplus to give back
+    /// (`None`: the grant went away meanwhile).
+    fn settle(
+        &self,
+        key: &BucketKey,
+        drawable: &Drawable,
+        want: u64,
+        target: f64,
+        round: Round,
+    ) -> Option<Settled> {
+        let mut grants = self.grants.lock();
+        let held = grants.get_mut(key)?;
+        let mut flipped = false;
+        if !matches!(round, Round::NoDraw) {
+            let failed = matches!(round, Round::Failed);
+            let drawn = match &round {
+                Round::Drew(d) => Some(d.drawn),
+                _ => None,
             };
-            if let Some(got) = got {
-                held.cap = next_cap(held.cap, want, got, drawable.per_second);
+            held.cap = next_cap(held.cap, want, drawn, drawable.per_second);
+            flipped = held.failing != failed;
+            held.failing = failed;
+        }
+        let mut tokens = 0;
+        if let Round::Drew(d) = round {
+            tokens = d.drawn.tokens;
+            if let Some(taken) = d.taken {
+                held.taken = Some(taken);
             }
-            let tokens = got.flatten().map_or(0, |d| d.tokens);
-            let before = held.grant.rate;
-            held.grant.drawn(tokens as f64, target);
-            held.grant.rate - before
+        }
+        let before = held.grant.rate;
+        held.grant.drawn(tokens as f64, target);
+        let moved = held.grant.rate - before;
+        // Demand fell: what the bank holds beyond its runway goes back to the store, for
+        // the other servers (at least a tenth of a second of the limit).
+        let back = held
+            .grant
+            .surplus(target, before, FLOOR * drawable.per_second);
+        let surplus = match (&held.taken, back) {
+            (Some(taken), 1..) => {
+                held.grant.give_back(back);
+                Some(Surplus {
+                    tokens: back,
+                    taken: taken.clone(),
+                })
+            }
+            _ => None,
         };
-        self.moved(moved);
+        Some(Settled {
+            moved,
+            flipped,
+            surplus,
+        })
     }
 }
 
@@ -330,7 +439,7 @@ async fn draw<S: BucketStore>(
     rule: &Rule,
     entries: &[(String, String)],
     tokens: u64,
-) -> Option<Drawn> {
+) -> Option<Draw> {
     let mut asked = tokens;
     for _ in 0..2 {
         let mut plan = Plan::new();
@@ -348,17 +457,45 @@ async fn draw<S: BucketStore>(
             .min()
             .unwrap_or(0);
         if decision.admitted {
-            return Some(Drawn {
+            let drawn = Drawn {
                 tokens: asked,
                 left,
+            };
+            return Some(Draw {
+                drawn,
+                taken: Some(decision),
             });
         }
         if left <= 0 || left as u64 >= asked {
-            return Some(Drawn { tokens: 0, left });
+            return Some(none_taken(left));
         }
         asked = left as u64;
     }
-    Some(Drawn { tokens: 0, left: 0 })
+    Some(none_taken(0))
+}
+
+/// A draw that took nothing; the shard held `left`.
+fn none_taken(left: i64) -> Draw {
+    Draw {
+        drawn: Drawn { tokens: 0, left },
+        taken: None,
+    }
+}
+
+/// Gives a bucket's `surplus` back to the shards its last draw took from (best effort,
+/// bounded by the store timeout: a return that does not land leaves them taken).
+async fn give_back<S: BucketStore>(
+    limiter: &RateLimiter<S>,
+    rule: &Rule,
+    entries: &[(String, String)],
+    surplus: Surplus,
+) {
+    let mut plan = Plan::new();
+    if plan.add(rule, entries, surplus.tokens).is_err() {
+        return;
+    }
+    let give = limiter.engine().give_back(&plan.acquire, &surplus.taken);
+    let _ = tokio::time::timeout(limiter.store_timeout(), give).await;
 }
 
 /// `base_s` seconds, moved at random by up to [`JITTER`] of it either way.

@@ -89,7 +89,27 @@ impl Grant {
         self.rate != before
     }
 
+    /// Whole tokens the bank holds beyond what it keeps once demand fell (at most `least`
+    /// of them: none): the [`RUNWAY_S`] of the `target` and [`SAFE_S`] of the rate
+    /// promised before this draw (`before`: Envoys keep it until their new assignment
+    /// arrives). Given back to the store, they serve the fleet's other servers.
+    pub fn surplus(&self, target: f64, before: f64, least: f64) -> u64 {
+        let keep = (target.max(0.0) * RUNWAY_S).max(before.max(self.rate) * SAFE_S);
+        let surplus = (self.bank - keep).floor();
+        if surplus >= least.max(1.0) {
+            surplus as u64
+        } else {
+            0
+        }
+    }
+
+    /// `tokens` leave the bank, given back to the store.
+    pub fn give_back(&mut self, tokens: u64) {
+        self.bank -= tokens as f64;
+    }
+
     /// Whether the promise is covered for [`SAFE_S`] (the invariant each draw restores).
+    #[cfg(test)]
     pub fn covered(&self) -> bool {
         self.bank + 1e-9 >= self.rate * SAFE_S
     }
@@ -161,12 +181,34 @@ mod tests {
         assert_eq!(g.rate, 50.0);
     }
 
+    #[test]
+    fn when_demand_falls_the_bank_beyond_the_runway_goes_back() {
+        // A second of 100/s banked; demand falls to a target of 20/s.
+        let mut g = at(100.0, 100.0);
+        assert!(g.drawn(0.0, 20.0));
+        assert_eq!(g.rate, 20.0);
+        // Kept: the larger of 1 s of the new target (20) and SAFE_S of the old rate (85).
+        let back = g.surplus(20.0, 100.0, 5.0);
+        assert_eq!(back, (100.0 - 100.0 * SAFE_S).floor() as u64);
+        g.give_back(back);
+        assert!(g.covered(), "{g:?}");
+        // Once the old rate is gone, the next draw keeps the runway of the target only.
+        let mut g = at(100.0, 20.0);
+        assert_eq!(g.surplus(20.0, 20.0, 5.0), 80);
+        // Below `least`, nothing: a store call is not worth it.
+        assert_eq!(at(24.0, 20.0).surplus(20.0, 20.0, 5.0), 0);
+        assert_eq!(at(25.0, 20.0).surplus(20.0, 20.0, 5.0), 5);
+        g.give_back(80);
+        assert_eq!(g.bank, 20.0);
+    }
+
     proptest! {
         /// Whatever the draws, targets and charges, with each draw at most [`SAFE_S`]
         /// after the last: the promise is covered after every draw (or, in debt, is
         /// nothing); the time that passed adds no debt beyond the charges since the last
-        /// draw; and the tokens promised (the rate for the time, every charge) are always
-        /// exactly those drawn less the bank, a debt included.
+        /// draw; a give-back leaves the rate before the draw covered; and the tokens
+        /// promised (the rate for the time, every charge) are always exactly those drawn
+        /// less those given back and the bank, a debt included.
         #[test]
         fn the_promise_is_always_covered(
             steps in proptest::collection::vec(
@@ -181,7 +223,12 @@ mod tests {
                 let want = g.want(target, 150.0);
                 let got = drawn.min(want);
                 drawn_total += got;
+                let before = g.rate;
                 g.drawn(got, target);
+                let back = g.surplus(target, before, 1.0);
+                g.give_back(back);
+                drawn_total -= back as f64;
+                prop_assert!(g.bank >= before * SAFE_S - 1e-6 || back == 0, "{:?}", g);
                 prop_assert!(g.covered() || g.bank < 0.0 && g.rate == 0.0, "{:?}", g);
                 promised += charge;
                 g.charge(charge);

@@ -54,6 +54,8 @@ pub enum StreamError {
 /// One tracked bucket.
 #[derive(Debug, Clone, Copy)]
 struct Tracked {
+    /// Its number in this stream: its holder in the demand table.
+    number: u64,
     interval: Duration,
     idle_reports: u32,
     held: Option<f64>,
@@ -99,7 +101,10 @@ impl Answer {
 pub struct Stream {
     subscription: Subscription,
     domain: Option<Arc<str>>,
+    /// By bucket id (its entries sorted by key).
     buckets: HashMap<Vec<(String, String)>, Tracked>,
+    /// The number the next new bucket id gets.
+    numbered: u64,
     max_buckets: usize,
     /// The server's grants, when its limits are shared with other servers through the
     /// store (`fleet.rs`); `None`: the limit is divided among this server's streams.
@@ -112,6 +117,7 @@ impl Stream {
             subscription,
             domain: None,
             buckets: HashMap::new(),
+            numbered: 0,
             max_buckets,
             fleet: None,
         }
@@ -124,8 +130,9 @@ impl Stream {
     }
 
     /// The buckets `reports` names, as the server keys them (the stream's domain, or the
-    /// report's for a first report): what a fleet draws for before they are answered.
-    pub fn keys(&self, reports: &RateLimitQuotaUsageReports) -> Vec<BucketKey> {
+    /// report's for a first report; the descriptor under `config`): what a fleet draws
+    /// for before they are answered.
+    pub fn keys(&self, reports: &RateLimitQuotaUsageReports, config: &Config) -> Vec<BucketKey> {
         let domain: Arc<str> = match &self.domain {
             Some(d) => d.clone(),
             None => Arc::from(reports.domain.as_str()),
@@ -150,7 +157,10 @@ impl Stream {
                 }
                 room -= 1;
             }
-            keys.push((domain.clone(), entries));
+            let key = key_of(&domain, &entries, config);
+            if !keys.contains(&key) {
+                keys.push(key);
+            }
         }
         keys
     }
@@ -172,10 +182,9 @@ impl Stream {
             let Some(mut tracked) = self.buckets.get(&entries).copied() else {
                 continue;
             };
-            let key: BucketKey = (domain.clone(), entries);
+            let key = key_of(&domain, &entries, config);
             let before = tracked.sent;
             let assignment = self.limited(&key, &mut tracked, None, config);
-            let (_, entries) = key;
             self.buckets.insert(entries.clone(), tracked);
             if tracked.sent == before {
                 continue;
@@ -241,11 +250,16 @@ impl Stream {
         let requests = usage
             .num_requests_allowed
             .saturating_add(usage.num_requests_denied);
-        let mut tracked = self.buckets.get(&entries).copied().unwrap_or(Tracked {
-            interval: DEFAULT_INTERVAL,
-            idle_reports: 0,
-            held: None,
-            sent: None,
+        let numbered = &mut self.numbered;
+        let mut tracked = self.buckets.get(&entries).copied().unwrap_or_else(|| {
+            *numbered += 1;
+            Tracked {
+                number: *numbered,
+                interval: DEFAULT_INTERVAL,
+                idle_reports: 0,
+                held: None,
+                sent: None,
+            }
         });
         if !known {
             answer.buckets_added += 1;
@@ -261,15 +275,14 @@ impl Stream {
         } else {
             0
         };
-        let key: BucketKey = (domain.clone(), entries);
+        let key = key_of(domain, &entries, config);
         let assignment = if tracked.idle_reports >= ABANDON_AFTER {
             let sub = &self.subscription;
-            sub.demands().forget(&key, sub.id());
+            sub.demands().forget(&key, sub.holder(tracked.number));
             Assignment::Abandon
         } else {
             self.assignment(&key, &mut tracked, requests, config, now)
         };
-        let (_, entries) = key;
         if assignment == Assignment::Abandon {
             self.buckets.remove(&entries);
             answer.buckets_removed += 1;
@@ -317,13 +330,14 @@ impl Stream {
             } => (tokens, period, burst),
         };
         let sub = &self.subscription;
+        let holder = sub.holder(tracked.number);
         let totals = match report {
             Some((per_second, now, stale_after)) => {
                 sub.demands()
-                    .report(key, sub.id(), per_second, now, stale_after)
+                    .report(key, holder, per_second, now, stale_after)
             }
             // No report of this stream's left (gone stale): what was sent stands.
-            None => match sub.demands().peek(key, sub.id()) {
+            None => match sub.demands().peek(key, holder) {
                 Some(t) => t,
                 None => {
                     return tracked
@@ -334,11 +348,12 @@ impl Stream {
         };
         let share = self.share(key, tracked, totals);
         // In a fleet a plain limit's tokens come from this server's draws only: before the
-        // first (or when it got nothing) the bucket is denied, never divided locally.
+        // first (or when it got nothing) the bucket is denied, never divided locally —
+        // but for a rule that fails open while the store fails.
         let fleet = self
             .fleet
             .as_ref()
-            .filter(|_| rule.is_some_and(|r| draws_for(r)));
+            .filter(|f| rule.is_some_and(|r| draws_for(r) && !f.fails_open(key, r)));
         let b = match fleet {
             // The fractions held sum to at most 1 plus the newcomers' floors: divided by
             // that sum (at least 1 + one floor), the streams' rates stay within the
@@ -365,14 +380,14 @@ impl Stream {
 
     /// This stream's fraction of a bucket from its `totals`, recorded as held.
     fn share(&self, key: &BucketKey, tracked: &mut Tracked, totals: Totals) -> f64 {
-        let computed = fraction(totals.own, totals.total, totals.streams);
+        let computed = fraction(totals.own, totals.total, totals.holders);
         let share = capped(
             settled(tracked.held, computed),
             totals.others_held,
-            totals.streams,
+            totals.holders,
         );
         let sub = &self.subscription;
-        sub.demands().hold(key, sub.id(), share);
+        sub.demands().hold(key, sub.holder(tracked.number), share);
         tracked.held = Some(share);
         share
     }
@@ -381,11 +396,21 @@ impl Stream {
     fn unshared(&self, key: &BucketKey, tracked: &mut Tracked, a: Assignment) -> Assignment {
         tracked.held = None;
         tracked.sent = None;
-        self.subscription
-            .demands()
-            .forget(key, self.subscription.id());
+        let sub = &self.subscription;
+        sub.demands().forget(key, sub.holder(tracked.number));
         a
     }
+}
+
+/// The server's key of the bucket id `entries` (sorted by key) of `domain`: the descriptor
+/// it stands for under the domain's `rlqs:` section (its entries sorted without one, or
+/// for a domain the rules do not have).
+fn key_of(domain: &Arc<str>, entries: &[(String, String)], config: &Config) -> BucketKey {
+    let descriptor = match config.domain(domain) {
+        Some(d) => d.rlqs_descriptor(entries),
+        None => entries.to_vec(),
+    };
+    (domain.clone(), descriptor)
 }
 
 #[cfg(test)]
@@ -505,8 +530,41 @@ mod tests {
         let tenants = |keys: Vec<BucketKey>| -> Vec<String> {
             keys.into_iter().map(|(_, e)| e[0].1.clone()).collect()
         };
-        assert_eq!(tenants(s.keys(&report("c", 1, 0))), Vec::<String>::new());
-        assert_eq!(tenants(s.keys(&report("a", 1, 0))), ["a"]);
+        assert_eq!(
+            tenants(s.keys(&report("c", 1, 0), &config)),
+            Vec::<String>::new()
+        );
+        assert_eq!(tenants(s.keys(&report("a", 1, 0), &config)), ["a"]);
+    }
+
+    #[test]
+    fn bucket_ids_an_rlqs_section_maps_to_one_descriptor_share_its_limit() {
+        let rules = format!("{RULES}rlqs:\n  keys: [tenant]\n");
+        let config = Config::from_yaml("r.yaml", &rules).unwrap();
+        let demands = Arc::new(Demands::default());
+        let mut s = Stream::new(Subscription::new(demands.clone(), 1), 8);
+        let on_path = |path: &str| {
+            let mut r = report("acme", 25, 0);
+            let id = r.bucket_quota_usages[0].bucket_id.as_mut().unwrap();
+            id.bucket.insert("path".into(), path.into());
+            r
+        };
+        let keys = s.keys(&on_path("/a"), &config);
+        assert_eq!(keys[0].1, [("tenant".to_string(), "acme".to_string())]);
+        let now = Instant::now();
+        for _ in 0..2 {
+            s.answer(on_path("/a"), &config, now).unwrap();
+            s.answer(on_path("/b"), &config, now).unwrap();
+        }
+        let a = rate(&s.answer(on_path("/a"), &config, now).unwrap()).unwrap();
+        let b = rate(&s.answer(on_path("/b"), &config, now).unwrap()).unwrap();
+        // Two Envoy buckets, one rule of 50/s: half each, not 50/s each.
+        assert!((a - 25.0).abs() < 1.0 && (b - 25.0).abs() < 1.0, "{a} {b}");
+        // Each answer names the bucket id it was asked for, whole.
+        let answer = s.answer(on_path("/b"), &config, now).unwrap();
+        let id = answer.response.bucket_action[0].bucket_id.as_ref().unwrap();
+        assert_eq!(id.bucket["path"], "/b");
+        assert_eq!((s.buckets(), demands.buckets()), (2, 1));
     }
 
     #[test]
