@@ -4,13 +4,14 @@
 //! Two budgets bound what one wake does. **Per round**: at most [`CALLS_PER_ROUND`] calls
 //! are polled before the connection is polled again, which writes their answers — the
 //! first answer of a burst of 1024 calls does not wait for the whole burst. **Per wake**,
-//! on a runtime with more than one worker: once the wake has run for [`INLINE_BUDGET`] and
-//! workers have stayed parked through its second half, the further new calls of each
-//! round are split into lanes, one task per idle worker and one for this worker, each
-//! polling its share of the calls (one spawn per lane, not per call); the connection's
-//! task goes back to writing. A connection whose wakes stay short (Envoy's usual load,
-//! cheap calls) keeps the savings of running its calls in its own task (no task, no wake
-//! per call, one write per burst), and so does one whose runtime is busy anyway (spawning
+//! on a runtime with more than one worker: once the wake has run for [`INLINE_BUDGET`],
+//! its calls cost at least [`COSTLY_CALL`] each and workers have stayed parked through
+//! its second half, the further new calls of each round are split into lanes, one task
+//! per idle worker and one for this worker, each polling its share of the calls (one
+//! spawn per lane, not per call); the connection's task goes back to writing. A
+//! connection whose wakes stay short (Envoy's usual load) or whose calls are cheap (a
+//! hot key) keeps the savings of running its calls in its own task (no task, no wake per
+//! call, one write per burst), and so does one whose runtime is busy anyway (spawning
 //! would add that cost for no core gained); a connection busy with more than one core
 //! can do (many calls, costly ones: many descriptors, regex values) spreads them over the
 //! idle workers (docs/architecture.md, "Every core for one busy connection").
@@ -51,6 +52,14 @@ pub(super) const CALLS_PER_ROUND: usize = 64;
 /// further ones to lanes: about 5 calls of 16 regex-matched descriptors, 30 hot-key calls.
 const INLINE_BUDGET: Duration = Duration::from_micros(100);
 
+/// The least a call must cost on average, polled in the connection's task, for its
+/// connection's further calls to be spread over lanes: a lane's spawn, its wakes of the
+/// connection from another thread and the h2 lock shared across threads cost more than a
+/// hot-key call (~4 µs) gains from a second core (measured on one connection of 64 hot
+/// calls: 12 µs of CPU per call spread against 6.7 inline, and fewer calls per second),
+/// and much less than a call of 16 regex-matched descriptors (~30 µs).
+const COSTLY_CALL: Duration = Duration::from_micros(10);
+
 /// What the connection's task holds between wakes.
 struct Driven {
     running: FuturesUnordered<Guarded>,
@@ -65,6 +74,10 @@ struct Driven {
 /// One wake's account of its inline work.
 struct WakeBudget {
     started: Instant,
+    /// When this round's deciding began, and the new calls it has polled since: what a
+    /// call costs here.
+    deciding: Option<Instant>,
+    polled: u32,
     /// When the workers were last looked at: first half the budget in, so that a wake
     /// that stays short never reads their counters (each a cache line the workers write),
     /// then at each later check, at least half the budget apart.
@@ -75,8 +88,23 @@ impl WakeBudget {
     fn new() -> WakeBudget {
         WakeBudget {
             started: Instant::now(),
+            deciding: None,
+            polled: 0,
             looked: None,
         }
+    }
+
+    /// A round's deciding begins: its calls' cost is measured from here.
+    fn deciding_begins(&mut self) {
+        self.deciding = Some(Instant::now());
+        self.polled = 0;
+    }
+
+    /// Whether the calls this round polled cost at least [`COSTLY_CALL`] each, on
+    /// average: only those are worth a lane's spawn and wakes.
+    fn costly(&self) -> bool {
+        self.deciding
+            .is_some_and(|since| worth_lanes(since.elapsed(), self.polled))
     }
 
     /// The lanes to split new calls into now: none while the wake is within its budget;
@@ -88,6 +116,9 @@ impl WakeBudget {
         let Some(workers) = workers else {
             return 0;
         };
+        if !self.costly() {
+            return 0;
+        }
         let half = INLINE_BUDGET / 2;
         let Some(looked) = self.looked else {
             if self.started.elapsed() >= half {
@@ -243,6 +274,7 @@ fn decide(driven: &mut Driven, inner: &mut Context<'_>, wake: &mut WakeBudget) -
         }
     }
     let mut split = false;
+    wake.deciding_begins();
     while let Some(mut call) = driven.fresh.pop_front() {
         moved = true;
         if !split {
@@ -257,6 +289,7 @@ fn decide(driven: &mut Driven, inner: &mut Context<'_>, wake: &mut WakeBudget) -
             break;
         }
         budget -= 1;
+        wake.polled += 1;
         // Polled here first: most calls end in this poll, and never take a slot in
         // `running`.
         if Pin::new(&mut call).poll(inner).is_pending() {
@@ -264,6 +297,11 @@ fn decide(driven: &mut Driven, inner: &mut Context<'_>, wake: &mut WakeBudget) -
         }
     }
     moved
+}
+
+/// Whether `polled` calls that took `spent` to poll cost [`COSTLY_CALL`] each on average.
+fn worth_lanes(spent: Duration, polled: u32) -> bool {
+    polled > 0 && spent >= COSTLY_CALL * polled
 }
 
 /// The waker `ending` (shutdown, the connection's age, its preface) is polled with: it
@@ -308,5 +346,21 @@ impl Wake for EndingWake {
     fn wake_by_ref(self: &Arc<Self>) {
         self.fired.store(true, SeqCst);
         self.wakes.task.wake();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_calls_that_cost_enough_are_spread() {
+        let us = Duration::from_micros;
+        // 16 regex-matched descriptors: ~30 µs a call.
+        assert!(worth_lanes(us(90), 3));
+        // A hot key: ~4 µs a call, 25 of them in the budget.
+        assert!(!worth_lanes(us(100), 25));
+        // Nothing polled yet: no measure, no lanes.
+        assert!(!worth_lanes(us(500), 0));
     }
 }

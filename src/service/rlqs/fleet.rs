@@ -143,6 +143,14 @@ struct Drawable {
     burst: f64,
 }
 
+/// A rule's first limit as a fleet draws it.
+#[derive(Debug, Clone, Copy)]
+struct DrawnLimit {
+    per_second: f64,
+    /// Tokens: what one draw may take at most.
+    burst: f64,
+}
+
 /// The grants of one server.
 #[derive(Debug)]
 pub struct Fleet {
@@ -402,32 +410,39 @@ fn next_cap(cap: f64, asked: u64, got: Option<Drawn>, limit: f64) -> f64 {
 /// deny all; not overdraft, whose draw would always succeed). Any other is divided among
 /// this server's Envoys as on the memory store.
 pub fn draws_for(rule: &Rule) -> bool {
-    let plain = match &rule.limit {
-        RuleLimit::Limited(limit) => !limit.overdraft,
-        RuleLimit::Unlimited => false,
-    };
-    plain && matches!(kind(Some(rule)), Kind::Limited { .. })
+    drawn_limit(rule).is_some()
+}
+
+/// The rate and burst a fleet draws `rule`'s tokens at; `None` when it draws none
+/// ([`draws_for`]).
+fn drawn_limit(rule: &Rule) -> Option<DrawnLimit> {
+    match &rule.limit {
+        RuleLimit::Limited(limit) if !limit.overdraft => {}
+        _ => return None,
+    }
+    match kind(Some(rule)) {
+        Kind::Limited {
+            tokens,
+            period,
+            burst,
+        } => Some(DrawnLimit {
+            per_second: tokens as f64 / period.as_secs_f64().max(1e-3),
+            burst: burst as f64,
+        }),
+        Kind::AllowAll | Kind::DenyAll => None,
+    }
 }
 
 /// What the rules in force let a fleet draw for `key`.
 fn drawable<S: BucketStore>(limiter: &RateLimiter<S>, key: &BucketKey) -> Option<Drawable> {
     let config = limiter.config();
     let rule = config.domain(&key.0)?.match_descriptor(&key.1)?.clone();
-    if !draws_for(&rule) {
-        return None;
-    }
-    match kind(Some(&rule)) {
-        Kind::Limited {
-            tokens,
-            period,
-            burst,
-        } => Some(Drawable {
-            per_second: tokens as f64 / period.as_secs_f64().max(1e-3),
-            burst: burst as f64,
-            rule,
-        }),
-        Kind::AllowAll | Kind::DenyAll => None,
-    }
+    let limit = drawn_limit(&rule)?;
+    Some(Drawable {
+        per_second: limit.per_second,
+        burst: limit.burst,
+        rule,
+    })
 }
 
 /// Takes `tokens` of `rule`'s bucket for `entries` from the store, all or nothing; when
