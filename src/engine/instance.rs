@@ -207,9 +207,9 @@ impl<S: BucketStore> Engine<S> {
         let deciding = Deciding::new(self, req);
         let leases = self.leases();
         join_all(req.buckets.iter().zip(&taken.buckets).map(|(b, o)| async {
-            match &leases {
-                Some(leases) => leases.refund_to_lease(b, o.shard, o.shard_count).await,
-                None => deciding.return_taken(b, o.shard, o.shard_count).await,
+            match (&leases, o.from_lease) {
+                (Some(leases), true) => leases.refund_to_lease(b, o.shard, o.shard_count).await,
+                _ => deciding.return_taken(b, o.shard, o.shard_count).await,
             }
         }))
         .await;

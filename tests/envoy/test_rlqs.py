@@ -164,7 +164,7 @@ def test_an_rlqs_section_drops_a_key_so_two_envoy_buckets_share_one_limit(
         for load in loads:
             load.start()
         try:
-            time.sleep(2 * ENVOY_REPORT_S + 8)
+            time.sleep(ENVOY_REPORT_S + 9)
         finally:
             for load in loads:
                 load.stop()
@@ -175,10 +175,10 @@ def test_an_rlqs_section_drops_a_key_so_two_envoy_buckets_share_one_limit(
         sg.stop()
     start = min(load.results[0][0] for load in loads)
     end = max(load.results[-1][0] for load in loads)
-    # After two of Envoy's 5 s report cycles: the second bucket starts on a floor share
-    # beside the first's whole limit; the first's share halves at the next report, the
-    # second's rises at the one after (the shares of one report are taken in turn).
-    settled = start + 2 * ENVOY_REPORT_S + 1.0
+    # After one of Envoy's 5 s report cycles: the second bucket's first report (sent
+    # alone, at its first request) gets a floor share beside the first's whole limit; the
+    # next report carries both, and the first's share falls before the second's rises.
+    settled = start + ENVOY_REPORT_S + 1.0
     window = end - settled
     each = [load.admitted(settled) for load in loads]
     bound = LIMIT * window + 2 * LIMIT

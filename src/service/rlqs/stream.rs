@@ -96,6 +96,18 @@ impl Answer {
     }
 }
 
+/// A bucket of a report between its two passes: its id, its state, the server's key.
+struct Reported {
+    entries: Vec<(String, String)>,
+    tracked: Tracked,
+    key: BucketKey,
+}
+
+/// The fraction a reported bucket held before this report (none yet: 0).
+fn held_of(r: &Reported) -> f64 {
+    r.tracked.held.unwrap_or(0.0)
+}
+
 /// One stream.
 #[derive(Debug)]
 pub struct Stream {
@@ -184,7 +196,7 @@ impl Stream {
             };
             let key = key_of(&domain, &entries, config);
             let before = tracked.sent;
-            let assignment = self.limited(&key, &mut tracked, None, config);
+            let assignment = self.limited(&key, &mut tracked, config);
             self.buckets.insert(entries.clone(), tracked);
             if tracked.sent == before {
                 continue;
@@ -216,51 +228,61 @@ impl Stream {
             }
         };
         let mut answer = Answer::default();
+        // Every bucket's demand first, then the shares, the larger holders first: a share
+        // that falls leaves room for one that rises in the same report (two bucket ids of
+        // one descriptor, one new beside one holding the whole limit).
+        let mut reported = Vec::new();
         for usage in reports.bucket_quota_usages {
-            self.answer_bucket(&domain, usage, config, now, &mut answer);
+            if let Some(r) = self.take_report(&domain, usage, config, now, &mut answer) {
+                reported.push(r);
+            }
+        }
+        reported.sort_by(|a, b| held_of(b).total_cmp(&held_of(a)));
+        for r in reported {
+            let Reported {
+                entries,
+                mut tracked,
+                key,
+            } = r;
+            let assignment = self.limited(&key, &mut tracked, config);
+            self.buckets.insert(entries.clone(), tracked);
+            answer.send(&entries, assignment, &tracked);
         }
         Ok(answer)
     }
 
-    fn answer_bucket(
+    /// A report's first pass over one bucket: refused past the stream's bounds, abandoned
+    /// when idle for [`ABANDON_AFTER`] reports (answered at once), else tracked with its
+    /// demand recorded, to be assigned once every bucket of the report is.
+    fn take_report(
         &mut self,
         domain: &Arc<str>,
         usage: BucketQuotaUsage,
         config: &Config,
         now: Instant,
         answer: &mut Answer,
-    ) {
+    ) -> Option<Reported> {
         let Some(id) = usage.bucket_id else {
             answer.refused += 1;
-            return;
+            return None;
         };
         if id.bucket.len() > MAX_BUCKET_ENTRIES {
             answer.refused += 1;
-            return;
+            return None;
         }
         let mut entries: Vec<(String, String)> = id.bucket.into_iter().collect();
         entries.sort();
         let known = self.buckets.contains_key(&entries);
         if !known && self.buckets.len() >= self.max_buckets {
             answer.refused += 1;
-            return;
+            return None;
         }
         answer.allowed = answer.allowed.saturating_add(usage.num_requests_allowed);
         answer.denied = answer.denied.saturating_add(usage.num_requests_denied);
         let requests = usage
             .num_requests_allowed
             .saturating_add(usage.num_requests_denied);
-        let numbered = &mut self.numbered;
-        let mut tracked = self.buckets.get(&entries).copied().unwrap_or_else(|| {
-            *numbered += 1;
-            Tracked {
-                number: *numbered,
-                interval: DEFAULT_INTERVAL,
-                idle_reports: 0,
-                held: None,
-                sent: None,
-            }
-        });
+        let mut tracked = self.tracked(&entries);
         if !known {
             answer.buckets_added += 1;
         }
@@ -276,47 +298,46 @@ impl Stream {
             0
         };
         let key = key_of(domain, &entries, config);
-        let assignment = if tracked.idle_reports >= ABANDON_AFTER {
-            let sub = &self.subscription;
-            sub.demands().forget(&key, sub.holder(tracked.number));
-            Assignment::Abandon
-        } else {
-            self.assignment(&key, &mut tracked, requests, config, now)
-        };
-        if assignment == Assignment::Abandon {
+        let sub = &self.subscription;
+        let holder = sub.holder(tracked.number);
+        if tracked.idle_reports >= ABANDON_AFTER {
+            sub.demands().forget(&key, holder);
             self.buckets.remove(&entries);
             answer.buckets_removed += 1;
-        } else {
-            self.buckets.insert(entries.clone(), tracked);
+            answer.send(&entries, Assignment::Abandon, &tracked);
+            return None;
         }
-        answer.send(&entries, assignment, &tracked);
-    }
-
-    /// The assignment of a bucket still in use: its rule's kind, and for a limit this
-    /// stream's share of it.
-    fn assignment(
-        &self,
-        key: &BucketKey,
-        tracked: &mut Tracked,
-        requests: u64,
-        config: &Config,
-        now: Instant,
-    ) -> Assignment {
         let per_second = requests as f64 / tracked.interval.as_secs_f64();
         let stale_after = tracked.interval * TTL_INTERVALS;
-        self.limited(key, tracked, Some((per_second, now, stale_after)), config)
+        sub.demands()
+            .report(&key, holder, per_second, now, stale_after);
+        // Counted against the stream's bound at once: a report cannot name more.
+        self.buckets.insert(entries.clone(), tracked);
+        Some(Reported {
+            entries,
+            tracked,
+            key,
+        })
     }
 
-    /// A bucket's assignment from its rule, with this stream's demand `report`ed now
-    /// (requests per second, when, how long a report stays fresh) or, without one, as it
-    /// last reported it.
-    fn limited(
-        &self,
-        key: &BucketKey,
-        tracked: &mut Tracked,
-        report: Option<(f64, Instant, Duration)>,
-        config: &Config,
-    ) -> Assignment {
+    /// The bucket id `entries`' state, numbered anew if it is new.
+    fn tracked(&mut self, entries: &[(String, String)]) -> Tracked {
+        if let Some(t) = self.buckets.get(entries) {
+            return *t;
+        }
+        self.numbered += 1;
+        Tracked {
+            number: self.numbered,
+            interval: DEFAULT_INTERVAL,
+            idle_reports: 0,
+            held: None,
+            sent: None,
+        }
+    }
+
+    /// A bucket's assignment from its rule, with this stream's demand as it last
+    /// reported it.
+    fn limited(&self, key: &BucketKey, tracked: &mut Tracked, config: &Config) -> Assignment {
         let rule = config
             .domain(&key.0)
             .and_then(|d| d.match_descriptor(&key.1));
@@ -330,21 +351,11 @@ impl Stream {
             } => (tokens, period, burst),
         };
         let sub = &self.subscription;
-        let holder = sub.holder(tracked.number);
-        let totals = match report {
-            Some((per_second, now, stale_after)) => {
-                sub.demands()
-                    .report(key, holder, per_second, now, stale_after)
-            }
-            // No report of this stream's left (gone stale): what was sent stands.
-            None => match sub.demands().peek(key, holder) {
-                Some(t) => t,
-                None => {
-                    return tracked
-                        .sent
-                        .map_or(Assignment::DenyAll, Assignment::TokenBucket)
-                }
-            },
+        // No report of this stream's left (gone stale): what was sent stands.
+        let Some(totals) = sub.demands().peek(key, sub.holder(tracked.number)) else {
+            return tracked
+                .sent
+                .map_or(Assignment::DenyAll, Assignment::TokenBucket);
         };
         let share = self.share(key, tracked, totals);
         // In a fleet a plain limit's tokens come from this server's draws only: before the
@@ -565,6 +576,53 @@ mod tests {
         let id = answer.response.bucket_action[0].bucket_id.as_ref().unwrap();
         assert_eq!(id.bucket["path"], "/b");
         assert_eq!((s.buckets(), demands.buckets()), (2, 1));
+    }
+
+    #[test]
+    fn in_one_report_a_falling_share_leaves_room_for_a_rising_one() {
+        let rules = format!("{RULES}rlqs:\n  keys: [tenant]\n");
+        let config = Config::from_yaml("r.yaml", &rules).unwrap();
+        let mut s = Stream::new(Subscription::new(Arc::default(), 1), 8);
+        let usage = |path: &str| {
+            let mut r = report("acme", 50, 50);
+            let mut u = r.bucket_quota_usages.remove(0);
+            u.bucket_id
+                .as_mut()
+                .unwrap()
+                .bucket
+                .insert("path".into(), path.into());
+            u
+        };
+        let both = |first: &str, second: &str| RateLimitQuotaUsageReports {
+            domain: "d".into(),
+            bucket_quota_usages: vec![usage(first), usage(second)],
+        };
+        let now = Instant::now();
+        // /a alone holds the whole limit.
+        let alone = RateLimitQuotaUsageReports {
+            domain: "d".into(),
+            bucket_quota_usages: vec![usage("/a")],
+        };
+        s.answer(alone, &config, now).unwrap();
+        // /b arrives, named first: /a's share falls before /b's is taken, so both are at
+        // half in this one answer (taken in the report's order, /b would get its floor
+        // beside /a's whole limit and its half one report later).
+        let answer = s.answer(both("/b", "/a"), &config, now).unwrap();
+        let rates: Vec<f64> = answer
+            .response
+            .bucket_action
+            .iter()
+            .map(|a| {
+                let one = Answer {
+                    response: RateLimitQuotaResponse {
+                        bucket_action: vec![a.clone()],
+                    },
+                    ..Answer::default()
+                };
+                rate(&one).unwrap()
+            })
+            .collect();
+        assert!(rates.iter().all(|r| (r - 25.0).abs() < 1.0), "{rates:?}");
     }
 
     #[test]
