@@ -1,8 +1,9 @@
 //! The Rate Limit Quota Service's policy (`envoy.service.rate_limit_quota.v3`): Envoy's
 //! `rate_limit_quota` filter reports, per bucket, what it allowed and denied; shardgate
 //! answers each bucket with an assignment Envoy enforces itself until it expires. A
-//! bucket id's entries, sorted by key, are a descriptor of the filter's domain in the
-//! loaded rules (`stream.rs`); its rule's kind becomes allow-all, deny-all or a token
+//! bucket id stands for a descriptor of the filter's domain in the loaded rules (its
+//! entries sorted by key, or as the domain's `rlqs:` section says: `config/rlqs.rs`;
+//! `stream.rs`); its rule's kind becomes allow-all, deny-all or a token
 //! bucket (`assign.rs`) whose rate is this Envoy's share of the limit (`share.rs`), from
 //! the demand every stream on this server reports (`demand.rs`).
 //!
