@@ -212,10 +212,6 @@ impl Subscription {
         Subscription { demands, id }
     }
 
-    pub fn id(&self) -> u64 {
-        self.id
-    }
-
     /// This stream's holder of its bucket id numbered `bucket_id`.
     pub fn holder(&self, bucket_id: u64) -> Holder {
         Holder {
