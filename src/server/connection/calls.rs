@@ -42,11 +42,14 @@ impl Calls {
         }
     }
 
-    /// Moves the calls queued since the last take to the end of `into`.
-    pub(super) fn take(&self, into: &mut std::collections::VecDeque<Guarded>) -> bool {
+    /// Hands the calls queued since the last take to `into` (the connection's backlog),
+    /// in their order; whether there were any.
+    pub(super) fn take(&self, into: impl FnOnce(std::vec::Drain<'_, Guarded>)) -> bool {
         let mut queued = self.queued.lock();
         let any = !queued.is_empty();
-        into.extend(queued.drain(..));
+        if any {
+            into(queued.drain(..));
+        }
         any
     }
 }

@@ -1,22 +1,71 @@
-//! Lanes: a busy connection's further calls handed to the runtime's idle workers
-//! (`drive.rs` decides when). Owns which workers count as idle (parked since the last
-//! look, tokio's per-worker park count), the split of the new calls into equal shares, one
-//! task per share. It decides no call itself and knows nothing of HTTP/2.
+//! Lanes: a busy connection's new calls shared with the runtime's idle workers (`drive.rs`
+//! decides when). Owns the connection's backlog (its new calls, not polled yet), which the
+//! connection's task and its lanes pull from one call at a time, and which workers count
+//! as idle (parked since the last look, tokio's per-worker park count). It decides no call
+//! itself and knows nothing of HTTP/2.
+//!
+//! Why a shared backlog rather than shares fixed at the split: the connection's task also
+//! reads and writes, so it decides fewer calls than a lane; with fixed shares one of them
+//! ran out first and its core waited for the other, and every answer of a burst left in
+//! one write at its end, so the client's next calls arrived together while both cores
+//! waited. Pulling one call at a time, both stay busy to the backlog's last call, and the
+//! connection's task writes the answers of both as they come (bench/README.md, "One
+//! connection, every core").
 
 use std::collections::VecDeque;
+use std::future::{poll_fn, Future};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::{Duration, Instant};
 
 use futures::stream::FuturesUnordered;
 use futures::StreamExt;
+use parking_lot::Mutex;
 use tokio::runtime::RuntimeMetrics;
 use tracing::Instrument;
 
 use super::calls::Guarded;
 
-/// The fewest calls a lane is given: a smaller share costs its spawn and the wakes from
-/// another thread for less work than they save (measured: two connections of a hot key,
-/// each splitting its last few calls whenever a worker parked for a moment, cost 1.13×
-/// the CPU per call of no lanes at all).
-const MIN_LANE_CALLS: usize = 8;
+/// How long a lane decides calls before it yields its thread: the connection's task,
+/// woken by a lane's answer, waits in the lane's worker's LIFO slot (no other worker may
+/// steal it) until the lane yields; and the worker polls the I/O driver then (tokio runs a
+/// task that yielded only after that), so the client's next calls are read.
+const LANE_SLICE: Duration = Duration::from_micros(200);
+
+/// The connection's new calls, not polled yet, shared by its task and its lanes.
+#[derive(Clone, Default)]
+pub(super) struct Backlog {
+    calls: Arc<Mutex<VecDeque<Guarded>>>,
+    /// Lanes still pulling calls: a lane spawned but not yet running counts, so that one
+    /// idle worker is not given two.
+    pulling: Arc<AtomicUsize>,
+}
+
+impl Backlog {
+    /// The next call to poll, first come first served.
+    pub(super) fn pop(&self) -> Option<Guarded> {
+        self.calls.lock().pop_front()
+    }
+
+    pub(super) fn extend(&self, calls: impl Iterator<Item = Guarded>) {
+        self.calls.lock().extend(calls);
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.calls.lock().len()
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Lanes pulling now.
+    pub(super) fn lanes(&self) -> usize {
+        self.pulling.load(SeqCst)
+    }
+}
 
 /// The runtime's workers, when it has more than one to spread a busy connection's calls
 /// over.
@@ -80,29 +129,50 @@ fn stayed_parked(before: &[u64], now: impl Iterator<Item = u64>) -> usize {
         .count()
 }
 
-/// A lane: calls handed to another worker, polled together in one task (one spawn, not
-/// one per call) until each has answered.
-async fn lane(calls: Vec<Guarded>) {
-    let mut calls: FuturesUnordered<Guarded> = calls.into_iter().collect();
-    while calls.next().await.is_some() {}
+/// A lane: calls pulled from the backlog one at a time and polled until the backlog is
+/// empty, yielding every [`LANE_SLICE`]; then the calls still waiting (for a store) are
+/// seen to their end. Counted as pulling until the backlog is empty. A call is polled
+/// where it was first polled, by the lane or by the connection's task, until it ends.
+async fn lane(backlog: Backlog) {
+    let mut waiting = FuturesUnordered::<Guarded>::new();
+    loop {
+        let more = poll_fn(|cx| {
+            let slice = Instant::now();
+            loop {
+                while let Poll::Ready(Some(())) = waiting.poll_next_unpin(cx) {}
+                let Some(mut call) = backlog.pop() else {
+                    return Poll::Ready(false);
+                };
+                if Pin::new(&mut call).poll(cx).is_pending() {
+                    waiting.push(call);
+                }
+                if slice.elapsed() >= LANE_SLICE {
+                    return Poll::Ready(true);
+                }
+            }
+        })
+        .await;
+        if !more {
+            break;
+        }
+        // Deferred by tokio until this worker has polled the I/O driver (see `drive`).
+        tokio::task::yield_now().await;
+    }
+    backlog.pulling.fetch_sub(1, SeqCst);
+    while waiting.next().await.is_some() {}
 }
 
-/// Hands `fresh` to `lanes` + 1 lanes of their own, in equal shares: one for each idle
-/// worker and one for this worker, which runs it once the connection's task has written.
-/// All are spawned because tokio puts a task spawned from a worker in that worker's LIFO
-/// slot, which no other worker may steal, and tells the idle ones only when it pushes the
-/// slot's task out to the queue: a single lane would run after the connection, on the
-/// same thread, and spread nothing. Each lane spawned after the first pushes the one
-/// before it out, and wakes an idle worker to steal it.
-pub(super) fn spawn_lanes(fresh: &mut VecDeque<Guarded>, lanes: usize) {
-    let share = fresh.len() / (lanes + 1);
-    if share < MIN_LANE_CALLS {
-        return;
+/// Starts `lanes` lanes on the backlog, for as many idle workers. A task spawned from a
+/// worker goes to that worker's LIFO slot, which no other worker may steal, and the idle
+/// ones are told only when a task is pushed out of it to the queue: so a no-op task is
+/// spawned after the lanes, pushing the last of them out too.
+pub(super) fn spawn_lanes(backlog: &Backlog, lanes: usize) {
+    for _ in 0..lanes {
+        backlog.pulling.fetch_add(1, SeqCst);
+        tokio::spawn(lane(backlog.clone()).in_current_span());
     }
-    for i in 0..=lanes {
-        let take = if i == lanes { fresh.len() } else { share };
-        let calls: Vec<Guarded> = fresh.drain(fresh.len() - take..).collect();
-        tokio::spawn(lane(calls).in_current_span());
+    if lanes > 0 {
+        tokio::spawn(async {});
     }
 }
 

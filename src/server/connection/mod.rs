@@ -10,9 +10,9 @@
 //! inside the connection's task, the calls of one read are decided one after another and
 //! their answers leave in one write (bench/README.md, "One task per connection"). A call
 //! that waits for its store parks only itself; the connection keeps reading and writing.
-//! A connection busy past its task's budget per wake hands its further calls to the
-//! runtime's other workers (`drive.rs`, `lanes.rs`; the wakes: `wakes.rs`), so one
-//! connection can use every core. A panic in one call ends that call alone (`calls.rs`).
+//! A connection busy past its task's budget per wake shares its waiting calls with the
+//! runtime's idle workers (`drive.rs`, `budget.rs`, `lanes.rs`; the wakes: `wakes.rs`),
+//! so one connection can use every core. A panic in one call ends that call alone (`calls.rs`).
 //!
 //! It owns the accept loop, each connection's life (its age with its jitter and grace, the
 //! time its client has to send the HTTP/2 preface, a graceful close on shutdown:
@@ -20,6 +20,7 @@
 //! connection at the end. It knows neither TLS (it takes any stream of connections) nor
 //! what is served on them.
 
+mod budget;
 mod calls;
 mod context;
 mod drive;
