@@ -67,9 +67,9 @@ impl WakeBudget {
         lanes_pulling > 0 && self.started.elapsed() >= SPREAD_WAKE
     }
 
-    /// A round's deciding begins: its calls' cost is measured from here.
-    pub(super) fn deciding_begins(&mut self) {
-        self.deciding = Some(Instant::now());
+    /// A round's deciding begins at `now`: its calls' cost is measured from here.
+    pub(super) fn deciding_begins(&mut self, now: Instant) {
+        self.deciding = Some(now);
         self.polled = 0;
     }
 
@@ -82,47 +82,48 @@ impl WakeBudget {
         }
     }
 
-    /// Whether this round has decided for its [`ROUND_TIME`].
-    pub(super) fn round_spent(&self) -> bool {
-        self.deciding
-            .is_some_and(|since| since.elapsed() >= ROUND_TIME)
+    /// Whether this round has decided for its [`ROUND_TIME`] by `now`.
+    pub(super) fn round_spent(&self, now: Instant) -> bool {
+        self.deciding.is_some_and(|since| now - since >= ROUND_TIME)
     }
 
-    /// Whether the calls this wake polled cost at least [`COSTLY_CALL`] each, on
+    /// Whether the calls this wake polled by `now` cost at least [`COSTLY_CALL`] each, on
     /// average: only those are worth a lane's spawn and wakes.
-    fn costly(&self) -> bool {
-        let now = self
-            .deciding
-            .map_or(Duration::ZERO, |since| since.elapsed());
-        worth_lanes(self.earlier_spent + now, self.earlier_polled + self.polled)
+    fn costly(&self, now: Instant) -> bool {
+        let this_round = self.deciding.map_or(Duration::ZERO, |since| now - since);
+        worth_lanes(
+            self.earlier_spent + this_round,
+            self.earlier_polled + self.polled,
+        )
     }
 
-    /// The workers idle enough for a lane each now: none while the wake is within its
+    /// The workers idle enough for a lane each at `now` (the caller's one clock read per
+    /// call, shared with [`Self::round_spent`]): none while the wake is within its
     /// budget or its calls are cheap; past it, those that stayed parked since the last
     /// look (at least half of [`INLINE_BUDGET`] ago). Looked at again at each check past
     /// the budget, not once a wake: a worker whose lane ran out of calls parks, and is
     /// given the next one.
-    pub(super) fn idle_workers(&mut self, workers: &mut Option<Workers>) -> usize {
+    pub(super) fn idle_workers(&mut self, workers: &mut Option<Workers>, now: Instant) -> usize {
         let Some(workers) = workers else {
             return 0;
         };
-        if !self.costly() {
+        if !self.costly(now) {
             return 0;
         }
         let half = INLINE_BUDGET / 2;
         let Some(looked) = self.looked else {
-            if self.started.elapsed() >= half {
+            if now - self.started >= half {
                 workers.look();
-                self.looked = Some(Instant::now());
+                self.looked = Some(now);
             }
             return 0;
         };
-        if self.started.elapsed() < INLINE_BUDGET || looked.elapsed() < half {
+        if now - self.started < INLINE_BUDGET || now - looked < half {
             return 0;
         }
         let idle = workers.idle_since_look();
         workers.look();
-        self.looked = Some(Instant::now());
+        self.looked = Some(now);
         idle
     }
 }

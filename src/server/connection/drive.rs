@@ -22,6 +22,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
+use std::time::Instant;
 
 use futures::stream::FuturesUnordered;
 use futures::{Stream, StreamExt};
@@ -237,10 +238,12 @@ fn decide(driven: &mut Driven, inner: &mut Context<'_>, wake: &mut WakeBudget) -
             _ => break,
         }
     }
-    wake.deciding_begins();
+    // One clock read per call, for both the spread and the round's time.
+    let mut now = Instant::now();
+    wake.deciding_begins(now);
     while budget > 0 {
         // Looked at before each call; by the wake's calls so far, their cost is known.
-        spread(driven, wake);
+        spread(driven, wake, now);
         let Some(mut call) = driven.backlog.pop() else {
             break;
         };
@@ -252,7 +255,8 @@ fn decide(driven: &mut Driven, inner: &mut Context<'_>, wake: &mut WakeBudget) -
         if Pin::new(&mut call).poll(inner).is_pending() {
             driven.running.push(call);
         }
-        if wake.round_spent() {
+        now = Instant::now();
+        if wake.round_spent(now) {
             break;
         }
     }
@@ -262,8 +266,8 @@ fn decide(driven: &mut Driven, inner: &mut Context<'_>, wake: &mut WakeBudget) -
 
 /// Starts a lane for each worker that stayed idle, when the wake is past its budget, its
 /// calls are costly and the backlog holds enough for them.
-fn spread(driven: &mut Driven, wake: &mut WakeBudget) {
-    let idle = wake.idle_workers(&mut driven.spread);
+fn spread(driven: &mut Driven, wake: &mut WakeBudget, now: Instant) {
+    let idle = wake.idle_workers(&mut driven.spread, now);
     // A lane spawned but not yet running leaves its worker parked: not given another.
     let pulling = driven.backlog.lanes();
     if idle > pulling && driven.backlog.len() >= MIN_LANE_CALLS {
