@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """One connection against eight: does one busy HTTP/2 connection use every core?
 
-    .venv/bin/python bench/spread.py [SHARDGATE ...] [--rounds 5] [--seconds 8]
+    .venv/bin/python bench/spread.py [SHARDGATE ...] [--rounds 5] [--seconds 8] [--scenarios hot]
 
 For each binary (default: $CARGO_TARGET_DIR or target, /release/shardgate) and each
 scenario — `costly` (16 descriptors, each matched by a `value_regex` rule, memory store)
@@ -128,13 +128,19 @@ def main():
     ap.add_argument("binaries", nargs="*", default=[os.path.join(TARGET, "release", "shardgate")])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--seconds", type=int, default=8)
+    ap.add_argument("--scenarios", default=",".join(SCENARIOS),
+                    help="comma-separated, of: " + ", ".join(SCENARIOS))
     args = ap.parse_args()
+    unknown = set(args.scenarios.split(",")) - set(SCENARIOS)
+    if unknown:
+        sys.exit(f"unknown scenario(s): {', '.join(sorted(unknown))}")
     work = tempfile.mkdtemp(prefix="spread-")
     config = os.path.join(work, "spread.yaml")
     with open(config, "w") as f:
         f.write(CONFIG)
     bodies = {}
-    for name, body in SCENARIOS.items():
+    for name in args.scenarios.split(","):
+        body = SCENARIOS[name]
         bodies[name] = os.path.join(work, f"{name}.bin")
         with open(bodies[name], "wb") as f:
             f.write(body)
