@@ -401,19 +401,81 @@ fn run_once(s: &Scenario, prefix: Vec<usize>, tally: &mut Tally) -> Choices {
     made
 }
 
+/// How deep the search is split into subtrees, searched on every core: each subtree is
+/// the runs whose first `SPLIT_DEPTH` choices are the same (depth first within it, as
+/// one search would). Several dozen subtrees for two workers, so that an uneven one does
+/// not leave a core idle at the end.
+const SPLIT_DEPTH: usize = 5;
+
 /// Every run of scenario `s` (at most `cap`; the test fails if there are more).
 fn explore(s: &Scenario, cap: u64) -> Tally {
+    let roots = subtree_roots(s);
+    let next_root = std::sync::atomic::AtomicUsize::new(0);
+    let runs = std::sync::atomic::AtomicU64::new(0);
+    let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let tallies: Vec<Tally> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..workers)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut tally = Tally::default();
+                    loop {
+                        let at = next_root.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(root) = roots.get(at) else {
+                            return tally;
+                        };
+                        explore_subtree(s, root, &mut tally, &runs, cap);
+                    }
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
     let mut tally = Tally::default();
-    let mut prefix = Some(Vec::new());
-    while let Some(p) = prefix {
-        let choices = run_once(s, p, &mut tally);
-        assert!(
-            tally.runs <= cap,
-            "more than {cap} runs: raise the cap or shrink the scenario"
-        );
-        prefix = choices.next();
+    for t in tallies {
+        tally.runs += t.runs;
+        tally.doublings += t.doublings;
+        tally.most_admitted = tally.most_admitted.max(t.most_admitted);
     }
     tally
+}
+
+/// Every prefix of `SPLIT_DEPTH` choices a run of `s` can start with (shorter where runs
+/// end sooner), found by one run per node above that depth (not counted: each subtree's
+/// search runs its first run again).
+fn subtree_roots(s: &Scenario) -> Vec<Vec<usize>> {
+    let mut roots = Vec::new();
+    let mut open = vec![Vec::new()];
+    while let Some(root) = open.pop() {
+        let made = run_once(s, root.clone(), &mut Tally::default()).made;
+        match made.get(root.len()) {
+            Some(&(_, options)) if root.len() < SPLIT_DEPTH => {
+                open.extend((0..options).rev().map(|k| [root.as_slice(), &[k]].concat()));
+            }
+            _ => roots.push(root),
+        }
+    }
+    roots
+}
+
+/// Every run whose first choices are `root`, depth first.
+fn explore_subtree(
+    s: &Scenario,
+    root: &[usize],
+    tally: &mut Tally,
+    runs: &std::sync::atomic::AtomicU64,
+    cap: u64,
+) {
+    let mut prefix = Some(root.to_vec());
+    while let Some(p) = prefix {
+        let choices = run_once(s, p, tally);
+        let total = runs.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        assert!(
+            total <= cap,
+            "more than {cap} runs: raise the cap or shrink the scenario"
+        );
+        // A next prefix no longer than the root changes the root: another subtree's.
+        prefix = choices.next().filter(|next| next.len() > root.len());
+    }
 }
 
 use Step::*;
