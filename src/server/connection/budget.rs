@@ -73,10 +73,11 @@ impl WakeBudget {
         self.polled = 0;
     }
 
-    /// A round's deciding ends: its cost is kept for the wake's later rounds.
-    pub(super) fn deciding_ends(&mut self) {
+    /// A round's deciding ends at `now` (the round's last clock read, taken after its last
+    /// call): its cost is kept for the wake's later rounds.
+    pub(super) fn deciding_ends(&mut self, now: Instant) {
         if let Some(since) = self.deciding.take() {
-            self.earlier_spent += since.elapsed();
+            self.earlier_spent += now.saturating_duration_since(since);
             self.earlier_polled += self.polled;
             self.polled = 0;
         }

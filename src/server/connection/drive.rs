@@ -238,7 +238,7 @@ fn decide(driven: &mut Driven, inner: &mut Context<'_>, wake: &mut WakeBudget) -
             _ => break,
         }
     }
-    // One clock read per call, for both the spread and the round's time.
+    // One clock read per call, for the spread, the round's time and its cost.
     let mut now = Instant::now();
     wake.deciding_begins(now);
     while budget > 0 {
@@ -260,7 +260,7 @@ fn decide(driven: &mut Driven, inner: &mut Context<'_>, wake: &mut WakeBudget) -
             break;
         }
     }
-    wake.deciding_ends();
+    wake.deciding_ends(now);
     moved
 }
 
