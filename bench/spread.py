@@ -2,6 +2,7 @@
 """One connection against eight: does one busy HTTP/2 connection use every core?
 
     .venv/bin/python bench/spread.py [SHARDGATE ...] [--rounds 5] [--seconds 8] [--scenarios hot]
+                                     [--tonic-noop]
 
 For each binary (default: $CARGO_TARGET_DIR or target, /release/shardgate) and each
 scenario — `costly` (16 descriptors, each matched by a `value_regex` rule, memory store)
@@ -13,6 +14,12 @@ the one-connection runs the CPU each of the server's threads spent (from
 /proc/PID/task/*/stat) and the cores the server used in all (CPU s / s): a connection's
 task moves between workers, so CPU on both workers alone does not show that they ran at
 once; more than one core used by one connection does.
+
+`--tonic-noop` adds bench/tools' no-op RLS (target/release/examples/noop_rls, built by
+`bench/run`): tonic's server, which runs each call in a task of its own and so spreads
+one connection's calls over the workers, answering without deciding. Its one/eight on the
+hot key is what that model reaches on this machine with no decision to spread: a reference
+for shardgate's, not a ceiling.
 
 h2load runs with one thread beside the server, so on a 2-core machine it takes part of a
 core: read ratios, not absolute rates. Only 127.0.0.1 is contacted; every run is bounded
@@ -36,6 +43,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGET = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
 PATH = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
 TICK_HZ = os.sysconf("SC_CLK_TCK")
+NOOP = os.path.join(TARGET, "release", "examples", "noop_rls")
 DESCRIPTORS = 16
 
 CONFIG = "domain: spread\ndescriptors:\n" + "".join(
@@ -98,10 +106,12 @@ def run(binary, config, body_file, shape, seconds):
     """(req/s, CPU µs per request, {thread name: CPU s}, cores used) of one shape on a
     fresh server."""
     port = free_port()
-    proc = subprocess.Popen(
-        [binary, "serve", "--store", "memory", "--config", config,
-         "--grpc-addr", f"127.0.0.1:{port}", "--http-addr", "127.0.0.1:0"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if binary == NOOP:
+        command = [binary, f"127.0.0.1:{port}"]
+    else:
+        command = [binary, "serve", "--store", "memory", "--config", config,
+                   "--grpc-addr", f"127.0.0.1:{port}", "--http-addr", "127.0.0.1:0"]
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         for _ in range(100):
             try:
@@ -130,7 +140,13 @@ def main():
     ap.add_argument("--seconds", type=int, default=8)
     ap.add_argument("--scenarios", default=",".join(SCENARIOS),
                     help="comma-separated, of: " + ", ".join(SCENARIOS))
+    ap.add_argument("--tonic-noop", action="store_true",
+                    help="also run the no-op tonic RLS (a call per task), for reference")
     args = ap.parse_args()
+    if args.tonic_noop:
+        if not os.path.exists(NOOP):
+            sys.exit(f"{NOOP} is missing: cargo build --release --example noop_rls")
+        args.binaries.append(NOOP)
     unknown = set(args.scenarios.split(",")) - set(SCENARIOS)
     if unknown:
         sys.exit(f"unknown scenario(s): {', '.join(sorted(unknown))}")
