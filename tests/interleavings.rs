@@ -14,6 +14,7 @@
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 
@@ -410,25 +411,35 @@ const SPLIT_DEPTH: usize = 5;
 /// Every run of scenario `s` (at most `cap`; the test fails if there are more).
 fn explore(s: &Scenario, cap: u64) -> Tally {
     let roots = subtree_roots(s);
-    let next_root = std::sync::atomic::AtomicUsize::new(0);
-    let runs = std::sync::atomic::AtomicU64::new(0);
+    let next_root = AtomicUsize::new(0);
+    let search = Search {
+        runs: AtomicU64::new(0),
+        failed: AtomicBool::new(false),
+        cap,
+    };
     let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
     let tallies: Vec<Tally> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..workers)
             .map(|_| {
                 scope.spawn(|| {
+                    let _stops_the_others = FailureFlag(&search.failed);
                     let mut tally = Tally::default();
                     loop {
-                        let at = next_root.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let at = next_root.fetch_add(1, Relaxed);
                         let Some(root) = roots.get(at) else {
                             return tally;
                         };
-                        explore_subtree(s, root, &mut tally, &runs, cap);
+                        explore_subtree(s, root, &mut tally, &search);
                     }
                 })
             })
             .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
+        let joined: Vec<_> = handles.into_iter().map(|h| h.join()).collect();
+        // The first worker's failure, with its own message.
+        joined
+            .into_iter()
+            .map(|j| j.unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
+            .collect()
     });
     let mut tally = Tally::default();
     for t in tallies {
@@ -457,18 +468,35 @@ fn subtree_roots(s: &Scenario) -> Vec<Vec<usize>> {
     roots
 }
 
-/// Every run whose first choices are `root`, depth first.
-fn explore_subtree(
-    s: &Scenario,
-    root: &[usize],
-    tally: &mut Tally,
-    runs: &std::sync::atomic::AtomicU64,
+/// What the workers of one search share.
+struct Search {
+    runs: AtomicU64,
+    /// A worker failed: the others stop at their next run.
+    failed: AtomicBool,
     cap: u64,
-) {
+}
+
+/// Raises its flag when its worker unwinds from a failure.
+struct FailureFlag<'a>(&'a AtomicBool);
+
+impl Drop for FailureFlag<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.store(true, Relaxed);
+        }
+    }
+}
+
+/// Every run whose first choices are `root`, depth first.
+fn explore_subtree(s: &Scenario, root: &[usize], tally: &mut Tally, search: &Search) {
     let mut prefix = Some(root.to_vec());
     while let Some(p) = prefix {
+        if search.failed.load(Relaxed) {
+            return;
+        }
         let choices = run_once(s, p, tally);
-        let total = runs.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        let total = search.runs.fetch_add(1, Relaxed) + 1;
+        let cap = search.cap;
         assert!(
             total <= cap,
             "more than {cap} runs: raise the cap or shrink the scenario"

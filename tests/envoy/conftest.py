@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import signal
 import subprocess
 
 import pytest
@@ -24,6 +25,15 @@ from envoy_e2e import (
 
 ENVOY_MAJOR_MINOR = "1.40."
 DDB_ENV = "SHARDGATE_TEST_DYNAMODB_ENDPOINT"
+
+
+def pytest_configure(config):
+    """SIGTERM and SIGINT end the run as Ctrl-C does, through the fixtures' teardown: run
+    in the background (scripts/test), this suite gets no Ctrl-C, only the SIGTERM of the
+    script's exit, and Envoy and shardgate, in process groups of their own, would outlive
+    it holding their ports."""
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
