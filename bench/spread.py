@@ -11,7 +11,8 @@ and `hot` (one hot key) — every round runs h2load over 1 connection × 64 stre
 started for the round (2 s warm-up, then `--seconds` measured). It prints each run's req/s
 and the server's CPU per request, each round's ratio one/eight and their median, and for
 the one-connection runs the CPU each of the server's threads spent (from
-/proc/PID/task/*/stat) and the cores the server used in all (CPU s / s): a connection's
+/proc/PID/task/*/stat), the share of it spent in the kernel (system calls: reads and
+writes) and the cores the server used in all (CPU s / s): a connection's
 task moves between workers, so CPU on both workers alone does not show that they ran at
 once; more than one core used by one connection does.
 
@@ -76,7 +77,7 @@ def free_port():
 
 
 def threads(pid):
-    """{thread id: (name, CPU ticks)} of every thread of `pid`."""
+    """{thread id: (name, CPU ticks, of which in the kernel)} of every thread of `pid`."""
     out = {}
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
@@ -84,7 +85,7 @@ def threads(pid):
             fields = open(f"/proc/{pid}/task/{tid}/stat").read().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        out[tid] = (name, int(fields[11]) + int(fields[12]))
+        out[tid] = (name, int(fields[11]) + int(fields[12]), int(fields[12]))
     return out
 
 
@@ -103,8 +104,8 @@ def h2load(port, body_file, shape, seconds):
 
 
 def run(binary, config, body_file, shape, seconds):
-    """(req/s, CPU µs per request, {thread name: CPU s}, cores used) of one shape on a
-    fresh server."""
+    """(req/s, CPU µs per request, {thread name: CPU s}, cores used, share of the CPU spent
+    in the kernel) of one shape on a fresh server."""
     port = free_port()
     if binary == NOOP:
         command = [binary, f"127.0.0.1:{port}"]
@@ -127,10 +128,13 @@ def run(binary, config, body_file, shape, seconds):
         proc.terminate()
         proc.wait(timeout=30)
     per_thread = collections.Counter()
-    for tid, (name, ticks) in after.items():
-        per_thread[f"{name}/{tid}"] += (ticks - before.get(tid, (name, 0))[1]) / TICK_HZ
+    kernel = 0
+    for tid, (name, ticks, system) in after.items():
+        was = before.get(tid, (name, 0, 0))
+        per_thread[f"{name}/{tid}"] += (ticks - was[1]) / TICK_HZ
+        kernel += (system - was[2]) / TICK_HZ
     cpu = sum(per_thread.values())
-    return n / seconds, cpu * 1e6 / max(n, 1), per_thread, cpu / seconds
+    return n / seconds, cpu * 1e6 / max(n, 1), per_thread, cpu / seconds, kernel / max(cpu, 1e-9)
 
 
 def main():
@@ -166,8 +170,8 @@ def main():
             ratios = []
             print(f"\n## {binary} — {scenario}")
             print("| round | 1×64 req/s | 8×8 req/s | one/eight | µs CPU/req 1×64 | 8×8 "
-                  "| cores used 1×64 | 8×8 | 1×64 busiest threads (CPU s) |")
-            print("|---|---|---|---|---|---|---|---|---|")
+                  "| cores used 1×64 | 8×8 | kernel share 1×64 | 1×64 busiest threads (CPU s) |")
+            print("|---|---|---|---|---|---|---|---|---|---|")
             for r in range(args.rounds):
                 order = ["one", "eight"] if r % 2 == 0 else ["eight", "one"]
                 got = {shape: run(binary, config, body_file, shape, args.seconds) for shape in order}
@@ -176,7 +180,8 @@ def main():
                 busiest = ", ".join(f"{name} {s:.2f}" for name, s in got["one"][2].most_common(3))
                 print(f"| {r + 1} | {got['one'][0]:,.0f} | {got['eight'][0]:,.0f} | {ratio:.2f} "
                       f"| {got['one'][1]:.1f} | {got['eight'][1]:.1f} "
-                      f"| {got['one'][3]:.2f} | {got['eight'][3]:.2f} | {busiest} |", flush=True)
+                      f"| {got['one'][3]:.2f} | {got['eight'][3]:.2f} | {got['one'][4]:.0%} "
+                      f"| {busiest} |", flush=True)
             print(f"\nmedian one/eight: {statistics.median(ratios):.2f}")
 
 
