@@ -103,9 +103,13 @@ def h2load(port, body_file, shape, seconds):
     return int(m.group(1))
 
 
+Run = collections.namedtuple("Run", "rate cpu_per_request per_thread cores kernel_share")
+Run.__doc__ = ("One shape on a fresh server: req/s, CPU µs per request, {thread name: CPU s}, "
+               "cores used (CPU s / s), and the share of the CPU spent in the kernel.")
+
+
 def run(binary, config, body_file, shape, seconds):
-    """(req/s, CPU µs per request, {thread name: CPU s}, cores used, share of the CPU spent
-    in the kernel) of one shape on a fresh server."""
+    """One shape of `binary` on a fresh server, as a `Run`."""
     port = free_port()
     if binary == NOOP:
         command = [binary, f"127.0.0.1:{port}"]
@@ -134,7 +138,8 @@ def run(binary, config, body_file, shape, seconds):
         per_thread[f"{name}/{tid}"] += (ticks - was[1]) / TICK_HZ
         kernel += (system - was[2]) / TICK_HZ
     cpu = sum(per_thread.values())
-    return n / seconds, cpu * 1e6 / max(n, 1), per_thread, cpu / seconds, kernel / max(cpu, 1e-9)
+    return Run(n / seconds, cpu * 1e6 / max(n, 1), per_thread, cpu / seconds,
+               kernel / max(cpu, 1e-9))
 
 
 def main():
@@ -175,12 +180,13 @@ def main():
             for r in range(args.rounds):
                 order = ["one", "eight"] if r % 2 == 0 else ["eight", "one"]
                 got = {shape: run(binary, config, body_file, shape, args.seconds) for shape in order}
-                ratio = got["one"][0] / got["eight"][0]
+                one, eight = got["one"], got["eight"]
+                ratio = one.rate / eight.rate
                 ratios.append(ratio)
-                busiest = ", ".join(f"{name} {s:.2f}" for name, s in got["one"][2].most_common(3))
-                print(f"| {r + 1} | {got['one'][0]:,.0f} | {got['eight'][0]:,.0f} | {ratio:.2f} "
-                      f"| {got['one'][1]:.1f} | {got['eight'][1]:.1f} "
-                      f"| {got['one'][3]:.2f} | {got['eight'][3]:.2f} | {got['one'][4]:.0%} "
+                busiest = ", ".join(f"{name} {s:.2f}" for name, s in one.per_thread.most_common(3))
+                print(f"| {r + 1} | {one.rate:,.0f} | {eight.rate:,.0f} | {ratio:.2f} "
+                      f"| {one.cpu_per_request:.1f} | {eight.cpu_per_request:.1f} "
+                      f"| {one.cores:.2f} | {eight.cores:.2f} | {one.kernel_share:.0%} "
                       f"| {busiest} |", flush=True)
             print(f"\nmedian one/eight: {statistics.median(ratios):.2f}")
 

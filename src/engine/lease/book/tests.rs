@@ -299,17 +299,11 @@ fn a_full_partition_makes_room_for_a_bucket_in_demand() {
     // hash is seeded per process: picked, not left to chance), asked for 5 times each at
     // once: each counts as in demand, and the partition fills to its bound.
     let spot = book.spot("e", "r");
-    let mut filed = 0;
-    for i in 0.. {
-        let other = nth(&b, i);
-        if book.spot(&other.entity, &other.resource).part != spot.part {
-            continue;
-        }
+    let beside = (0..)
+        .map(|i| nth(&b, i))
+        .filter(|other| book.spot(&other.entity, &other.resource).part == spot.part);
+    for other in beside.take(PER_PART + 50) {
         drive(&book, &other, T0, 1, 5);
-        filed += 1;
-        if filed == PER_PART + 50 {
-            break;
-        }
     }
     assert_eq!(book.tracked(), PER_PART, "only its partition is filled");
     assert_eq!(book.part(spot).len(), PER_PART, "its partition is full");
