@@ -11,8 +11,9 @@ use super::values::{parse_duration, positive_duration};
 /// The gRPC port's limits (docs/configuration.md, "The gRPC port's limits").
 #[derive(Args)]
 pub(crate) struct GrpcPort {
-    /// Calls one connection may have in flight; more are refused (REFUSED_STREAM). Envoy
-    /// honours it and opens another connection instead.
+    /// Calls one connection may have in flight; more are refused (REFUSED_STREAM),
+    /// including the first burst on a new connection, sent before the client has read
+    /// this: keep it ≥ 100, and cap streams in Envoy's cluster to spread its calls.
     #[arg(long, env = "SHARDGATE_GRPC_MAX_CONCURRENT_STREAMS", default_value_t = port_limits::DEFAULT_MAX_CONCURRENT_STREAMS, value_parser = clap::value_parser!(u32).range(1..))]
     pub(crate) grpc_max_concurrent_streams: u32,
     /// The largest request message, in bytes; a larger one is refused (RESOURCE_EXHAUSTED)

@@ -13,7 +13,10 @@ use std::time::Duration;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PortLimits {
     /// Streams (calls) one connection may have open at once; a stream past it is refused
-    /// with REFUSED_STREAM (Envoy honours the limit and opens another connection instead).
+    /// with REFUSED_STREAM. h2 holds a client to it from its first frame, before the
+    /// client has read it: Envoy opens another connection once it knows the limit, but
+    /// bursts on each new one before then, and fails the refused calls (a low value:
+    /// [`PortLimits::burst_warning`]).
     pub max_concurrent_streams: u32,
     /// How often an idle connection is pinged to notice a peer that vanished without
     /// closing it (`None`: never).
@@ -37,10 +40,15 @@ pub struct PortLimits {
 }
 
 /// 1024 streams per connection: Envoy multiplexes a worker's calls on one connection, and
-/// opens another when this many are in flight on it; generous (1024 calls in flight, each
+/// opens another when this many are in flight on it (its first burst on that one is not
+/// held to it: [`PortLimits::burst_warning`]); generous (1024 calls in flight, each
 /// within Envoy's 20 ms timeout), and it bounds what one connection can make the server
 /// hold to 1024 calls' worth.
 pub const DEFAULT_MAX_CONCURRENT_STREAMS: u32 = 1024;
+
+/// Below this many streams per connection a burst is likely to meet the limit before the
+/// client has read it: HTTP/2's own advice for the setting's least value (RFC 9113, 6.5.2).
+pub const LEAST_ADVISED_STREAMS: u32 = 100;
 
 /// A minute between pings of an idle connection: a dead peer's connection (a node gone
 /// without a FIN) is noticed within 80 s, at the cost of one small frame a minute.
@@ -132,6 +140,25 @@ impl PortLimits {
             .auto_date_header(false);
     }
 
+    /// What to tell an operator whose stream limit is below [`LEAST_ADVISED_STREAMS`]: a
+    /// client sends its first calls on a new connection before it has read the limit, h2
+    /// refuses those past it, and Envoy does not retry a refused rate-limit call (measured
+    /// by tests/envoy/test_worker_connections.py: a limit of 8 refused 37–70 % of a
+    /// 200-call burst from one Envoy worker). Spreading a worker's calls over connections
+    /// is Envoy's to do, by capping its cluster's streams (docs/operations.md).
+    pub fn burst_warning(&self) -> Option<String> {
+        (self.max_concurrent_streams < LEAST_ADVISED_STREAMS).then(|| {
+            format!(
+                "--grpc-max-concurrent-streams {} is below {LEAST_ADVISED_STREAMS}: calls a \
+                 client sends on a new connection before it reads the limit are refused past \
+                 it, and Envoy fails them; to spread an Envoy worker's calls over \
+                 connections, set max_concurrent_streams in the cluster's \
+                 http2_protocol_options instead",
+                self.max_concurrent_streams
+            )
+        })
+    }
+
     /// The message bound as a length.
     pub fn max_message_len(&self) -> usize {
         self.max_message_bytes as usize
@@ -153,5 +180,21 @@ mod tests {
         assert_eq!(d.preface_timeout, Duration::from_secs(10));
         assert_eq!(d.max_message_bytes, 65_536);
         assert_eq!(d.max_message_len(), 65_536);
+        assert_eq!(d.burst_warning(), None);
+    }
+
+    #[test]
+    fn a_limit_below_the_advised_least_is_warned_of_with_envoys_own_lever() {
+        let at = |max_concurrent_streams| PortLimits {
+            max_concurrent_streams,
+            ..PortLimits::default()
+        };
+        assert_eq!(at(100).burst_warning(), None);
+        let warning = at(99).burst_warning().expect("99 is below 100");
+        assert!(
+            warning.starts_with("--grpc-max-concurrent-streams 99 is below 100"),
+            "{warning}"
+        );
+        assert!(warning.contains("http2_protocol_options"), "{warning}");
     }
 }

@@ -198,6 +198,9 @@ fn port_options(options: &ServeOptions, health: HealthWatch) -> Result<PortOptio
         Some(files) => Some(Arc::new(TlsState::start(files.clone(), TLS_RELOAD_POLL)?)),
         None => None,
     };
+    if let Some(warning) = options.port_limits.burst_warning() {
+        tracing::warn!("{warning}");
+    }
     Ok(PortOptions {
         tls,
         health: Some(health),

@@ -1,0 +1,135 @@
+"""How many connections one Envoy worker opens to shardgate, and what sets it.
+
+Envoy keeps one HTTP/2 connection per worker to the rate-limit cluster and opens another
+when a connection has as many calls in flight as it may carry. Cheap calls of one
+connection are decided on one core (docs/architecture.md, "Every core for one busy
+connection"), so docs/operations.md tells an operator with more cores than Envoy workers to
+cap the streams in Envoy's cluster (`http2_protocol_options.max_concurrent_streams`).
+These tests hold that advice to a real Envoy 1.40 with one worker and a burst of 200 calls:
+
+- capped in Envoy's cluster, the burst arrives over several connections, every call
+  answered;
+- by default (Envoy's cap 2^31 - 1, shardgate's 1024) one connection carries it all;
+- capped by shardgate's own SETTINGS (`--grpc-max-concurrent-streams 8`), Envoy opens more
+  connections too, but sends each new one a burst before it has read the limit; h2 refuses
+  the streams past it, Envoy does not retry a refused rate-limit call, and each refusal is
+  one call failed, counted alike by Envoy and by shardgate's
+  `shardgate_grpc_stream_resets_sent_total{code="refused_stream"}`. (By hand, three runs:
+  73, 139 and 140 of the 200 refused.) shardgate warns at start-up of a limit below 100.
+"""
+import collections
+import re
+import threading
+
+from conftest import start_stack
+from envoy_e2e import (
+    ROUTER, Store, backend_listener, bootstrap, header, http_get, http_listener,
+    ratelimit_filter, route, static_cluster, unique, wait_rate_limited_path,
+)
+
+CALLS = 200
+CAP = 8
+
+RULES = """
+domain: spread
+descriptors:
+  - key: user
+    rate_limit: {unit: second, requests_per_unit: 1000000}
+"""
+
+
+def envoy_config(cap):
+    """One worker's Envoy (the suite runs `--concurrency 1`) whose rate-limit cluster
+    carries at most `cap` calls per connection (None: Envoy's default)."""
+    def build(ports, shardgate_port):
+        cluster = static_cluster("shardgate", shardgate_port, http2=True)
+        if cap is not None:
+            options = cluster["typed_extension_protocol_options"][
+                "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
+            options["explicit_http_config"]["http2_protocol_options"] = {
+                "max_concurrent_streams": cap}
+        routes = [route("/", [{"actions": [header("x-user", "user")]}])]
+        filters = [ratelimit_filter("spread", failure_mode_deny=True),
+                   {"name": "envoy.filters.http.router", "typed_config": {"@type": ROUTER}}]
+        return bootstrap(
+            ports["admin"],
+            [http_listener("main", ports["main"], routes, filters),
+             backend_listener(ports["backend"])],
+            [cluster, static_cluster("backend", ports["backend"])],
+        )
+    return build
+
+
+Burst = collections.namedtuple("Burst", "statuses connections refused open log")
+
+
+def burst(shardgate_bin, envoy_bin, tmp_path, tag, cap, shardgate_args=()):
+    """CALLS requests through Envoy's one worker at once, each its own user (bucket); what
+    came back and what each side counted."""
+    rules = tmp_path / f"rules-{tag}"
+    rules.mkdir()
+    (rules / "spread.yaml").write_text(RULES)
+    stack = start_stack(
+        shardgate_bin, envoy_bin, Store("memory"), tmp_path, tag, envoy_config(cap),
+        shardgate_args=shardgate_args, config=str(rules),
+        wait_ready=lambda st: wait_rate_limited_path(
+            st.envoy, "/warmup", {"x-user": "warm"}, detail=st.logs))
+    try:
+        statuses = [None] * CALLS
+        go = threading.Barrier(CALLS)
+
+        def one(i):
+            go.wait(timeout=30)
+            statuses[i] = stack.envoy.get("/p", {"x-user": unique("u")}).status
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(CALLS)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert not any(t.is_alive() for t in threads)
+        page = http_get(stack.shardgate.http_port, "/metrics").body.decode()
+        return Burst(
+            statuses=collections.Counter(statuses),
+            connections=stack.envoy.counter("cluster.shardgate.upstream_cx_total"),
+            refused=(stack.envoy.counter("cluster.shardgate.http2.rx_reset"),
+                     metric(page, 'shardgate_grpc_stream_resets_sent_total{code="refused_stream"}')),
+            open=metric(page, "shardgate_grpc_connections_open"),
+            log=stack.shardgate.proc.log(tail=200),
+        )
+    finally:
+        stack.stop()
+
+
+def metric(page, name):
+    found = re.search(rf"^{re.escape(name)} (\d+)$", page, re.M)
+    assert found, f"{name} not on /metrics"
+    return int(found.group(1))
+
+
+def test_streams_capped_in_envoys_cluster_spread_one_worker_over_connections(
+        shardgate_bin, envoy_bin, tmp_path):
+    got = burst(shardgate_bin, envoy_bin, tmp_path, "capped", CAP)
+    assert got.statuses == {200: CALLS}, got.statuses
+    assert got.connections >= 2, f"one worker opened {got.connections} connection(s)"
+    assert got.open == got.connections, "shardgate holds each connection Envoy opened"
+    assert got.refused == (0, 0)
+
+
+def test_by_default_one_worker_keeps_one_connection(shardgate_bin, envoy_bin, tmp_path):
+    got = burst(shardgate_bin, envoy_bin, tmp_path, "default", None)
+    assert got.statuses == {200: CALLS}, got.statuses
+    assert (got.connections, got.open, got.refused) == (1, 1, (0, 0))
+    assert "--grpc-max-concurrent-streams" not in got.log
+
+
+def test_a_limit_in_shardgates_settings_refuses_envoys_bursts_and_counts_them(
+        shardgate_bin, envoy_bin, tmp_path):
+    got = burst(shardgate_bin, envoy_bin, tmp_path, "settings", None,
+                shardgate_args=["--grpc-max-concurrent-streams", str(CAP)])
+    assert got.connections >= 2, "Envoy reads the limit and opens more connections"
+    assert set(got.statuses) <= {200, 500}, got.statuses
+    failed = got.statuses[500]
+    assert got.refused == (failed, failed), \
+        f"{failed} calls failed; refused by Envoy's count and shardgate's: {got.refused}"
+    assert f"--grpc-max-concurrent-streams {CAP} is below 100" in got.log
