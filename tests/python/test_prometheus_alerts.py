@@ -40,6 +40,7 @@ from envoy.service.ratelimit.v3 import rls_pb2
 from conftest import REPO, Server, binary, free_port
 from dynamodb_local import AWS_LOCAL_ENV
 from fault_proxy import FaultProxy
+from test_hostile_http2 import MAX_STREAMS, Client as HostileClient
 from test_independent_client import desc, request
 from test_memory_bound import RULES as FLOOD_CONFIG, flood
 
@@ -581,6 +582,34 @@ def test_a_lease_task_that_dies_fires_ShardgateLeaseTaskDied_and_limits_still_ho
     for other in (stack.memory, stack.dynamo):
         if other:
             assert inactive(stack, "ShardgateLeaseTaskDied", other.instance)
+
+
+def test_calls_past_the_stream_limit_fire_ShardgateStreamsRefused(stack):
+    """One connection opens 8 calls more than the default stream limit (1024), none with
+    a body: the 8 are refused, the 1024 answered DEADLINE_EXCEEDED when their body's time
+    is up (test_hostile_http2.py tests those answers)."""
+    server = stack.memory
+    assert inactive(stack, "ShardgateStreamsRefused")
+    before = server.metrics().value("shardgate_grpc_stream_resets_sent_total",
+                                    code="refused_stream")
+    past = 8
+    client = HostileClient(server.port)
+    try:
+        for i in range(MAX_STREAMS + past):
+            client.open_call(1 + 2 * i)
+        client.flush()
+        assert client.pump_until(lambda: len(client.refused()) == past), client.resets
+        assert min(client.refused()) == 1 + 2 * MAX_STREAMS, "the calls past the limit"
+    finally:
+        client.close()
+    assert server.metrics().value("shardgate_grpc_stream_resets_sent_total",
+                                  code="refused_stream") == before + past
+    alert = wait_alert(stack, "ShardgateStreamsRefused", server.instance)
+    assert_annotated(alert)
+    assert float(alert["value"]) > 0, alert
+    for other in stack.servers:
+        if other is not server:
+            assert inactive(stack, "ShardgateStreamsRefused", other.instance)
 
 
 def test_a_domain_whose_over_limit_share_jumps_fires_ShardgateOverLimitRatioJump(stack):
