@@ -13,6 +13,7 @@ import re
 import signal
 import socket
 import subprocess
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -588,6 +589,27 @@ class Envoy:
             if k == name:
                 return int(v)
         return 0
+
+
+def at_once(envoy: "Envoy", path: str, headers_of, calls: int) -> list:
+    """`calls` GETs of `path` through `envoy`, released together from as many threads
+    (so that one Envoy worker has their rate-limit calls in flight together), the i-th
+    with `headers_of(i)`; their responses in that order."""
+    responses = [None] * calls
+    go = threading.Barrier(calls)
+
+    def one(i):
+        headers = headers_of(i)
+        go.wait(timeout=30)
+        responses[i] = envoy.get(path, headers)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(calls)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads), "a request through Envoy did not end"
+    return responses
 
 
 def wait_rate_limited_path(envoy: Envoy, path="/warmup", headers=None, port=None, what=None,

@@ -16,13 +16,12 @@ headers, and keep its connection: no new one is opened.
 """
 import os
 import pathlib
-import threading
 
 import pytest
 
 from conftest import start_stack
 from envoy_e2e import (
-    REPO, ROUTER, Store, backend_listener, bootstrap, header, http_get, http_listener,
+    REPO, ROUTER, Store, at_once, backend_listener, bootstrap, header, http_get, http_listener,
     ratelimit_filter, route, static_cluster, unique,
 )
 
@@ -71,23 +70,15 @@ def test_a_panicking_call_costs_envoy_one_error(envoy_bin, tmp_path):
         envoy = stack.envoy
         errors = envoy.counter("cluster.backend.ratelimit.error")
         connections = envoy.counter("cluster.shardgate.upstream_cx_total")
-        statuses = [None] * CALLS
-        go = threading.Barrier(CALLS)
 
-        def one(i):
+        def headers_of(i):
             headers = {"x-user": unique("u")}
             if i == CALLS // 2:
                 headers["x-boom"] = "now"
-            go.wait(timeout=30)
-            r = envoy.get("/p", headers)
-            statuses[i] = (r.status, r.header("x-ratelimit-limit") is not None)
+            return headers
 
-        threads = [threading.Thread(target=one, args=(i,)) for i in range(CALLS)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=60)
-        assert not any(t.is_alive() for t in threads)
+        statuses = [(r.status, r.header("x-ratelimit-limit") is not None)
+                    for r in at_once(envoy, "/p", headers_of, CALLS)]
         assert statuses[CALLS // 2] == (500, False), statuses[CALLS // 2]
         others = [s for i, s in enumerate(statuses) if i != CALLS // 2]
         assert others == [(200, True)] * (CALLS - 1), sorted(set(others))

@@ -19,11 +19,10 @@ These tests hold that advice to a real Envoy 1.40 with one worker and a burst of
 """
 import collections
 import re
-import threading
 
 from conftest import start_stack
 from envoy_e2e import (
-    ROUTER, Store, backend_listener, bootstrap, header, http_get, http_listener,
+    ROUTER, Store, at_once, backend_listener, bootstrap, header, http_get, http_listener,
     ratelimit_filter, route, static_cluster, unique, wait_rate_limited_path,
 )
 
@@ -75,22 +74,10 @@ def burst(shardgate_bin, envoy_bin, tmp_path, tag, cap, shardgate_args=()):
         wait_ready=lambda st: wait_rate_limited_path(
             st.envoy, "/warmup", {"x-user": "warm"}, detail=st.logs))
     try:
-        statuses = [None] * CALLS
-        go = threading.Barrier(CALLS)
-
-        def one(i):
-            go.wait(timeout=30)
-            statuses[i] = stack.envoy.get("/p", {"x-user": unique("u")}).status
-
-        threads = [threading.Thread(target=one, args=(i,)) for i in range(CALLS)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=60)
-        assert not any(t.is_alive() for t in threads)
+        responses = at_once(stack.envoy, "/p", lambda i: {"x-user": unique("u")}, CALLS)
         page = http_get(stack.shardgate.http_port, "/metrics").body.decode()
         return Burst(
-            statuses=collections.Counter(statuses),
+            statuses=collections.Counter(r.status for r in responses),
             connections=stack.envoy.counter("cluster.shardgate.upstream_cx_total"),
             refused=(stack.envoy.counter("cluster.shardgate.http2.rx_reset"),
                      metric(page, 'shardgate_grpc_stream_resets_sent_total{code="refused_stream"}')),
