@@ -15,8 +15,8 @@ pub struct PortLimits {
     /// Streams (calls) one connection may have open at once; a stream past it is refused
     /// with REFUSED_STREAM. h2 holds a client to it from its first frame, before the
     /// client has read it: Envoy opens another connection once it knows the limit, but
-    /// bursts on each new one before then, and fails the refused calls (a low value:
-    /// [`PortLimits::burst_warning`]).
+    /// bursts on each new one before then, and answers the refused calls by its
+    /// failure_mode (a low value: [`PortLimits::burst_warning`]).
     pub max_concurrent_streams: u32,
     /// How often an idle connection is pinged to notice a peer that vanished without
     /// closing it (`None`: never).
@@ -151,8 +151,8 @@ impl PortLimits {
             format!(
                 "--grpc-max-concurrent-streams {} is below {LEAST_ADVISED_STREAMS}: calls a \
                  client sends on a new connection before it reads the limit are refused past \
-                 it, and Envoy fails them; to spread an Envoy worker's calls over \
-                 connections, set max_concurrent_streams in the cluster's \
+                 it, and Envoy answers them by its failure_mode; to spread an Envoy worker's \
+                 calls over connections, set max_concurrent_streams in the cluster's \
                  http2_protocol_options instead",
                 self.max_concurrent_streams
             )
