@@ -586,8 +586,8 @@ def test_a_lease_task_that_dies_fires_ShardgateLeaseTaskDied_and_limits_still_ho
 
 def test_calls_past_the_stream_limit_fire_ShardgateStreamsRefused(stack):
     """One connection opens 8 calls more than the default stream limit (1024), none with
-    a body: the 8 are refused, the 1024 answered DEADLINE_EXCEEDED when their body's time
-    is up (test_hostile_http2.py tests those answers)."""
+    a body: the 8 are refused; the 1024 let in wait for their bodies until the client
+    closes (test_hostile_http2.py tests what they are answered when their time is up)."""
     server = stack.memory
     assert inactive(stack, "ShardgateStreamsRefused")
     before = server.metrics().value("shardgate_grpc_stream_resets_sent_total",
