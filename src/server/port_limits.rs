@@ -142,9 +142,9 @@ impl PortLimits {
 
     /// What to tell an operator whose stream limit is below [`LEAST_ADVISED_STREAMS`]: a
     /// client sends its first calls on a new connection before it has read the limit, h2
-    /// refuses those past it, and Envoy does not retry a refused rate-limit call (measured
-    /// by tests/envoy/test_worker_connections.py: a limit of 8 refused 37–70 % of a
-    /// 200-call burst from one Envoy worker). Spreading a worker's calls over connections
+    /// refuses those past it, and Envoy does not retry a refused rate-limit call (by hand,
+    /// with tests/envoy/test_worker_connections.py's set-up: a limit of 8 had 73–140 of a
+    /// 200-call burst from one Envoy worker refused). Spreading a worker's calls over connections
     /// is Envoy's to do, by capping its cluster's streams (docs/operations.md).
     pub fn burst_warning(&self) -> Option<String> {
         (self.max_concurrent_streams < LEAST_ADVISED_STREAMS).then(|| {

@@ -596,12 +596,16 @@ def at_once(envoy: "Envoy", path: str, headers_of, calls: int) -> list:
     (so that one Envoy worker has their rate-limit calls in flight together), the i-th
     with `headers_of(i)`; their responses in that order."""
     responses = [None] * calls
+    errors = []
     go = threading.Barrier(calls)
 
     def one(i):
         headers = headers_of(i)
-        go.wait(timeout=30)
-        responses[i] = envoy.get(path, headers)
+        try:
+            go.wait(timeout=30)
+            responses[i] = envoy.get(path, headers)
+        except Exception as e:  # reported below, not lost with its thread
+            errors.append(f"request {i}: {e!r}")
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(calls)]
     for t in threads:
@@ -609,6 +613,7 @@ def at_once(envoy: "Envoy", path: str, headers_of, calls: int) -> list:
     for t in threads:
         t.join(timeout=60)
     assert not any(t.is_alive() for t in threads), "a request through Envoy did not end"
+    assert not errors, errors[:5]
     return responses
 
 

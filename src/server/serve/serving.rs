@@ -193,6 +193,7 @@ fn rule_source<S: BucketStore>(
 }
 
 /// How the gRPC port serves: TLS (its files watched) when asked, readiness from `health`.
+/// Warns of a stream limit too low for a client's first burst (`burst_warning`).
 fn port_options(options: &ServeOptions, health: HealthWatch) -> Result<PortOptions, ServeError> {
     let tls = match &options.tls {
         Some(files) => Some(Arc::new(TlsState::start(files.clone(), TLS_RELOAD_POLL)?)),
