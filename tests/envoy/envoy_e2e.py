@@ -351,7 +351,9 @@ ROUTER = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
 HTTP_OPTIONS = "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 
 
-def static_cluster(name, port, http2=False):
+def static_cluster(name, port, http2=False, http2_options=None):
+    """A cluster of one loopback endpoint; `http2` speaks HTTP/2 to it, with Envoy's
+    `http2_protocol_options` set to `http2_options` (e.g. `max_concurrent_streams`)."""
     cluster = {
         "name": name,
         "type": "STATIC",
@@ -366,7 +368,7 @@ def static_cluster(name, port, http2=False):
         cluster["typed_extension_protocol_options"] = {
             "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
                 "@type": HTTP_OPTIONS,
-                "explicit_http_config": {"http2_protocol_options": {}},
+                "explicit_http_config": {"http2_protocol_options": dict(http2_options or {})},
             }
         }
     return cluster
@@ -589,6 +591,17 @@ class Envoy:
             if k == name:
                 return int(v)
         return 0
+
+
+def generous_user_rules(domain: str) -> str:
+    """A rule file of `domain` limiting each `user` to a million requests a second: the
+    requests of a burst are all admitted, each one still decided."""
+    return f"""
+domain: {domain}
+descriptors:
+  - key: user
+    rate_limit: {{unit: second, requests_per_unit: 1000000}}
+"""
 
 
 def at_once(envoy: "Envoy", path: str, headers_of, calls: int) -> list:

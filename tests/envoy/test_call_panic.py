@@ -21,18 +21,13 @@ import pytest
 
 from conftest import start_stack
 from envoy_e2e import (
-    REPO, ROUTER, Store, at_once, backend_listener, bootstrap, header, http_get, http_listener,
-    ratelimit_filter, route, static_cluster, unique,
+    REPO, ROUTER, Store, at_once, backend_listener, bootstrap, generous_user_rules, header,
+    http_get, http_listener, ratelimit_filter, route, static_cluster, unique,
 )
 
 CALLS = 200
 
-CONFIG = """
-domain: panics
-descriptors:
-  - key: user
-    rate_limit: {unit: second, requests_per_unit: 1000000}
-"""
+CONFIG = generous_user_rules("panics")
 
 
 def hooks_bin():

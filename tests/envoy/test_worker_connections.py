@@ -26,31 +26,24 @@ import re
 
 from conftest import start_stack
 from envoy_e2e import (
-    ROUTER, Store, at_once, backend_listener, bootstrap, header, http_get, http_listener,
-    ratelimit_filter, route, static_cluster, unique, wait_rate_limited_path,
+    ROUTER, Store, at_once, backend_listener, bootstrap, generous_user_rules, header,
+    http_get, http_listener, ratelimit_filter, route, static_cluster, unique,
+    wait_rate_limited_path,
 )
 
 CALLS = 200
 CAP = 8
 
-RULES = """
-domain: spread
-descriptors:
-  - key: user
-    rate_limit: {unit: second, requests_per_unit: 1000000}
-"""
+RULES = generous_user_rules("spread")
 
 
 def envoy_config(cap):
     """One worker's Envoy (the suite runs `--concurrency 1`) whose rate-limit cluster
     carries at most `cap` calls per connection (None: Envoy's default)."""
     def build(ports, shardgate_port):
-        cluster = static_cluster("shardgate", shardgate_port, http2=True)
-        if cap is not None:
-            options = cluster["typed_extension_protocol_options"][
-                "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
-            options["explicit_http_config"]["http2_protocol_options"] = {
-                "max_concurrent_streams": cap}
+        cluster = static_cluster(
+            "shardgate", shardgate_port, http2=True,
+            http2_options=None if cap is None else {"max_concurrent_streams": cap})
         routes = [route("/", [{"actions": [header("x-user", "user")]}])]
         filters = [ratelimit_filter("spread", failure_mode_deny=True),
                    {"name": "envoy.filters.http.router", "typed_config": {"@type": ROUTER}}]
